@@ -1,0 +1,60 @@
+// Package client is the entry point for writing a kpng backend.
+//
+// The smallest backend is the one from kpng's blog post:
+//
+//	func main() {
+//		client.Run(jsonPrint)
+//	}
+//
+//	func jsonPrint(items []*client.ServiceEndpoints) {
+//		enc := json.NewEncoder(os.Stdout)
+//		for _, item := range items {
+//			_ = enc.Encode(item)
+//		}
+//	}
+//
+// Run parses the command line (see Flags), watches the Kubernetes API server
+// for the services of one service-proxy-name, and calls the handler with the
+// whole state each time it changes. RunSink does the same for an incremental
+// localsink.Sink. Programs that have their own flags or lifecycle use the
+// watcher package directly.
+//
+// The model types are defined in package model; this package gives them
+// short names so that backends need only one import.
+package client
+
+import (
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// ServiceEndpoints is one service with its endpoints (see model.ServiceEndpoints).
+type ServiceEndpoints = model.ServiceEndpoints
+
+// Service is a Kubernetes Service as a proxier sees it (see model.Service).
+type Service = model.Service
+
+// ServiceIPs are a service's addresses (see model.ServiceIPs).
+type ServiceIPs = model.ServiceIPs
+
+// Endpoint is one endpoint of a service (see model.Endpoint).
+type Endpoint = model.Endpoint
+
+// IPSet is a sorted set of addresses split by family (see model.IPSet).
+type IPSet = model.IPSet
+
+// PortMapping is one service port (see model.PortMapping).
+type PortMapping = model.PortMapping
+
+// Protocol is an L4 protocol, numeric in JSON (see model.Protocol).
+type Protocol = model.Protocol
+
+// The protocols of service ports.
+const (
+	TCP  = model.TCP
+	UDP  = model.UDP
+	SCTP = model.SCTP
+)
+
+// HandlerFunc receives the whole state on each change (see localsink.Handler).
+type HandlerFunc = localsink.Handler

@@ -1,0 +1,12 @@
+// Package model holds the data kpng hands to a backend: services with their
+// addresses, ports and policies, and their endpoints with the conditions and
+// node-specific facts (Local, topology hints) already worked out.
+//
+// The JSON encoding of these types is a public contract: the field names and
+// nesting of ServiceEndpoints, Service, ServiceIPs, IPSet, PortMapping and
+// Endpoint are what kpng-json prints and what users' jq scripts read.
+// Fields may be added (always with omitempty or omitzero), never renamed.
+//
+// Values handed to a backend are never modified afterwards by kpng; treat them
+// as read-only, and copy them (see the Clone methods) before changing them.
+package model

@@ -1,0 +1,226 @@
+package model
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+)
+
+// ServiceEndpoints is one selected service with all of its endpoints. It is
+// the unit of the full-state callback.
+type ServiceEndpoints struct {
+	Service   *Service
+	Endpoints []*Endpoint
+}
+
+// ServiceKey names a service.
+type ServiceKey struct {
+	Namespace string
+	Name      string
+}
+
+// String returns "namespace/name".
+func (k ServiceKey) String() string { return k.Namespace + "/" + k.Name }
+
+// Compare orders keys by namespace, then name.
+func (k ServiceKey) Compare(o ServiceKey) int {
+	if c := cmp.Compare(k.Namespace, o.Namespace); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Name, o.Name)
+}
+
+// Service is a Kubernetes Service as a proxier needs it.
+type Service struct {
+	Namespace string
+	Name      string
+	// Type is the Service type: ClusterIP, NodePort or LoadBalancer.
+	Type string
+	// Labels are the Service's labels.
+	Labels map[string]string `json:",omitempty"`
+	IPs    ServiceIPs
+	Ports  []*PortMapping
+	// ClientIPAffinity is set when the service has sessionAffinity ClientIP.
+	ClientIPAffinity *ClientIPAffinity `json:",omitempty"`
+	// ExternalTrafficToLocal is true for externalTrafficPolicy: Local.
+	ExternalTrafficToLocal bool `json:",omitempty"`
+	// InternalTrafficToLocal is true for internalTrafficPolicy: Local.
+	InternalTrafficToLocal bool `json:",omitempty"`
+	// HealthCheckNodePort is the node port serving the service's health
+	// check (LoadBalancer services with externalTrafficPolicy: Local).
+	HealthCheckNodePort int32 `json:",omitempty"`
+	// LoadBalancerSourceRanges are the CIDRs allowed to reach the
+	// load-balancer IPs, normalized and sorted; empty means no restriction.
+	LoadBalancerSourceRanges []string `json:",omitempty"`
+	// TrafficDistribution is spec.trafficDistribution (e.g. PreferClose).
+	TrafficDistribution string `json:",omitempty"`
+}
+
+// Key returns the service's key.
+func (s *Service) Key() ServiceKey { return ServiceKey{Namespace: s.Namespace, Name: s.Name} }
+
+// ServiceIPs are the addresses a service is reached on.
+type ServiceIPs struct {
+	// ClusterIPs are the service's cluster IPs; empty for headless services.
+	ClusterIPs IPSet
+	// ExternalIPs are spec.externalIPs.
+	ExternalIPs IPSet
+	// LoadBalancerIPs are the IPs of status.loadBalancer.ingress.
+	LoadBalancerIPs IPSet `json:",omitzero"`
+	// Headless is true when spec.clusterIP is None.
+	Headless bool `json:",omitempty"`
+}
+
+// IPSet is a set of addresses split by family. Both lists are sorted and
+// hold each address once, in canonical text form.
+type IPSet struct {
+	V4 []string `json:",omitempty"`
+	V6 []string `json:",omitempty"`
+}
+
+// NewIPSet builds a set from addresses in any order and any text form.
+// Strings that are not IP addresses are skipped and returned in bad.
+func NewIPSet(addrs ...string) (set IPSet, bad []string) {
+	var parsed []netip.Addr
+	for _, a := range addrs {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			bad = append(bad, a)
+			continue
+		}
+		parsed = append(parsed, ip.Unmap())
+	}
+	slices.SortFunc(parsed, netip.Addr.Compare)
+	parsed = slices.Compact(parsed)
+	for _, ip := range parsed {
+		if ip.Is4() {
+			set.V4 = append(set.V4, ip.String())
+		} else {
+			set.V6 = append(set.V6, ip.String())
+		}
+	}
+	return set, bad
+}
+
+// All returns the IPv4 addresses followed by the IPv6 ones.
+func (s IPSet) All() []string {
+	return append(slices.Clip(s.V4), s.V6...)
+}
+
+// IsEmpty reports whether the set holds no address.
+func (s IPSet) IsEmpty() bool { return len(s.V4) == 0 && len(s.V6) == 0 }
+
+// Protocol is an L4 protocol. Its JSON form is a number, as in kpng's
+// original API: 1 TCP, 2 UDP, 3 SCTP.
+type Protocol int32
+
+// The protocols a service port may use.
+const (
+	ProtocolUnknown Protocol = 0
+	TCP             Protocol = 1
+	UDP             Protocol = 2
+	SCTP            Protocol = 3
+)
+
+// String returns the protocol's Kubernetes name.
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	case SCTP:
+		return "SCTP"
+	}
+	return "Unknown"
+}
+
+// PortMapping is one service port.
+type PortMapping struct {
+	Name     string `json:",omitempty"`
+	Protocol Protocol
+	Port     int32
+	NodePort int32 `json:",omitempty"`
+	// TargetPort is the numeric target port; 0 when the target port is
+	// named (see TargetPortName and Endpoint.PortOverrides).
+	TargetPort     int32
+	TargetPortName string `json:",omitempty"`
+}
+
+// ClientIPAffinity is sessionAffinity: ClientIP.
+type ClientIPAffinity struct {
+	// TimeoutSeconds is how long a client sticks to its endpoint.
+	TimeoutSeconds int32
+}
+
+// Endpoint is one backend address of a service.
+type Endpoint struct {
+	// IPs holds the endpoint's address (one address of one family: a
+	// dual-stack pod appears as two endpoints).
+	IPs IPSet
+	// Local is true when the endpoint runs on this node.
+	Local bool `json:",omitempty"`
+	// Ready, Serving and Terminating are the EndpointSlice conditions with
+	// their defaults applied (nil ready or serving means true).
+	Ready       bool `json:",omitempty"`
+	Serving     bool `json:",omitempty"`
+	Terminating bool `json:",omitempty"`
+	// NodeName is the node the endpoint runs on, if known.
+	NodeName string `json:",omitempty"`
+	// Zone is the endpoint's zone, if known.
+	Zone string `json:",omitempty"`
+	// Hints are the EndpointSlice topology hints, if any.
+	Hints *Hints `json:",omitempty"`
+	// PortOverrides maps a service port name to the port this endpoint
+	// serves it on, for each port where that differs from the PortMapping's
+	// TargetPort (named target ports). A value of 0 means the endpoint does
+	// not serve that port. Use PortFor rather than reading it directly.
+	PortOverrides map[string]int32 `json:",omitempty"`
+}
+
+// Hints are an endpoint's topology hints, with whether they name this node.
+type Hints struct {
+	// Zones are the zones this endpoint should serve (hints.forZones).
+	Zones []string `json:",omitempty"`
+	// Nodes are the nodes this endpoint should serve (hints.forNodes).
+	Nodes []string `json:",omitempty"`
+	// SameZone is true when Zones holds this node's zone.
+	SameZone bool `json:",omitempty"`
+	// SameNode is true when Nodes holds this node's name.
+	SameNode bool `json:",omitempty"`
+}
+
+// PortFor returns the port this endpoint serves the service port p on, and
+// false when it does not serve p.
+func (e *Endpoint) PortFor(p *PortMapping) (int32, bool) {
+	port := p.TargetPort
+	if o, ok := e.PortOverrides[p.Name]; ok {
+		port = o
+	}
+	return port, port != 0
+}
+
+// Key returns the endpoint's identity within its service: its first address.
+func (e *Endpoint) Key() string {
+	if len(e.IPs.V4) > 0 {
+		return e.IPs.V4[0]
+	}
+	if len(e.IPs.V6) > 0 {
+		return e.IPs.V6[0]
+	}
+	return ""
+}
+
+// CompareEndpoints orders endpoints by address, IPv4 before IPv6.
+func CompareEndpoints(a, b *Endpoint) int {
+	return compareAddrText(a.Key(), b.Key())
+}
+
+func compareAddrText(a, b string) int {
+	pa, errA := netip.ParseAddr(a)
+	pb, errB := netip.ParseAddr(b)
+	if errA != nil || errB != nil {
+		return cmp.Compare(a, b)
+	}
+	return pa.Compare(pb)
+}

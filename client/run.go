@@ -1,0 +1,187 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/client/watcher"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Flags are the command-line options of Run and RunSink.
+type Flags struct {
+	// Kubeconfig is the kubeconfig file; empty means $KUBECONFIG, then the
+	// in-cluster configuration.
+	Kubeconfig string
+	// ServiceProxyName selects the services labelled
+	// service.kubernetes.io/service-proxy-name=<name>; empty selects the
+	// services without that label.
+	ServiceProxyName string
+	// NodeName is this node's name; empty means $NODE_NAME, then the
+	// hostname.
+	NodeName string
+	// Once delivers the first consistent state, then returns.
+	Once bool
+	// MinSyncInterval is the minimum time between two deliveries.
+	MinSyncInterval time.Duration
+}
+
+// Bind registers the flags on fs, with klog's flags.
+func (f *Flags) Bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, then the in-cluster configuration)")
+	fs.StringVar(&f.ServiceProxyName, "service-proxy-name", "", "handle the services labelled service.kubernetes.io/service-proxy-name=<name> (empty: the services without that label)")
+	fs.StringVar(&f.NodeName, "node-name", "", "this node's name, for Local endpoints and topology (default $NODE_NAME, then the hostname)")
+	fs.BoolVar(&f.Once, "once", false, "deliver the first consistent state, then exit")
+	fs.DurationVar(&f.MinSyncInterval, "min-sync-interval", watcher.DefaultMinSyncInterval, "minimum time between two deliveries (bursts of changes are coalesced)")
+	klog.InitFlags(fs)
+}
+
+// usageError marks errors in the command line or configuration: exit
+// status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// Run parses the command line, watches the API server and calls handler
+// with the whole state on each change, until SIGINT or SIGTERM (or, with
+// --once, after the first state). It exits the process: status 0 on a clean
+// stop, 2 on bad flags or configuration, 1 on other errors.
+func Run(handler HandlerFunc) {
+	RunSink(localsink.NewFullState(handler))
+}
+
+// RunSink is Run for an incremental sink.
+func RunSink(sink localsink.Sink) {
+	os.Exit(Main(os.Args[1:], os.Stderr, sink))
+}
+
+// Main is Run without the exit: it parses args, runs until a signal (or the
+// first state with --once) and returns the process exit status, printing a
+// one-line error to stderr on failure.
+func Main(args []string, stderr io.Writer, sink localsink.Sink) int {
+	name := filepath.Base(os.Args[0])
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	var f Flags
+	f.Bind(fs)
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintf(stderr, "Usage: %s [flags]\n", name)
+			fs.PrintDefaults()
+			return 0
+		}
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", name, fs.Arg(0))
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := f.Run(ctx, sink)
+	defer klog.Flush()
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+}
+
+// Run watches with these flags until ctx is done (or the first state with
+// Once), feeding sink. Errors in the configuration are usage errors (exit status 2 in Main).
+func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
+	cfg, err := f.restConfig()
+	if err != nil {
+		return usageError{err}
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return usageError{fmt.Errorf("kubernetes client: %w", err)}
+	}
+	nodeName, err := f.nodeName()
+	if err != nil {
+		return usageError{err}
+	}
+	w, err := watcher.New(watcher.Config{
+		Client:           cs,
+		ServiceProxyName: f.ServiceProxyName,
+		NodeName:         nodeName,
+		MinSyncInterval:  f.MinSyncInterval,
+	})
+	if err != nil {
+		return usageError{err}
+	}
+	if f.Once {
+		ctx2, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ctx = ctx2
+		sink = &onceSink{Sink: sink, done: cancel}
+	}
+	klog.InfoS("Starting kpng watcher", "serviceProxyName", f.ServiceProxyName, "node", nodeName, "apiServer", cfg.Host)
+	return w.Run(ctx, sink)
+}
+
+func (f *Flags) restConfig() (*rest.Config, error) {
+	path := f.Kubeconfig
+	if path == "" {
+		path = os.Getenv("KUBECONFIG")
+	}
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no kubeconfig: pass --kubeconfig or set $KUBECONFIG when not running in a cluster (%w)", err)
+	}
+	return cfg, nil
+}
+
+func (f *Flags) nodeName() (string, error) {
+	if f.NodeName != "" {
+		return f.NodeName, nil
+	}
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("no --node-name, no $NODE_NAME and no hostname: %w", err)
+	}
+	return h, nil
+}
+
+// onceSink stops the run after the first Sync.
+type onceSink struct {
+	localsink.Sink
+	done func()
+}
+
+func (o *onceSink) Sync() {
+	o.Sink.Sync()
+	o.done()
+}

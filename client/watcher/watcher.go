@@ -1,0 +1,355 @@
+// Package watcher is kpng's in-process Kubernetes watcher: it follows the
+// Services, EndpointSlices and Node a proxier needs, selected by
+// service-proxy-name, and feeds a localsink.Sink with consistent changes.
+//
+// Selection: with a ServiceProxyName, only Services labelled
+// service.kubernetes.io/service-proxy-name=<name>; without one, only Services
+// without that label (what kube-proxy handles). Both Services and
+// EndpointSlices are filtered on the API server with the same label selector,
+// which relies on the EndpointSlice controller (and the mirroring controller)
+// copying a Service's labels onto the slices it manages. EndpointSlices
+// written by other controllers must carry the label themselves; the watcher
+// deliberately does not watch every slice in the cluster to find unlabelled
+// ones, because a specialized proxier handling ten services would then hold
+// every endpoint of the cluster in memory. kube-proxy relies on the same
+// contract.
+package watcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// ServiceProxyNameLabel is the label that hands a Service to a specialized
+// proxier instead of kube-proxy.
+const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
+
+// DefaultMinSyncInterval is the default minimum time between two deliveries.
+const DefaultMinSyncInterval = 20 * time.Millisecond
+
+// zoneLabel is the well-known node label holding the node's zone.
+const zoneLabel = "topology.kubernetes.io/zone"
+
+// Config configures a Watcher.
+type Config struct {
+	// Client talks to the API server.
+	Client kubernetes.Interface
+	// ServiceProxyName selects the Services labelled with it; empty selects
+	// the Services without a service-proxy-name label.
+	ServiceProxyName string
+	// NodeName is the node the proxier runs on: endpoints on it are Local,
+	// and its zone label drives topology hints. Empty means no endpoint is
+	// local and hints never match.
+	NodeName string
+	// MinSyncInterval is the minimum time between two deliveries: the first
+	// change after a quiet period is delivered at once, later ones are
+	// coalesced until the interval has passed. Zero means
+	// DefaultMinSyncInterval.
+	MinSyncInterval time.Duration
+}
+
+// Watcher follows the API server and feeds a Sink. Create it with New.
+type Watcher struct {
+	cfg      Config
+	selector string
+
+	mu       sync.Mutex
+	node     node
+	services map[model.ServiceKey]*v1.Service
+	slices   map[model.ServiceKey]map[string]*discovery.EndpointSlice
+	owners   map[string]model.ServiceKey // slice namespace/name → service
+	dirty    map[model.ServiceKey]struct{}
+	notify   chan struct{}
+}
+
+// New checks cfg and returns a Watcher.
+func New(cfg Config) (*Watcher, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("watcher config: Client is nil")
+	}
+	selector := "!" + ServiceProxyNameLabel
+	if cfg.ServiceProxyName != "" {
+		if errs := validation.IsValidLabelValue(cfg.ServiceProxyName); len(errs) > 0 {
+			return nil, fmt.Errorf("invalid service-proxy-name %q: %s", cfg.ServiceProxyName, errs[0])
+		}
+		selector = ServiceProxyNameLabel + "=" + cfg.ServiceProxyName
+	}
+	if cfg.MinSyncInterval <= 0 {
+		cfg.MinSyncInterval = DefaultMinSyncInterval
+	}
+	return &Watcher{
+		cfg:      cfg,
+		selector: selector,
+		node:     node{name: cfg.NodeName},
+		services: map[model.ServiceKey]*v1.Service{},
+		slices:   map[model.ServiceKey]map[string]*discovery.EndpointSlice{},
+		owners:   map[string]model.ServiceKey{},
+		dirty:    map[model.ServiceKey]struct{}{},
+		notify:   make(chan struct{}, 1),
+	}, nil
+}
+
+// Selector returns the label selector used for Services and EndpointSlices.
+func (w *Watcher) Selector() string { return w.selector }
+
+// Run watches until ctx is done, feeding sink. Nothing reaches sink before
+// every informer has synced; the first delivery is Reset, the whole state,
+// then Sync. Run returns nil when ctx is cancelled, and only returns after
+// all its goroutines have stopped. A Watcher runs once.
+func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
+	if err := w.waitForAPI(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	strip := func(obj any) (any, error) {
+		if m, err := meta.Accessor(obj); err == nil {
+			m.SetManagedFields(nil)
+			m.SetAnnotations(nil)
+		}
+		return obj, nil
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = w.selector }),
+		informers.WithTransform(strip))
+	svcInformer := factory.Core().V1().Services().Informer()
+	sliceInformer := factory.Discovery().V1().EndpointSlices().Informer()
+	synced := []cache.InformerSynced{svcInformer.HasSynced, sliceInformer.HasSynced}
+	if _, err := svcInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.onService(obj, false) },
+		UpdateFunc: func(_, obj any) { w.onService(obj, false) },
+		DeleteFunc: func(obj any) { w.onService(obj, true) },
+	}); err != nil {
+		return fmt.Errorf("watch services: %w", err)
+	}
+	if _, err := sliceInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.onSlice(obj, false) },
+		UpdateFunc: func(_, obj any) { w.onSlice(obj, false) },
+		DeleteFunc: func(obj any) { w.onSlice(obj, true) },
+	}); err != nil {
+		return fmt.Errorf("watch endpointslices: %w", err)
+	}
+	factories := []informers.SharedInformerFactory{factory}
+	if w.cfg.NodeName != "" {
+		nodeFactory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.cfg.NodeName).String()
+			}),
+			informers.WithTransform(strip))
+		nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
+		if _, err := nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { w.onNode(obj, false) },
+			UpdateFunc: func(_, obj any) { w.onNode(obj, false) },
+			DeleteFunc: func(obj any) { w.onNode(obj, true) },
+		}); err != nil {
+			return fmt.Errorf("watch node %s: %w", w.cfg.NodeName, err)
+		}
+		synced = append(synced, nodeInformer.HasSynced)
+		factories = append(factories, nodeFactory)
+	}
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	defer func() {
+		cancel()
+		for _, f := range factories {
+			f.Shutdown()
+		}
+	}()
+
+	klog.InfoS("Waiting for informers to sync", "selector", w.selector, "node", w.cfg.NodeName)
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil // ctx cancelled
+	}
+	klog.InfoS("Informers synced", "selector", w.selector)
+
+	d := localsink.NewDiffer(sink)
+	d.Reset()
+	w.deliver(d)
+	last := time.Now()
+	timer := time.NewTimer(0)
+	<-timer.C
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.notify:
+		}
+		if wait := time.Until(last.Add(w.cfg.MinSyncInterval)); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-timer.C:
+			}
+		}
+		last = time.Now()
+		w.deliver(d)
+	}
+}
+
+// waitForAPI checks that the API server answers and lets us list services,
+// retrying with backoff and saying clearly what is wrong.
+func (w *Watcher) waitForAPI(ctx context.Context) error {
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
+	for {
+		_, err := w.cfg.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{LabelSelector: w.selector, Limit: 1})
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		delay := backoff.Step()
+		klog.ErrorS(err, "Cannot list services from the Kubernetes API server, retrying", "retryIn", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (w *Watcher) signal() {
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+func unwrapDeleted(obj any) any {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return obj
+}
+
+func (w *Watcher) onService(obj any, deleted bool) {
+	svc, ok := unwrapDeleted(obj).(*v1.Service)
+	if !ok {
+		return
+	}
+	key := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if deleted {
+		delete(w.services, key)
+	} else {
+		w.services[key] = svc
+	}
+	w.dirty[key] = struct{}{}
+	w.signal()
+}
+
+func (w *Watcher) onSlice(obj any, deleted bool) {
+	s, ok := unwrapDeleted(obj).(*discovery.EndpointSlice)
+	if !ok {
+		return
+	}
+	id := s.Namespace + "/" + s.Name
+	svcName := s.Labels[discovery.LabelServiceName]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// A slice may move to another service (its service-name label
+	// changed): take it out of its previous owner first.
+	if old, had := w.owners[id]; had && (deleted || old.Name != svcName) {
+		delete(w.slices[old], s.Name)
+		if len(w.slices[old]) == 0 {
+			delete(w.slices, old)
+		}
+		delete(w.owners, id)
+		w.dirty[old] = struct{}{}
+	}
+	if !deleted && svcName != "" {
+		key := model.ServiceKey{Namespace: s.Namespace, Name: svcName}
+		if w.slices[key] == nil {
+			w.slices[key] = map[string]*discovery.EndpointSlice{}
+		}
+		w.slices[key][s.Name] = s
+		w.owners[id] = key
+		w.dirty[key] = struct{}{}
+	} else if svcName == "" {
+		klog.V(4).InfoS("Ignoring EndpointSlice without a service name label", "endpointSlice", klog.KObj(s))
+	}
+	w.signal()
+}
+
+func (w *Watcher) onNode(obj any, deleted bool) {
+	n, ok := unwrapDeleted(obj).(*v1.Node)
+	if !ok {
+		return
+	}
+	zone := ""
+	if !deleted {
+		zone = n.Labels[zoneLabel]
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if zone == w.node.zone {
+		return
+	}
+	klog.InfoS("Node zone changed", "node", w.cfg.NodeName, "zone", zone)
+	w.node.zone = zone
+	// Hint matches of every service may have changed.
+	for key := range w.services {
+		w.dirty[key] = struct{}{}
+	}
+	w.signal()
+}
+
+// snapshot builds the new state of every dirty service (nil: gone) under the
+// lock, so that a round reflects one consistent view of the caches.
+func (w *Watcher) snapshot() ([]model.ServiceKey, map[model.ServiceKey]*model.ServiceEndpoints) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keys := make([]model.ServiceKey, 0, len(w.dirty))
+	states := make(map[model.ServiceKey]*model.ServiceEndpoints, len(w.dirty))
+	for key := range w.dirty {
+		keys = append(keys, key)
+		svc, ok := w.services[key]
+		if !ok || !proxied(svc) {
+			continue
+		}
+		m := convertService(svc)
+		sl := make([]*discovery.EndpointSlice, 0, len(w.slices[key]))
+		for _, s := range w.slices[key] {
+			sl = append(sl, s)
+		}
+		states[key] = &model.ServiceEndpoints{Service: m, Endpoints: buildEndpoints(m, sl, w.node)}
+	}
+	clear(w.dirty)
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	return keys, states
+}
+
+// deliver sends one round of changes to the sink, ending with Sync.
+func (w *Watcher) deliver(d *localsink.Differ) {
+	keys, states := w.snapshot()
+	changes := 0
+	for _, key := range keys {
+		changes += d.Update(key, states[key])
+	}
+	klog.V(2).InfoS("Delivered state", "dirtyServices", len(keys), "changes", changes, "services", d.Len())
+	d.Sync()
+}
