@@ -1,0 +1,541 @@
+package watcher_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/client/watcher"
+	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
+
+// recorder is a Sink that records the incremental calls it gets and, through
+// a FullState adapter, every full state.
+type recorder struct {
+	mu     sync.Mutex
+	full   *localsink.FullState
+	states [][]*model.ServiceEndpoints
+	calls  []string
+	syncs  int
+}
+
+func newRecorder() *recorder {
+	r := &recorder{}
+	r.full = localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+		r.states = append(r.states, items) // called under r.mu, from Sync
+	})
+	return r
+}
+
+func (r *recorder) record(call string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, call)
+}
+
+func (r *recorder) Reset() { r.record("Reset"); r.full.Reset() }
+func (r *recorder) SetService(s *model.Service) {
+	r.record("SetService " + s.Key().String())
+	r.full.SetService(s)
+}
+func (r *recorder) DeleteService(k model.ServiceKey) {
+	r.record("DeleteService " + k.String())
+	r.full.DeleteService(k)
+}
+func (r *recorder) SetEndpoint(k model.ServiceKey, key string, ep *model.Endpoint) {
+	r.record("SetEndpoint " + k.String() + " " + key)
+	r.full.SetEndpoint(k, key, ep)
+}
+func (r *recorder) DeleteEndpoint(k model.ServiceKey, key string) {
+	r.record("DeleteEndpoint " + k.String() + " " + key)
+	r.full.DeleteEndpoint(k, key)
+}
+func (r *recorder) Sync() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, "Sync")
+	r.syncs++
+	r.full.Sync()
+}
+
+// takeCalls returns and forgets the calls recorded so far.
+func (r *recorder) takeCalls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.calls
+	r.calls = nil
+	return c
+}
+
+func (r *recorder) allStates() [][]*model.ServiceEndpoints {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]*model.ServiceEndpoints(nil), r.states...)
+}
+
+// waitFor waits until the latest full state satisfies ok and returns it.
+func (r *recorder) waitFor(t *testing.T, what string, ok func([]*model.ServiceEndpoints) bool) []*model.ServiceEndpoints {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r.mu.Lock()
+		var last []*model.ServiceEndpoints
+		have := len(r.states) > 0
+		if have {
+			last = r.states[len(r.states)-1]
+		}
+		r.mu.Unlock()
+		if have && ok(last) {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; last state:\n%s", what, describe(last))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitCalls waits until the recorded calls end with a Sync and contain want
+// (in any order within the recorded rounds), then returns them.
+func (r *recorder) waitCalls(t *testing.T, want ...string) []string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var got []string
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		got = append([]string(nil), r.calls...)
+		r.mu.Unlock()
+		if len(got) > 0 && got[len(got)-1] == "Sync" && containsAll(got, want) {
+			r.takeCalls()
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for calls %q; got %q", want, got)
+	return nil
+}
+
+func containsAll(have, want []string) bool {
+	set := map[string]bool{}
+	for _, h := range have {
+		set[h] = true
+	}
+	for _, w := range want {
+		if !set[w] {
+			return false
+		}
+	}
+	return true
+}
+
+func describe(state []*model.ServiceEndpoints) string {
+	var b strings.Builder
+	for _, se := range state {
+		fmt.Fprintf(&b, "  %s:", se.Service.Key())
+		for _, ep := range se.Endpoints {
+			fmt.Fprintf(&b, " %s", ep.Key())
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func find(state []*model.ServiceEndpoints, ns, name string) *model.ServiceEndpoints {
+	for _, se := range state {
+		if se.Service.Namespace == ns && se.Service.Name == name {
+			return se
+		}
+	}
+	return nil
+}
+
+func endpointKeys(se *model.ServiceEndpoints) []string {
+	if se == nil {
+		return nil
+	}
+	keys := []string{}
+	for _, ep := range se.Endpoints {
+		keys = append(keys, ep.Key())
+	}
+	return keys
+}
+
+// hasEndpoints is a waitFor condition: service ns/name exists with exactly
+// the given endpoint keys, in order.
+func hasEndpoints(ns, name string, keys ...string) func([]*model.ServiceEndpoints) bool {
+	return func(s []*model.ServiceEndpoints) bool {
+		se := find(s, ns, name)
+		return se != nil && cmp.Equal(endpointKeys(se), append([]string{}, keys...))
+	}
+}
+
+func absent(ns, name string) func([]*model.ServiceEndpoints) bool {
+	return func(s []*model.ServiceEndpoints) bool { return find(s, ns, name) == nil }
+}
+
+// startWatcher runs a watcher until the test ends, and checks that it stops
+// cleanly, leaving no goroutine behind.
+func startWatcher(t *testing.T, cfg watcher.Config) *recorder {
+	t.Helper()
+	if cfg.Client == nil {
+		cfg.Client = cp.Client()
+	}
+	w, err := watcher.New(cfg)
+	if err != nil {
+		t.Fatalf("watcher.New: %v", err)
+	}
+	if !leakChecked[t] {
+		// Registered before any watcher's stop, so it runs after all of
+		// them (cleanups run last-in first-out).
+		leakChecked[t] = true
+		t.Cleanup(func() { checkNoLeak(t) })
+	}
+	r := newRecorder()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, r) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("watcher.Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("watcher.Run did not return after its context was cancelled")
+		}
+	})
+	return r
+}
+
+// leakChecked records the tests that check for leaks; tests are not parallel.
+var leakChecked = map[*testing.T]bool{}
+
+// checkNoLeak fails when goroutines of the watcher or of client-go's
+// informers are still running.
+func checkNoLeak(t *testing.T) {
+	t.Helper()
+	var stacks string
+	for range 100 {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		leaked := false
+		for _, g := range strings.Split(stacks, "\n\n") {
+			if strings.Contains(g, "kpng/client/watcher.(*Watcher)") || strings.Contains(g, "client-go/tools/cache.") {
+				leaked = true
+			}
+		}
+		if !leaked {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("goroutines left behind after the watcher stopped:\n%s", stacks)
+}
+
+func TestSelectionByServiceProxyName(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	mine, other := kubetest.UniqueName("mine"), kubetest.UniqueName("other")
+	for _, s := range []struct{ name, proxy, ip string }{
+		{"a", mine, "10.1.0.1"}, {"b", other, "10.1.0.2"}, {"c", "", "10.1.0.3"},
+	} {
+		svc := kc.CreateService(kubetest.Service(ns, s.name, s.proxy))
+		kc.CreateSlice(kubetest.Slice(svc, s.name+"-1", kubetest.EP{IP: s.ip}))
+	}
+
+	named := startWatcher(t, watcher.Config{ServiceProxyName: mine})
+	unnamed := startWatcher(t, watcher.Config{})
+
+	got := named.waitFor(t, "service a", hasEndpoints(ns, "a", "10.1.0.1"))
+	if len(got) != 1 {
+		t.Errorf("watcher for %q sees %d services, want only %s/a:\n%s", mine, len(got), ns, describe(got))
+	}
+	all := unnamed.waitFor(t, "service c", hasEndpoints(ns, "c", "10.1.0.3"))
+	for _, name := range []string{"a", "b"} {
+		if find(all, ns, name) != nil {
+			t.Errorf("watcher without a name sees labelled service %s/%s", ns, name)
+		}
+	}
+
+	// Relabelling moves a service (and, as the controller would, its
+	// slice) from one proxier to the other.
+	svc, err := cp.Client().CoreV1().Services(ns).Get(context.Background(), "c", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Labels = map[string]string{kubetest.ProxyNameLabel: mine}
+	kc.UpdateService(svc)
+	sl, err := cp.Client().DiscoveryV1().EndpointSlices(ns).Get(context.Background(), "c-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sl.Labels == nil {
+		sl.Labels = map[string]string{}
+	}
+	sl.Labels[kubetest.ProxyNameLabel] = mine
+	kc.UpdateSlice(sl)
+	named.waitFor(t, "service c under the proxy name", hasEndpoints(ns, "c", "10.1.0.3"))
+	unnamed.waitFor(t, "service c gone from the unlabelled view", absent(ns, "c"))
+}
+
+func TestUpdatesAndDeletionsPropagate(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("upd")
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name, NodeName: "node-a"})
+	r.waitCalls(t, "Reset")
+
+	svc := kc.CreateService(kubetest.Service(ns, "web", name))
+	sl := kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: "10.2.0.1", Node: "node-a"}, kubetest.EP{IP: "10.2.0.2", Node: "node-b"}))
+	key := ns + "/web"
+	r.waitFor(t, "two endpoints", hasEndpoints(ns, "web", "10.2.0.1", "10.2.0.2"))
+	r.waitCalls(t, "SetService "+key, "SetEndpoint "+key+" 10.2.0.1", "SetEndpoint "+key+" 10.2.0.2")
+
+	// One endpoint changes: exactly that endpoint is set again.
+	sl.Endpoints[1].Conditions.Ready = ptr(false)
+	sl = kc.UpdateSlice(sl)
+	st := r.waitFor(t, "endpoint not ready", func(s []*model.ServiceEndpoints) bool {
+		se := find(s, ns, "web")
+		return se != nil && len(se.Endpoints) == 2 && !se.Endpoints[1].Ready
+	})
+	if diff := cmp.Diff([]string{"SetEndpoint " + key + " 10.2.0.2", "Sync"}, r.takeCalls()); diff != "" {
+		t.Errorf("calls for one endpoint change (-want +got):\n%s", diff)
+	}
+	if ep := find(st, ns, "web").Endpoints[0]; !ep.Local || ep.NodeName != "node-a" {
+		t.Errorf("endpoint on node-a: Local=%v NodeName=%q, want local", ep.Local, ep.NodeName)
+	}
+
+	// A service change without endpoint change: only SetService.
+	svc.Spec.Ports[0].Port = 81
+	svc = kc.UpdateService(svc)
+	r.waitFor(t, "port 81", func(s []*model.ServiceEndpoints) bool {
+		se := find(s, ns, "web")
+		return se != nil && se.Service.Ports[0].Port == 81
+	})
+	if diff := cmp.Diff([]string{"SetService " + key, "Sync"}, r.takeCalls()); diff != "" {
+		t.Errorf("calls for a port change (-want +got):\n%s", diff)
+	}
+
+	// An endpoint removed.
+	sl.Endpoints = sl.Endpoints[:1]
+	kc.UpdateSlice(sl)
+	r.waitFor(t, "one endpoint", hasEndpoints(ns, "web", "10.2.0.1"))
+	if diff := cmp.Diff([]string{"DeleteEndpoint " + key + " 10.2.0.2", "Sync"}, r.takeCalls()); diff != "" {
+		t.Errorf("calls for an endpoint removal (-want +got):\n%s", diff)
+	}
+
+	// The service deleted (its slice stays, as it would until the
+	// garbage collector runs): everything goes, endpoints first.
+	kc.DeleteService(ns, "web")
+	r.waitFor(t, "service gone", absent(ns, "web"))
+	if diff := cmp.Diff([]string{"DeleteEndpoint " + key + " 10.2.0.1", "DeleteService " + key, "Sync"}, r.takeCalls()); diff != "" {
+		t.Errorf("calls for a service deletion (-want +got):\n%s", diff)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestConditionsDualStackAndMultipleSlices(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("cond")
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name, NodeName: "node-a"})
+
+	svc := kc.CreateService(kubetest.Service(ns, "ds", name, func(s *v1.Service) {
+		p := v1.IPFamilyPolicyRequireDualStack
+		s.Spec.IPFamilyPolicy = &p
+	}))
+	kc.CreateSlice(kubetest.Slice(svc, "ds-v4-a",
+		kubetest.EP{IP: "10.3.0.1", Node: "node-a"},
+		kubetest.EP{IP: "10.3.0.2", Node: "node-b", NotReady: true, Terminating: true},
+		kubetest.EP{IP: "10.3.0.3", Node: "node-b", NotReady: true, NotServing: true}))
+	// A second IPv4 slice holding an address that is also in the first
+	// (a slice transition): it must appear once.
+	kc.CreateSlice(kubetest.Slice(svc, "ds-v4-b", kubetest.EP{IP: "10.3.0.4"}, kubetest.EP{IP: "10.3.0.1", Node: "node-a"}))
+	kc.CreateSlice(kubetest.Slice(svc, "ds-v6", kubetest.EP{IP: "fd00::1", Node: "node-a"}))
+
+	st := r.waitFor(t, "all endpoints", hasEndpoints(ns, "ds", "10.3.0.1", "10.3.0.2", "10.3.0.3", "10.3.0.4", "fd00::1"))
+	se := find(st, ns, "ds")
+	if got := se.Service.IPs.ClusterIPs; len(got.V4) != 1 || len(got.V6) != 1 || se.Service.IPs.Headless {
+		t.Errorf("dual-stack cluster IPs = %+v (headless %v), want one of each family", got, se.Service.IPs.Headless)
+	}
+	type cond struct{ Local, Ready, Serving, Terminating bool }
+	want := map[string]cond{
+		"10.3.0.1": {Local: true, Ready: true, Serving: true},
+		"10.3.0.2": {Serving: true, Terminating: true},
+		"10.3.0.3": {},
+		"10.3.0.4": {Ready: true, Serving: true},
+		"fd00::1":  {Local: true, Ready: true, Serving: true},
+	}
+	got := map[string]cond{}
+	for _, ep := range se.Endpoints {
+		got[ep.Key()] = cond{ep.Local, ep.Ready, ep.Serving, ep.Terminating}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("endpoint conditions (-want +got):\n%s", diff)
+	}
+
+	// Removing the first slice keeps the shared address (still in the
+	// second slice) and drops the others.
+	kc.DeleteSlice(ns, "ds-v4-a")
+	r.waitFor(t, "first slice gone", hasEndpoints(ns, "ds", "10.3.0.1", "10.3.0.4", "fd00::1"))
+}
+
+func TestSliceMovedBetweenServices(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("move")
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name})
+	a := kc.CreateService(kubetest.Service(ns, "a", name))
+	kc.CreateService(kubetest.Service(ns, "b", name))
+	sl := kc.CreateSlice(kubetest.Slice(a, "s", kubetest.EP{IP: "10.4.0.1"}))
+	r.waitFor(t, "slice under a", func(s []*model.ServiceEndpoints) bool {
+		return hasEndpoints(ns, "a", "10.4.0.1")(s) && hasEndpoints(ns, "b")(s)
+	})
+	sl.Labels[discovery.LabelServiceName] = "b"
+	kc.UpdateSlice(sl)
+	r.waitFor(t, "slice under b", func(s []*model.ServiceEndpoints) bool {
+		return hasEndpoints(ns, "a")(s) && hasEndpoints(ns, "b", "10.4.0.1")(s)
+	})
+}
+
+func TestNodeZoneDrivesHints(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("zone")
+	nodeName := kubetest.UniqueName("node")
+	node, err := cp.Client().CoreV1().Nodes().Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name: nodeName, Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name, NodeName: nodeName})
+	svc := kc.CreateService(kubetest.Service(ns, "h", name))
+	kc.CreateSlice(kubetest.Slice(svc, "h-1",
+		kubetest.EP{IP: "10.5.0.1", Zone: "zone-a", ForZones: []string{"zone-a"}},
+		kubetest.EP{IP: "10.5.0.2", Zone: "zone-b", ForZones: []string{"zone-b"}, ForNodes: []string{nodeName}}))
+	sameZone := func(zoneA, zoneB, nodeB bool) func([]*model.ServiceEndpoints) bool {
+		return func(s []*model.ServiceEndpoints) bool {
+			se := find(s, ns, "h")
+			if se == nil || len(se.Endpoints) != 2 || se.Endpoints[0].Hints == nil || se.Endpoints[1].Hints == nil {
+				return false
+			}
+			return se.Endpoints[0].Hints.SameZone == zoneA && se.Endpoints[1].Hints.SameZone == zoneB &&
+				se.Endpoints[1].Hints.SameNode == nodeB && !se.Endpoints[0].Hints.SameNode
+		}
+	}
+	r.waitFor(t, "zone-a hints match", sameZone(true, false, true))
+	node.Labels["topology.kubernetes.io/zone"] = "zone-b"
+	if _, err := cp.Client().CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor(t, "zone-b hints match after the node moved", sameZone(false, true, true))
+}
+
+func TestFirstStateIsComplete(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("first")
+	const n = 40
+	for i := range n {
+		svc := kc.CreateService(kubetest.Service(ns, fmt.Sprintf("s%02d", i), name))
+		kc.CreateSlice(kubetest.Slice(svc, fmt.Sprintf("s%02d-1", i), kubetest.EP{IP: fmt.Sprintf("10.6.0.%d", i+1)}))
+	}
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name})
+	r.waitFor(t, "first state", func(s []*model.ServiceEndpoints) bool { return true })
+	first := r.allStates()[0]
+	if len(first) != n {
+		t.Fatalf("first state has %d services, want all %d:\n%s", len(first), n, describe(first))
+	}
+	for i, se := range first {
+		if want := fmt.Sprintf("10.6.0.%d", i+1); !cmp.Equal(endpointKeys(se), []string{want}) {
+			t.Errorf("first state: %s has endpoints %v, want [%s]", se.Service.Key(), endpointKeys(se), want)
+		}
+	}
+}
+
+func TestBurstsAreCoalesced(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("burst")
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name, MinSyncInterval: 300 * time.Millisecond})
+	r.waitFor(t, "empty first state", func(s []*model.ServiceEndpoints) bool { return len(s) == 0 })
+	const n = 60
+	start := time.Now()
+	for i := range n {
+		kc.CreateService(kubetest.Service(ns, fmt.Sprintf("s%02d", i), name))
+	}
+	elapsed := time.Since(start)
+	r.waitFor(t, "all services", func(s []*model.ServiceEndpoints) bool { return len(s) == n })
+	states := r.allStates()
+	// 60 creations, at most one delivery per 300ms: far fewer states than
+	// events (the bound allows for slow machines: one per interval, plus
+	// the first state, plus the trailing one).
+	maxStates := 2 + int(elapsed/(300*time.Millisecond)) + 1
+	if len(states) > maxStates || len(states) >= n {
+		t.Errorf("%d creations in %v gave %d full states, want at most %d", n, elapsed, len(states), maxStates)
+	}
+	for i := 1; i < len(states); i++ {
+		if len(states[i]) < len(states[i-1]) {
+			t.Errorf("state %d has %d services, fewer than the %d before: a partial state", i, len(states[i]), len(states[i-1]))
+		}
+	}
+}
+
+func TestAPIServerRestart(t *testing.T) {
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("restart")
+	svc := kc.CreateService(kubetest.Service(ns, "r", name))
+	sl := kc.CreateSlice(kubetest.Slice(svc, "r-1", kubetest.EP{IP: "10.7.0.1"}, kubetest.EP{IP: "10.7.0.2"}))
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name})
+	r.waitFor(t, "initial state", hasEndpoints(ns, "r", "10.7.0.1", "10.7.0.2"))
+	before := len(r.allStates())
+
+	if err := cp.KillAPIServer(); err != nil {
+		t.Fatalf("kill API server: %v", err)
+	}
+	time.Sleep(2 * time.Second) // the watcher sees its watches fail
+	if err := cp.StartAPIServer(); err != nil {
+		t.Fatalf("restart API server: %v", err)
+	}
+	// A change made after the restart reaches the sink.
+	sl.Endpoints = append(sl.Endpoints, discovery.Endpoint{Addresses: []string{"10.7.0.3"}})
+	kc.UpdateSlice(sl)
+	r.waitFor(t, "the change made after the restart", hasEndpoints(ns, "r", "10.7.0.1", "10.7.0.2", "10.7.0.3"))
+
+	for i, st := range r.allStates()[before:] {
+		se := find(st, ns, "r")
+		if se == nil || len(se.Endpoints) < 2 {
+			t.Errorf("state %d after the restart lost the service or its endpoints:\n%s", before+i, describe(st))
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	if _, err := watcher.New(watcher.Config{Client: cp.Client(), ServiceProxyName: "not a label value!"}); err == nil ||
+		!strings.Contains(err.Error(), "service-proxy-name") {
+		t.Errorf("New with an invalid service-proxy-name: error %v, want one naming service-proxy-name", err)
+	}
+	if _, err := watcher.New(watcher.Config{}); err == nil {
+		t.Errorf("New without a client: no error")
+	}
+}
