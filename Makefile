@@ -2,7 +2,7 @@
 
 GO ?= go
 GOTEST_FLAGS ?= -race -count=1 -timeout 45m
-STATICCHECK_VERSION ?= 2025.1.1
+STATICCHECK_VERSION ?= v0.8.2
 
 .PHONY: demo test unit controlplane lint bench build
 

@@ -324,7 +324,7 @@ func TestUpdatesAndDeletionsPropagate(t *testing.T) {
 
 	// A service change without endpoint change: only SetService.
 	svc.Spec.Ports[0].Port = 81
-	svc = kc.UpdateService(svc)
+	kc.UpdateService(svc)
 	r.waitFor(t, "port 81", func(s []*model.ServiceEndpoints) bool {
 		se := find(s, ns, "web")
 		return se != nil && se.Service.Ports[0].Port == 81
