@@ -3,7 +3,6 @@ package controlplane
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -169,6 +168,3 @@ func declaresModule(path string) bool {
 	}
 	return false
 }
-
-// errNotReady marks a readiness probe that did not succeed yet.
-var errNotReady = errors.New("not ready")

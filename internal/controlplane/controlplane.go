@@ -71,6 +71,14 @@ const (
 	// process could not bind the ports it was given.
 	portAttempts = 3
 
+	// dirPrefix is the name prefix of control plane directories in
+	// os.TempDir.
+	dirPrefix = "kpng-controlplane-"
+
+	// ownerFile, in a control plane directory, holds the pid of the process
+	// that owns it.
+	ownerFile = "owner.pid"
+
 	// logTailLines is how many log lines errors include.
 	logTailLines = 40
 )
@@ -124,7 +132,11 @@ type ControlPlane struct {
 	apiArgs    []string
 	kubeconfig string
 
-	mu        sync.Mutex
+	// opMu serializes Stop, StopAPIServer, KillAPIServer and
+	// StartAPIServer.
+	opMu sync.Mutex
+
+	mu        sync.Mutex // guards the fields below
 	etcd      *process
 	apiserver *process
 	config    *rest.Config
@@ -154,9 +166,14 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		return nil, err
 	}
 
-	dir, err := os.MkdirTemp("", "kpng-controlplane-")
+	removeAbandonedDirs(o.logf)
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("creating control plane directory: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("writing control plane owner file: %w", err)
 	}
 	cp := &ControlPlane{opts: o, dir: dir, binaryDir: binaryDir}
 	if err := cp.start(); err != nil {
@@ -166,6 +183,27 @@ func Start(opts ...Option) (*ControlPlane, error) {
 		return nil, err
 	}
 	return cp, nil
+}
+
+// removeAbandonedDirs removes the directories of control planes whose
+// process died without calling Stop (a panic, a test timeout, SIGKILL): their
+// etcd and kube-apiserver died with them, but etcd's data (over 100MB of
+// preallocated WAL) would stay behind.
+func removeAbandonedDirs(logf func(format string, args ...any)) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		data, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // being created, or not ours
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || pid <= 0 || pid == os.Getpid() || processAlive(pid) {
+			continue
+		}
+		if err := os.RemoveAll(dir); err == nil {
+			logf("controlplane: removed %s, abandoned by process %d", dir, pid)
+		}
+	}
 }
 
 // start does the work of Start; the caller cleans up on error.
@@ -188,7 +226,7 @@ func (c *ControlPlane) start() error {
 		}
 		c.apiPort = ports[0]
 		c.apiArgs = c.apiServerArgs()
-		err = c.startAPIServerLocked()
+		err = c.runAPIServer()
 		if err == nil {
 			break
 		}
@@ -335,9 +373,9 @@ func (c *ControlPlane) apiServerArgs() []string {
 	return append(args, c.opts.apiServerArgs...)
 }
 
-// startAPIServerLocked starts kube-apiserver with c.apiArgs and waits until
-// it is ready. The caller must not hold c.mu.
-func (c *ControlPlane) startAPIServerLocked() error {
+// runAPIServer starts kube-apiserver with c.apiArgs and waits until it is
+// ready. The caller must not hold c.mu.
+func (c *ControlPlane) runAPIServer() error {
 	p, err := startProcess("kube-apiserver", filepath.Join(c.binaryDir, APIServerBinary), c.apiArgs, c.apiServerLogPath())
 	if err != nil {
 		return err
@@ -447,6 +485,9 @@ func failedChecks(body string) string {
 	}
 	return strings.Join(failed, "; ")
 }
+
+// errNotReady marks a probe that did not succeed yet but may later.
+var errNotReady = errors.New("not ready")
 
 // poll runs probe until it succeeds, fails with an error not wrapping
 // errNotReady, p exits or timeout passes.
@@ -586,6 +627,8 @@ func (c *ControlPlane) KillAPIServer() error {
 }
 
 func (c *ControlPlane) stopAPIServer(sig syscall.Signal) error {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
 	c.mu.Lock()
 	p := c.apiserver
 	c.mu.Unlock()
@@ -607,6 +650,8 @@ func (c *ControlPlane) stopAPIServer(sig syscall.Signal) error {
 // KillAPIServer, on the same port and with the same flags, certificate and
 // credentials, and waits until it is ready.
 func (c *ControlPlane) StartAPIServer() error {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
 	c.mu.Lock()
 	p, stopped := c.apiserver, c.stopped
 	c.mu.Unlock()
@@ -619,7 +664,7 @@ func (c *ControlPlane) StartAPIServer() error {
 		}
 	}
 	begin := time.Now()
-	if err := c.startAPIServerLocked(); err != nil {
+	if err := c.runAPIServer(); err != nil {
 		return fmt.Errorf("restarting kube-apiserver: %w", err)
 	}
 	c.opts.logf("controlplane: kube-apiserver ready again after %v", time.Since(begin).Round(time.Millisecond))
@@ -629,6 +674,8 @@ func (c *ControlPlane) StartAPIServer() error {
 // Stop stops kube-apiserver and etcd, waits for them to exit and removes the
 // control plane's directory. Calling it again does nothing.
 func (c *ControlPlane) Stop() error {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()

@@ -2,7 +2,10 @@
 
 package controlplane
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
 // sysProcAttr makes a child die with the test process (SIGKILL on parent
 // death), so an aborted test never leaks an etcd or kube-apiserver.
@@ -12,4 +15,10 @@ import "syscall"
 // runtime.LockOSThread, which this package never does.
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// processAlive reports whether a process with the given pid exists.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
