@@ -346,8 +346,8 @@ func (c *ControlPlane) startEtcdOnce() error {
 	})
 	if err != nil {
 		stopErr := p.stop(syscall.SIGKILL, 0)
-		return errors.Join(fmt.Errorf("waiting for etcd at %s to be healthy: %w\netcd log (%s):\n%s",
-			c.etcdURL, err, c.etcdLogPath(), logTail(c.etcdLogPath(), logTailLines)), stopErr)
+		return errors.Join(fmt.Errorf("waiting for etcd at %s to be healthy: %w\nlast lines of the etcd log:\n%s",
+			c.etcdURL, err, logTail(c.etcdLogPath(), logTailLines)), stopErr)
 	}
 	return nil
 }
@@ -386,8 +386,8 @@ func (c *ControlPlane) runAPIServer() error {
 
 	if err := c.waitAPIServerReady(p); err != nil {
 		stopErr := p.stop(syscall.SIGKILL, 0)
-		return errors.Join(fmt.Errorf("waiting for kube-apiserver at %s to be ready: %w\nkube-apiserver log (%s):\n%s",
-			c.Host(), err, c.apiServerLogPath(), logTail(c.apiServerLogPath(), logTailLines)), stopErr)
+		return errors.Join(fmt.Errorf("waiting for kube-apiserver at %s to be ready: %w\nlast lines of the kube-apiserver log:\n%s",
+			c.Host(), err, logTail(c.apiServerLogPath(), logTailLines)), stopErr)
 	}
 	return nil
 }
