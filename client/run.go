@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/localsink"
 )
@@ -37,16 +38,44 @@ type Flags struct {
 	Once bool
 	// MinSyncInterval is the minimum time between two deliveries.
 	MinSyncInterval time.Duration
+	// API, when set, is the address of a kpng controller to watch instead
+	// of the Kubernetes API server (see package remote); APITLSCA,
+	// APITLSCert, APITLSKey and APIInsecure secure the connection.
+	API                             string
+	APITLSCA, APITLSCert, APITLSKey string
+	APIInsecure                     bool
 }
 
-// Bind registers the flags on fs, with klog's flags.
+// Bind registers all the flags on fs, with klog's flags.
 func (f *Flags) Bind(fs *flag.FlagSet) {
+	f.BindKube(fs)
+	f.BindAPI(fs)
+	fs.BoolVar(&f.Once, "once", false, "deliver the first consistent state, then exit")
+	klog.InitFlags(fs)
+}
+
+// BindKube registers the flags of the Kubernetes watcher on fs:
+// --kubeconfig, --service-proxy-name, --node-name and --min-sync-interval.
+func (f *Flags) BindKube(fs *flag.FlagSet) {
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, then the in-cluster configuration)")
 	fs.StringVar(&f.ServiceProxyName, "service-proxy-name", "", "handle the services labelled service.kubernetes.io/service-proxy-name=<name> (empty: the services without that label)")
-	fs.StringVar(&f.NodeName, "node-name", "", "this node's name, for Local endpoints and topology (default $NODE_NAME, then the hostname)")
-	fs.BoolVar(&f.Once, "once", false, "deliver the first consistent state, then exit")
+	f.BindNodeName(fs)
 	fs.DurationVar(&f.MinSyncInterval, "min-sync-interval", watcher.DefaultMinSyncInterval, "minimum time between two deliveries (bursts of changes are coalesced)")
-	klog.InitFlags(fs)
+}
+
+// BindNodeName registers --node-name on fs.
+func (f *Flags) BindNodeName(fs *flag.FlagSet) {
+	fs.StringVar(&f.NodeName, "node-name", "", "this node's name, for Local endpoints and topology (default $NODE_NAME, then the hostname)")
+}
+
+// BindAPI registers the flags of a connection to a kpng controller on fs:
+// --api and its TLS flags.
+func (f *Flags) BindAPI(fs *flag.FlagSet) {
+	fs.StringVar(&f.API, "api", "", "watch a kpng controller at this address (unix:///path or host:port) instead of the Kubernetes API server")
+	fs.StringVar(&f.APITLSCA, "api-tls-ca", "", "CA file verifying the controller's certificate (TCP)")
+	fs.StringVar(&f.APITLSCert, "api-tls-cert", "", "client certificate file, for controllers that require one")
+	fs.StringVar(&f.APITLSKey, "api-tls-key", "", "client key file")
+	fs.BoolVar(&f.APIInsecure, "api-insecure", false, "plain TCP to a loopback controller address")
 }
 
 // usageError marks errors in the command line or configuration: exit
@@ -111,17 +140,36 @@ func Main(args []string, stderr io.Writer, sink localsink.Sink) int {
 // Run watches with these flags until ctx is done (or the first state with
 // Once), feeding sink. Errors in the configuration are usage errors (exit status 2 in Main).
 func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
+	if f.Once {
+		ctx2, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ctx = ctx2
+		sink = &onceSink{Sink: sink, done: cancel}
+	}
+	if f.API != "" {
+		return f.runRemote(ctx, sink)
+	}
+	w, _, err := f.Watcher()
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx, sink)
+}
+
+// Watcher builds the Kubernetes watcher these flags describe, and the
+// client it uses. Errors are configuration errors (exit status 2 in Main).
+func (f *Flags) Watcher() (*watcher.Watcher, kubernetes.Interface, error) {
 	cfg, err := f.restConfig()
 	if err != nil {
-		return usageError{err}
+		return nil, nil, usageError{err}
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return usageError{fmt.Errorf("kubernetes client: %w", err)}
+		return nil, nil, usageError{fmt.Errorf("kubernetes client: %w", err)}
 	}
 	nodeName, err := f.nodeName()
 	if err != nil {
-		return usageError{err}
+		return nil, nil, usageError{err}
 	}
 	w, err := watcher.New(watcher.Config{
 		Client:           cs,
@@ -130,16 +178,36 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 		MinSyncInterval:  f.MinSyncInterval,
 	})
 	if err != nil {
-		return usageError{err}
-	}
-	if f.Once {
-		ctx2, cancel := context.WithCancel(ctx)
-		defer cancel()
-		ctx = ctx2
-		sink = &onceSink{Sink: sink, done: cancel}
+		return nil, nil, usageError{err}
 	}
 	klog.InfoS("Starting kpng watcher", "serviceProxyName", f.ServiceProxyName, "node", nodeName, "apiServer", cfg.Host)
-	return w.Run(ctx, sink)
+	return w, cs, nil
+}
+
+func (f *Flags) runRemote(ctx context.Context, sink localsink.Sink) error {
+	cfg, err := f.RemoteConfig()
+	if err != nil {
+		return err
+	}
+	klog.InfoS("Watching a kpng controller", "address", f.API, "node", cfg.NodeName)
+	return remote.Run(ctx, cfg, sink)
+}
+
+// RemoteConfig returns the configuration of the connection to a kpng
+// controller these flags describe. Errors are configuration errors.
+func (f *Flags) RemoteConfig() (remote.Config, error) {
+	nodeName, err := f.nodeName()
+	if err != nil {
+		return remote.Config{}, usageError{err}
+	}
+	cfg := remote.Config{
+		Address: f.API, NodeName: nodeName,
+		TLSCA: f.APITLSCA, TLSCert: f.APITLSCert, TLSKey: f.APITLSKey, Insecure: f.APIInsecure,
+	}
+	if _, _, err := cfg.DialOptions(); err != nil {
+		return remote.Config{}, usageError{err}
+	}
+	return cfg, nil
 }
 
 func (f *Flags) restConfig() (*rest.Config, error) {
@@ -185,3 +253,7 @@ func (o *onceSink) Sync() {
 	o.Sink.Sync()
 	o.done()
 }
+
+// IsUsageError reports whether err comes from the command line or the
+// configuration (exit status 2), rather than from running.
+func IsUsageError(err error) bool { return errors.As(err, new(usageError)) }

@@ -16,12 +16,6 @@ import (
 // clientIP timeout (3 hours).
 const defaultAffinityTimeout = 10800
 
-// node is what the watcher knows about the node it runs for.
-type node struct {
-	name string
-	zone string
-}
-
 // proxied reports whether a proxier has anything to do for svc. ExternalName
 // services are DNS aliases with nothing to load-balance, as in kube-proxy.
 func proxied(svc *v1.Service) bool {
@@ -173,7 +167,7 @@ func cidrs(ref klog.ObjectRef, ranges []string) []string {
 
 // endpointBuilder gathers one service's endpoints from its slices.
 type endpointBuilder struct {
-	node  node
+	node  model.Node
 	byIP  map[netip.Addr]*model.Endpoint
 	ports map[netip.Addr]map[string]int32 // resolved port per service port name
 }
@@ -182,7 +176,7 @@ type endpointBuilder struct {
 // appears once: when it is in several slices (a slice transition), the first
 // slice in name order wins, unless a later one places it on this node, which
 // is kube-proxy's rule. Ports are merged across slices, first slice wins.
-func buildEndpoints(svc *model.Service, sliceList []*discovery.EndpointSlice, n node) []*model.Endpoint {
+func buildEndpoints(svc *model.Service, sliceList []*discovery.EndpointSlice, n model.Node) []*model.Endpoint {
 	b := endpointBuilder{node: n, byIP: map[netip.Addr]*model.Endpoint{}, ports: map[netip.Addr]map[string]int32{}}
 	slices.SortFunc(sliceList, func(a, b *discovery.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	for _, s := range sliceList {
@@ -251,7 +245,6 @@ func (b *endpointBuilder) endpoint(ip netip.Addr, e *discovery.Endpoint) *model.
 	}
 	if e.NodeName != nil {
 		ep.NodeName = *e.NodeName
-		ep.Local = b.node.name != "" && ep.NodeName == b.node.name
 	}
 	if e.Zone != nil {
 		ep.Zone = *e.Zone
@@ -260,15 +253,13 @@ func (b *endpointBuilder) endpoint(ip netip.Addr, e *discovery.Endpoint) *model.
 		hints := &model.Hints{}
 		for _, z := range h.ForZones {
 			hints.Zones = append(hints.Zones, z.Name)
-			hints.SameZone = hints.SameZone || (b.node.zone != "" && z.Name == b.node.zone)
 		}
 		for _, n := range h.ForNodes {
 			hints.Nodes = append(hints.Nodes, n.Name)
-			hints.SameNode = hints.SameNode || (b.node.name != "" && n.Name == b.node.name)
 		}
 		ep.Hints = hints
 	}
-	return ep
+	return b.node.View(ep)
 }
 
 // overrides lists the service ports this endpoint serves on another port

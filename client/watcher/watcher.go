@@ -73,7 +73,7 @@ type Watcher struct {
 	selector string
 
 	mu       sync.Mutex
-	node     node
+	node     model.Node
 	services map[model.ServiceKey]*v1.Service
 	slices   map[model.ServiceKey]map[string]*discovery.EndpointSlice
 	owners   map[string]model.ServiceKey // slice namespace/name → service
@@ -99,7 +99,7 @@ func New(cfg Config) (*Watcher, error) {
 	return &Watcher{
 		cfg:      cfg,
 		selector: selector,
-		node:     node{name: cfg.NodeName},
+		node:     model.Node{Name: cfg.NodeName},
 		services: map[model.ServiceKey]*v1.Service{},
 		slices:   map[model.ServiceKey]map[string]*discovery.EndpointSlice{},
 		owners:   map[string]model.ServiceKey{},
@@ -306,11 +306,11 @@ func (w *Watcher) onNode(obj any, deleted bool) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if zone == w.node.zone {
+	if zone == w.node.Zone {
 		return
 	}
 	klog.InfoS("Node zone changed", "node", w.cfg.NodeName, "zone", zone)
-	w.node.zone = zone
+	w.node.Zone = zone
 	// Hint matches of every service may have changed.
 	for key := range w.services {
 		w.dirty[key] = struct{}{}
