@@ -1,0 +1,154 @@
+package kpngv1
+
+import (
+	"maps"
+	"slices"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// FromServiceKey converts a model service key.
+func FromServiceKey(k model.ServiceKey) *ServiceKey {
+	return &ServiceKey{Namespace: k.Namespace, Name: k.Name}
+}
+
+// Model returns the model service key.
+func (k *ServiceKey) Model() model.ServiceKey {
+	return model.ServiceKey{Namespace: k.GetNamespace(), Name: k.GetName()}
+}
+
+// FromIPSet converts a model IP set.
+func FromIPSet(s model.IPSet) *IPSet {
+	if s.IsEmpty() {
+		return nil
+	}
+	return &IPSet{V4: s.V4, V6: s.V6}
+}
+
+// Model returns the model IP set (nil lists when empty).
+func (s *IPSet) Model() model.IPSet {
+	return model.IPSet{V4: nonEmpty(s.GetV4()), V6: nonEmpty(s.GetV6())}
+}
+
+// FromService converts a model service.
+func FromService(s *model.Service) *Service {
+	out := &Service{
+		Namespace: s.Namespace,
+		Name:      s.Name,
+		Type:      s.Type,
+		Labels:    s.Labels,
+		Ips: &ServiceIPs{
+			ClusterIps:      FromIPSet(s.IPs.ClusterIPs),
+			ExternalIps:     FromIPSet(s.IPs.ExternalIPs),
+			LoadBalancerIps: FromIPSet(s.IPs.LoadBalancerIPs),
+			Headless:        s.IPs.Headless,
+		},
+		ExternalTrafficToLocal:   s.ExternalTrafficToLocal,
+		InternalTrafficToLocal:   s.InternalTrafficToLocal,
+		HealthCheckNodePort:      s.HealthCheckNodePort,
+		LoadBalancerSourceRanges: s.LoadBalancerSourceRanges,
+		TrafficDistribution:      s.TrafficDistribution,
+	}
+	for _, p := range s.Ports {
+		out.Ports = append(out.Ports, &PortMapping{
+			Name:           p.Name,
+			Protocol:       Protocol(p.Protocol),
+			Port:           p.Port,
+			NodePort:       p.NodePort,
+			TargetPort:     p.TargetPort,
+			TargetPortName: p.TargetPortName,
+		})
+	}
+	if a := s.ClientIPAffinity; a != nil {
+		out.ClientIpAffinity = &ClientIPAffinity{TimeoutSeconds: a.TimeoutSeconds}
+	}
+	return out
+}
+
+// Model returns the model service.
+func (s *Service) Model() *model.Service {
+	out := &model.Service{
+		Namespace: s.GetNamespace(),
+		Name:      s.GetName(),
+		Type:      s.GetType(),
+		Labels:    nonEmptyMap(s.GetLabels()),
+		IPs: model.ServiceIPs{
+			ClusterIPs:      s.GetIps().GetClusterIps().Model(),
+			ExternalIPs:     s.GetIps().GetExternalIps().Model(),
+			LoadBalancerIPs: s.GetIps().GetLoadBalancerIps().Model(),
+			Headless:        s.GetIps().GetHeadless(),
+		},
+		ExternalTrafficToLocal:   s.GetExternalTrafficToLocal(),
+		InternalTrafficToLocal:   s.GetInternalTrafficToLocal(),
+		HealthCheckNodePort:      s.GetHealthCheckNodePort(),
+		LoadBalancerSourceRanges: nonEmpty(s.GetLoadBalancerSourceRanges()),
+		TrafficDistribution:      s.GetTrafficDistribution(),
+	}
+	for _, p := range s.GetPorts() {
+		out.Ports = append(out.Ports, &model.PortMapping{
+			Name:           p.GetName(),
+			Protocol:       model.Protocol(p.GetProtocol()),
+			Port:           p.GetPort(),
+			NodePort:       p.GetNodePort(),
+			TargetPort:     p.GetTargetPort(),
+			TargetPortName: p.GetTargetPortName(),
+		})
+	}
+	if a := s.GetClientIpAffinity(); a != nil {
+		out.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: a.GetTimeoutSeconds()}
+	}
+	return out
+}
+
+// FromEndpoint converts a model endpoint.
+func FromEndpoint(e *model.Endpoint) *Endpoint {
+	out := &Endpoint{
+		Ips:           FromIPSet(e.IPs),
+		Local:         e.Local,
+		Ready:         e.Ready,
+		Serving:       e.Serving,
+		Terminating:   e.Terminating,
+		NodeName:      e.NodeName,
+		Zone:          e.Zone,
+		PortOverrides: e.PortOverrides,
+	}
+	if h := e.Hints; h != nil {
+		out.Hints = &Hints{Zones: h.Zones, Nodes: h.Nodes, SameZone: h.SameZone, SameNode: h.SameNode}
+	}
+	return out
+}
+
+// Model returns the model endpoint.
+func (e *Endpoint) Model() *model.Endpoint {
+	out := &model.Endpoint{
+		IPs:           e.GetIps().Model(),
+		Local:         e.GetLocal(),
+		Ready:         e.GetReady(),
+		Serving:       e.GetServing(),
+		Terminating:   e.GetTerminating(),
+		NodeName:      e.GetNodeName(),
+		Zone:          e.GetZone(),
+		PortOverrides: nonEmptyMap(e.GetPortOverrides()),
+	}
+	if h := e.GetHints(); h != nil {
+		out.Hints = &model.Hints{
+			Zones: nonEmpty(h.GetZones()), Nodes: nonEmpty(h.GetNodes()),
+			SameZone: h.GetSameZone(), SameNode: h.GetSameNode(),
+		}
+	}
+	return out
+}
+
+func nonEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return slices.Clone(s)
+}
+
+func nonEmptyMap[V any](m map[string]V) map[string]V {
+	if len(m) == 0 {
+		return nil
+	}
+	return maps.Clone(m)
+}

@@ -1,0 +1,227 @@
+package server_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"sigs.k8s.io/kpng/api/server"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/client/remote"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// testServer is a controller serving a hub on a listener.
+type testServer struct {
+	hub  *server.Hub
+	feed localsink.Handler // full states into the hub
+	addr string
+	g    *grpc.Server
+	done chan struct{}
+}
+
+func startServer(t *testing.T, cfg server.ListenConfig, sendTimeout time.Duration) *testServer {
+	t.Helper()
+	hub := server.NewHub(true)
+	lis, opts, err := cfg.Listen()
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	g := grpc.NewServer(opts...)
+	server.NewServer(hub, sendTimeout).Register(g)
+	s := &testServer{hub: hub, feed: localsink.FromFullState(hub), addr: cfg.Address, g: g, done: make(chan struct{})}
+	if cfg.Address == "" || lis.Addr().Network() == "tcp" {
+		s.addr = lis.Addr().String()
+	}
+	go func() { defer close(s.done); _ = g.Serve(lis) }()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *testServer) stop() {
+	s.g.Stop()
+	<-s.done
+}
+
+func socketAddr(t *testing.T) string {
+	return "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+}
+
+// recorder is a Sink recording calls, with a FullState for the state.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+	full  *localsink.FullState
+	state []*model.ServiceEndpoints
+	syncs int
+}
+
+func newRecorder() *recorder {
+	r := &recorder{}
+	r.full = localsink.NewFullState(func(items []*model.ServiceEndpoints) { r.state = items })
+	return r
+}
+
+func (r *recorder) rec(s string) { r.mu.Lock(); r.calls = append(r.calls, s); r.mu.Unlock() }
+
+func (r *recorder) Reset() { r.rec("Reset"); r.mu.Lock(); r.full.Reset(); r.mu.Unlock() }
+func (r *recorder) SetService(s *model.Service) {
+	r.rec("SetService " + s.Key().String())
+	r.mu.Lock()
+	r.full.SetService(s)
+	r.mu.Unlock()
+}
+func (r *recorder) DeleteService(k model.ServiceKey) {
+	r.rec("DeleteService " + k.String())
+	r.mu.Lock()
+	r.full.DeleteService(k)
+	r.mu.Unlock()
+}
+func (r *recorder) SetEndpoint(k model.ServiceKey, key string, ep *model.Endpoint) {
+	r.rec("SetEndpoint " + k.String() + " " + key)
+	r.mu.Lock()
+	r.full.SetEndpoint(k, key, ep)
+	r.mu.Unlock()
+}
+func (r *recorder) DeleteEndpoint(k model.ServiceKey, key string) {
+	r.rec("DeleteEndpoint " + k.String() + " " + key)
+	r.mu.Lock()
+	r.full.DeleteEndpoint(k, key)
+	r.mu.Unlock()
+}
+func (r *recorder) Sync() {
+	r.rec("Sync")
+	r.mu.Lock()
+	r.syncs++
+	r.full.Sync()
+	r.mu.Unlock()
+}
+
+func (r *recorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.calls
+	r.calls = nil
+	return c
+}
+
+// waitSyncs waits until the recorder has seen n Syncs.
+func (r *recorder) waitSyncs(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		got := r.syncs
+		r.mu.Unlock()
+		if got >= n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %d syncs; calls %q", n, r.take())
+}
+
+func (r *recorder) current() []*model.ServiceEndpoints {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state
+}
+
+// runClient runs a remote client for node until the test ends.
+func runClient(t *testing.T, cfg remote.Config) *recorder {
+	t.Helper()
+	r := newRecorder()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 200*time.Millisecond
+	}
+	go func() { done <- remote.Run(ctx, cfg, r) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("remote.Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("remote.Run did not return")
+		}
+	})
+	return r
+}
+
+// svc builds a service with endpoints "ip@node" (node optional).
+func svc(ns, name string, eps ...*model.Endpoint) *model.ServiceEndpoints {
+	return &model.ServiceEndpoints{
+		Service:   &model.Service{Namespace: ns, Name: name, Type: "ClusterIP", IPs: model.ServiceIPs{ClusterIPs: model.IPSet{V4: []string{"10.96.0.1"}}}, Ports: []*model.PortMapping{{Protocol: model.TCP, Port: 80, TargetPort: 8080}}},
+		Endpoints: eps,
+	}
+}
+
+func ep(ip, node string) *model.Endpoint {
+	return &model.Endpoint{IPs: model.IPSet{V4: []string{ip}}, Ready: true, Serving: true, NodeName: node}
+}
+
+// certs writes a CA, a server certificate for 127.0.0.1 and a client
+// certificate, all signed by the CA, and returns their paths.
+type certFiles struct{ ca, serverCert, serverKey, clientCert, clientKey string }
+
+func writeCerts(t *testing.T) certFiles {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kpng test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	f := certFiles{ca: filepath.Join(dir, "ca.pem")}
+	writePEM(t, f.ca, "CERTIFICATE", caDER)
+	issue := func(name string, serial int64, usage x509.ExtKeyUsage, ips []net.IP) (string, string) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips,
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyDER, _ := x509.MarshalECPrivateKey(key)
+		cert, keyPath := filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+		writePEM(t, cert, "CERTIFICATE", der)
+		writePEM(t, keyPath, "EC PRIVATE KEY", keyDER)
+		return cert, keyPath
+	}
+	f.serverCert, f.serverKey = issue("server", 2, x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
+	f.clientCert, f.clientKey = issue("client", 3, x509.ExtKeyUsageClientAuth, nil)
+	return f
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(fmt.Errorf("write %s: %w", path, err))
+	}
+}

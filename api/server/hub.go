@@ -1,0 +1,203 @@
+// Package server is the controller side of the kpng API: a Hub that holds
+// the state fed by any source (the watcher, a file, another controller) and
+// serves it over gRPC to any number of backends, each seeing it from its own
+// node and receiving only the changes to its own view.
+package server
+
+import (
+	"slices"
+	"sync"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Hub is a localsink.Sink that publishes each consistent state (on Sync) to
+// its subscribers. Feeding it never blocks on a subscriber: each one keeps
+// its own set of changed services and catches up at its own pace, seeing the
+// latest state (intermediate ones may be skipped for a slow subscriber).
+type Hub struct {
+	// store is the staging state, touched only by the feeding goroutine.
+	store *localsink.Store
+
+	mu        sync.RWMutex
+	published map[model.ServiceKey]*model.ServiceEndpoints
+	synced    bool // a first state was published
+	zones     map[string]string
+	subs      map[*subscription]struct{}
+	nodeViews bool
+}
+
+var _ localsink.Sink = (*Hub)(nil)
+
+// NewHub returns an empty Hub. With nodeViews, each subscriber sees Local
+// and topology hint matches computed for its node (use it when the source
+// knows node names, as the Kubernetes watcher does); without, subscribers
+// see the state exactly as fed.
+func NewHub(nodeViews bool) *Hub {
+	return &Hub{
+		store:     localsink.NewStore(),
+		published: map[model.ServiceKey]*model.ServiceEndpoints{},
+		zones:     map[string]string{},
+		subs:      map[*subscription]struct{}{},
+		nodeViews: nodeViews,
+	}
+}
+
+// Reset implements localsink.Sink.
+func (h *Hub) Reset() { h.store.Reset() }
+
+// SetService implements localsink.Sink.
+func (h *Hub) SetService(svc *model.Service) { h.store.SetService(svc) }
+
+// DeleteService implements localsink.Sink.
+func (h *Hub) DeleteService(key model.ServiceKey) { h.store.DeleteService(key) }
+
+// SetEndpoint implements localsink.Sink.
+func (h *Hub) SetEndpoint(key model.ServiceKey, epKey string, ep *model.Endpoint) {
+	h.store.SetEndpoint(key, epKey, ep)
+}
+
+// DeleteEndpoint implements localsink.Sink.
+func (h *Hub) DeleteEndpoint(key model.ServiceKey, epKey string) { h.store.DeleteEndpoint(key, epKey) }
+
+// Sync implements localsink.Sink: it publishes the staged state and tells
+// every subscriber which services changed.
+func (h *Hub) Sync() {
+	keys, _ := h.store.Commit()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, key := range keys {
+		if se := h.store.Get(key); se != nil {
+			h.published[key] = se
+		} else {
+			delete(h.published, key)
+		}
+	}
+	h.synced = true
+	for sub := range h.subs {
+		sub.markDirty(keys)
+	}
+}
+
+// SetNodeZone records the zone of a node, for the topology hints of the
+// subscribers on that node (only with node views).
+func (h *Hub) SetNodeZone(node, zone string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.zones[node] == zone {
+		return
+	}
+	if zone == "" {
+		delete(h.zones, node)
+	} else {
+		h.zones[node] = zone
+	}
+	for sub := range h.subs {
+		if sub.node == node {
+			sub.markAllDirty()
+		}
+	}
+}
+
+// Subscribers returns the number of subscribers.
+func (h *Hub) Subscribers() int {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return len(h.subs)
+}
+
+// subscription is one subscriber's pending work.
+type subscription struct {
+	node   string
+	notify chan struct{}
+
+	mu    sync.Mutex
+	dirty map[model.ServiceKey]struct{}
+	all   bool
+}
+
+func (s *subscription) markDirty(keys []model.ServiceKey) {
+	s.mu.Lock()
+	for _, k := range keys {
+		s.dirty[k] = struct{}{}
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *subscription) markAllDirty() {
+	s.mu.Lock()
+	s.all = true
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *subscription) signal() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// subscribe registers a subscriber for node; the first state (when there is
+// one) is pending at once.
+func (h *Hub) subscribe(node string) *subscription {
+	s := &subscription{node: node, notify: make(chan struct{}, 1), dirty: map[model.ServiceKey]struct{}{}, all: true}
+	h.mu.Lock()
+	h.subs[s] = struct{}{}
+	synced := h.synced
+	h.mu.Unlock()
+	if synced {
+		s.signal()
+	}
+	return s
+}
+
+func (h *Hub) unsubscribe(s *subscription) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.subs, s)
+}
+
+// pending takes a subscriber's pending changes: the state of each changed
+// service as seen from its node (nil: gone), sorted by key. ok is false
+// while no state has been published yet.
+func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model.ServiceEndpoints, ok bool) {
+	s.mu.Lock()
+	all, dirty := s.all, s.dirty
+	s.all, s.dirty = false, map[model.ServiceKey]struct{}{}
+	s.mu.Unlock()
+
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if !h.synced {
+		// Nothing published yet: keep the request for later.
+		s.mu.Lock()
+		s.all = s.all || all
+		s.mu.Unlock()
+		return nil, nil, false
+	}
+	if all {
+		// Everything published, plus what the subscriber may hold that is
+		// gone (dirty keys): the caller's Differ sorts it out.
+		for k := range h.published {
+			dirty[k] = struct{}{}
+		}
+	}
+	keys = make([]model.ServiceKey, 0, len(dirty))
+	for k := range dirty {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	node := model.Node{Name: s.node, Zone: h.zones[s.node]}
+	states = make([]*model.ServiceEndpoints, len(keys))
+	for i, k := range keys {
+		se := h.published[k]
+		if se != nil && h.nodeViews {
+			se = node.ViewService(se)
+		}
+		states[i] = se
+	}
+	return keys, states, true
+}

@@ -1,0 +1,141 @@
+package server
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"sigs.k8s.io/kpng/api/address"
+)
+
+// ListenConfig says where and how the controller serves backends.
+type ListenConfig struct {
+	// Address is a unix socket (the default, see address.DefaultSocket) or
+	// a TCP address.
+	Address string
+	// TLSCert and TLSKey are the server's certificate and key (PEM files),
+	// required on TCP unless Insecure.
+	TLSCert, TLSKey string
+	// TLSClientCA, when set, makes the server require client certificates
+	// signed by this CA (PEM file).
+	TLSClientCA string
+	// Insecure allows plain TCP, only on a loopback address.
+	Insecure bool
+}
+
+// Listen opens the listener and returns the gRPC options it needs (the
+// message size limits, and TLS credentials on TCP). A unix socket is created
+// with mode 0600 (its directory is created 0755 if missing); a stale socket
+// file left by a previous run is replaced, any other file is not.
+func (c ListenConfig) Listen() (net.Listener, []grpc.ServerOption, error) {
+	addr, opts, err := c.Options()
+	if err != nil {
+		return nil, nil, err
+	}
+	if addr.Network == "unix" {
+		l, err := listenUnix(addr.Addr)
+		return l, opts, err
+	}
+	l, err := net.Listen("tcp", addr.Addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return l, opts, nil
+}
+
+// Options checks the configuration (address, TLS files, --insecure only on
+// loopback) without listening, and returns the parsed address and the gRPC
+// options Listen would use.
+func (c ListenConfig) Options() (address.Address, []grpc.ServerOption, error) {
+	addr, err := address.Parse(c.Address)
+	if err != nil {
+		return addr, nil, err
+	}
+	opts := ServerOptions()
+	tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != ""
+	switch {
+	case addr.Network == "unix" && (tlsSet || c.Insecure):
+		return addr, nil, fmt.Errorf("listen %s: TLS and --insecure apply to TCP addresses only", addr)
+	case addr.Network == "unix":
+	case c.Insecure && tlsSet:
+		return addr, nil, fmt.Errorf("listen %s: --insecure and TLS flags are exclusive", addr)
+	case c.Insecure && !addr.IsLoopback():
+		return addr, nil, fmt.Errorf("listen %s: refusing --insecure on a non-loopback address; use TLS", addr)
+	case !c.Insecure:
+		creds, err := c.serverTLS()
+		if err != nil {
+			return addr, nil, fmt.Errorf("listen %s: %w", addr, err)
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	return addr, opts, nil
+}
+
+func (c ListenConfig) serverTLS() (credentials.TransportCredentials, error) {
+	if c.TLSCert == "" || c.TLSKey == "" {
+		return nil, errors.New("TCP needs --tls-cert and --tls-key (or --insecure on a loopback address)")
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("load server certificate: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.TLSClientCA != "" {
+		pool, err := LoadCertPool(c.TLSClientCA)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// LoadCertPool reads a PEM file of CA certificates.
+func LoadCertPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA file %s: no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("listen unix:%s: file exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listen unix:%s: remove stale socket: %w", path, err)
+		}
+	}
+	// The umask makes the socket 0600 from its creation: no window where
+	// another user could connect.
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
+	}
+	return l, nil
+}

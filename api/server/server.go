@@ -1,0 +1,187 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Defaults of the gRPC server.
+const (
+	// DefaultBatchOps is the number of operations per Batch message.
+	DefaultBatchOps = 1000
+	// DefaultSendTimeout is how long a backend may take to accept a batch
+	// before it is considered stalled and dropped.
+	DefaultSendTimeout = 30 * time.Second
+	// MaxSendMsgSize bounds the messages the server sends.
+	MaxSendMsgSize = 16 << 20
+	// MaxRecvMsgSize bounds the messages the server accepts (backends only
+	// send a WatchRequest).
+	MaxRecvMsgSize = 64 << 10
+)
+
+// Server implements the Controller gRPC service on top of a Hub.
+type Server struct {
+	kpngv1.UnimplementedControllerServer
+
+	hub         *Hub
+	batchOps    int
+	sendTimeout time.Duration
+}
+
+// NewServer returns a Server publishing hub's state. sendTimeout of 0 means
+// DefaultSendTimeout.
+func NewServer(hub *Hub, sendTimeout time.Duration) *Server {
+	if sendTimeout <= 0 {
+		sendTimeout = DefaultSendTimeout
+	}
+	return &Server{hub: hub, batchOps: DefaultBatchOps, sendTimeout: sendTimeout}
+}
+
+// Register registers s on a gRPC server.
+func (s *Server) Register(g *grpc.Server) { kpngv1.RegisterControllerServer(g, s) }
+
+// ServerOptions are the gRPC options the controller uses: message size
+// limits. Add credentials with grpc.Creds.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxSendMsgSize(MaxSendMsgSize)}
+}
+
+// Watch implements kpngv1.ControllerServer.
+func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServer[kpngv1.Batch]) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	who := "unknown"
+	if p, ok := peer.FromContext(ctx); ok {
+		who = p.Addr.String()
+	}
+	node := req.GetNodeName()
+	klog.InfoS("Backend connected", "node", node, "peer", who)
+	sub := s.hub.subscribe(node)
+	defer s.hub.unsubscribe(sub)
+
+	// The loop runs in its own goroutine so that a backend that stops
+	// reading (Send blocked on flow control) can be dropped: returning from
+	// Watch ends the stream, which unblocks Send.
+	out := &batchSender{stream: stream, max: s.batchOps}
+	done := make(chan error, 1)
+	go func() { done <- s.serve(ctx, sub, out) }()
+	tick := time.NewTicker(min(s.sendTimeout/4, time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			klog.InfoS("Backend disconnected", "node", node, "peer", who, "err", err)
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		case <-tick.C:
+			if since := out.sendingSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
+				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", node, "peer", who, "timeout", s.sendTimeout)
+				return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
+			}
+		}
+	}
+}
+
+// serve feeds one subscriber until ctx ends or sending fails.
+func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender) error {
+	d := localsink.NewDiffer(out)
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.notify:
+		}
+		keys, states, ok := s.hub.pending(sub)
+		if !ok {
+			continue
+		}
+		if first {
+			d.Reset()
+		}
+		n := 0
+		for i, key := range keys {
+			n += d.Update(key, states[i])
+		}
+		if first || n > 0 {
+			d.Sync()
+		}
+		first = false
+		if out.err != nil {
+			return fmt.Errorf("send to backend: %w", out.err)
+		}
+	}
+}
+
+// batchSender is a localsink.Sink that turns calls into Batch messages on a
+// stream: a batch is sent when full and at each Sync. The first error stops
+// all further sends.
+type batchSender struct {
+	stream grpc.ServerStreamingServer[kpngv1.Batch]
+	max    int
+	ops    []*kpngv1.Op
+	err    error
+	// sendingSince is the start time (Unix ns) of the Send in progress, 0
+	// when none is.
+	sendingSince atomic.Int64
+}
+
+func (b *batchSender) add(op *kpngv1.Op) {
+	b.ops = append(b.ops, op)
+	if len(b.ops) >= b.max {
+		b.flush()
+	}
+}
+
+func (b *batchSender) flush() {
+	if b.err != nil || len(b.ops) == 0 {
+		b.ops = b.ops[:0]
+		return
+	}
+	b.sendingSince.Store(time.Now().UnixNano())
+	b.err = b.stream.Send(&kpngv1.Batch{Ops: b.ops})
+	b.sendingSince.Store(0)
+	b.ops = nil
+}
+
+func (b *batchSender) Reset() { b.add(&kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}}) }
+
+func (b *batchSender) SetService(svc *model.Service) {
+	b.add(&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(svc)}})
+}
+
+func (b *batchSender) DeleteService(key model.ServiceKey) {
+	b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: kpngv1.FromServiceKey(key)}})
+}
+
+func (b *batchSender) SetEndpoint(key model.ServiceKey, epKey string, ep *model.Endpoint) {
+	b.add(&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
+		Service: kpngv1.FromServiceKey(key), Key: epKey, Endpoint: kpngv1.FromEndpoint(ep),
+	}}})
+}
+
+func (b *batchSender) DeleteEndpoint(key model.ServiceKey, epKey string) {
+	b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{
+		Service: kpngv1.FromServiceKey(key), Key: epKey,
+	}}})
+}
+
+func (b *batchSender) Sync() {
+	b.add(&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{}}})
+	b.flush()
+}

@@ -1,0 +1,322 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/api/server"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/client/remote"
+)
+
+func localKeys(state []*model.ServiceEndpoints) []string {
+	var out []string
+	for _, se := range state {
+		for _, e := range se.Endpoints {
+			if e.Local {
+				out = append(out, se.Service.Name+"/"+e.Key())
+			}
+		}
+	}
+	return out
+}
+
+func TestEachBackendSeesItsNode(t *testing.T) {
+	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"), ep("10.0.0.2", "node-b"))})
+	a := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a"})
+	b := runClient(t, remote.Config{Address: s.addr, NodeName: "node-b"})
+	c := runClient(t, remote.Config{Address: s.addr, NodeName: "node-c"})
+	for _, r := range []*recorder{a, b, c} {
+		r.waitSyncs(t, 1)
+	}
+	for name, tc := range map[string]struct {
+		r    *recorder
+		want []string
+	}{"node-a": {a, []string{"a/10.0.0.1"}}, "node-b": {b, []string{"a/10.0.0.2"}}, "node-c": {c, nil}} {
+		if diff := cmp.Diff(tc.want, localKeys(tc.r.current())); diff != "" {
+			t.Errorf("%s local endpoints (-want +got):\n%s", name, diff)
+		}
+	}
+	if diff := cmp.Diff([]string{"Reset", "SetService ns/a", "SetEndpoint ns/a 10.0.0.1", "SetEndpoint ns/a 10.0.0.2", "Sync"}, a.take()); diff != "" {
+		t.Errorf("first state calls (-want +got):\n%s", diff)
+	}
+}
+
+// rawWatch opens a Watch stream and returns a channel of its batches.
+func rawWatch(t *testing.T, addr, node string) <-chan *kpngv1.Batch {
+	t.Helper()
+	target, opts, err := remote.Config{Address: addr}.DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); conn.Close() })
+	stream, err := kpngv1.NewControllerClient(conn).Watch(ctx, &kpngv1.WatchRequest{NodeName: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *kpngv1.Batch, 100)
+	go func() {
+		defer close(ch)
+		for {
+			b, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ch <- b
+		}
+	}()
+	return ch
+}
+
+func opNames(b *kpngv1.Batch) []string {
+	var out []string
+	for _, op := range b.GetOps() {
+		switch o := op.GetOp().(type) {
+		case *kpngv1.Op_Reset_:
+			out = append(out, "Reset")
+		case *kpngv1.Op_SetService:
+			out = append(out, "SetService "+o.SetService.GetName())
+		case *kpngv1.Op_DeleteService:
+			out = append(out, "DeleteService "+o.DeleteService.GetName())
+		case *kpngv1.Op_SetEndpoint:
+			out = append(out, "SetEndpoint "+o.SetEndpoint.GetKey())
+		case *kpngv1.Op_DeleteEndpoint:
+			out = append(out, "DeleteEndpoint "+o.DeleteEndpoint.GetKey())
+		case *kpngv1.Op_Sync:
+			out = append(out, "Sync")
+		}
+	}
+	return out
+}
+
+func next(t *testing.T, ch <-chan *kpngv1.Batch, who string) []string {
+	t.Helper()
+	select {
+	case b, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: stream closed", who)
+		}
+		return opNames(b)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no batch within 10s", who)
+	}
+	return nil
+}
+
+func nothing(t *testing.T, ch <-chan *kpngv1.Batch, who string) {
+	t.Helper()
+	select {
+	case b := <-ch:
+		t.Errorf("%s received %q, want nothing", who, opNames(b))
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+func TestOnlyChangesToANodesViewAreSent(t *testing.T) {
+	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	hinted := ep("10.0.0.2", "node-b")
+	hinted.Hints = &model.Hints{Zones: []string{"z2"}}
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"), hinted)})
+	a, b := rawWatch(t, s.addr, "node-a"), rawWatch(t, s.addr, "node-b")
+	want := []string{"Reset", "SetService a", "SetEndpoint 10.0.0.1", "SetEndpoint 10.0.0.2", "Sync"}
+	for who, ch := range map[string]<-chan *kpngv1.Batch{"node-a": a, "node-b": b} {
+		if diff := cmp.Diff(want, next(t, ch, who)); diff != "" {
+			t.Errorf("%s first state (-want +got):\n%s", who, diff)
+		}
+	}
+
+	// node-b moves into zone z2: only node-b's view of the hinted endpoint
+	// changes (SameZone), so only node-b hears of it.
+	s.hub.SetNodeZone("node-b", "z2")
+	if diff := cmp.Diff([]string{"SetEndpoint 10.0.0.2", "Sync"}, next(t, b, "node-b")); diff != "" {
+		t.Errorf("node-b after its zone changed (-want +got):\n%s", diff)
+	}
+	nothing(t, a, "node-a")
+
+	// An endpoint change is everybody's: one SetEndpoint each.
+	notReady := ep("10.0.0.1", "node-a")
+	notReady.Ready = false
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", notReady, hinted)})
+	for who, ch := range map[string]<-chan *kpngv1.Batch{"node-a": a, "node-b": b} {
+		if diff := cmp.Diff([]string{"SetEndpoint 10.0.0.1", "Sync"}, next(t, ch, who)); diff != "" {
+			t.Errorf("%s after an endpoint change (-want +got):\n%s", who, diff)
+		}
+	}
+	// A round that changes nothing sends nothing.
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", notReady, hinted)})
+	nothing(t, a, "node-a")
+	nothing(t, b, "node-b")
+}
+
+func TestReconnectSendsOnlyTheDifference(t *testing.T) {
+	addr := socketAddr(t)
+	state := []*model.ServiceEndpoints{
+		svc("ns", "a", ep("10.0.0.1", "node-a"), ep("10.0.0.2", "node-b")),
+		svc("ns", "b", ep("10.0.1.1", "node-b")),
+	}
+	s := startServer(t, server.ListenConfig{Address: addr}, 0)
+	s.feed(state)
+	r := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
+	r.waitSyncs(t, 1)
+	r.take()
+
+	// The controller restarts; meanwhile one endpoint went away.
+	s.stop()
+	time.Sleep(300 * time.Millisecond)
+	s2 := startServer(t, server.ListenConfig{Address: addr}, 0)
+	s2.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a")), state[1]})
+	r.waitSyncs(t, 2)
+	if diff := cmp.Diff([]string{"DeleteEndpoint ns/a 10.0.0.2", "Sync"}, r.take()); diff != "" {
+		t.Errorf("calls after the reconnection (-want +got):\n%s", diff)
+	}
+}
+
+func TestUnixSocketIsPrivate(t *testing.T) {
+	addr := socketAddr(t)
+	path := strings.TrimPrefix(addr, "unix://")
+	s := startServer(t, server.ListenConfig{Address: addr}, 0)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode := fi.Mode().Perm(); mode != 0o600 {
+		t.Errorf("socket mode %o, want 600", mode)
+	}
+	// A stale socket (the server is gone) is replaced; a regular file is not.
+	s.stop()
+	s2 := startServer(t, server.ListenConfig{Address: addr}, 0)
+	s2.stop()
+	file := strings.TrimPrefix(socketAddr(t), "unix://")
+	if err := os.WriteFile(file, []byte("precious"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := (server.ListenConfig{Address: "unix://" + file}).Listen(); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("listening over a regular file: %v, want a 'not a socket' error", err)
+	}
+	if b, _ := os.ReadFile(file); string(b) != "precious" {
+		t.Errorf("the regular file was changed")
+	}
+}
+
+func TestListenConfigChecks(t *testing.T) {
+	certs := writeCerts(t)
+	for _, tc := range []struct {
+		cfg  server.ListenConfig
+		want string
+	}{
+		{server.ListenConfig{Address: "127.0.0.1:0"}, "TCP needs --tls-cert and --tls-key"},
+		{server.ListenConfig{Address: "0.0.0.0:0", Insecure: true}, "refusing --insecure on a non-loopback address"},
+		{server.ListenConfig{Address: ":0", Insecure: true}, "refusing --insecure on a non-loopback address"},
+		{server.ListenConfig{Address: "127.0.0.1:0", Insecure: true, TLSCert: certs.serverCert}, "exclusive"},
+		{server.ListenConfig{Address: "unix:///tmp/x.sock", Insecure: true}, "TCP addresses only"},
+		{server.ListenConfig{Address: "127.0.0.1:0", TLSCert: certs.serverCert, TLSKey: "/nonexistent"}, "load server certificate"},
+		{server.ListenConfig{Address: "127.0.0.1:0", TLSCert: certs.serverCert, TLSKey: certs.serverKey, TLSClientCA: certs.serverKey}, "no PEM certificate"},
+		{server.ListenConfig{Address: "http://x:1"}, "unknown scheme"},
+	} {
+		if _, _, err := tc.cfg.Options(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	if _, _, err := (server.ListenConfig{Address: "127.0.0.1:0", Insecure: true}).Options(); err != nil {
+		t.Errorf("--insecure on loopback: %v", err)
+	}
+}
+
+func TestTLSWithClientCertificates(t *testing.T) {
+	certs := writeCerts(t)
+	s := startServer(t, server.ListenConfig{Address: "127.0.0.1:0", TLSCert: certs.serverCert, TLSKey: certs.serverKey, TLSClientCA: certs.ca}, 0)
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"))})
+
+	good := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey})
+	good.waitSyncs(t, 1)
+	if diff := cmp.Diff([]string{"a/10.0.0.1"}, localKeys(good.current())); diff != "" {
+		t.Errorf("TLS client state (-want +got):\n%s", diff)
+	}
+	// Without a client certificate, or without trusting the server's CA,
+	// nothing is received.
+	noCert := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCA: certs.ca})
+	noCA := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCert: certs.clientCert, TLSKey: certs.clientKey})
+	plain := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", Insecure: true})
+	time.Sleep(time.Second)
+	for name, r := range map[string]*recorder{"no client cert": noCert, "unknown CA": noCA, "plain TCP": plain} {
+		if calls := r.take(); len(calls) != 0 {
+			t.Errorf("%s: received %q, want nothing", name, calls)
+		}
+	}
+	if _, _, err := (remote.Config{Address: "192.0.2.1:1", Insecure: true}).DialOptions(); err == nil {
+		t.Errorf("client --api-insecure to a non-loopback address: no error")
+	}
+}
+
+func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {
+	addr := socketAddr(t)
+	s := startServer(t, server.ListenConfig{Address: addr}, 500*time.Millisecond)
+	// A state big enough to fill a stalled client's flow-control windows.
+	var state []*model.ServiceEndpoints
+	for i := range 3000 {
+		var eps []*model.Endpoint
+		for j := range 10 {
+			eps = append(eps, ep(net.IPv4(10, byte(i>>8), byte(i), byte(j+1)).String(), "node-x"))
+		}
+		state = append(state, svc("ns", fmt.Sprintf("s%s%05d", strings.Repeat("x", 40), i), eps...))
+	}
+	s.feed(state)
+
+	good := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
+	good.waitSyncs(t, 1)
+
+	// Garbage on the socket.
+	conn, err := net.Dial("unix", strings.TrimPrefix(addr, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("GET / HTTP/1.1\r\nthis is not gRPC\r\n\r\n\x00\x01\x02")); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	// A client that opens a watch and never reads it.
+	target, opts, _ := remote.Config{Address: addr}.DialOptions()
+	stalledConn, err := grpc.NewClient(target, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalledConn.Close()
+	if _, err := kpngv1.NewControllerClient(stalledConn).Watch(context.Background(), &kpngv1.WatchRequest{NodeName: "stalled"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for s.hub.Subscribers() != 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The good client still gets changes while the other one stalls.
+	state[0] = svc("ns", state[0].Service.Name, ep("10.200.0.1", "node-a"))
+	s.feed(state)
+	good.waitSyncs(t, 2)
+	if got := localKeys(good.current()); len(got) != 1 || !strings.HasSuffix(got[0], "10.200.0.1") {
+		t.Errorf("good client's local endpoints %v, want the new one", got)
+	}
+	// The stalled one is dropped after the send timeout.
+	for s.hub.Subscribers() != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := s.hub.Subscribers(); n != 1 {
+		t.Errorf("%d subscribers, want the stalled one dropped", n)
+	}
+}
