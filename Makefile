@@ -4,7 +4,12 @@ GO ?= go
 GOTEST_FLAGS ?= -race -count=1 -timeout 45m
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: demo test unit controlplane lint bench build
+PROTOC_VERSION ?= 3.21.12
+PROTOC_GEN_GO_VERSION ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+TOOLS_BIN := $(CURDIR)/bin
+
+.PHONY: demo test unit controlplane lint bench build generate check-generate
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -37,3 +42,17 @@ bench: controlplane
 
 build:
 	$(GO) build ./...
+
+## generate: regenerate api/kpngv1 from kpng.proto (needs protoc $(PROTOC_VERSION):
+## apt-get install protobuf-compiler on Debian 12).
+generate:
+	@protoc --version | grep -q ' $(PROTOC_VERSION)$$' || { echo "need protoc $(PROTOC_VERSION), have: $$(protoc --version)"; exit 1; }
+	GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH="$(TOOLS_BIN):$$PATH" $(GO) generate ./api/...
+
+## check-generate: fail when the committed generated code is not what
+## kpng.proto generates.
+check-generate: generate
+	@git diff --exit-code -- api/ || { echo "api/: generated code is stale, run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- api/)" || { echo "api/: untracked generated files"; git status --porcelain -- api/; exit 1; }
