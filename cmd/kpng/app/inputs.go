@@ -1,0 +1,96 @@
+package app
+
+import (
+	"context"
+	"flag"
+	"time"
+
+	"sigs.k8s.io/kpng/client"
+	"sigs.k8s.io/kpng/client/watcher"
+	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/statefile"
+)
+
+// input is where the state comes from. bind registers its flags and returns
+// the function that runs it into an output once they are parsed.
+type input struct {
+	help string
+	bind func(fs *flag.FlagSet) func(ctx context.Context, out *output) error
+}
+
+var inputs = map[string]input{
+	"kube": {help: kubeHelp, bind: bindKube},
+	"file": {help: fileHelp, bind: bindFile},
+	"api":  {help: apiHelp, bind: bindAPI},
+}
+
+const kubeHelp = `kpng kube: watch the Kubernetes API server for the services of one
+service-proxy-name (or, without a name, the services without one), with their
+EndpointSlices and this node's topology.
+
+Usage: kpng kube [flags] <output> [output flags]
+`
+
+func bindKube(fs *flag.FlagSet) func(context.Context, *output) error {
+	var f client.Flags
+	f.BindKube(fs)
+	return func(ctx context.Context, out *output) error {
+		w, cs, err := f.Watcher()
+		if err != nil {
+			return usagef("%v", err)
+		}
+		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
+			if out.hub != nil {
+				// Backends on other nodes need their zone for topology hints.
+				go func() { _ = watcher.WatchNodeZones(ctx, cs, out.hub.SetNodeZone) }()
+			}
+			return w.Run(ctx, sink)
+		})
+	}
+}
+
+const fileHelp = `kpng file: read the state from a file (a YAML or JSON list of services with
+their endpoints, as written by "to-file", or kpng-json's output), and follow
+its changes. A malformed file is reported and the last good state is kept.
+
+Usage: kpng file --input=state.yaml [flags] <output> [output flags]
+`
+
+func bindFile(fs *flag.FlagSet) func(context.Context, *output) error {
+	path := fs.String("input", "", "state file to read (required)")
+	interval := fs.Duration("interval", time.Second, "how often to check the file for changes")
+	return func(ctx context.Context, out *output) error {
+		if *path == "" {
+			return usagef("kpng file: --input is required")
+		}
+		if *interval <= 0 {
+			return usagef("kpng file: --interval must be positive")
+		}
+		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
+			return statefile.Watch(ctx, *path, *interval, sink)
+		})
+	}
+}
+
+const apiHelp = `kpng api: watch another kpng controller (to chain controllers, or to
+record or re-serve what a controller sends to one node).
+
+Usage: kpng api --api=<address> [flags] <output> [output flags]
+`
+
+func bindAPI(fs *flag.FlagSet) func(context.Context, *output) error {
+	var f client.Flags
+	f.BindAPI(fs)
+	f.BindNodeName(fs)
+	return func(ctx context.Context, out *output) error {
+		if f.API == "" {
+			return usagef("kpng api: --api is required")
+		}
+		if _, err := f.RemoteConfig(); err != nil {
+			return usagef("%v", err)
+		}
+		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
+			return f.Run(ctx, sink)
+		})
+	}
+}

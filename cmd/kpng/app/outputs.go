@@ -1,0 +1,214 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/api/address"
+	"sigs.k8s.io/kpng/api/server"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/statefile"
+)
+
+// output is where the state goes.
+type output struct {
+	sink localsink.Sink
+	// hub is to-api's hub: the kube input feeds it node zones.
+	hub *server.Hub
+	// serve, when set, runs beside the input until ctx ends.
+	serve func(ctx context.Context) error
+	// build, when set, makes the sink once everything is parsed.
+	build func(ctx context.Context) (localsink.Sink, error)
+}
+
+// run runs feed into the output, with the output's server beside it; both
+// stop when ctx ends or either fails.
+func (o *output) run(ctx context.Context, feed func(context.Context, localsink.Sink) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if o.build != nil {
+		sink, err := o.build(ctx)
+		if err != nil {
+			return err
+		}
+		o.sink = sink
+	}
+	var wg sync.WaitGroup
+	var serveErr error
+	if o.serve != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if serveErr = o.serve(ctx); serveErr != nil {
+				cancel()
+			}
+		}()
+	}
+	err := feed(ctx, o.sink)
+	cancel()
+	wg.Wait()
+	return errors.Join(err, serveErr)
+}
+
+func bindOutput(inputCmd string, args []string, stderr io.Writer, backends []Backend, nodeViews bool) (*output, error) {
+	name := args[0]
+	fs := flag.NewFlagSet(inputCmd+" "+name, flag.ContinueOnError)
+	var out *output
+	var finish func() error
+	var help string
+	switch name {
+	case "to-api":
+		help = toAPIHelp
+		out, finish = bindToAPI(fs, nodeViews)
+	case "to-file":
+		help = toFileHelp
+		out, finish = bindToFile(fs)
+	case "to-local":
+		return bindToLocal(fs, args[1:], stderr, backends)
+	default:
+		return nil, usagef("unknown output %q (want to-api, to-file or to-local)", name)
+	}
+	rest, err := parse(fs, args[1:], stderr, help)
+	if err != nil {
+		return nil, err
+	}
+	if len(rest) > 0 {
+		return nil, usagef("%s: unexpected argument %q", fs.Name(), rest[0])
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+const toAPIHelp = `to-api: serve the state to backends over gRPC (see api/kpngv1/kpng.proto).
+Each backend names its node and gets the state as seen from it, then only
+what changes for it. Listens on a unix socket (mode 0600) by default; TCP
+requires TLS unless --insecure is given for a loopback address.
+`
+
+func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
+	cfg := server.ListenConfig{}
+	fs.StringVar(&cfg.Address, "listen", address.DefaultSocket, "where to serve backends: unix:///path or host:port")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate file (TCP)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key file (TCP)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "require client certificates signed by this CA file (TCP)")
+	fs.BoolVar(&cfg.Insecure, "insecure", false, "plain TCP, only allowed on a loopback address")
+	sendTimeout := fs.Duration("send-timeout", server.DefaultSendTimeout, "drop a backend that does not read its stream for this long")
+	hub := server.NewHub(nodeViews)
+	out := &output{sink: hub, hub: hub}
+	return out, func() error {
+		if _, _, err := cfg.Options(); err != nil {
+			return usagef("to-api: %v", err)
+		}
+		out.serve = func(ctx context.Context) error {
+			lis, opts, err := cfg.Listen()
+			if err != nil {
+				return err
+			}
+			g := grpc.NewServer(opts...)
+			server.NewServer(hub, *sendTimeout).Register(g)
+			klog.InfoS("Serving backends", "address", cfg.Address)
+			errc := make(chan error, 1)
+			go func() { errc <- g.Serve(lis) }()
+			select {
+			case err := <-errc:
+				return fmt.Errorf("serve %s: %w", cfg.Address, err)
+			case <-ctx.Done():
+			}
+			stopped := make(chan struct{})
+			go func() { g.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(5 * time.Second):
+				g.Stop()
+			}
+			return nil
+		}
+		return nil
+	}
+}
+
+const toFileHelp = `to-file: write the state to a file (YAML) on every change, atomically. The
+file is what "kpng file --input" reads.
+`
+
+func bindToFile(fs *flag.FlagSet) (*output, func() error) {
+	path := fs.String("output", "", "state file to write (required)")
+	out := &output{}
+	return out, func() error {
+		if *path == "" {
+			return usagef("to-file: --output is required")
+		}
+		out.sink = localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+			if err := statefile.Write(*path, items); err != nil {
+				klog.ErrorS(err, "Cannot write the state file")
+				return
+			}
+			klog.V(2).InfoS("Wrote state file", "path", *path, "services", len(items))
+		})
+		return nil
+	}
+}
+
+func bindToLocal(fs *flag.FlagSet, args []string, stderr io.Writer, backends []Backend) (*output, error) {
+	help := "to-local: run an in-process backend.\n\nUsage: to-local <backend> [backend flags]\n\nBackends:\n"
+	for _, b := range backends {
+		help += fmt.Sprintf("  %-10s %s\n", b.Name, b.Help)
+	}
+	rest, err := parse(fs, args, stderr, help)
+	if err != nil {
+		return nil, err
+	}
+	if len(rest) == 0 {
+		return nil, usagef("to-local: missing backend")
+	}
+	for _, b := range backends {
+		if b.Name != rest[0] {
+			continue
+		}
+		bfs := flag.NewFlagSet(fs.Name()+" "+b.Name, flag.ContinueOnError)
+		build := b.Bind(bfs)
+		extra, err := parse(bfs, rest[1:], stderr, b.Help+"\n")
+		if err != nil {
+			return nil, err
+		}
+		if len(extra) > 0 {
+			return nil, usagef("%s: unexpected argument %q", bfs.Name(), extra[0])
+		}
+		return &output{build: build}, nil
+	}
+	return nil, usagef("to-local: unknown backend %q", rest[0])
+}
+
+// JSONBackend is the to-json backend: it prints the state like kpng-json,
+// one JSON object per service, on each change.
+func JSONBackend(w io.Writer) Backend {
+	return Backend{
+		Name: "to-json",
+		Help: "print the state as JSON on each change, like kpng-json",
+		Bind: func(*flag.FlagSet) func(context.Context) (localsink.Sink, error) {
+			return func(context.Context) (localsink.Sink, error) {
+				enc := json.NewEncoder(w)
+				return localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+					for _, it := range items {
+						if err := enc.Encode(it); err != nil {
+							klog.ErrorS(err, "Cannot print the state")
+							return
+						}
+					}
+				}), nil
+			}
+		},
+	}
+}

@@ -1,0 +1,210 @@
+// Package statefile reads and writes the state of a proxier as a file: a
+// YAML (or JSON) list of services with their endpoints, with the same field
+// names as kpng-json's output. It lets `kpng kube ... to-file` record a
+// state and `kpng file ... to-api` replay it, so that backends can be
+// developed without a cluster.
+package statefile
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Marshal encodes a state as YAML.
+func Marshal(items []*model.ServiceEndpoints) ([]byte, error) {
+	if items == nil {
+		items = []*model.ServiceEndpoints{}
+	}
+	return yaml.Marshal(items)
+}
+
+// Write writes a state to path atomically (a temporary file renamed over
+// it), so that a reader never sees half a file.
+func Write(path string, items []*model.ServiceEndpoints) error {
+	data, err := Marshal(items)
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write state %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write state %s: %w", path, err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write state %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write state %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write state %s: %w", path, err)
+	}
+	return nil
+}
+
+// Read reads and checks a state file.
+func Read(path string) ([]*model.ServiceEndpoints, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read state: %w", err)
+	}
+	items, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	}
+	return items, nil
+}
+
+// Parse decodes a state: a YAML or JSON list of services, or a stream of
+// YAML documents or JSON objects, one per service (kpng-json's output).
+// Addresses are put in canonical form; a malformed item is an error naming
+// it and its field.
+func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var items []*model.ServiceEndpoints
+	for doc := 0; ; doc++ {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
+		raw = bytes.TrimSpace(raw)
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		if raw[0] == '[' {
+			var list []*model.ServiceEndpoints
+			if err := strictJSON(raw, &list); err != nil {
+				return nil, fmt.Errorf("document %d: %w", doc, err)
+			}
+			items = append(items, list...)
+			continue
+		}
+		var one model.ServiceEndpoints
+		if err := strictJSON(raw, &one); err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
+		items = append(items, &one)
+	}
+	return items, check(items)
+}
+
+func strictJSON(raw []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
+}
+
+// check validates items and canonicalizes their addresses in place.
+func check(items []*model.ServiceEndpoints) error {
+	seen := map[model.ServiceKey]int{}
+	for i, se := range items {
+		if se == nil || se.Service == nil {
+			return fmt.Errorf("item %d: no Service", i)
+		}
+		svc := se.Service
+		key := svc.Key()
+		if svc.Namespace == "" || svc.Name == "" {
+			return fmt.Errorf("item %d: Service.Namespace and Service.Name are required", i)
+		}
+		if j, dup := seen[key]; dup {
+			return fmt.Errorf("item %d (service %s): same service as item %d", i, key, j)
+		}
+		seen[key] = i
+		var err error
+		for field, set := range map[string]*model.IPSet{
+			"Service.IPs.ClusterIPs": &svc.IPs.ClusterIPs, "Service.IPs.ExternalIPs": &svc.IPs.ExternalIPs,
+			"Service.IPs.LoadBalancerIPs": &svc.IPs.LoadBalancerIPs,
+		} {
+			if *set, err = canonical(*set); err != nil {
+				return fmt.Errorf("item %d (service %s): %s: %w", i, key, field, err)
+			}
+		}
+		for j, p := range svc.Ports {
+			if p == nil || p.Protocol < model.TCP || p.Protocol > model.SCTP {
+				return fmt.Errorf("item %d (service %s): Service.Ports[%d].Protocol: want 1 (TCP), 2 (UDP) or 3 (SCTP)", i, key, j)
+			}
+		}
+		eps := map[string]bool{}
+		for j, ep := range se.Endpoints {
+			if ep == nil {
+				return fmt.Errorf("item %d (service %s): Endpoints[%d] is null", i, key, j)
+			}
+			if ep.IPs, err = canonical(ep.IPs); err != nil {
+				return fmt.Errorf("item %d (service %s): Endpoints[%d].IPs: %w", i, key, j, err)
+			}
+			k := ep.Key()
+			if k == "" {
+				return fmt.Errorf("item %d (service %s): Endpoints[%d].IPs: no address", i, key, j)
+			}
+			if eps[k] {
+				return fmt.Errorf("item %d (service %s): Endpoints[%d]: address %s listed twice", i, key, j, k)
+			}
+			eps[k] = true
+		}
+	}
+	return nil
+}
+
+func canonical(s model.IPSet) (model.IPSet, error) {
+	out, bad := model.NewIPSet(s.All()...)
+	if len(bad) > 0 {
+		return s, fmt.Errorf("invalid address %q", bad[0])
+	}
+	return out, nil
+}
+
+// Watch feeds sink the state in path, then every change to it, checking
+// the file every interval, until ctx ends. A file that cannot be read or is
+// malformed is logged and ignored: the sink keeps the last good state. The
+// first state is only delivered once the file has been read successfully.
+func Watch(ctx context.Context, path string, interval time.Duration, sink localsink.Sink) error {
+	handler := localsink.FromFullState(sink)
+	var last []byte
+	logged := ""
+	for {
+		data, err := os.ReadFile(path)
+		if err == nil && !bytes.Equal(data, last) {
+			var items []*model.ServiceEndpoints
+			if items, err = Parse(data); err == nil {
+				klog.V(2).InfoS("Loaded state file", "path", path, "services", len(items))
+				handler(items)
+				last = data
+				logged = ""
+			} else {
+				err = fmt.Errorf("state file %s: %w", path, err)
+			}
+		}
+		if err != nil && err.Error() != logged {
+			klog.ErrorS(err, "Keeping the last good state")
+			logged = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(interval):
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package statefile
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+func sample() []*model.ServiceEndpoints {
+	return []*model.ServiceEndpoints{{
+		Service: &model.Service{
+			Namespace: "default", Name: "kpng-example", Type: "ClusterIP",
+			Labels: map[string]string{"service.kubernetes.io/service-proxy-name": "kpng-example"},
+			IPs:    model.ServiceIPs{ExternalIPs: model.IPSet{V4: []string{"10.0.0.55"}, V6: []string{"1000::55"}}, Headless: true},
+			Ports:  []*model.PortMapping{{Protocol: model.TCP, Port: 6000, TargetPort: 6000}},
+		},
+		Endpoints: []*model.Endpoint{
+			{IPs: model.IPSet{V4: []string{"11.0.2.2"}}, Local: true, Ready: true, Serving: true, NodeName: "node-a"},
+			{IPs: model.IPSet{V6: []string{"1100::202"}}, Local: true, Ready: true, Serving: true, NodeName: "node-a",
+				Hints: &model.Hints{Zones: []string{"z"}, SameZone: true}, PortOverrides: map[string]int32{"": 6001}},
+		},
+	}}
+}
+
+func TestWriteReadRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	if err := Write(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(sample(), got); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	data, _ := os.ReadFile(path)
+	for _, want := range []string{"Service:", "ExternalIPs:", "- 1000::55", "Local: true"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("state file lacks %q:\n%s", want, data)
+		}
+	}
+	if err := Write(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Read(path); err != nil || len(got) != 0 {
+		t.Errorf("empty state read back as %v, %v", got, err)
+	}
+}
+
+func TestParseFormats(t *testing.T) {
+	jsonLines := `{"Service":{"Namespace":"a","Name":"x","Type":"ClusterIP","IPs":{"ClusterIPs":{"V4":["10.96.0.10"]},"ExternalIPs":{}},"Ports":null},"Endpoints":[{"IPs":{"V6":["1100:0::0202"]}}]}
+{"Service":{"Namespace":"a","Name":"y","Type":"ClusterIP","IPs":{"ClusterIPs":{},"ExternalIPs":{}},"Ports":null},"Endpoints":null}
+`
+	got, err := Parse([]byte(jsonLines))
+	if err != nil {
+		t.Fatalf("kpng-json output: %v", err)
+	}
+	if len(got) != 2 || got[1].Service.Name != "y" {
+		t.Fatalf("kpng-json output parsed as %d items", len(got))
+	}
+	// Addresses come out canonical.
+	if diff := cmp.Diff(model.IPSet{V6: []string{"1100::202"}}, got[0].Endpoints[0].IPs); diff != "" {
+		t.Errorf("endpoint IPs (-want +got):\n%s", diff)
+	}
+	multiDoc := "Service: {Namespace: a, Name: x}\n---\nService: {Namespace: a, Name: y}\n"
+	if got, err := Parse([]byte(multiDoc)); err != nil || len(got) != 2 {
+		t.Errorf("multi-document YAML: %d items, %v", len(got), err)
+	}
+}
+
+func TestParseErrorsNameTheProblem(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"- Service: {Namespace: a}", "item 0: Service.Namespace and Service.Name are required"},
+		{"- Endpoints: []", "item 0: no Service"},
+		{"- Service: {Namespace: a, Name: x}\n- Service: {Namespace: a, Name: x}", "item 1 (service a/x): same service as item 0"},
+		{"- Service: {Namespace: a, Name: x, IPs: {ExternalIPs: {V4: [not-an-ip]}}}", `Service.IPs.ExternalIPs: invalid address "not-an-ip"`},
+		{"- Service: {Namespace: a, Name: x, Ports: [{Protocol: 7, Port: 1}]}", "Service.Ports[0].Protocol"},
+		{"- Service: {Namespace: a, Name: x}\n  Endpoints: [{IPs: {}}]", "Endpoints[0].IPs: no address"},
+		{"- Service: {Namespace: a, Name: x}\n  Endpoints: [{IPs: {V4: [1.2.3.4]}}, {IPs: {V4: [1.2.3.4]}}]", "address 1.2.3.4 listed twice"},
+		{"- Service: {Namespace: a, Name: x, Bogus: 1}", `unknown field "Bogus"`},
+		{"- [", "document 0"},
+	} {
+		_, err := Parse([]byte(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%q): error %v, want one containing %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+// stateSink records the full states a Watch delivers.
+type stateSink struct {
+	mu     sync.Mutex
+	states [][]*model.ServiceEndpoints
+}
+
+func (s *stateSink) last(t *testing.T, n int) []*model.ServiceEndpoints {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		k := len(s.states)
+		var st []*model.ServiceEndpoints
+		if k > 0 {
+			st = s.states[k-1]
+		}
+		s.mu.Unlock()
+		if k >= n {
+			return st
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for state %d", n)
+	return nil
+}
+
+func (s *stateSink) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.states)
+}
+
+func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	if err := Write(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	rec := &stateSink{}
+	sink := localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+		rec.mu.Lock()
+		rec.states = append(rec.states, items)
+		rec.mu.Unlock()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx, path, 20*time.Millisecond, sink) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+	}()
+	if diff := cmp.Diff(sample(), rec.last(t, 1)); diff != "" {
+		t.Errorf("first state (-want +got):\n%s", diff)
+	}
+	// A broken edit is ignored...
+	if err := os.WriteFile(path, []byte("- Service: {Namespace: a}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := rec.count(); n != 1 {
+		t.Errorf("a malformed file produced %d states, want the first one only", n)
+	}
+	// ...and a good one applied.
+	changed := sample()
+	changed[0].Endpoints = changed[0].Endpoints[:1]
+	if err := Write(path, changed); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(changed, rec.last(t, 2)); diff != "" {
+		t.Errorf("state after the edit (-want +got):\n%s", diff)
+	}
+}
