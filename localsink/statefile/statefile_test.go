@@ -72,7 +72,7 @@ func TestParseFormats(t *testing.T) {
 	if diff := cmp.Diff(model.IPSet{V6: []string{"1100::202"}}, got[0].Endpoints[0].IPs); diff != "" {
 		t.Errorf("endpoint IPs (-want +got):\n%s", diff)
 	}
-	multiDoc := "Service: {Namespace: a, Name: x}\n---\nService: {Namespace: a, Name: y}\n"
+	multiDoc := "Service: {Namespace: a, Name: svc-x}\n---\nService: {Namespace: a, Name: svc-y}\n"
 	if got, err := Parse([]byte(multiDoc)); err != nil || len(got) != 2 {
 		t.Errorf("multi-document YAML: %d items, %v", len(got), err)
 	}
