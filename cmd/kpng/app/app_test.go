@@ -1,0 +1,244 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/manifests"
+)
+
+var (
+	cp      *controlplane.ControlPlane
+	root    string
+	kpngBin string // kpng-json, built once
+)
+
+func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
+
+// setup applies the blog's manifests once and builds kpng-json.
+var setupOnce sync.Once
+
+func setup(t *testing.T) {
+	t.Helper()
+	setupOnce.Do(func() {
+		var err error
+		if root, err = controlplane.RepoRoot(); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []string{"kpng-example.yaml", "kpng-example-endpointslices.yaml"} {
+			if err := manifests.ApplyFile(context.Background(), cp.Client(), filepath.Join(root, "examples", "manifests", m)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		kpngBin = filepath.Join(os.TempDir(), "kpng-json-app-test")
+		out, err := exec.Command("go", "build", "-o", kpngBin, filepath.Join(root, "examples", "json")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("build kpng-json: %v\n%s", err, out)
+		}
+	})
+	if kpngBin == "" {
+		t.Fatal("setup failed")
+	}
+}
+
+func golden(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "examples", "json", "testdata", "kpng-example.golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// startKpng runs kpng with args until the test ends.
+func startKpng(t *testing.T, stdout *syncBuffer, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr syncBuffer
+	if stdout == nil {
+		stdout = &syncBuffer{}
+	}
+	go func() { done <- Exec(ctx, args, stdout, &stderr, JSONBackend(stdout)) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("kpng %s: exit status %d\n%s", strings.Join(args, " "), code, stderr.String())
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("kpng %s did not stop", strings.Join(args, " "))
+		}
+	})
+}
+
+// jsonBackend runs kpng-json once against the controller at addr.
+func jsonBackend(t *testing.T, addr, node string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kpngBin, "--api="+addr, "--once")
+	cmd.Env = append(os.Environ(), "NODE_NAME="+node)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kpng-json --api=%s: %v\n%s", addr, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+func TestKubeToAPIServesSeveralBackends(t *testing.T) {
+	setup(t)
+	sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+	startKpng(t, nil, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+		"--node-name=controller", "to-api", "--listen="+sock)
+
+	var wg sync.WaitGroup
+	outs := map[string]string{}
+	var mu sync.Mutex
+	for _, node := range []string{"node-a", "node-b"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := jsonBackend(t, sock, node)
+			mu.Lock()
+			outs[node] = out
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	// node-a sees exactly what the in-process kpng-json prints for it.
+	if outs["node-a"] != golden(t) {
+		t.Errorf("kpng-json --api for node-a:\n%s\nwant the in-process output:\n%s", outs["node-a"], golden(t))
+	}
+	// node-b sees its own endpoints as local.
+	wantB := strings.NewReplacer(`"Local":true,`, ``).Replace(golden(t))
+	for _, ip := range []string{"11.0.1.2", "1100::102"} {
+		wantB = strings.Replace(wantB, `["`+ip+`"]},`, `["`+ip+`"]},"Local":true,`, 1)
+	}
+	if outs["node-b"] != wantB {
+		t.Errorf("kpng-json --api for node-b:\n%s\nwant:\n%s", outs["node-b"], wantB)
+	}
+}
+
+func TestToFileAndFileInputRoundTrip(t *testing.T) {
+	setup(t)
+	dir := t.TempDir()
+	recorded := filepath.Join(dir, "state.yaml")
+	startKpng(t, nil, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+		"--node-name=node-a", "to-file", "--output="+recorded)
+	first := waitFile(t, recorded)
+
+	// The file replays through another kpng to a file again, unchanged...
+	replayed := filepath.Join(dir, "replayed.yaml")
+	startKpng(t, nil, "file", "--input="+recorded, "to-file", "--output="+replayed)
+	if second := waitFile(t, replayed); second != first {
+		t.Errorf("file → to-file changed the state:\n%s\nwant:\n%s", second, first)
+	}
+	// ...and served to a backend, gives the in-process output.
+	sock := "unix://" + filepath.Join(dir, "kpng.sock")
+	startKpng(t, nil, "file", "--input="+recorded, "to-api", "--listen="+sock)
+	if out := jsonBackend(t, sock, "whatever"); out != golden(t) {
+		t.Errorf("kpng file to-api → kpng-json:\n%s\nwant:\n%s", out, golden(t))
+	}
+}
+
+func TestToLocalJSON(t *testing.T) {
+	setup(t)
+	var stdout syncBuffer
+	startKpng(t, &stdout, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+		"--node-name=node-a", "to-local", "to-json")
+	deadline := time.Now().Add(20 * time.Second)
+	for stdout.String() == "" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := stdout.String(); got != golden(t) {
+		t.Errorf("to-local to-json printed:\n%s\nwant:\n%s", got, golden(t))
+	}
+}
+
+func waitFile(t *testing.T, path string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return string(b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s was not written", path)
+	return ""
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "missing input"},
+		{[]string{"bogus"}, `unknown input "bogus"`},
+		{[]string{"kube", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"kube"}, "missing output"},
+		{[]string{"kube", "to-nowhere"}, `unknown output "to-nowhere"`},
+		{[]string{"kube", "to-file"}, "to-file: --output is required"},
+		{[]string{"kube", "to-local"}, "to-local: missing backend"},
+		{[]string{"kube", "to-local", "to-nothing"}, `unknown backend "to-nothing"`},
+		{[]string{"kube", "to-api", "--listen=0.0.0.0:9000", "--insecure"}, "refusing --insecure on a non-loopback address"},
+		{[]string{"kube", "to-api", "--listen=127.0.0.1:9000"}, "TCP needs --tls-cert and --tls-key"},
+		{[]string{"file", "to-api"}, "--input is required"},
+		{[]string{"api", "to-api"}, "--api is required"},
+		{[]string{"api", "--api=10.1.2.3:1", "--api-insecure", "to-api"}, "refusing --api-insecure"},
+		{[]string{"kube", "--kubeconfig=/nonexistent", "to-file", "--output=/tmp/x"}, "kubeconfig /nonexistent"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Exec(context.Background(), tc.args, &stdout, &stderr)
+		out := stderr.String()
+		last := out[strings.LastIndex(strings.TrimSuffix(out, "\n"), "\n")+1:]
+		if code != 2 || !strings.Contains(last, tc.want) || !strings.HasPrefix(last, "kpng: ") {
+			t.Errorf("kpng %s: exit %d, last stderr line %q; want exit 2 and %q", strings.Join(tc.args, " "), code, last, tc.want)
+		}
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"kube", "--help"}, {"kube", "to-api", "--help"}, {"file", "to-local", "--help"}} {
+		var stdout, stderr bytes.Buffer
+		if code := Exec(context.Background(), args, &stdout, &stderr, JSONBackend(&stdout)); code != 0 {
+			t.Errorf("kpng %s: exit %d", strings.Join(args, " "), code)
+		}
+		if !strings.Contains(stderr.String(), "Usage") && !strings.Contains(stderr.String(), "to-api:") {
+			t.Errorf("kpng %s printed no help:\n%s", strings.Join(args, " "), stderr.String())
+		}
+	}
+	var stdout bytes.Buffer
+	if code := Exec(context.Background(), []string{"version"}, &stdout, &stdout); code != 0 || !strings.HasPrefix(stdout.String(), "kpng ") {
+		t.Errorf("kpng version: exit %d, %q", code, stdout.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
