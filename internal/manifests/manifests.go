@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -90,6 +91,14 @@ func Create(ctx context.Context, c kubernetes.Interface, obj runtime.Object) err
 		_, err = c.DiscoveryV1().EndpointSlices(ns(o.Namespace)).Create(ctx, o, opts)
 	case *appsv1.Deployment:
 		_, err = c.AppsV1().Deployments(ns(o.Namespace)).Create(ctx, o, opts)
+	case *appsv1.DaemonSet:
+		_, err = c.AppsV1().DaemonSets(ns(o.Namespace)).Create(ctx, o, opts)
+	case *v1.ServiceAccount:
+		_, err = c.CoreV1().ServiceAccounts(ns(o.Namespace)).Create(ctx, o, opts)
+	case *rbacv1.ClusterRole:
+		_, err = c.RbacV1().ClusterRoles().Create(ctx, o, opts)
+	case *rbacv1.ClusterRoleBinding:
+		_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
 	default:
 		return fmt.Errorf("create %T: kind not supported", obj)
 	}
