@@ -30,6 +30,10 @@ const (
 	// MaxRecvMsgSize bounds the messages the server accepts (backends only
 	// send a WatchRequest).
 	MaxRecvMsgSize = 64 << 10
+	// WindowSize is the HTTP/2 flow-control window of streams and
+	// connections, on both sides: large enough that a first state of
+	// megabytes is not paced by window updates.
+	WindowSize = 4 << 20
 )
 
 // Server implements the Controller gRPC service on top of a Hub.
@@ -56,7 +60,10 @@ func (s *Server) Register(g *grpc.Server) { kpngv1.RegisterControllerServer(g, s
 // ServerOptions are the gRPC options the controller uses: message size
 // limits. Add credentials with grpc.Creds.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxSendMsgSize(MaxSendMsgSize)}
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxSendMsgSize(MaxSendMsgSize),
+		grpc.InitialWindowSize(WindowSize), grpc.InitialConnWindowSize(WindowSize),
+	}
 }
 
 // Watch implements kpngv1.ControllerServer.

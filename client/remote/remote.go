@@ -57,7 +57,10 @@ func (c Config) DialOptions() (string, []grpc.DialOption, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	opts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize))}
+	opts := []grpc.DialOption{
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize)),
+		grpc.WithInitialWindowSize(server.WindowSize), grpc.WithInitialConnWindowSize(server.WindowSize),
+	}
 	tlsSet := c.TLSCA != "" || c.TLSCert != "" || c.TLSKey != ""
 	if addr.Network == "unix" {
 		if tlsSet || c.Insecure {
