@@ -267,9 +267,9 @@ func TestTLSWithClientCertificates(t *testing.T) {
 func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {
 	addr := socketAddr(t)
 	s := startServer(t, server.ListenConfig{Address: addr}, 500*time.Millisecond)
-	// A state big enough to fill a stalled client's flow-control windows.
+	// A state bigger than a stalled client's flow-control windows (server.WindowSize).
 	var state []*model.ServiceEndpoints
-	for i := range 3000 {
+	for i := range 10000 {
 		var eps []*model.Endpoint
 		for j := range 10 {
 			eps = append(eps, ep(net.IPv4(10, byte(i>>8), byte(i), byte(j+1)).String(), "node-x"))
