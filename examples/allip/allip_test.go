@@ -1,0 +1,375 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/nftables"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/examples/allip/allip"
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+const goldenPath = "../json/testdata/kpng-example.golden.json"
+
+// golden returns the blog's state, with the local endpoints' addresses
+// replaced by to (v4 and/or v6) if given.
+func golden(t *testing.T, to ...netip.Addr) []byte {
+	t.Helper()
+	data, err := os.ReadFile(goldenPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range to {
+		old := netns.PodV4
+		if a.Is6() {
+			old = netns.PodV6
+		}
+		data = bytes.ReplaceAll(data, []byte(`"`+old.String()+`"`), []byte(`"`+a.String()+`"`))
+	}
+	return data
+}
+
+// scriptRunner runs kpng-example-allip in the node's namespace.
+type scriptRunner struct {
+	t      *testing.T
+	node   *netns.NS
+	script string
+	lock   string
+}
+
+func newScriptRunner(t *testing.T, node *netns.NS) *scriptRunner {
+	t.Helper()
+	netns.RequireCommands(t, "jq", "iptables", "ip6tables", "iptables-restore", "ip6tables-restore", "iptables-save", "ip6tables-save", "conntrack")
+	script, err := filepath.Abs("kpng-example-allip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &scriptRunner{t: t, node: node, script: script, lock: filepath.Join(t.TempDir(), "lock")}
+}
+
+// run runs the script with state on stdin, as
+// `ip netns exec NODE bash kpng-example-allip < state`.
+func (s *scriptRunner) run(state []byte) (stderr string, err error) {
+	_, stderr, err = s.node.Exec(state, "env", "KPNG_ALLIP_LOCK="+s.lock, "bash", s.script)
+	return stderr, err
+}
+
+func (s *scriptRunner) mustRun(state []byte) string {
+	s.t.Helper()
+	stderr, err := s.run(state)
+	if err != nil {
+		s.t.Fatalf("kpng-example-allip: %v", err)
+	}
+	return stderr
+}
+
+var counters = regexp.MustCompile(`\[\d+:\d+\]`)
+
+// natSave returns `iptables-save -t nat` and `ip6tables-save -t nat` of ns,
+// without comments and counters.
+func natSave(t *testing.T, ns *netns.NS) string {
+	t.Helper()
+	var b strings.Builder
+	for _, cmd := range []string{"iptables-save", "ip6tables-save"} {
+		for _, line := range strings.Split(ns.MustExec(cmd, "-t", "nat"), "\n") {
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			b.WriteString(counters.ReplaceAllString(line, "[0:0]") + "\n")
+		}
+	}
+	return b.String()
+}
+
+// scriptRules reads the script's rules back from iptables -S, as allip
+// rules.
+func scriptRules(t *testing.T, ns *netns.NS) []allip.Rule {
+	t.Helper()
+	var rules []allip.Rule
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		out, _, err := ns.Exec(nil, cmd, "-w", "-t", "nat", "-S", "KPNG-ALLIP")
+		if err != nil {
+			continue // no chain: no rules
+		}
+		for _, line := range strings.Split(out, "\n") {
+			w := strings.Fields(line)
+			if len(w) == 0 || w[0] != "-A" {
+				continue
+			}
+			var r allip.Rule
+			for i := 0; i+1 < len(w); i++ {
+				switch w[i] {
+				case "-d":
+					p, err := netip.ParsePrefix(w[i+1])
+					if err != nil {
+						t.Fatalf("rule %q: %v", line, err)
+					}
+					r.External = p.Addr()
+				case "--to-destination":
+					r.Target = netip.MustParseAddr(w[i+1])
+				case "--comment":
+					ns, name, _ := strings.Cut(strings.Trim(w[i+1], `"`), "/")
+					r.Service = model.ServiceKey{Namespace: ns, Name: name}
+				}
+			}
+			rules = append(rules, r)
+		}
+	}
+	slices.SortFunc(rules, func(a, b allip.Rule) int { return a.External.Compare(b.External) })
+	return rules
+}
+
+var addrCmp = cmp.Comparer(func(a, b netip.Addr) bool { return a == b })
+
+// TestScriptTraffic runs the script in the node of the blog's topology:
+// the blog's state sends TCP and UDP on any port of both external IPs to the
+// local pod, from the client and from the node; moving the local endpoint to
+// pod2 moves the traffic, a UDP flow that keeps its source port included
+// (conntrack cleared); an empty state leaves no rule and no answer.
+func TestScriptTraffic(t *testing.T) {
+	netns.RequirePrivileged(t)
+	b := netns.Blog(t)
+	s := newScriptRunner(t, b.Node)
+	sticky := netip.AddrPortFrom(netns.ServiceV4, 7000)
+	const udpPort = 40001
+
+	if stderr := s.mustRun(golden(t)); stderr != "" {
+		t.Errorf("unexpected stderr: %s", stderr)
+	}
+	save := natSave(t, b.Node)
+	for _, want := range []string{
+		"-A PREROUTING -m comment --comment kpng-example-allip -j KPNG-ALLIP",
+		"-A OUTPUT -m comment --comment kpng-example-allip -j KPNG-ALLIP",
+		`-A KPNG-ALLIP -d 10.0.0.55/32 -m comment --comment "default/kpng-example" -j DNAT --to-destination 11.0.2.2`,
+		`-A KPNG-ALLIP -d 1000::55/128 -m comment --comment "default/kpng-example" -j DNAT --to-destination 1100::202`,
+	} {
+		if !strings.Contains(save, want) {
+			t.Errorf("nat tables lack %q:\n%s", want, save)
+		}
+	}
+	b.ExpectService(t, b.Client, netns.PodID)
+	b.ExpectService(t, b.Node, netns.PodID)
+	if a, err := b.Client.Ask("udp", sticky, netns.AskOptions{LocalPort: udpPort}); err != nil || a.Server != netns.PodID {
+		t.Fatalf("sticky UDP flow: %v, %v; want %s", a, err, netns.PodID)
+	}
+
+	s.mustRun(golden(t, netns.Pod2V4, netns.Pod2V6))
+	b.ExpectService(t, b.Client, netns.Pod2ID)
+	b.ExpectService(t, b.Node, netns.Pod2ID)
+	if a, err := b.Client.Ask("udp", sticky, netns.AskOptions{LocalPort: udpPort}); err != nil || a.Server != netns.Pod2ID {
+		t.Errorf("sticky UDP flow after the change: %v, %v; want %s (stale conntrack entry?)", a, err, netns.Pod2ID)
+	}
+
+	s.mustRun(nil)
+	if save := natSave(t, b.Node); strings.Contains(strings.ToLower(save), "kpng") {
+		t.Errorf("empty state: rules left:\n%s", save)
+	}
+	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
+	b.ExpectNoService(t, b.Node, 500*time.Millisecond)
+	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.Pod2V6, 8080), netns.AskOptions{}); err != nil || a.Server != netns.Pod2ID {
+		t.Errorf("pod2 directly: %v, %v", a, err)
+	}
+}
+
+// TestScriptIdempotent checks that the same state gives the same tables,
+// whatever ran before, with one jump per hook.
+func TestScriptIdempotent(t *testing.T) {
+	netns.RequirePrivileged(t)
+	node := netns.New(t, "node")
+	s := newScriptRunner(t, node)
+	pristine := natSave(t, node)
+
+	s.mustRun(golden(t))
+	first := natSave(t, node)
+	s.mustRun(golden(t))
+	if second := natSave(t, node); second != first {
+		t.Errorf("second run changed the tables:\n%s", cmp.Diff(first, second))
+	}
+	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
+		if n := strings.Count(first, "-A "+hook+" -m comment --comment kpng-example-allip -j KPNG-ALLIP"); n != 2 { // iptables + ip6tables
+			t.Errorf("%d jumps from %s, want one per family:\n%s", n, hook, first)
+		}
+	}
+	s.mustRun(golden(t, netns.Pod2V4))
+	s.mustRun(golden(t))
+	if again := natSave(t, node); again != first {
+		t.Errorf("back to the first state, tables differ:\n%s", cmp.Diff(first, again))
+	}
+	s.mustRun([]byte("\n"))
+	s.mustRun(nil)
+	if empty := natSave(t, node); empty != pristine {
+		t.Errorf("empty state twice: tables differ from before the first run:\n%s", cmp.Diff(pristine, empty))
+	}
+}
+
+// TestScriptBadInput checks that input that is not a state fails with a
+// message and leaves the rules alone, and that bad entries are skipped with
+// a warning while the rest applies.
+func TestScriptBadInput(t *testing.T) {
+	netns.RequirePrivileged(t)
+	node := netns.New(t, "node")
+	s := newScriptRunner(t, node)
+	s.mustRun(golden(t))
+	before := natSave(t, node)
+	for _, bad := range []string{
+		"not json",
+		`{"Service":`,
+		"42",
+		`[1]`,
+		`{"Service":{"IPs":{"ExternalIPs":{"V4":"10.0.0.55"}}}}`,
+		`{"Service":{"Name":"x"},"Endpoints":{"a":1}}`,
+	} {
+		stderr, err := s.run([]byte(bad))
+		if err == nil {
+			t.Errorf("input %q accepted", bad)
+		}
+		if !strings.Contains(stderr, "kpng-example-allip: invalid state on stdin") {
+			t.Errorf("input %q: stderr %q lacks the reason", bad, stderr)
+		}
+		if after := natSave(t, node); after != before {
+			t.Errorf("input %q changed the rules:\n%s", bad, cmp.Diff(before, after))
+		}
+	}
+}
+
+// TestScriptMatchesGo feeds the same states to the script and to
+// allip.Rules and compares the rules; the problems reported by Rules must
+// be warned about by the script.
+func TestScriptMatchesGo(t *testing.T) {
+	netns.RequirePrivileged(t)
+	node := netns.New(t, "node")
+	s := newScriptRunner(t, node)
+	states := map[string]string{
+		"golden": string(golden(t)),
+		"moved":  string(golden(t, netns.Pod2V4, netns.Pod2V6)),
+		"blog post, no Ready": `{"Service":{"Namespace":"default","Name":"kpng-example","Type":"ClusterIP","IPs":{"ClusterIPs":{},"ExternalIPs":{"V4":["10.0.0.55"],"V6":["1000::55"]},"Headless":true},"Ports":[{"Protocol":1,"Port":6000,"TargetPort":6000}]},` +
+			`"Endpoints":[{"IPs":{"V6":["1100::202"]},"Local":true},{"IPs":{"V4":["11.0.2.2"]},"Local":true},{"IPs":{"V4":["11.0.1.2"]}},{"IPs":{"V6":["1100::102"]}}]}`,
+		"ranks and several services": `
+{"Service":{"Namespace":"b","Name":"two","IPs":{"ExternalIPs":{"V4":["10.0.0.9","10.0.0.7"]}}},"Endpoints":[{"IPs":{"V4":["11.0.2.8"]},"Local":true},{"IPs":{"V4":["11.0.2.9"]},"Local":true,"Serving":true}]}
+{"Service":{"Namespace":"a","Name":"one","IPs":{"ExternalIPs":{"V4":["10.0.0.8"],"V6":["1000::1","1000::2"]}}},"Endpoints":[{"IPs":{"V6":["1100::7"]},"Local":true},{"IPs":{"V6":["1100::8"]},"Local":true,"Ready":true},{"IPs":{"V4":["11.0.9.9"]},"Ready":true}]}`,
+		"conflict and bad addresses": `[
+{"Service":{"Namespace":"ns","Name":"zz","IPs":{"ExternalIPs":{"V4":["10.0.0.55","10.0.0.300"],"V6":["fe80::1%eth0","1::2::3","1000::55"]}}},"Endpoints":[{"IPs":{"V4":["11.0.2.3"],"V6":["1100::203"]},"Local":true,"Ready":true}]},
+{"Service":{"Namespace":"ns","Name":"aa","IPs":{"ExternalIPs":{"V4":["10.0.0.55","1000::56"]}}},"Endpoints":[{"IPs":{"V4":["bogus"]},"Local":true,"Ready":true},{"IPs":{"V4":["11.0.2.2"]},"Local":true}]},
+{"Endpoints":[]}]`,
+		"empty": "",
+	}
+	for name, state := range states {
+		t.Run(name, func(t *testing.T) {
+			items, err := allip.ReadState(strings.NewReader(state))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, problems := allip.Rules(items)
+			stderr := s.mustRun([]byte(state))
+			got := scriptRules(t, node)
+			if diff := cmp.Diff(want, got, addrCmp); diff != "" {
+				t.Errorf("script rules differ from allip.Rules (-go +script):\n%s", diff)
+			}
+			if warnings := strings.Count(stderr, "warning:"); warnings != len(problems) {
+				t.Errorf("script printed %d warnings, allip.Rules reported %d problems:\n%s\n%v", warnings, len(problems), stderr, problems)
+			}
+		})
+	}
+}
+
+// buildProgram builds kpng-allip into a temporary directory.
+func buildProgram(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kpng-allip")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestProgramTraffic runs the kpng-allip binary in the node of the blog's
+// topology with --state (from a file, then from stdin), then --cleanup.
+func TestProgramTraffic(t *testing.T) {
+	netns.RequirePrivileged(t)
+	bin := buildProgram(t)
+	b := netns.Blog(t)
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(state, golden(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.Node.MustExec(bin, "--state="+state)
+	b.ExpectService(t, b.Client, netns.PodID)
+	b.ExpectService(t, b.Node, netns.PodID)
+	blog := model.ServiceKey{Namespace: "default", Name: "kpng-example"}
+	want := []allip.Rule{{External: netns.ServiceV4, Target: netns.PodV4, Service: blog}, {External: netns.ServiceV6, Target: netns.PodV6, Service: blog}}
+	if got := nftRules(t, b.Node); !cmp.Equal(want, got, addrCmp) {
+		t.Errorf("nftables rules %v, want %v", got, want)
+	}
+	if _, err := exec.LookPath("nft"); err == nil {
+		ruleset := b.Node.MustExec("nft", "list", "ruleset")
+		for _, want := range []string{"table ip kpng-allip", "table ip6 kpng-allip", "ip daddr 10.0.0.55 dnat to 11.0.2.2", "ip6 daddr 1000::55 dnat to 1100::202"} {
+			if !strings.Contains(ruleset, want) {
+				t.Errorf("nft list ruleset lacks %q:\n%s", want, ruleset)
+			}
+		}
+	}
+
+	if _, _, err := b.Node.Exec(golden(t, netns.Pod2V4, netns.Pod2V6), bin, "--state=-"); err != nil {
+		t.Fatal(err)
+	}
+	b.ExpectService(t, b.Client, netns.Pod2ID)
+
+	// Bad input: an error, and the rules stay.
+	_, stderr, err := b.Node.Exec([]byte(`{"Service": 12}`), bin, "--state=-")
+	if err == nil || !strings.Contains(stderr, "JSON value 1") {
+		t.Errorf("bad JSON: err %v, stderr %q; want a failure locating the bad value", err, stderr)
+	}
+	b.ExpectService(t, b.Client, netns.Pod2ID)
+
+	for _, args := range [][]string{{"--cleanup", "--state=-"}, {"extra"}, {"--no-such-flag"}} {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", b.Node.Name, bin}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+			t.Errorf("kpng-allip %v: %v (%s), want exit status 2", args, err, out)
+		}
+	}
+
+	b.Node.MustExec(bin, "--cleanup")
+	if got := nftRules(t, b.Node); got != nil {
+		t.Errorf("after --cleanup: rules %v", got)
+	}
+	if out, _, err := b.Node.Exec(nil, "nft", "list", "ruleset"); err == nil && strings.Contains(out, allip.TableName) {
+		t.Errorf("after --cleanup, nft list ruleset shows:\n%s", out)
+	}
+	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
+	b.Node.MustExec(bin, "--cleanup") // nothing to clean: still fine
+}
+
+// nftRules reads kpng-allip's nftables rules in ns (nil when its tables are
+// absent).
+func nftRules(t *testing.T, ns *netns.NS) []allip.Rule {
+	t.Helper()
+	f, err := os.Open(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := allip.Current(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rules
+}

@@ -1,0 +1,249 @@
+//go:build linux
+
+package netns
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Prefix starts the name of every namespace this package creates.
+const Prefix = "kpngt-"
+
+// RunDir is where `ip netns` keeps the bind mounts of named namespaces.
+const RunDir = "/run/netns"
+
+// NS is a named network namespace created by New. It is deleted when the
+// test that created it ends.
+type NS struct {
+	// Name is the namespace's name, as `ip netns list` shows it.
+	Name string
+	t    testing.TB
+}
+
+var (
+	seq       atomic.Int64
+	sweepOnce sync.Once
+)
+
+// New creates a uniquely named network namespace for t, with its loopback
+// interface up, IPv6 duplicate address detection off for the interfaces
+// created in it later (so that addresses are usable at once), and ICMP
+// redirects neither sent nor accepted (a node forwarding a packet back out of
+// the interface it came in on would otherwise teach the client a route that
+// bypasses it). It is deleted by t.Cleanup. label (letters, digits and '-')
+// ends the name, to make it recognisable.
+//
+// The first call in a process also deletes the kpngt- namespaces of test
+// processes that no longer run.
+func New(t testing.TB, label string) *NS {
+	t.Helper()
+	sweepOnce.Do(sweepStale)
+	name := fmt.Sprintf("%s%d-%d-%s", Prefix, os.Getpid(), seq.Add(1), label)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
+	}
+	n := &NS{Name: name, t: t}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns delete %s: %v: %s", name, err, bytes.TrimSpace(out))
+		}
+	})
+	n.IP("link", "set", "lo", "up")
+	for _, kv := range [][2]string{
+		{"net.ipv6.conf.default.accept_dad", "0"},
+		{"net.ipv6.conf.all.accept_dad", "0"},
+		{"net.ipv4.conf.all.send_redirects", "0"},
+		{"net.ipv4.conf.default.send_redirects", "0"},
+		{"net.ipv4.conf.all.accept_redirects", "0"},
+		{"net.ipv4.conf.default.accept_redirects", "0"},
+		{"net.ipv6.conf.all.accept_redirects", "0"},
+		{"net.ipv6.conf.default.accept_redirects", "0"},
+	} {
+		n.Sysctl(kv[0], kv[1])
+	}
+	return n
+}
+
+// sweepStale deletes the namespaces named kpngt-<pid>-... whose process no
+// longer exists: the leftovers of a test binary that was killed before its
+// cleanups ran.
+func sweepStale() {
+	entries, err := os.ReadDir(RunDir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), Prefix)
+		if !ok {
+			continue
+		}
+		pidText, _, ok := strings.Cut(rest, "-")
+		if !ok {
+			continue
+		}
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, 0); err == nil || errors.Is(err, unix.EPERM) {
+			continue // still running
+		}
+		_ = exec.Command("ip", "netns", "delete", e.Name()).Run()
+	}
+}
+
+// Path returns the namespace's bind mount, which can be opened to get a file
+// descriptor for setns(2) or for netlink libraries (nftables.WithNetNSFd,
+// netlink.NewHandleAt).
+func (n *NS) Path() string { return filepath.Join(RunDir, n.Name) }
+
+// String returns the namespace's name.
+func (n *NS) String() string { return n.Name }
+
+// Exec runs name with args inside the namespace (`ip netns exec`), with
+// stdin as its standard input (nil for none), and returns its standard
+// output and standard error. The error says which command failed and
+// includes its standard error.
+func (n *NS) Exec(stdin []byte, name string, args ...string) (stdout, stderr string, err error) {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("in %s: %s %s: %w: %s", n.Name, name, strings.Join(args, " "), err, strings.TrimSpace(e.String()))
+	}
+	return o.String(), e.String(), err
+}
+
+// MustExec is Exec without standard input that fails the test on error and
+// returns the standard output.
+func (n *NS) MustExec(name string, args ...string) string {
+	n.t.Helper()
+	out, _, err := n.Exec(nil, name, args...)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
+}
+
+// IP runs `ip -n NS args...` and fails the test on error.
+func (n *NS) IP(args ...string) string {
+	n.t.Helper()
+	out, err := exec.Command("ip", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("ip -n %s %s: %v: %s", n.Name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out)
+}
+
+// Sysctl sets a sysctl of the namespace, e.g. Sysctl("net.ipv4.ip_forward",
+// "1"), and fails the test on error. Network sysctls are per namespace.
+func (n *NS) Sysctl(key, value string) {
+	n.t.Helper()
+	n.MustExec("sysctl", "-q", "-w", key+"="+value)
+}
+
+// EnableForwarding turns IPv4 and IPv6 forwarding on, making the namespace a
+// router.
+func (n *NS) EnableForwarding() {
+	n.t.Helper()
+	n.Sysctl("net.ipv4.ip_forward", "1")
+	n.Sysctl("net.ipv6.conf.all.forwarding", "1")
+}
+
+// AddAddr adds an address in CIDR form (e.g. "10.0.0.1/24", "fd00::1/64")
+// to dev. IPv6 addresses are added with nodad: usable at once.
+func (n *NS) AddAddr(dev, cidr string) {
+	n.t.Helper()
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		n.t.Fatalf("AddAddr %s: %v", cidr, err)
+	}
+	args := []string{"addr", "add", cidr, "dev", dev}
+	if p.Addr().Is6() {
+		args = append([]string{"-6"}, append(args, "nodad")...)
+	}
+	n.IP(args...)
+}
+
+// AddRoute adds a route: `ip route add ARGS...`, e.g. AddRoute("default",
+// "via", "10.0.0.2"). The family is inferred by ip from the addresses.
+func (n *NS) AddRoute(args ...string) {
+	n.t.Helper()
+	fam := "-4"
+	for _, a := range args {
+		if strings.Contains(a, ":") {
+			fam = "-6"
+		}
+	}
+	n.IP(append([]string{fam, "route", "add"}, args...)...)
+}
+
+// Veth creates a veth pair with one end, aDev, in a and the other, bDev, in
+// b, and sets both up. Deleting either namespace deletes the pair.
+func Veth(t testing.TB, a *NS, aDev string, b *NS, bDev string) {
+	t.Helper()
+	a.IP("link", "add", aDev, "type", "veth", "peer", "name", bDev, "netns", b.Name)
+	a.IP("link", "set", aDev, "up")
+	b.IP("link", "set", bDev, "up")
+}
+
+// Do runs fn on an OS thread switched into the namespace and returns fn's
+// error. Sockets created by fn stay in the namespace after Do returns and can
+// be used from any goroutine. fn must not start goroutines that need to be in
+// the namespace: they run on other threads.
+//
+// The thread is switched back before Do returns; if that fails, the thread is
+// left locked, so that the Go runtime discards it rather than reuse it in the
+// wrong namespace.
+func (n *NS) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		target, err := os.Open(n.Path())
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open network namespace %s: %w", n.Name, err)
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", n.Name, err)
+			return
+		}
+		fnErr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			// Stay locked: the thread dies with this goroutine.
+			errc <- errors.Join(fnErr, fmt.Errorf("return from network namespace %s: %w", n.Name, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- fnErr
+	}()
+	return <-errc
+}

@@ -1,0 +1,179 @@
+//go:build linux
+
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// fakeT records what require does.
+type fakeT struct{ skipped, failed string }
+
+func (f *fakeT) Helper()                           {}
+func (f *fakeT) Skipf(format string, args ...any)  { f.skipped = fmt.Sprintf(format, args...) }
+func (f *fakeT) Fatalf(format string, args ...any) { f.failed = fmt.Sprintf(format, args...) }
+
+func TestRequireDecision(t *testing.T) {
+	cause := errors.New("not root (euid 1000)")
+	for _, tc := range []struct {
+		name       string
+		err        error
+		env        string
+		skip, fail bool
+	}{
+		{"privileged", nil, "", false, false},
+		{"privileged, required", nil, "1", false, false},
+		{"unprivileged skips", cause, "", true, false},
+		{"unprivileged, env 0 skips", cause, "0", true, false},
+		{"unprivileged, required fails", cause, "1", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f fakeT
+			require(&f, tc.err, tc.env)
+			if (f.skipped != "") != tc.skip || (f.failed != "") != tc.fail {
+				t.Fatalf("skipped %q, failed %q; want skip %v, fail %v", f.skipped, f.failed, tc.skip, tc.fail)
+			}
+			for _, msg := range []string{f.skipped, f.failed} {
+				if msg != "" && (!strings.Contains(msg, cause.Error()) || !strings.Contains(msg, RequireEnv)) {
+					t.Errorf("message %q should give the cause and name %s", msg, RequireEnv)
+				}
+			}
+		})
+	}
+}
+
+func TestProbeNotRoot(t *testing.T) {
+	if err := probe(1000); err == nil || !strings.Contains(err.Error(), "not root") {
+		t.Fatalf("probe(1000) = %v, want a not-root error", err)
+	}
+}
+
+func TestParseAnswer(t *testing.T) {
+	want := Answer{Server: "pod", Network: "udp",
+		Local:  netip.MustParseAddrPort("[1100::202]:7000"),
+		Remote: netip.MustParseAddrPort("10.0.0.1:40000")}
+	got, err := ParseAnswer(want.String() + "\n")
+	if err != nil || got != want {
+		t.Fatalf("ParseAnswer(%q) = %+v, %v; want %+v", want.String(), got, err, want)
+	}
+	for _, bad := range []string{"", "id=pod", "id=pod net=tcp local=x remote=1.2.3.4:5", "a b c d"} {
+		if _, err := ParseAnswer(bad); err == nil {
+			t.Errorf("ParseAnswer(%q) succeeded", bad)
+		}
+	}
+}
+
+// TestNamespaceLifecycle checks names, and that a namespace is gone after
+// the test that created it.
+func TestNamespaceLifecycle(t *testing.T) {
+	RequirePrivileged(t)
+	var names []string
+	t.Run("create", func(t *testing.T) {
+		a, b := New(t, "a"), New(t, "b")
+		names = []string{a.Name, b.Name}
+		if a.Name == b.Name {
+			t.Fatalf("two namespaces named %s", a.Name)
+		}
+		for _, n := range []*NS{a, b} {
+			if !strings.HasPrefix(n.Name, Prefix) {
+				t.Errorf("%s lacks prefix %s", n.Name, Prefix)
+			}
+			if _, err := os.Stat(n.Path()); err != nil {
+				t.Errorf("namespace %s: %v", n.Name, err)
+			}
+		}
+		Veth(t, a, "x0", b, "y0")
+		a.AddAddr("x0", "192.168.7.1/24")
+		if out := b.IP("link", "show", "y0"); !strings.Contains(out, "y0") {
+			t.Errorf("peer not in %s: %s", b.Name, out)
+		}
+	})
+	for _, n := range names {
+		if _, err := os.Stat(RunDir + "/" + n); !os.IsNotExist(err) {
+			t.Errorf("namespace %s still exists after its test (stat: %v)", n, err)
+		}
+	}
+}
+
+// TestDoRestoresNamespace checks that Do runs in the namespace and leaves
+// the calling goroutine where it was.
+func TestDoRestoresNamespace(t *testing.T) {
+	RequirePrivileged(t)
+	n := New(t, "do")
+	self := func() (string, error) { return os.Readlink("/proc/thread-self/ns/net") }
+	before, err := self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inside string
+	if err := n.Do(func() error {
+		var err error
+		inside, err = self()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(n.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("net:[%d]", fi.Sys().(*syscall.Stat_t).Ino); inside != want {
+		t.Fatalf("Do ran in %s, want %s (%s; caller in %s)", inside, want, n.Name, before)
+	}
+	want := errors.New("boom")
+	if err := n.Do(func() error { return want }); !errors.Is(err, want) {
+		t.Errorf("Do did not return fn's error: %v", err)
+	}
+	// Many goroutines: none must be left in the namespace.
+	for range 50 {
+		if now, err := self(); err != nil || now != before {
+			t.Fatalf("after Do, thread in %s (%v), want %s", now, err, before)
+		}
+		_ = n.Do(func() error { return nil })
+	}
+}
+
+// TestBlogTopology checks the wiring without any proxier: the client
+// reaches both pods directly over TCP and UDP on every port and both
+// families, the pods see the client's own address, the node reaches them
+// too, and the service addresses are not answered.
+func TestBlogTopology(t *testing.T) {
+	RequirePrivileged(t)
+	b := Blog(t)
+	for _, tc := range []struct {
+		from   *NS
+		src    netip.Addr
+		to     netip.Addr
+		server string
+	}{
+		{b.Client, ClientV4, PodV4, PodID},
+		{b.Client, ClientV6, PodV6, PodID},
+		{b.Client, ClientV4, Pod2V4, Pod2ID},
+		{b.Client, ClientV6, Pod2V6, Pod2ID},
+		{b.Node, GatewayV4, PodV4, PodID},
+		{b.Node, GatewayV6, Pod2V6, Pod2ID},
+	} {
+		for _, network := range []string{"tcp", "udp"} {
+			for _, port := range BlogPorts {
+				dst := netip.AddrPortFrom(tc.to, port)
+				a, err := tc.from.Ask(network, dst, AskOptions{})
+				if err != nil {
+					t.Errorf("%v", err)
+					continue
+				}
+				if a.Server != tc.server || a.Network != network || a.Local != dst || a.Remote.Addr() != tc.src {
+					t.Errorf("%s %s from %s: answer %v, want server %s on %s from %s", network, dst, tc.from, a, tc.server, dst, tc.src)
+				}
+			}
+		}
+	}
+	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
+	b.ExpectNoService(t, b.Node, 500*time.Millisecond)
+}
