@@ -2,19 +2,15 @@ package server
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
-	"path/filepath"
-	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"sigs.k8s.io/kpng/api/address"
+	"sigs.k8s.io/kpng/api/certs"
 )
 
 // ListenConfig says where and how the controller serves backends.
@@ -90,7 +86,7 @@ func (c ListenConfig) serverTLS() (credentials.TransportCredentials, error) {
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if c.TLSClientCA != "" {
-		pool, err := LoadCertPool(c.TLSClientCA)
+		pool, err := certs.LoadPool(c.TLSClientCA)
 		if err != nil {
 			return nil, err
 		}
@@ -98,44 +94,4 @@ func (c ListenConfig) serverTLS() (credentials.TransportCredentials, error) {
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return credentials.NewTLS(cfg), nil
-}
-
-// LoadCertPool reads a PEM file of CA certificates.
-func LoadCertPool(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read CA file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("CA file %s: no PEM certificate", path)
-	}
-	return pool, nil
-}
-
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("listen unix:%s: file exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listen unix:%s: remove stale socket: %w", path, err)
-		}
-	}
-	// The umask makes the socket 0600 from its creation: no window where
-	// another user could connect.
-	old := syscall.Umask(0o177)
-	l, err := net.Listen("unix", path)
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
-	}
-	return l, nil
 }

@@ -25,15 +25,6 @@ const (
 	// DefaultSendTimeout is how long a backend may take to accept a batch
 	// before it is considered stalled and dropped.
 	DefaultSendTimeout = 30 * time.Second
-	// MaxSendMsgSize bounds the messages the server sends.
-	MaxSendMsgSize = 16 << 20
-	// MaxRecvMsgSize bounds the messages the server accepts (backends only
-	// send a WatchRequest).
-	MaxRecvMsgSize = 64 << 10
-	// WindowSize is the HTTP/2 flow-control window of streams and
-	// connections, on both sides: large enough that a first state of
-	// megabytes is not paced by window updates.
-	WindowSize = 4 << 20
 )
 
 // Server implements the Controller gRPC service on top of a Hub.
@@ -61,8 +52,8 @@ func (s *Server) Register(g *grpc.Server) { kpngv1.RegisterControllerServer(g, s
 // limits. Add credentials with grpc.Creds.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxSendMsgSize(MaxSendMsgSize),
-		grpc.InitialWindowSize(WindowSize), grpc.InitialConnWindowSize(WindowSize),
+		grpc.MaxRecvMsgSize(kpngv1.MaxRequestSize), grpc.MaxSendMsgSize(kpngv1.MaxBatchSize),
+		grpc.InitialWindowSize(kpngv1.WindowSize), grpc.InitialConnWindowSize(kpngv1.WindowSize),
 	}
 }
 

@@ -23,13 +23,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/api/address"
+	"sigs.k8s.io/kpng/api/certs"
 	"sigs.k8s.io/kpng/api/kpngv1"
-	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/localsink"
 )
-
-// MaxRecvMsgSize bounds the messages the client accepts.
-const MaxRecvMsgSize = server.MaxSendMsgSize
 
 // Config configures a connection to a controller.
 type Config struct {
@@ -58,8 +55,8 @@ func (c Config) DialOptions() (string, []grpc.DialOption, error) {
 		return "", nil, err
 	}
 	opts := []grpc.DialOption{
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize)),
-		grpc.WithInitialWindowSize(server.WindowSize), grpc.WithInitialConnWindowSize(server.WindowSize),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kpngv1.MaxBatchSize)),
+		grpc.WithInitialWindowSize(kpngv1.WindowSize), grpc.WithInitialConnWindowSize(kpngv1.WindowSize),
 	}
 	tlsSet := c.TLSCA != "" || c.TLSCert != "" || c.TLSKey != ""
 	if addr.Network == "unix" {
@@ -83,7 +80,7 @@ func (c Config) DialOptions() (string, []grpc.DialOption, error) {
 	default:
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.TLSServerName}
 		if c.TLSCA != "" {
-			pool, err := server.LoadCertPool(c.TLSCA)
+			pool, err := certs.LoadPool(c.TLSCA)
 			if err != nil {
 				return "", nil, err
 			}
