@@ -191,47 +191,46 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 // kpng-callout's callout (CALLOUT="ip netns exec NODE bash
 // kpng-example-allip"), against a real kube-apiserver: the blog's Service
 // reaches the local pod, moving node-a's endpoint moves the traffic, deleting
-// the Service removes every rule.
-func TestScriptWithCallout(t *testing.T) {
+// the Service removes every rule. kpng-callout watches the API server
+// itself.
+func TestScriptWithCallout(t *testing.T) { blogFlow(t, false) }
+
+// TestBlogFlowThroughController is the blog's whole flow: the kpng
+// controller (`kpng kube --service-proxy-name=kpng-example to-api`) serves a
+// unix socket, and kpng-callout (`--api=unix://...`) runs the all-IP script
+// for node-a; traffic from the client namespace follows the Service's
+// endpoint, and the rules go with the Service.
+func TestBlogFlowThroughController(t *testing.T) { blogFlow(t, true) }
+
+func blogFlow(t *testing.T, viaController bool) {
 	if testing.Short() {
 		t.Skip("needs the test control plane (kube-apiserver + etcd)")
 	}
 	netns.RequirePrivileged(t)
-	if _, err := os.Stat(filepath.Join("..", "callout", "main.go")); err != nil {
-		t.Skipf("kpng-callout (examples/callout) is not in this tree: %v", err)
-	}
 	cp := startControlPlane(t)
 	applyBlogManifests(t, cp)
 	b := netns.Blog(t)
 	s := newScriptRunner(t, b.Node)
 
-	bin := filepath.Join(t.TempDir(), "kpng-callout")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kpng-callout")
 	if out, err := exec.Command("go", "build", "-o", bin, "../callout").CombinedOutput(); err != nil {
 		t.Fatalf("go build kpng-callout: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin,
-		"--kubeconfig="+cp.KubeconfigPath(),
-		"--service-proxy-name=kpng-example",
-		"--node-name=node-a",
-		"--min-sync-interval=10ms",
-		"--retry-min=100ms", "--retry-max=1s")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("CALLOUT=ip netns exec %s env KPNG_ALLIP_LOCK=%s bash %s", b.Node.Name, s.lock, s.script))
-	var output bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &output, &output
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	t.Cleanup(func() {
-		if stopped {
-			return
+	source := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=kpng-example", "--min-sync-interval=10ms"}
+	var controller *process
+	if viaController {
+		kpng := filepath.Join(dir, "kpng")
+		if out, err := exec.Command("go", "build", "-o", kpng, "../../cmd/kpng").CombinedOutput(); err != nil {
+			t.Fatalf("go build kpng: %v\n%s", err, out)
 		}
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Logf("kpng-callout output:\n%s", output.String())
-	})
+		sock := "unix://" + filepath.Join(dir, "kpng.sock")
+		controller = start(t, "kpng", exec.Command(kpng, append(append([]string{"kube"}, source...), "--node-name=controller", "to-api", "--listen="+sock)...))
+		source = []string{"--api=" + sock}
+	}
+	cmd := exec.Command(bin, append(source, "--node-name=node-a", "--retry-min=100ms", "--retry-max=1s")...)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("CALLOUT=ip netns exec %s env KPNG_ALLIP_LOCK=%s bash %s", b.Node.Name, s.lock, s.script))
+	callout := start(t, "kpng-callout", cmd)
 
 	waitServed(t, b, netns.PodID)
 	b.ExpectService(t, b.Client, netns.PodID)
@@ -249,17 +248,54 @@ func TestScriptWithCallout(t *testing.T) {
 		return !strings.Contains(strings.ToLower(save), "kpng"), save
 	})
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
+	callout.stop(t)
+	if controller != nil {
+		controller.stop(t)
+	}
+}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+// process is a command started by a test.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	output  *bytes.Buffer
+	exited  chan error
+	stopped bool
+}
+
+// start starts cmd; if the test does not stop it, it is killed at the end.
+func start(t *testing.T, name string, cmd *exec.Cmd) *process {
+	t.Helper()
+	p := &process{name: name, cmd: cmd, output: &bytes.Buffer{}, exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = p.output, p.output
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.stopped {
+			return
+		}
+		_ = cmd.Process.Kill()
+		<-p.exited
+		t.Logf("%s output:\n%s", name, p.output.String())
+	})
+	return p
+}
+
+// stop sends SIGTERM and expects a clean exit.
+func (p *process) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
-		stopped = true
+	case err := <-p.exited:
+		p.stopped = true
 		if err != nil {
-			t.Errorf("kpng-callout after SIGTERM: %v\n%s", err, output.String())
+			t.Errorf("%s after SIGTERM: %v\n%s", p.name, err, p.output.String())
 		}
 	case <-time.After(20 * time.Second):
-		t.Errorf("kpng-callout still running 20s after SIGTERM")
+		t.Errorf("%s still running 20s after SIGTERM", p.name)
 	}
 }
