@@ -132,7 +132,11 @@ func sortedEndpoints(se *model.ServiceEndpoints) *model.ServiceEndpoints {
 // It does not call Sync. It returns the number of calls made.
 func (d *Differ) SetAll(items []*model.ServiceEndpoints) int {
 	if d.all == nil {
-		d.all = diffstore.New[string](func(a, b *model.ServiceEndpoints) bool { return a == b })
+		// Unchanged means the same value as in the previous full state,
+		// and still what the sink holds (Update may have changed it since).
+		d.all = diffstore.New[string](func(a, b *model.ServiceEndpoints) bool {
+			return a == b && d.held[b.Service.Key()] == b
+		})
 	}
 	for _, se := range items {
 		d.all.Set(se.Service.Key().String(), se)
