@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/testio"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -90,7 +91,7 @@ func TestUnreachableAPIServerRetries(t *testing.T) {
 	if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testio.SyncBuffer
 	klog.LogToStderr(false)
 	klog.SetOutput(&logs)
 	defer func() { klog.SetOutput(os.Stderr); klog.LogToStderr(true) }()

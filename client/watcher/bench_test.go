@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -374,7 +375,7 @@ func BenchmarkWatcherRealAPIServer10k(b *testing.B) {
 		name string
 		lat  []time.Duration
 	}{
-		{"change", fromReturn},
+		{"change-from-write-return", fromReturn},
 		{"change-from-write-start", fromStart},
 		{"change-fullstate", fullFromReturn},
 	} {
@@ -405,15 +406,17 @@ func kpngJSON(b *testing.B, proxyName string) {
 	args := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + proxyName, "--node-name=" + realNodeName}
 
 	once := runKpngJSON(b, bin, append(args, "--once"), false)
-	b.ReportMetric(float64(once.firstState), "kpng-json-once-services")
-	b.ReportMetric(once.maxRSSMiB, "kpng-json-once-maxrss-MiB")
+	b.ReportMetric(float64(once.firstServices), "kpng-json-once-services")
+	b.ReportMetric(float64(once.firstEndpoints), "kpng-json-once-endpoints")
+	b.ReportMetric(once.peakRSSMiB, "kpng-json-once-peak-rss-MiB")
 	b.ReportMetric(realMillis(once.wall), "kpng-json-once-wall-ms")
-	if once.firstState != realServices {
-		b.Logf("BUG: kpng-json --once printed %d services, not %d", once.firstState, realServices)
+	if once.firstServices != realServices || once.firstEndpoints != realServices*realEndpointsPerService {
+		b.Logf("BUG: kpng-json --once printed %d services and %d endpoints, not %d and %d",
+			once.firstServices, once.firstEndpoints, realServices, realServices*realEndpointsPerService)
 	}
 
 	full := runKpngJSON(b, bin, args, true)
-	b.ReportMetric(full.maxRSSMiB, "kpng-json-maxrss-MiB")
+	b.ReportMetric(full.peakRSSMiB, "kpng-json-peak-rss-MiB")
 	b.ReportMetric(realMillis(full.complete), "kpng-json-complete-ms")
 }
 
@@ -421,15 +424,21 @@ func realMillis(d time.Duration) float64 { return float64(d) / float64(time.Mill
 
 // kpngJSONRun is the outcome of one run of kpng-json.
 type kpngJSONRun struct {
-	firstState int           // services in the first state printed
-	complete   time.Duration // from the start to the end of the first complete state
-	wall       time.Duration // from the start to the exit
-	maxRSSMiB  float64
+	firstServices, firstEndpoints int           // in the first state printed
+	complete                      time.Duration // from the start to the end of the first complete state
+	wall                          time.Duration // from the start to the exit
+	peakRSSMiB                    float64
 }
 
-// runKpngJSON runs kpng-json with args, reading its states: each starts
-// with service svc-00000. With stopWhenComplete, it sends SIGTERM once a
-// state of all realServices services has been printed.
+// runKpngJSON runs kpng-json with args and reads the states it prints: each
+// starts with service svc-00000, and each endpoint has a NodeName. With
+// stopWhenComplete, it sends SIGTERM once a state of all the services and
+// endpoints has been printed.
+//
+// The peak RSS is the child's VmHWM, polled from /proc/<pid>/status: the
+// Maxrss of its rusage is useless here, because Go starts children with
+// CLONE_VM|CLONE_VFORK and Linux then folds the parent's (this test
+// process's) RSS high-water mark into the child's maxrss at exec.
 func runKpngJSON(b *testing.B, bin string, args []string, stopWhenComplete bool) kpngJSONRun {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), realKpngJSONTimeoutLimit)
@@ -446,23 +455,49 @@ func runKpngJSON(b *testing.B, bin string, args []string, stopWhenComplete bool)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+
+	status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
+	var hwm atomic.Int64 // KiB
+	pollHWM := func() {
+		if n, err := statusKiB(status, "VmHWM"); err == nil && n > hwm.Load() {
+			hwm.Store(n)
+		}
+	}
+	stopPoll := make(chan struct{})
+	var polling sync.WaitGroup
+	polling.Go(func() {
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			pollHWM()
+			select {
+			case <-stopPoll:
+				return
+			case <-t.C:
+			}
+		}
+	})
+
 	const first, last = `"Name":"svc-00000"`, `"Name":"svc-09999"`
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	states, cur := 0, 0
+	states, services, endpoints := 0, 0, 0
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.Contains(line, first) {
 			if states == 1 {
-				run.firstState = cur
+				run.firstServices, run.firstEndpoints = services, endpoints
 			}
 			states++
-			cur = 0
+			services, endpoints = 0, 0
 		}
-		cur++
-		if strings.Contains(line, last) && cur == realServices && run.complete == 0 {
+		services++
+		endpoints += strings.Count(line, `"NodeName":`)
+		if strings.Contains(line, last) && run.complete == 0 &&
+			services == realServices && endpoints == realServices*realEndpointsPerService {
 			run.complete = time.Since(start)
 			if stopWhenComplete {
+				pollHWM()
 				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 					b.Fatal(err)
 				}
@@ -470,21 +505,19 @@ func runKpngJSON(b *testing.B, bin string, args []string, stopWhenComplete bool)
 		}
 	}
 	if states == 1 {
-		run.firstState = cur
+		run.firstServices, run.firstEndpoints = services, endpoints
 	}
 	err = cmd.Wait()
 	run.wall = time.Since(start)
+	close(stopPoll)
+	polling.Wait()
 	if err != nil {
 		b.Fatalf("kpng-json %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
 	if stopWhenComplete && run.complete == 0 {
 		b.Fatalf("kpng-json %s exited without printing a complete state", strings.Join(args, " "))
 	}
-	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if !ok {
-		b.Fatalf("no rusage for kpng-json on %s", runtime.GOOS)
-	}
-	run.maxRSSMiB = float64(ru.Maxrss) / 1024 // KiB on Linux
+	run.peakRSSMiB = float64(hwm.Load()) / 1024
 	return run
 }
 
@@ -499,25 +532,27 @@ func realHeap() uint64 {
 // procStatusKiB returns a "<field>: <n> kB" line of /proc/self/status.
 func procStatusKiB(b *testing.B, field string) int64 {
 	b.Helper()
-	f, err := os.Open("/proc/self/status")
+	n, err := statusKiB("/proc/self/status", field)
 	if err != nil {
-		b.Fatalf("reading the process RSS: %v", err)
+		b.Fatalf("reading this process's memory: %v", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, rest, ok := strings.Cut(sc.Text(), ":")
+	return n
+}
+
+// statusKiB returns a "<field>: <n> kB" line of a /proc/<pid>/status file.
+func statusKiB(path, field string) (int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(data)) {
+		name, rest, ok := strings.Cut(line, ":")
 		if !ok || name != field {
 			continue
 		}
-		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-		if err != nil {
-			b.Fatalf("parsing %s in /proc/self/status: %v", field, err)
-		}
-		return n
+		return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 	}
-	b.Fatalf("no %s in /proc/self/status (read error: %v)", field, sc.Err())
-	return 0
+	return 0, fmt.Errorf("no %s in %s", field, path)
 }
 
 // realPercentile returns the p-th percentile of sorted (nearest rank).

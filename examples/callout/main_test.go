@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/manifests"
+	"sigs.k8s.io/kpng/internal/testio"
 )
 
 var cp *controlplane.ControlPlane
@@ -332,7 +333,7 @@ wait`)
 // process is a running kpng-callout.
 type process struct {
 	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
+	stdout, stderr *testio.SyncBuffer
 	done           chan error
 }
 
@@ -340,7 +341,7 @@ type process struct {
 // end kills it if it still runs.
 func startCallout(t *testing.T, bin, callout string, args ...string) *process {
 	t.Helper()
-	p := &process{stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &process{stdout: &testio.SyncBuffer{}, stderr: &testio.SyncBuffer{}, done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, append([]string{"--kubeconfig=" + cp.KubeconfigPath()}, args...)...)
 	p.cmd.Env = append(withoutCallout(os.Environ()), "CALLOUT="+callout)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
@@ -475,22 +476,4 @@ func alive(pid int) bool {
 	i := bytes.LastIndexByte(stat, ')')
 	fields := bytes.Fields(stat[i+1:])
 	return len(fields) == 0 || string(fields[0]) != "Z"
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

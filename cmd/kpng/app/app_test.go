@@ -13,6 +13,7 @@ import (
 
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/manifests"
+	"sigs.k8s.io/kpng/internal/testio"
 )
 
 var (
@@ -59,13 +60,13 @@ func golden(t *testing.T) string {
 }
 
 // startKpng runs kpng with args until the test ends.
-func startKpng(t *testing.T, stdout *syncBuffer, args ...string) {
+func startKpng(t *testing.T, stdout *testio.SyncBuffer, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	var stderr syncBuffer
+	var stderr testio.SyncBuffer
 	if stdout == nil {
-		stdout = &syncBuffer{}
+		stdout = &testio.SyncBuffer{}
 	}
 	go func() { done <- Exec(ctx, args, stdout, &stderr, JSONBackend(stdout)) }()
 	t.Cleanup(func() {
@@ -154,7 +155,7 @@ func TestToFileAndFileInputRoundTrip(t *testing.T) {
 
 func TestToLocalJSON(t *testing.T) {
 	setup(t)
-	var stdout syncBuffer
+	var stdout testio.SyncBuffer
 	startKpng(t, &stdout, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
 		"--node-name=node-a", "to-local", "to-json")
 	deadline := time.Now().Add(20 * time.Second)
@@ -223,22 +224,4 @@ func TestHelpAndVersion(t *testing.T) {
 	if code := Exec(context.Background(), []string{"version"}, &stdout, &stdout); code != 0 || !strings.HasPrefix(stdout.String(), "kpng ") {
 		t.Errorf("kpng version: exit %d, %q", code, stdout.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2/textlogger"
+
+	"sigs.k8s.io/kpng/internal/testio"
 )
 
 // patience bounds every wait for something that should happen promptly; it
@@ -33,24 +35,6 @@ func script(t *testing.T, body string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // lineWriter sends each complete line written to it on lines.
@@ -82,8 +66,8 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 type harness struct {
 	t       *testing.T
 	r       *Runner
-	lines   chan string // the callout's stdout, line by line
-	log     *syncBuffer // the runner's log
+	lines   chan string        // the callout's stdout, line by line
+	log     *testio.SyncBuffer // the runner's log
 	cancel  context.CancelFunc
 	done    chan error // Run's result
 	stopped bool
@@ -95,7 +79,7 @@ type harness struct {
 // unset, fast retries) and runs it until the test ends or h.stop.
 func start(t *testing.T, cfg Config) *harness {
 	t.Helper()
-	h := &harness{t: t, lines: make(chan string, 10000), log: &syncBuffer{}, done: make(chan error, 1)}
+	h := &harness{t: t, lines: make(chan string, 10000), log: &testio.SyncBuffer{}, done: make(chan error, 1)}
 	h.leaks = goroutineCheck(t)
 	cfg.Stdout = &lineWriter{lines: h.lines}
 	cfg.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(h.log), textlogger.Verbosity(2)))
@@ -344,7 +328,7 @@ date +%s%N >> "$2"
 case $n in 1|2|3|5) echo "boom $n" >&2; exit 7;; esac
 echo "ok:$n"`)
 	const min, max = 50 * time.Millisecond, 120 * time.Millisecond
-	var stderr syncBuffer
+	var stderr testio.SyncBuffer
 	h := start(t, Config{Command: []string{sh, count, times}, RetryMin: min, RetryMax: max, Stderr: &stderr})
 
 	h.r.Submit([]byte("x"))
@@ -546,7 +530,7 @@ func TestRunnerOnce(t *testing.T) {
 func TestRunnerLogsEndOfLongStderr(t *testing.T) {
 	// 1000 lines of 10 bytes, 10000 bytes, then "the end".
 	sh := script(t, `for i in $(seq 1000 1999); do echo "line $i" >&2; done; echo "the end" >&2; exit 1`)
-	var stderr syncBuffer
+	var stderr testio.SyncBuffer
 	h := start(t, Config{Command: []string{sh}, Once: true, MaxAttempts: 1, Stderr: &stderr})
 	h.r.Submit(nil)
 	if err := h.wait(); err == nil {
