@@ -454,11 +454,21 @@ func TestFirstStateIsComplete(t *testing.T) {
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("first")
-	const n = 40
-	for i := range n {
-		svc := kc.CreateService(kubetest.Service(ns, fmt.Sprintf("s%02d", i), name))
-		kc.CreateSlice(kubetest.Slice(svc, fmt.Sprintf("s%02d-1", i), kubetest.EP{IP: fmt.Sprintf("10.6.0.%d", i+1)}))
+	// Enough objects that the informers' handlers lag behind their stores
+	// when the stores report synced.
+	const n = 400
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				svc := kc.CreateService(kubetest.Service(ns, fmt.Sprintf("s%03d", i), name))
+				kc.CreateSlice(kubetest.Slice(svc, fmt.Sprintf("s%03d-1", i), kubetest.EP{IP: fmt.Sprintf("10.6.%d.%d", i/250, i%250+1)}))
+			}
+		}()
 	}
+	wg.Wait()
 	r := startWatcher(t, watcher.Config{ServiceProxyName: name})
 	r.waitFor(t, "first state", func(s []*model.ServiceEndpoints) bool { return true })
 	first := r.allStates()[0]
@@ -466,7 +476,7 @@ func TestFirstStateIsComplete(t *testing.T) {
 		t.Fatalf("first state has %d services, want all %d:\n%s", len(first), n, describe(first))
 	}
 	for i, se := range first {
-		if want := fmt.Sprintf("10.6.0.%d", i+1); !cmp.Equal(endpointKeys(se), []string{want}) {
+		if want := fmt.Sprintf("10.6.%d.%d", i/250, i%250+1); !cmp.Equal(endpointKeys(se), []string{want}) {
 			t.Errorf("first state: %s has endpoints %v, want [%s]", se.Service.Key(), endpointKeys(se), want)
 		}
 	}

@@ -134,21 +134,28 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 		informers.WithTransform(strip))
 	svcInformer := factory.Core().V1().Services().Informer()
 	sliceInformer := factory.Discovery().V1().EndpointSlices().Informer()
-	synced := []cache.InformerSynced{svcInformer.HasSynced, sliceInformer.HasSynced}
-	if _, err := svcInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// The first state must hold everything the initial lists returned, so
+	// wait until each handler (not just each informer's store) has seen
+	// it: the registrations' HasSynced say so.
+	var synced []cache.InformerSynced
+	reg, err := svcInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.onService(obj, false) },
 		UpdateFunc: func(_, obj any) { w.onService(obj, false) },
 		DeleteFunc: func(obj any) { w.onService(obj, true) },
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	if _, err := sliceInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	synced = append(synced, reg.HasSynced)
+	reg, err = sliceInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.onSlice(obj, false) },
 		UpdateFunc: func(_, obj any) { w.onSlice(obj, false) },
 		DeleteFunc: func(obj any) { w.onSlice(obj, true) },
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
+	synced = append(synced, reg.HasSynced)
 	factories := []informers.SharedInformerFactory{factory}
 	if w.cfg.NodeName != "" {
 		nodeFactory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0,
@@ -157,14 +164,15 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 			}),
 			informers.WithTransform(strip))
 		nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
-		if _, err := nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { w.onNode(obj, false) },
 			UpdateFunc: func(_, obj any) { w.onNode(obj, false) },
 			DeleteFunc: func(obj any) { w.onNode(obj, true) },
-		}); err != nil {
+		})
+		if err != nil {
 			return fmt.Errorf("watch node %s: %w", w.cfg.NodeName, err)
 		}
-		synced = append(synced, nodeInformer.HasSynced)
+		synced = append(synced, reg.HasSynced)
 		factories = append(factories, nodeFactory)
 	}
 	for _, f := range factories {
