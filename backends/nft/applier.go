@@ -1,0 +1,339 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"sigs.k8s.io/kpng/diffstore"
+)
+
+// elementsPerMessage bounds the number of elements sent in one netlink
+// message, to keep messages well under the socket buffer sizes.
+const elementsPerMessage = 1024
+
+// Stats counts the objects one transaction sends: its size.
+type Stats struct {
+	// Messages is the number of netlink messages in the transaction
+	// (without the batch begin/end markers).
+	Messages int
+	// ChainsAdded, ChainsFlushed and ChainsDeleted count regular chains.
+	ChainsAdded, ChainsFlushed, ChainsDeleted int
+	// Rules counts the rules added.
+	Rules int
+	// ElementsAdded and ElementsDeleted count verdict map elements
+	// (anonymous maps of rules not included).
+	ElementsAdded, ElementsDeleted int
+}
+
+// Objects returns the number of chains, rules and elements touched.
+func (s Stats) Objects() int {
+	return s.ChainsAdded + s.ChainsFlushed + s.ChainsDeleted + s.Rules + s.ElementsAdded + s.ElementsDeleted
+}
+
+// Applier writes rulesets and deltas into one nftables table, each call
+// one netlink transaction. It is not safe for concurrent use.
+type Applier struct {
+	newConn func() (*nftables.Conn, error)
+	conn    *nftables.Conn // of the transaction being built
+	table   *nftables.Table
+	stats   Stats
+}
+
+// NewApplier returns an Applier writing the inet table named table. Each
+// transaction is built on a new connection from newConn (a connection
+// buffers its messages until Flush, so a transaction abandoned halfway must
+// not leave them behind for the next one); nil means nftables.New(), in
+// the current network namespace.
+func NewApplier(newConn func() (*nftables.Conn, error), table string) *Applier {
+	if newConn == nil {
+		newConn = func() (*nftables.Conn, error) { return nftables.New() }
+	}
+	return &Applier{newConn: newConn, table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
+}
+
+// begin starts a transaction on a new connection.
+func (a *Applier) begin() error {
+	a.stats = Stats{}
+	conn, err := a.newConn()
+	if err != nil {
+		return fmt.Errorf("nftables connection: %w", err)
+	}
+	a.conn = conn
+	return nil
+}
+
+// Full replaces the table with rs in one transaction: the table is added
+// (so that deleting it cannot fail), deleted and built again in the same
+// batch, so that packets see either the old table or the new one, never
+// none. On error nothing changed.
+func (a *Applier) Full(rs *Ruleset) (Stats, error) {
+	if err := a.begin(); err != nil {
+		return Stats{}, err
+	}
+	defer func() { a.conn = nil }()
+	if err := a.full(rs); err != nil {
+		return a.stats, err
+	}
+	nftables.WithSockOptions(receiveBuffer(receiveBufferFor(a.stats.Messages)))(a.conn)
+	if err := a.conn.Flush(); err != nil {
+		return a.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
+	}
+	return a.stats, nil
+}
+
+func (a *Applier) full(rs *Ruleset) error {
+	c := a.conn
+	c.AddTable(a.table)
+	c.DelTable(a.table)
+	c.AddTable(a.table)
+	a.stats.Messages += 3
+
+	maps := map[string]*nftables.Set{}
+	for _, f := range []Family{IPv4, IPv6} {
+		for _, name := range []string{MapServices(f), MapNoEndpoints(f)} {
+			m := mapRef(a.table, f, name)
+			if err := c.AddSet(m, nil); err != nil {
+				return fmt.Errorf("map %s: %w", name, err)
+			}
+			a.stats.Messages++
+			maps[name] = m
+		}
+	}
+
+	// Fixed regular chains first: base chains jump to them.
+	services := a.addChain(ChainServices)
+	noEndpoints := a.addChain(ChainNoEndpoints)
+	reject := a.addChain(ChainReject)
+	for _, f := range []Family{IPv4, IPv6} {
+		a.addRule(services, lookupExprs(f, maps[MapServices(f)]))
+		a.addRule(noEndpoints, lookupExprs(f, maps[MapNoEndpoints(f)]))
+	}
+	for _, r := range rejectRules() {
+		a.addRule(reject, r)
+	}
+	for _, bc := range baseChains {
+		ch := a.addBaseChain(bc)
+		a.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
+	}
+
+	for _, ch := range rs.Chains {
+		a.addChain(ch.Name)
+		a.stats.ChainsAdded++
+	}
+	for _, ch := range rs.Chains {
+		if err := a.addRules(ch); err != nil {
+			return err
+		}
+	}
+	byMap := map[string][]Element{}
+	for _, e := range rs.Elements {
+		byMap[e.Map] = append(byMap[e.Map], e)
+	}
+	for name, els := range byMap {
+		m := maps[name]
+		if m == nil {
+			return fmt.Errorf("element %s: no map %s", els[0].Key, name)
+		}
+		if err := a.setElements(m, els, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Partial applies d in one transaction: new chains are created and
+// changed ones flushed, then their rules added; map elements are deleted
+// and added; deleted chains are flushed, then deleted (after everything
+// that referenced them is gone). On error nothing changed.
+func (a *Applier) Partial(d Delta) (Stats, error) {
+	if err := a.begin(); err != nil {
+		return Stats{}, err
+	}
+	defer func() { a.conn = nil }()
+	if err := a.partial(d); err != nil {
+		return a.stats, err
+	}
+	nftables.WithSockOptions(receiveBuffer(receiveBufferFor(a.stats.Messages)))(a.conn)
+	if err := a.conn.Flush(); err != nil {
+		return a.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, a.stats.Objects(), err)
+	}
+	return a.stats, nil
+}
+
+func (a *Applier) partial(d Delta) error {
+	c := a.conn
+	for _, it := range d.Chains.Created {
+		a.addChain(it.Key)
+		a.stats.ChainsAdded++
+	}
+	for _, it := range d.Chains.Updated {
+		c.FlushChain(a.chainRef(it.Key))
+		a.stats.Messages++
+		a.stats.ChainsFlushed++
+	}
+	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated} {
+		for _, it := range items {
+			if err := a.addRules(it.Value); err != nil {
+				return err
+			}
+		}
+	}
+
+	// Elements: deleted and updated ones are removed, created and updated
+	// ones added.
+	for _, del := range [][]diffstore.Item[string, Element]{d.Elements.Deleted, d.Elements.Updated} {
+		if err := a.elementGroups(del, true, func(it diffstore.Item[string, Element]) Element { return it.Prev }); err != nil {
+			return err
+		}
+	}
+	for _, add := range [][]diffstore.Item[string, Element]{d.Elements.Updated, d.Elements.Created} {
+		if err := a.elementGroups(add, false, func(it diffstore.Item[string, Element]) Element { return it.Value }); err != nil {
+			return err
+		}
+	}
+
+	for _, it := range d.Chains.Deleted {
+		c.FlushChain(a.chainRef(it.Key))
+		a.stats.Messages++
+	}
+	for _, it := range d.Chains.Deleted {
+		c.DelChain(a.chainRef(it.Key))
+		a.stats.Messages++
+		a.stats.ChainsDeleted++
+	}
+	return nil
+}
+
+// elementGroups adds or deletes the elements of items, one message per map.
+func (a *Applier) elementGroups(items []diffstore.Item[string, Element], del bool, pick func(diffstore.Item[string, Element]) Element) error {
+	byMap := map[string][]Element{}
+	var order []string
+	for _, it := range items {
+		e := pick(it)
+		if _, ok := byMap[e.Map]; !ok {
+			order = append(order, e.Map)
+		}
+		byMap[e.Map] = append(byMap[e.Map], e)
+	}
+	for _, name := range order {
+		els := byMap[name]
+		if err := a.setElements(mapRef(a.table, els[0].Family, name), els, del); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setElements adds (or deletes) els in m, in messages of at most
+// elementsPerMessage elements.
+func (a *Applier) setElements(m *nftables.Set, els []Element, del bool) error {
+	for start := 0; start < len(els); start += elementsPerMessage {
+		chunk := els[start:min(start+elementsPerMessage, len(els))]
+		nels := make([]nftables.SetElement, 0, len(chunk))
+		for _, e := range chunk {
+			k, err := keyBytes(e.Key)
+			if err != nil {
+				return fmt.Errorf("service %s: element %s: %w", e.Service, e.Key, err)
+			}
+			ne := nftables.SetElement{Key: k}
+			if !del {
+				ne.VerdictData = verdictExpr(e.Verdict)
+			}
+			nels = append(nels, ne)
+		}
+		var err error
+		if del {
+			err = a.conn.SetDeleteElements(m, nels)
+			a.stats.ElementsDeleted += len(nels)
+		} else {
+			err = a.conn.SetAddElements(m, nels)
+			a.stats.ElementsAdded += len(nels)
+		}
+		if err != nil {
+			return fmt.Errorf("map %s: %w", m.Name, err)
+		}
+		a.stats.Messages++
+	}
+	return nil
+}
+
+func (a *Applier) chainRef(name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: a.table}
+}
+
+func (a *Applier) addChain(name string) *nftables.Chain {
+	a.stats.Messages++
+	return a.conn.AddChain(a.chainRef(name))
+}
+
+func (a *Applier) addBaseChain(bc baseChain) *nftables.Chain {
+	typ, hook := nftables.ChainTypeNAT, nftables.ChainHookPrerouting
+	if bc.typ == "filter" {
+		typ = nftables.ChainTypeFilter
+	}
+	switch bc.hook {
+	case "input":
+		hook = nftables.ChainHookInput
+	case "forward":
+		hook = nftables.ChainHookForward
+	case "output":
+		hook = nftables.ChainHookOutput
+	}
+	policy := nftables.ChainPolicyAccept
+	a.stats.Messages++
+	return a.conn.AddChain(&nftables.Chain{
+		Name:     bc.name,
+		Table:    a.table,
+		Type:     typ,
+		Hooknum:  hook,
+		Priority: nftables.ChainPriorityRef(nftables.ChainPriority(bc.priority)),
+		Policy:   &policy,
+	})
+}
+
+func (a *Applier) addRule(ch *nftables.Chain, exprs []expr.Any) {
+	a.conn.AddRule(&nftables.Rule{Table: a.table, Chain: ch, Exprs: exprs})
+	a.stats.Messages++
+	a.stats.Rules++
+}
+
+// addRules adds the rules of a service or endpoint chain.
+func (a *Applier) addRules(ch *Chain) error {
+	ref := a.chainRef(ch.Name)
+	for _, r := range ch.Rules {
+		var exprs []expr.Any
+		var err error
+		switch r := r.(type) {
+		case BalanceRule:
+			exprs, err = balanceExprs(a.conn, a.table, r)
+			if err == nil && len(r.Targets) > 1 {
+				a.stats.Messages++ // the anonymous map
+			}
+		case DNATRule:
+			exprs, err = dnatExprs(r)
+		default:
+			err = fmt.Errorf("unknown rule type %T", r)
+		}
+		if err != nil {
+			return fmt.Errorf("service %s: chain %s: %w", ch.Service, ch.Name, err)
+		}
+		a.addRule(ref, exprs)
+	}
+	return nil
+}
+
+// Cleanup removes the table of the proxier named serviceProxyName, if it
+// exists, in one transaction.
+func Cleanup(conn *nftables.Conn, serviceProxyName string) error {
+	t := &nftables.Table{Name: TableName(serviceProxyName), Family: nftables.TableFamilyINet}
+	conn.AddTable(t)
+	conn.DelTable(t)
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("delete table inet %s: %w", t.Name, err)
+	}
+	return nil
+}

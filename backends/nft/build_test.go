@@ -1,0 +1,129 @@
+package nft
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func ipset(addrs ...string) model.IPSet {
+	s, bad := model.NewIPSet(addrs...)
+	if len(bad) > 0 {
+		panic(fmt.Sprintf("bad test addresses %v", bad))
+	}
+	return s
+}
+
+func ep(addr string, local bool) *model.Endpoint {
+	return &model.Endpoint{IPs: ipset(addr), Ready: true, Serving: true, Local: local}
+}
+
+func svc(ns, name string, cluster model.IPSet, ports ...*model.PortMapping) *model.Service {
+	return &model.Service{Namespace: ns, Name: name, Type: "ClusterIP", IPs: model.ServiceIPs{ClusterIPs: cluster}, Ports: ports}
+}
+
+func tcp(port, target int32) *model.PortMapping {
+	return &model.PortMapping{Protocol: model.TCP, Port: port, TargetPort: target}
+}
+
+func udp(port, target int32) *model.PortMapping {
+	return &model.PortMapping{Protocol: model.UDP, Port: port, TargetPort: target}
+}
+
+// goldenCases are the states whose rulesets are in testdata/<name>.golden.
+func goldenCases() map[string][]*model.ServiceEndpoints {
+	named := &model.PortMapping{Name: "http", Protocol: model.TCP, Port: 80, TargetPortName: "web"}
+	withOverride := func(addr string, port int32) *model.Endpoint {
+		e := ep(addr, false)
+		e.PortOverrides = map[string]int32{"http": port}
+		return e
+	}
+	external := svc("default", "kpng-example", model.IPSet{})
+	external.IPs.Headless = true
+	external.IPs.ExternalIPs = ipset("10.0.0.55", "1000::55")
+	external.Ports = []*model.PortMapping{tcp(6000, 6000)}
+	extLocal := svc("default", "ext-local", ipset("10.96.0.20"), tcp(80, 8080))
+	extLocal.IPs.ExternalIPs = ipset("192.0.2.20")
+	extLocal.ExternalTrafficToLocal = true
+	intLocal := svc("default", "int-local", ipset("10.96.0.30"), tcp(80, 8080))
+	intLocal.InternalTrafficToLocal = true
+	notReady := ep("10.1.0.9", false)
+	notReady.Ready, notReady.Serving = false, false
+
+	return map[string][]*model.ServiceEndpoints{
+		"clusterip-dualstack": {{
+			Service:   svc("default", "web", ipset("10.96.0.10", "fd00:10:96::10"), tcp(80, 8080), udp(53, 5353)),
+			Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", true), ep("fd00:1::2", false)},
+		}},
+		"external-ips": {
+			{Service: external, Endpoints: []*model.Endpoint{ep("11.0.1.2", false), ep("11.0.2.2", true), ep("1100::102", false), ep("1100::202", true)}},
+			{Service: extLocal, Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", true)}},
+		},
+		"no-endpoints": {
+			{Service: svc("default", "empty", ipset("10.96.0.40", "fd00:10:96::40"), tcp(80, 8080), udp(53, 53))},
+			{Service: svc("default", "not-ready", ipset("10.96.0.41"), tcp(80, 8080)), Endpoints: []*model.Endpoint{notReady}},
+			// Endpoints of one family only: the other family rejects.
+			{Service: svc("default", "v4-only-endpoints", ipset("10.96.0.42", "fd00:10:96::42"), tcp(80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
+			{Service: intLocal, Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
+		},
+		"named-ports": {{
+			Service: svc("default", "named", ipset("10.96.0.50"), named),
+			Endpoints: []*model.Endpoint{
+				withOverride("10.1.0.2", 8080), withOverride("10.1.0.3", 9090),
+				withOverride("10.1.0.4", 0), // does not serve "http"
+			},
+		}},
+		"two-services": {
+			{Service: svc("app", "a", ipset("10.96.1.1"), tcp(443, 8443)), Endpoints: []*model.Endpoint{ep("10.1.1.1", false)}},
+			{Service: svc("other", "b", ipset("fd00:10:96::2:1"), &model.PortMapping{Protocol: model.SCTP, Port: 3868, TargetPort: 3868}), Endpoints: []*model.Endpoint{ep("fd00:1::1:1", false), ep("fd00:1::1:2", false)}},
+		},
+		"problems": {
+			{Service: svc("default", "bad", ipset("10.96.2.1"), &model.PortMapping{Protocol: 9, Port: 80, TargetPort: 80}, tcp(70000, 80), tcp(81, 81))},
+			// Same cluster IP and port as default/bad: the first one keeps it.
+			{Service: svc("default", "dup", ipset("10.96.2.1"), tcp(81, 82)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
+		},
+	}
+}
+
+// goldenText is the ruleset of items followed by its problems.
+func goldenText(items []*model.ServiceEndpoints) string {
+	rs, problems := Build(TableName("test"), items)
+	var b strings.Builder
+	b.WriteString(rs.Text())
+	for _, p := range problems {
+		fmt.Fprintf(&b, "# problem: %v\n", p)
+	}
+	return b.String()
+}
+
+// TestGolden compares the ruleset of each state with testdata/<name>.golden
+// (go test -run TestGolden -update rewrites them).
+func TestGolden(t *testing.T) {
+	for name, items := range goldenCases() {
+		t.Run(name, func(t *testing.T) {
+			got := goldenText(items)
+			path := filepath.Join("testdata", name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), got); diff != "" {
+				t.Errorf("ruleset of %s (-golden +got):\n%s", name, diff)
+			}
+		})
+	}
+}

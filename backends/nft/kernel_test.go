@@ -1,0 +1,473 @@
+//go:build linux
+
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// A third pod, added to the Blog topology by kernelTopology.
+var (
+	pod3V4 = netip.MustParseAddr("11.0.2.4")
+	pod3V6 = netip.MustParseAddr("1100::204")
+)
+
+const pod3ID = "pod3"
+
+// Cluster IPs of the test services: the client routes them to the node by
+// default (netns.Blog), no namespace holds them.
+var (
+	webV4 = netip.MustParseAddr("10.96.0.10")
+	webV6 = netip.MustParseAddr("fd00:10:96::10")
+)
+
+// kernelTopology is netns.Blog plus a third pod (pod3) on the node.
+func kernelTopology(t *testing.T) *netns.BlogTopology {
+	t.Helper()
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	b := netns.Blog(t)
+	p := netns.New(t, "pod3")
+	netns.Veth(t, b.Node, "vpod3", p, "eth0")
+	b.Node.AddAddr("vpod3", netns.GatewayV4.String()+"/32")
+	b.Node.AddAddr("vpod3", netns.GatewayV6.String()+"/128")
+	b.Node.AddRoute(pod3V4.String()+"/32", "dev", "vpod3")
+	b.Node.AddRoute(pod3V6.String()+"/128", "dev", "vpod3")
+	p.AddAddr("eth0", pod3V4.String()+"/32")
+	p.AddAddr("eth0", pod3V6.String()+"/128")
+	p.AddRoute("default", "via", netns.GatewayV4.String(), "dev", "eth0", "onlink")
+	p.AddRoute("default", "via", netns.GatewayV6.String(), "dev", "eth0", "onlink")
+	p.Serve(pod3ID, []netip.Addr{pod3V4, pod3V6}, netns.BlogPorts)
+	return b
+}
+
+// connIn returns a connection factory for the namespace ns; the namespace
+// file stays open until the test ends.
+func connIn(t *testing.T, ns *netns.NS) func() (*nftables.Conn, error) {
+	t.Helper()
+	f, err := os.Open(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	fd := int(f.Fd())
+	return func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
+}
+
+// testSink is a sink in the node with the results of its syncs.
+type testSink struct {
+	localsink.Sink
+	t       *testing.T
+	results []SyncResult
+}
+
+// newTestSink returns a sink programming table kpng-<name> in the node;
+// the table is removed when the test ends.
+func newTestSink(t *testing.T, b *netns.BlogTopology, name string) *testSink {
+	t.Helper()
+	ts := &testSink{t: t}
+	conn := connIn(t, b.Node)
+	s, err := NewSink(Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { ts.results = append(ts.results, r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.Sink = s
+	t.Cleanup(func() {
+		c, err := conn()
+		if err == nil {
+			err = Cleanup(c, name)
+		}
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return ts
+}
+
+// sync calls Sync and returns its result, failing the test if the
+// transaction failed or none was sent.
+func (ts *testSink) sync() SyncResult {
+	ts.t.Helper()
+	n := len(ts.results)
+	ts.Sync()
+	if len(ts.results) != n+1 {
+		ts.t.Fatalf("Sync sent no transaction")
+	}
+	r := ts.results[n]
+	if r.Err != nil {
+		ts.t.Fatalf("Sync: %v", r.Err)
+	}
+	return r
+}
+
+// setAll sends a whole state after a Reset.
+func (ts *testSink) setAll(items ...*model.ServiceEndpoints) {
+	ts.Reset()
+	for _, se := range items {
+		ts.SetService(se.Service)
+		for _, e := range se.Endpoints {
+			ts.SetEndpoint(se.Service.Key(), e.Key(), e)
+		}
+	}
+}
+
+// podEndpoints returns the endpoints (one per address) of the given pods
+// ("pod", "pod2", "pod3").
+func podEndpoints(ids ...string) []*model.Endpoint {
+	addrs := map[string][2]netip.Addr{
+		netns.PodID:  {netns.PodV4, netns.PodV6},
+		netns.Pod2ID: {netns.Pod2V4, netns.Pod2V6},
+		pod3ID:       {pod3V4, pod3V6},
+	}
+	var eps []*model.Endpoint
+	for _, id := range ids {
+		for _, a := range addrs[id] {
+			e := ep(a.String(), true)
+			e.NodeName = "node"
+			// The named port "alt": pod serves it on 7000, pod2 on 8080,
+			// pod3 not at all.
+			switch id {
+			case netns.PodID:
+				e.PortOverrides = map[string]int32{"alt": 7000}
+			case netns.Pod2ID:
+				e.PortOverrides = map[string]int32{"alt": 8080}
+			}
+			eps = append(eps, e)
+		}
+	}
+	return eps
+}
+
+// webService is a dual-stack ClusterIP service: TCP and UDP 80 to 6000,
+// and the named TCP port "alt" (81).
+func webService() *model.Service {
+	return svc("default", "web", ipset(webV4.String(), webV6.String()),
+		tcp(80, 6000), udp(80, 6000),
+		&model.PortMapping{Name: "alt", Protocol: model.TCP, Port: 81, TargetPortName: "alt"})
+}
+
+// podAddr returns the address of pod id in the family of like.
+func podAddr(id string, like netip.Addr) netip.Addr {
+	m := map[string][2]netip.Addr{
+		netns.PodID:  {netns.PodV4, netns.PodV6},
+		netns.Pod2ID: {netns.Pod2V4, netns.Pod2V6},
+		pod3ID:       {pod3V4, pod3V6},
+	}
+	if like.Is4() {
+		return m[id][0]
+	}
+	return m[id][1]
+}
+
+// spread sends n requests to dst from ns and counts the answering
+// servers, checking that each answer came from the server's own address on
+// wantPort[server].
+func spread(t *testing.T, from *netns.NS, network string, dst netip.AddrPort, n int, wantPort map[string]uint16) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	for range n {
+		a, err := from.Ask(network, dst, netns.AskOptions{})
+		if err != nil {
+			t.Errorf("%v", err)
+			continue
+		}
+		counts[a.Server]++
+		want := netip.AddrPortFrom(podAddr(a.Server, dst.Addr()), wantPort[a.Server])
+		if a.Local != want {
+			t.Errorf("%s %s: %s answered on %s, want %s", network, dst, a.Server, a.Local, want)
+		}
+	}
+	return counts
+}
+
+func nftList(t *testing.T, ns *netns.NS, table string) string {
+	t.Helper()
+	out, _, err := ns.Exec(nil, "nft", "list", "table", "inet", table)
+	if err != nil {
+		t.Fatalf("nft list table: %v", err)
+	}
+	return out
+}
+
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// TestKernelClusterIP programs a dual-stack ClusterIP service in the node
+// and sends real TCP and UDP traffic from the client (and the node): it is
+// spread over the three pods, a named target port reaches each pod on its
+// own port, an endpoint change takes effect, no endpoints means refused
+// (TCP reset, ICMP port unreachable), and deleting the service removes its
+// rules and its traffic.
+func TestKernelClusterIP(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "cip")
+	web := webService()
+	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID, netns.Pod2ID, pod3ID)})
+	if r := s.sync(); !r.Full {
+		t.Errorf("first sync not full: %+v", r)
+	}
+	listing := nftList(t, b.Node, "kpng-cip")
+	for _, want := range []string{
+		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
+		"10.96.0.10 . tcp . 80 : goto svc4-", "fd00:10:96::10 . udp . 80 : goto svc6-",
+		"numgen random mod 3 vmap", "dnat ip to 11.0.2.4:6000", "dnat ip6 to [1100::203]:6000",
+		"dnat ip to 11.0.2.2:7000", "dnat ip to 11.0.2.3:8080",
+	} {
+		if !strings.Contains(listing, want) {
+			t.Errorf("nft list table lacks %q:\n%s", want, listing)
+		}
+	}
+
+	all := map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000, pod3ID: 6000}
+	for _, addr := range []netip.Addr{webV4, webV6} {
+		for _, network := range []string{"tcp", "udp"} {
+			counts := spread(t, b.Client, network, netip.AddrPortFrom(addr, 80), 60, all)
+			t.Logf("%s %s: %v", network, addr, counts)
+			for _, id := range []string{netns.PodID, netns.Pod2ID, pod3ID} {
+				if counts[id] == 0 {
+					t.Errorf("%s %s: %s never answered in 60 requests: %v", network, addr, id, counts)
+				}
+			}
+		}
+		// The named port: each pod on its own port, pod3 never.
+		counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(addr, 81), 30, map[string]uint16{netns.PodID: 7000, netns.Pod2ID: 8080})
+		if counts[pod3ID] != 0 || counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
+			t.Errorf("named port on %s: %v, want pod and pod2 only", addr, counts)
+		}
+	}
+	// From the node itself (nat output).
+	if a, err := b.Node.Ask("tcp", netip.AddrPortFrom(webV4, 80), netns.AskOptions{}); err != nil || a.Local.Port() != 6000 {
+		t.Errorf("from the node: %v, %v", a, err)
+	}
+
+	// Endpoint change: only pod remains.
+	for _, e := range podEndpoints(netns.Pod2ID, pod3ID) {
+		s.DeleteEndpoint(web.Key(), e.Key())
+	}
+	if r := s.sync(); r.Full {
+		t.Errorf("endpoint change made a full sync: %+v", r)
+	}
+	for _, addr := range []netip.Addr{webV4, webV6} {
+		for _, network := range []string{"tcp", "udp"} {
+			if counts := spread(t, b.Client, network, netip.AddrPortFrom(addr, 80), 10, all); counts[netns.PodID] != 10 {
+				t.Errorf("after the change, %s %s: %v, want pod only", network, addr, counts)
+			}
+		}
+	}
+
+	// No endpoints: refused at once.
+	for _, e := range podEndpoints(netns.PodID) {
+		s.DeleteEndpoint(web.Key(), e.Key())
+	}
+	s.sync()
+	for _, addr := range []netip.Addr{webV4, webV6} {
+		for _, network := range []string{"tcp", "udp"} {
+			start := time.Now()
+			a, err := b.Client.Ask(network, netip.AddrPortFrom(addr, 80), netns.AskOptions{Timeout: 2 * time.Second})
+			if took := time.Since(start); err == nil || !isRefused(err) || took > time.Second {
+				t.Errorf("no endpoints, %s %s: answer %v, error %v after %v; want refused at once", network, addr, a, err, took)
+			}
+		}
+	}
+	if listing := nftList(t, b.Node, "kpng-cip"); !strings.Contains(listing, "10.96.0.10 . tcp . 80 : goto reject") || strings.Contains(listing, "dnat") {
+		t.Errorf("no endpoints: want a reject element and no dnat:\n%s", listing)
+	}
+
+	// Back to one endpoint, then delete the service.
+	for _, e := range podEndpoints(netns.PodID) {
+		s.SetEndpoint(web.Key(), e.Key(), e)
+	}
+	s.sync()
+	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(webV4, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+		t.Fatalf("endpoint back: %v, %v", a, err)
+	}
+	for _, e := range podEndpoints(netns.PodID) {
+		s.DeleteEndpoint(web.Key(), e.Key())
+	}
+	s.DeleteService(web.Key())
+	s.sync()
+	listing = nftList(t, b.Node, "kpng-cip")
+	for _, gone := range []string{"default/web", "10.96.0.10", "fd00:10:96::10", "dnat"} {
+		if strings.Contains(listing, gone) {
+			t.Errorf("after deletion, the table still holds %q:\n%s", gone, listing)
+		}
+	}
+	for _, addr := range []netip.Addr{webV4, webV6} {
+		if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(addr, 80), netns.AskOptions{Timeout: 300 * time.Millisecond}); err == nil || isRefused(err) {
+			t.Errorf("after deletion, %s: answer %v, error %v; want no answer (no rule left)", addr, a, err)
+		}
+	}
+}
+
+// TestKernelExternalIPsAndRestart programs the blog's headless service
+// (reached on its external IPs only), checks traffic from the client, then
+// starts a second sink (a restarted proxier) on the same table with the
+// same state: its first sync replaces the table in one transaction and the
+// service keeps working.
+func TestKernelExternalIPsAndRestart(t *testing.T) {
+	b := kernelTopology(t)
+	blog := svc("default", "kpng-example", model.IPSet{}, tcp(6000, 6000), udp(6000, 6000))
+	blog.IPs.Headless = true
+	blog.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
+	state := &model.ServiceEndpoints{Service: blog, Endpoints: podEndpoints(netns.PodID)}
+	check := func(when string) {
+		t.Helper()
+		for _, addr := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+			for _, network := range []string{"tcp", "udp"} {
+				a, err := b.Client.Ask(network, netip.AddrPortFrom(addr, 6000), netns.AskOptions{})
+				if err != nil || a.Server != netns.PodID || a.Local != netip.AddrPortFrom(podAddr(netns.PodID, addr), 6000) {
+					t.Errorf("%s: %s %s: %v, %v; want pod", when, network, addr, a, err)
+				}
+			}
+			// Another port of the same address is not the service.
+			if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(addr, 7000), netns.AskOptions{Timeout: 300 * time.Millisecond}); err == nil {
+				t.Errorf("%s: port 7000 of %s answered %v", when, addr, a)
+			}
+		}
+	}
+
+	first := newTestSink(t, b, "ext")
+	first.setAll(state)
+	first.sync()
+	check("first proxier")
+
+	second := newTestSink(t, b, "ext")
+	second.setAll(state)
+	if r := second.sync(); !r.Full {
+		t.Errorf("restart: first sync not full")
+	}
+	check("restarted proxier")
+	out := b.Node.MustExec("nft", "list", "tables")
+	if n := strings.Count(out, "table inet kpng-ext"); n != 1 {
+		t.Errorf("%d tables kpng-ext after the restart, want 1:\n%s", n, out)
+	}
+}
+
+// manyServices returns n single-port services with cluster IPs
+// 10.96.1.0+i, each with pod as its endpoint.
+func manyServices(n int) []*model.ServiceEndpoints {
+	var items []*model.ServiceEndpoints
+	for i := range n {
+		ip := netip.AddrFrom4([4]byte{10, 96, byte(1 + i/250), byte(1 + i%250)})
+		items = append(items, &model.ServiceEndpoints{
+			Service:   svc("default", fmt.Sprintf("svc-%03d", i), ipset(ip.String()), tcp(80, 6000)),
+			Endpoints: podEndpoints(netns.PodID)[:1],
+		})
+	}
+	return items
+}
+
+// TestKernelPartialSyncSize checks that one endpoint change sends the same
+// handful of objects whether the table holds 10 or 100 services, and that
+// it takes effect.
+func TestKernelPartialSyncSize(t *testing.T) {
+	b := kernelTopology(t)
+	var sizes []Stats
+	for _, n := range []int{10, 100} {
+		s := newTestSink(t, b, fmt.Sprintf("size%d", n))
+		items := manyServices(n)
+		s.setAll(items...)
+		full := s.sync()
+		target := items[n/2]
+		e := podEndpoints(netns.Pod2ID)[0]
+		s.SetEndpoint(target.Service.Key(), e.Key(), e)
+		r := s.sync()
+		t.Logf("%d services: full sync %+v in %v; one endpoint added: %+v in %v", n, full.Stats, full.Duration, r.Stats, r.Duration)
+		if r.Full || len(r.Services) != 1 || r.Services[0] != target.Service.Key() {
+			t.Errorf("%d services: partial sync %+v, want one service", n, r)
+		}
+		// One endpoint chain added with its rule, the service chain
+		// flushed and refilled (its rule and anonymous map).
+		want := Stats{Messages: 5, ChainsAdded: 1, ChainsFlushed: 1, Rules: 2}
+		if r.Stats != want {
+			t.Errorf("%d services: transaction %+v, want %+v", n, r.Stats, want)
+		}
+		sizes = append(sizes, r.Stats)
+		ip := netip.MustParseAddr(target.Service.IPs.ClusterIPs.V4[0])
+		counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(ip, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
+		if counts[netns.Pod2ID] == 0 || counts[netns.PodID] == 0 {
+			t.Errorf("%d services: after adding pod2: %v", n, counts)
+		}
+	}
+	if sizes[0] != sizes[1] {
+		t.Errorf("transaction size depends on the number of services: %+v vs %+v", sizes[0], sizes[1])
+	}
+}
+
+// TestKernelRecoversFromRejectedTransaction removes the table behind the
+// sink's back: the next partial transaction is rejected by the kernel
+// (nothing applied, error reported) and the following Sync rewrites the
+// whole table.
+func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "recover")
+	web := webService()
+	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
+	s.sync()
+	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
+
+	e := podEndpoints(netns.Pod2ID)[0]
+	s.SetEndpoint(web.Key(), e.Key(), e)
+	s.Sync()
+	last := s.results[len(s.results)-1]
+	if last.Err == nil || last.Full {
+		t.Fatalf("partial sync on a missing table: %+v, want an error", last)
+	}
+	if len(last.Services) != 1 || last.Services[0] != web.Key() {
+		t.Errorf("failed sync concerns %v, want %v", last.Services, web.Key())
+	}
+	if out := b.Node.MustExec("nft", "list", "tables"); strings.Contains(out, "kpng-recover") {
+		t.Errorf("the rejected transaction left something:\n%s", out)
+	}
+
+	if r := s.sync(); !r.Full {
+		t.Errorf("sync after a failure not full: %+v", r)
+	}
+	counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(webV4, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
+	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
+		t.Errorf("after the full resync: %v, want pod and pod2", counts)
+	}
+}
+
+// TestKernelCleanup checks that Cleanup removes the table and is
+// harmless when there is none.
+func TestKernelCleanup(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	n := netns.New(t, "node")
+	conn := connIn(t, n)
+	s, err := NewSink(Config{ServiceProxyName: "clean", Conn: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Reset()
+	s.SetService(webService())
+	s.Sync()
+	if out := n.MustExec("nft", "list", "tables"); !strings.Contains(out, "table inet kpng-clean") {
+		t.Fatalf("no table after a sync:\n%s", out)
+	}
+	for range 2 {
+		c, err := conn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Cleanup(c, "clean"); err != nil {
+			t.Fatalf("Cleanup: %v", err)
+		}
+	}
+	if out := n.MustExec("nft", "list", "tables"); strings.Contains(out, "kpng-clean") {
+		t.Errorf("table left after Cleanup:\n%s", out)
+	}
+}

@@ -1,0 +1,200 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// Family is an IP family.
+type Family int
+
+// The IP families.
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+// String returns "ipv4" or "ipv6".
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// familyOf returns the family of a.
+func familyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// The names of the fixed objects of the table.
+const (
+	// ChainNATPrerouting and ChainNATOutput are the NAT base chains
+	// (priority dstnat) of incoming and locally generated traffic.
+	ChainNATPrerouting = "nat-prerouting"
+	ChainNATOutput     = "nat-output"
+	// ChainServices looks up the service maps; both NAT base chains jump
+	// to it.
+	ChainServices = "services"
+	// ChainFilterInput, ChainFilterForward and ChainFilterOutput are the
+	// filter base chains (priority filter - 10) where traffic to services
+	// without usable endpoints is rejected or dropped.
+	ChainFilterInput   = "filter-input"
+	ChainFilterForward = "filter-forward"
+	ChainFilterOutput  = "filter-output"
+	// ChainNoEndpoints looks up the no-endpoint maps; the filter base
+	// chains jump to it.
+	ChainNoEndpoints = "no-endpoint-services"
+	// ChainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
+	// otherwise.
+	ChainReject = "reject"
+)
+
+// MapServices returns the name of the verdict map of a family that sends
+// (daddr . l4proto . dport) to the chain of a service port:
+// "service-ips-v4" or "service-ips-v6".
+func MapServices(f Family) string { return "service-ips-v" + familySuffix(f) }
+
+// MapNoEndpoints returns the name of the verdict map of a family that
+// rejects or drops (daddr . l4proto . dport) of service ports without
+// usable endpoints: "no-endpoint-services-v4" or "...-v6".
+func MapNoEndpoints(f Family) string { return "no-endpoint-services-v" + familySuffix(f) }
+
+// Key is the key of a map element: destination address, protocol and
+// port of a service.
+type Key struct {
+	Addr  netip.Addr
+	Proto model.Protocol
+	Port  uint16
+}
+
+// String returns the key in nft syntax: "10.96.0.10 . tcp . 80".
+func (k Key) String() string {
+	return fmt.Sprintf("%s . %s . %d", k.Addr, protoName(k.Proto), k.Port)
+}
+
+// Verdict is the value of a map element: goto a chain, or drop.
+type Verdict struct {
+	// Goto is the chain to go to; empty means drop.
+	Goto string
+}
+
+// String returns the verdict in nft syntax.
+func (v Verdict) String() string {
+	if v.Goto == "" {
+		return "drop"
+	}
+	return "goto " + v.Goto
+}
+
+// Element is one element of one of the table's verdict maps.
+type Element struct {
+	// Map is the map's name (MapServices or MapNoEndpoints).
+	Map     string
+	Family  Family
+	Key     Key
+	Verdict Verdict
+	// Service is the service the element belongs to (for logs).
+	Service model.ServiceKey
+}
+
+// ID returns the element's identity in the table: its map and key.
+func (e Element) ID() string { return e.Map + " " + e.Key.String() }
+
+// Chain is a regular (non-base) chain of the table, owned by one service.
+type Chain struct {
+	Name    string
+	Service model.ServiceKey
+	Rules   []Rule
+}
+
+// equalChains reports whether two chains have the same name and rules.
+func equalChains(a, b *Chain) bool {
+	return a.Name == b.Name && slices.EqualFunc(a.Rules, b.Rules, func(x, y Rule) bool { return x.String() == y.String() })
+}
+
+// Rule is one rule of a service or endpoint chain: a BalanceRule or a
+// DNATRule.
+type Rule interface {
+	// String returns the rule in nft syntax.
+	String() string
+	isRule()
+}
+
+// BalanceRule sends a packet to one of Targets (endpoint chains), chosen
+// at random: "numgen random mod N vmap { 0 : goto A, 1 : goto B }", or
+// "goto A" when there is one target.
+type BalanceRule struct {
+	Targets []string
+}
+
+func (BalanceRule) isRule() {}
+
+// String implements Rule.
+func (r BalanceRule) String() string {
+	if len(r.Targets) == 1 {
+		return "goto " + r.Targets[0]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "numgen random mod %d vmap { ", len(r.Targets))
+	for i, t := range r.Targets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d : goto %s", i, t)
+	}
+	b.WriteString(" }")
+	return b.String()
+}
+
+// DNATRule rewrites the destination of a packet of protocol Proto to To:
+// "meta l4proto tcp dnat ip to 10.1.2.3:8080".
+type DNATRule struct {
+	Proto model.Protocol
+	To    netip.AddrPort
+}
+
+func (DNATRule) isRule() {}
+
+// String implements Rule.
+func (r DNATRule) String() string {
+	fam := "ip"
+	if r.To.Addr().Is6() {
+		fam = "ip6"
+	}
+	return fmt.Sprintf("meta l4proto %s dnat %s to %s", protoName(r.Proto), fam, r.To)
+}
+
+// Ruleset is the desired content of the table: its regular chains and map
+// elements (the base chains, the lookup chains, the reject chain and the
+// maps themselves are fixed: see Text), sorted by name and by map and key.
+type Ruleset struct {
+	Table    string
+	Chains   []*Chain
+	Elements []Element
+}
+
+// sortElements orders elements by map, then key (address, protocol, port).
+func sortElements(els []Element) {
+	slices.SortFunc(els, compareElements)
+}
+
+func compareElements(a, b Element) int {
+	if c := strings.Compare(a.Map, b.Map); c != 0 {
+		return c
+	}
+	if c := a.Key.Addr.Compare(b.Key.Addr); c != 0 {
+		return c
+	}
+	if a.Key.Proto != b.Key.Proto {
+		return int(a.Key.Proto - b.Key.Proto)
+	}
+	return int(a.Key.Port) - int(b.Key.Port)
+}

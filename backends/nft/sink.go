@@ -1,0 +1,148 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Config configures the nftables sink.
+type Config struct {
+	// ServiceProxyName is the proxier's service-proxy-name; the table is
+	// TableName(ServiceProxyName).
+	ServiceProxyName string
+	// Conn returns a new nftables connection; nil means nftables.New(),
+	// in the current network namespace (tests pass
+	// nftables.New(nftables.WithNetNSFd(fd)) to work in another one).
+	Conn func() (*nftables.Conn, error)
+	// AfterSync, if set, is called at the end of each Sync that sent a
+	// transaction (or tried to), with its result.
+	AfterSync func(SyncResult)
+}
+
+// SyncResult describes one transaction of a Sync.
+type SyncResult struct {
+	// Full is true when the whole table was rewritten (first sync, after
+	// a Reset or after a failed transaction).
+	Full bool
+	// Services are the services whose objects changed (for a full sync:
+	// every service held).
+	Services []model.ServiceKey
+	// Stats is the size of the transaction.
+	Stats Stats
+	// Duration is the time spent computing and sending it.
+	Duration time.Duration
+	// Err is the error of the transaction, if it failed: then nothing of it
+	// was applied and the next Sync is a full one.
+	Err error
+}
+
+// sink is the localsink.Sink of this package.
+type sink struct {
+	cfg      Config
+	table    string
+	store    *localsink.Store
+	tracker  *Tracker
+	applier  *Applier
+	needFull bool
+}
+
+// NewSink returns a localsink.Sink that programs the services it receives
+// into the nftables table TableName(cfg.ServiceProxyName): the first Sync
+// (and the first one after a Reset or a failure) replaces the whole table
+// in one transaction, later ones send only what changed. It checks that
+// nftables can be used (listing the tables) before returning.
+func NewSink(cfg Config) (localsink.Sink, error) {
+	s := &sink{
+		cfg:      cfg,
+		table:    TableName(cfg.ServiceProxyName),
+		store:    localsink.NewStore(),
+		tracker:  NewTracker(),
+		needFull: true,
+	}
+	s.applier = NewApplier(cfg.Conn, s.table)
+	conn, err := s.applier.newConn()
+	if err != nil {
+		return nil, fmt.Errorf("nftables backend: %w", err)
+	}
+	if _, err := conn.ListTablesOfFamily(nftables.TableFamilyINet); err != nil {
+		return nil, fmt.Errorf("nftables backend: list tables (root or CAP_NET_ADMIN needed): %w", err)
+	}
+	return s, nil
+}
+
+// Reset implements localsink.Sink.
+func (s *sink) Reset() { s.store.Reset() }
+
+// SetService implements localsink.Sink.
+func (s *sink) SetService(svc *model.Service) { s.store.SetService(svc) }
+
+// DeleteService implements localsink.Sink.
+func (s *sink) DeleteService(key model.ServiceKey) { s.store.DeleteService(key) }
+
+// SetEndpoint implements localsink.Sink.
+func (s *sink) SetEndpoint(svc model.ServiceKey, key string, ep *model.Endpoint) {
+	s.store.SetEndpoint(svc, key, ep)
+}
+
+// DeleteEndpoint implements localsink.Sink.
+func (s *sink) DeleteEndpoint(svc model.ServiceKey, key string) { s.store.DeleteEndpoint(svc, key) }
+
+// Sync implements localsink.Sink: it applies the round.
+func (s *sink) Sync() {
+	start := time.Now()
+	changed, reset := s.store.Commit()
+	if reset {
+		s.tracker = NewTracker()
+		s.needFull = true
+		// The store marks the services it dropped as changed: rebuild
+		// from what it holds now.
+		changed = s.store.Keys()
+	}
+	for _, key := range changed {
+		for _, p := range s.tracker.Update(key, s.store.Get(key)) {
+			klog.InfoS("Part of a service cannot be programmed", "table", s.table, "service", key, "problem", p.Error())
+		}
+	}
+	delta := s.tracker.Done()
+
+	res := SyncResult{Full: s.needFull}
+	if s.needFull {
+		rs := s.tracker.Ruleset(s.table)
+		res.Services = s.store.Keys()
+		slices.SortFunc(res.Services, model.ServiceKey.Compare)
+		res.Stats, res.Err = s.applier.Full(rs)
+	} else {
+		if delta.Len() == 0 {
+			klog.V(4).InfoS("Nothing to change", "table", s.table, "services", len(changed))
+			return
+		}
+		res.Services = delta.Services()
+		res.Stats, res.Err = s.applier.Partial(delta)
+	}
+	res.Duration = time.Since(start)
+	if res.Err != nil {
+		s.needFull = true
+		services := res.Services
+		if len(services) > 20 {
+			services = services[:20]
+		}
+		klog.ErrorS(res.Err, "nftables transaction rejected: nothing of it applied; the next sync rewrites the whole table",
+			"table", s.table, "full", res.Full, "services", services, "servicesCount", len(res.Services))
+	} else {
+		s.needFull = false
+		klog.V(2).InfoS("nftables table synced", "table", s.table, "full", res.Full,
+			"services", len(res.Services), "messages", res.Stats.Messages, "objects", res.Stats.Objects(), "duration", res.Duration)
+	}
+	if s.cfg.AfterSync != nil {
+		s.cfg.AfterSync(res)
+	}
+}

@@ -1,0 +1,51 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ackBytes is the receive buffer space one acknowledgement takes: google/
+// nftables asks the kernel for an ack per message, and each one costs a
+// socket buffer of about this size (its truesize, not its 36 bytes).
+const ackBytes = 1024
+
+// minReceiveBuffer is the smallest receive buffer set on the socket.
+const minReceiveBuffer = 4 << 20
+
+// receiveBufferFor returns the receive buffer a transaction of messages
+// messages needs for all its acknowledgements.
+func receiveBufferFor(messages int) int {
+	return max(minReceiveBuffer, messages*ackBytes)
+}
+
+// receiveBuffer returns a socket option setting the receive buffer to
+// bytes, with SO_RCVBUFFORCE (root: above net.core.rmem_max) or, failing
+// that, SO_RCVBUF. Without it, a transaction of a few hundred messages
+// overflows the default buffer with its acks (ENOBUFS), and its outcome is
+// then unknown.
+func receiveBuffer(bytes int) nftables.SockOption {
+	return func(c *netlink.Conn) error {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return fmt.Errorf("netlink socket: %w", err)
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bytes)
+		}); err != nil {
+			return fmt.Errorf("netlink socket: %w", err)
+		}
+		if serr != nil {
+			if err := c.SetReadBuffer(bytes); err != nil {
+				return fmt.Errorf("set the netlink receive buffer to %d bytes: %w", bytes, err)
+			}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,159 @@
+package nft
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/diffstore"
+)
+
+// Tracker holds the desired objects of every service and computes, round
+// after round, the minimal change to the table: the chains and map
+// elements created, updated and deleted. It is pure Go (no netlink); the
+// applier turns its output into a transaction. A Tracker is not safe for
+// concurrent use.
+type Tracker struct {
+	services map[model.ServiceKey]serviceObjects
+	chains   *diffstore.Store[string, *Chain]
+	elements *diffstore.Store[string, Element]
+	// owner is the service owning each element key (address . protocol
+	// . port, whatever the map): when two services claim the same key, the
+	// first one keeps it.
+	owner map[string]model.ServiceKey
+}
+
+// NewTracker returns an empty Tracker.
+func NewTracker() *Tracker {
+	return &Tracker{
+		services: map[model.ServiceKey]serviceObjects{},
+		chains:   diffstore.New[string](equalChains),
+		elements: diffstore.NewComparable[string, Element](),
+		owner:    map[string]model.ServiceKey{},
+	}
+}
+
+// Delta is the change of one round.
+type Delta struct {
+	Chains   diffstore.Changes[string, *Chain]
+	Elements diffstore.Changes[string, Element]
+}
+
+// Len returns the number of objects changed.
+func (d Delta) Len() int { return d.Chains.Len() + d.Elements.Len() }
+
+// Services returns the services the change concerns, sorted (for logs).
+func (d Delta) Services() []model.ServiceKey {
+	var keys []model.ServiceKey
+	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated, d.Chains.Deleted} {
+		for _, it := range items {
+			c := it.Value
+			if c == nil {
+				c = it.Prev
+			}
+			if c != nil {
+				keys = append(keys, c.Service)
+			}
+		}
+	}
+	for _, items := range [][]diffstore.Item[string, Element]{d.Elements.Created, d.Elements.Updated, d.Elements.Deleted} {
+		for _, it := range items {
+			keys = append(keys, it.Value.Service, it.Prev.Service)
+		}
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	keys = slices.Compact(keys)
+	if len(keys) > 0 && keys[0] == (model.ServiceKey{}) {
+		keys = keys[1:]
+	}
+	return keys
+}
+
+// Update sets the state of the service key to se (nil: the service is
+// gone) for the current round, and returns the problems that kept parts of
+// it out of the table. Call Done to end the round.
+func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []error {
+	var objs serviceObjects
+	var problems []error
+	if se != nil && se.Service != nil {
+		objs, problems = buildService(se)
+	}
+	old := t.services[key]
+
+	newChains := map[string]bool{}
+	for _, c := range objs.Chains {
+		newChains[c.Name] = true
+		t.chains.Set(c.Name, c)
+	}
+	for _, c := range old.Chains {
+		if !newChains[c.Name] {
+			t.chains.Delete(c.Name)
+		}
+	}
+
+	newElems, newKeys := map[string]bool{}, map[string]bool{}
+	kept := objs.Elements[:0:0]
+	for _, e := range objs.Elements {
+		id, k := e.ID(), e.Key.String()
+		if o, ok := t.owner[k]; ok && o != key {
+			problems = append(problems, fmt.Errorf("service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
+			continue
+		}
+		if newElems[id] {
+			continue
+		}
+		newElems[id], newKeys[k] = true, true
+		t.owner[k] = key
+		t.elements.Set(id, e)
+		kept = append(kept, e)
+	}
+	for _, e := range old.Elements {
+		if id := e.ID(); !newElems[id] {
+			t.elements.Delete(id)
+			if k := e.Key.String(); !newKeys[k] && t.owner[k] == key {
+				delete(t.owner, k)
+			}
+		}
+	}
+	objs.Elements = kept
+
+	if se == nil || se.Service == nil {
+		delete(t.services, key)
+	} else {
+		t.services[key] = objs
+	}
+	return problems
+}
+
+// Done ends a round and returns what changed since the previous one.
+func (t *Tracker) Done() Delta {
+	return Delta{Chains: t.chains.DonePartial(), Elements: t.elements.DonePartial()}
+}
+
+// Ruleset returns the whole desired content of the table as of the last
+// Done, sorted.
+func (t *Tracker) Ruleset(table string) *Ruleset {
+	rs := &Ruleset{Table: table}
+	t.chains.Each(func(_ string, c *Chain) { rs.Chains = append(rs.Chains, c) })
+	slices.SortFunc(rs.Chains, func(a, b *Chain) int { return strings.Compare(a.Name, b.Name) })
+	t.elements.Each(func(_ string, e Element) { rs.Elements = append(rs.Elements, e) })
+	sortElements(rs.Elements)
+	return rs
+}
+
+// Build computes the ruleset of a whole state (services in the given
+// order: on conflicts, the first service keeps the address), with the
+// problems found.
+func Build(table string, items []*model.ServiceEndpoints) (*Ruleset, []error) {
+	t := NewTracker()
+	var problems []error
+	for _, se := range items {
+		if se == nil || se.Service == nil {
+			continue
+		}
+		problems = append(problems, t.Update(se.Service.Key(), se)...)
+	}
+	t.Done()
+	return t.Ruleset(table), problems
+}

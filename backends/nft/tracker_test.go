@@ -1,0 +1,108 @@
+package nft
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// TestTrackerDeltaIsProportionalToTheChange checks, without the kernel,
+// that one endpoint added to one of 100 services changes two chains and
+// nothing else, and that deleting the service removes exactly its objects.
+func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
+	tr := NewTracker()
+	var items []*model.ServiceEndpoints
+	for i := range 100 {
+		se := &model.ServiceEndpoints{
+			Service:   svc("ns", fmt.Sprintf("s%03d", i), ipset(fmt.Sprintf("10.96.%d.%d", i/200, 1+i%200)), tcp(80, 8080)),
+			Endpoints: []*model.Endpoint{ep("10.1.0.2", false)},
+		}
+		items = append(items, se)
+		tr.Update(se.Service.Key(), se)
+	}
+	if d := tr.Done(); len(d.Chains.Created) != 200 || len(d.Elements.Created) != 100 {
+		t.Fatalf("first round: %d chains, %d elements created; want 200, 100", len(d.Chains.Created), len(d.Elements.Created))
+	}
+	se := items[42]
+	changed := &model.ServiceEndpoints{Service: se.Service, Endpoints: append(se.Endpoints, ep("10.1.0.3", false))}
+	tr.Update(se.Service.Key(), changed)
+	d := tr.Done()
+	if len(d.Chains.Created) != 1 || len(d.Chains.Updated) != 1 || d.Len() != 2 {
+		t.Errorf("one endpoint added: %d created, %d updated, %d in all; want 1, 1, 2", len(d.Chains.Created), len(d.Chains.Updated), d.Len())
+	}
+	if got := d.Services(); len(got) != 1 || got[0] != se.Service.Key() {
+		t.Errorf("Services() = %v", got)
+	}
+	tr.Update(se.Service.Key(), nil)
+	d = tr.Done()
+	if len(d.Chains.Deleted) != 3 || len(d.Elements.Deleted) != 1 || d.Len() != 4 {
+		t.Errorf("service deleted: %d chains, %d elements deleted, %d in all; want 3, 1, 4", len(d.Chains.Deleted), len(d.Elements.Deleted), d.Len())
+	}
+	if rs := tr.Ruleset("t"); len(rs.Chains) != 198 || len(rs.Elements) != 99 {
+		t.Errorf("ruleset after deletion: %d chains, %d elements", len(rs.Chains), len(rs.Elements))
+	}
+}
+
+// TestTrackerConflictOwnership checks that the first service to claim an
+// address, protocol and port keeps it, including when it moves between
+// maps, and that the key is free again once its owner lets it go.
+func TestTrackerConflictOwnership(t *testing.T) {
+	tr := NewTracker()
+	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.1"), tcp(80, 81)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
+	tr.Update(a.Service.Key(), a)
+	if problems := tr.Update(b.Service.Key(), b); len(problems) != 1 || !strings.Contains(problems[0].Error(), "already used by service ns/a") {
+		t.Errorf("conflict problems: %v", problems)
+	}
+	tr.Done()
+	// a loses its endpoints: its element moves to the no-endpoint map and
+	// a keeps the key.
+	tr.Update(a.Service.Key(), &model.ServiceEndpoints{Service: a.Service})
+	if problems := tr.Update(b.Service.Key(), b); len(problems) != 1 {
+		t.Errorf("a still owns the key, want a conflict for b: %v", problems)
+	}
+	d := tr.Done()
+	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Map != MapNoEndpoints(IPv4) || len(d.Elements.Deleted) != 1 {
+		t.Errorf("moving to the no-endpoint map: %+v", d.Elements)
+	}
+	tr.Update(a.Service.Key(), nil)
+	if problems := tr.Update(b.Service.Key(), b); len(problems) != 0 {
+		t.Errorf("a is gone, b should get the key: %v", problems)
+	}
+	tr.Done()
+	rs := tr.Ruleset("t")
+	if len(rs.Elements) != 1 || rs.Elements[0].Service != b.Service.Key() {
+		t.Errorf("elements %+v, want b's only", rs.Elements)
+	}
+}
+
+// TestChainNames checks that names are deterministic, differ with every
+// part of the identity, and stay within the kernel's limit.
+func TestChainNames(t *testing.T) {
+	k := model.ServiceKey{Namespace: "ns", Name: "web"}
+	p := tcp(80, 8080)
+	n := serviceChainName("svc", IPv4, k, p)
+	if n != serviceChainName("svc", IPv4, k, p) || !strings.HasPrefix(n, "svc4-") || !strings.HasSuffix(n, "-ns/web/tcp/80") {
+		t.Errorf("service chain name %q", n)
+	}
+	seen := map[string]bool{}
+	for _, name := range []string{
+		n, serviceChainName("svc", IPv6, k, p), serviceChainName("ext", IPv4, k, p),
+		serviceChainName("svc", IPv4, k, udp(80, 8080)), serviceChainName("svc", IPv4, k, tcp(81, 8080)),
+		serviceChainName("svc", IPv4, model.ServiceKey{Namespace: "ns", Name: "web2"}, p),
+		endpointChainName(IPv4, k, p, "10.1.0.2/8080"), endpointChainName(IPv4, k, p, "10.1.0.2/8081"),
+	} {
+		if seen[name] {
+			t.Errorf("duplicate chain name %q", name)
+		}
+		seen[name] = true
+	}
+	long := model.ServiceKey{Namespace: strings.Repeat("n", 63), Name: strings.Repeat("s", 63)}
+	a := endpointChainName(IPv6, long, p, strings.Repeat("f", 200)+"/1")
+	b := endpointChainName(IPv6, long, p, strings.Repeat("f", 200)+"/2")
+	if len(a) > maxNameLen || len(b) > maxNameLen || a == b {
+		t.Errorf("long names: %d and %d bytes, equal %v", len(a), len(b), a == b)
+	}
+}
