@@ -11,9 +11,10 @@ import (
 )
 
 func main() {
-	// The in-process backends "to-local" can run: add yours here.
-	backends := []app.Backend{
+	// The in-process backends "to-local" can run: add yours here (and in
+	// backends_linux.go for Linux-only ones).
+	backends := append([]app.Backend{
 		app.JSONBackend(os.Stdout),
-	}
+	}, platformBackends()...)
 	os.Exit(app.Main(os.Args[1:], os.Stdout, os.Stderr, backends...))
 }

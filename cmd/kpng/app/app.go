@@ -36,7 +36,14 @@ type Backend struct {
 	// Bind registers the backend's flags on fs and returns the function
 	// that builds the backend once the flags are parsed. The sink is fed
 	// until ctx ends.
-	Bind func(fs *flag.FlagSet) func(ctx context.Context) (localsink.Sink, error)
+	Bind func(fs *flag.FlagSet) func(ctx context.Context, env BackendEnv) (localsink.Sink, error)
+}
+
+// BackendEnv is what an in-process backend learns from the input.
+type BackendEnv struct {
+	// ServiceProxyName is the kube input's --service-proxy-name; empty for
+	// the other inputs, and for the services without that label.
+	ServiceProxyName string
 }
 
 // usageError is an error in the command line: exit status 2.
@@ -124,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, backends 
 		return usagef("unknown input %q (want kube, file or api)", rest[0])
 	}
 	fs := flag.NewFlagSet("kpng "+rest[0], flag.ContinueOnError)
-	start := in.bind(fs)
+	start, env := in.bind(fs)
 	rest, err = parse(fs, rest[1:], stderr, in.help)
 	if err != nil {
 		return err
@@ -132,7 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, backends 
 	if len(rest) == 0 {
 		return usagef("%s: missing output (to-api, to-file or to-local)", fs.Name())
 	}
-	out, err := bindOutput(fs.Name(), rest, stderr, backends, rest0 == "kube")
+	out, err := bindOutput(fs.Name(), rest, stderr, backends, rest0 == "kube", env)
 	if err != nil {
 		return err
 	}

@@ -12,11 +12,14 @@ import (
 )
 
 // input is where the state comes from. bind registers its flags and returns
-// the function that runs it into an output once they are parsed.
+// the function that runs it into an output once they are parsed, and what
+// in-process backends learn from it.
 type input struct {
 	help string
-	bind func(fs *flag.FlagSet) func(ctx context.Context, out *output) error
+	bind func(fs *flag.FlagSet) (func(ctx context.Context, out *output) error, func() BackendEnv)
 }
+
+func noEnv() BackendEnv { return BackendEnv{} }
 
 var inputs = map[string]input{
 	"kube": {help: kubeHelp, bind: bindKube},
@@ -31,9 +34,10 @@ EndpointSlices and this node's topology.
 Usage: kpng kube [flags] <output> [output flags]
 `
 
-func bindKube(fs *flag.FlagSet) func(context.Context, *output) error {
+func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() BackendEnv) {
 	var f client.Flags
 	f.BindKube(fs)
+	env := func() BackendEnv { return BackendEnv{ServiceProxyName: f.ServiceProxyName} }
 	return func(ctx context.Context, out *output) error {
 		w, cs, err := f.Watcher()
 		if err != nil {
@@ -46,7 +50,7 @@ func bindKube(fs *flag.FlagSet) func(context.Context, *output) error {
 			}
 			return w.Run(ctx, sink)
 		})
-	}
+	}, env
 }
 
 const fileHelp = `kpng file: read the state from a file (a YAML or JSON list of services with
@@ -56,7 +60,7 @@ its changes. A malformed file is reported and the last good state is kept.
 Usage: kpng file --input=state.yaml [flags] <output> [output flags]
 `
 
-func bindFile(fs *flag.FlagSet) func(context.Context, *output) error {
+func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() BackendEnv) {
 	path := fs.String("input", "", "state file to read (required)")
 	interval := fs.Duration("interval", time.Second, "how often to check the file for changes")
 	return func(ctx context.Context, out *output) error {
@@ -69,7 +73,7 @@ func bindFile(fs *flag.FlagSet) func(context.Context, *output) error {
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
 			return statefile.Watch(ctx, *path, *interval, sink)
 		})
-	}
+	}, noEnv
 }
 
 const apiHelp = `kpng api: watch another kpng controller (to chain controllers, or to
@@ -78,7 +82,7 @@ record or re-serve what a controller sends to one node).
 Usage: kpng api --api=<address> [flags] <output> [output flags]
 `
 
-func bindAPI(fs *flag.FlagSet) func(context.Context, *output) error {
+func bindAPI(fs *flag.FlagSet) (func(context.Context, *output) error, func() BackendEnv) {
 	var f client.Flags
 	f.BindAPI(fs)
 	f.BindNodeName(fs)
@@ -92,5 +96,5 @@ func bindAPI(fs *flag.FlagSet) func(context.Context, *output) error {
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
 			return f.Run(ctx, sink)
 		})
-	}
+	}, noEnv
 }

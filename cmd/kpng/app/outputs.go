@@ -28,7 +28,8 @@ type output struct {
 	// serve, when set, runs beside the input until ctx ends.
 	serve func(ctx context.Context) error
 	// build, when set, makes the sink once everything is parsed.
-	build func(ctx context.Context) (localsink.Sink, error)
+	build func(ctx context.Context, env BackendEnv) (localsink.Sink, error)
+	env   func() BackendEnv
 }
 
 // run runs feed into the output, with the output's server beside it; both
@@ -37,7 +38,7 @@ func (o *output) run(ctx context.Context, feed func(context.Context, localsink.S
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if o.build != nil {
-		sink, err := o.build(ctx)
+		sink, err := o.build(ctx, o.env())
 		if err != nil {
 			return err
 		}
@@ -60,7 +61,7 @@ func (o *output) run(ctx context.Context, feed func(context.Context, localsink.S
 	return errors.Join(err, serveErr)
 }
 
-func bindOutput(inputCmd string, args []string, stderr io.Writer, backends []Backend, nodeViews bool) (*output, error) {
+func bindOutput(inputCmd string, args []string, stderr io.Writer, backends []Backend, nodeViews bool, env func() BackendEnv) (*output, error) {
 	name := args[0]
 	fs := flag.NewFlagSet(inputCmd+" "+name, flag.ContinueOnError)
 	var out *output
@@ -74,7 +75,7 @@ func bindOutput(inputCmd string, args []string, stderr io.Writer, backends []Bac
 		help = toFileHelp
 		out, finish = bindToFile(fs)
 	case "to-local":
-		return bindToLocal(fs, args[1:], stderr, backends)
+		return bindToLocal(fs, args[1:], stderr, backends, env)
 	default:
 		return nil, usagef("unknown output %q (want to-api, to-file or to-local)", name)
 	}
@@ -161,7 +162,7 @@ func bindToFile(fs *flag.FlagSet) (*output, func() error) {
 	}
 }
 
-func bindToLocal(fs *flag.FlagSet, args []string, stderr io.Writer, backends []Backend) (*output, error) {
+func bindToLocal(fs *flag.FlagSet, args []string, stderr io.Writer, backends []Backend, env func() BackendEnv) (*output, error) {
 	help := "to-local: run an in-process backend.\n\nUsage: to-local <backend> [backend flags]\n\nBackends:\n"
 	for _, b := range backends {
 		help += fmt.Sprintf("  %-10s %s\n", b.Name, b.Help)
@@ -186,7 +187,7 @@ func bindToLocal(fs *flag.FlagSet, args []string, stderr io.Writer, backends []B
 		if len(extra) > 0 {
 			return nil, usagef("%s: unexpected argument %q", bfs.Name(), extra[0])
 		}
-		return &output{build: build}, nil
+		return &output{build: build, env: env}, nil
 	}
 	return nil, usagef("to-local: unknown backend %q", rest[0])
 }
@@ -197,8 +198,8 @@ func JSONBackend(w io.Writer) Backend {
 	return Backend{
 		Name: "to-json",
 		Help: "print the state as JSON on each change, like kpng-json",
-		Bind: func(*flag.FlagSet) func(context.Context) (localsink.Sink, error) {
-			return func(context.Context) (localsink.Sink, error) {
+		Bind: func(*flag.FlagSet) func(context.Context, BackendEnv) (localsink.Sink, error) {
+			return func(context.Context, BackendEnv) (localsink.Sink, error) {
 				enc := json.NewEncoder(w)
 				return localsink.NewFullState(func(items []*model.ServiceEndpoints) {
 					for _, it := range items {

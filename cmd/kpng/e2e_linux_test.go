@@ -1,0 +1,173 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/testio"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
+
+// TestKubeToLocalNFT runs `kpng kube … to-local to-nft` against the real API
+// server, programming the node namespace of the blog topology, and checks
+// real TCP and UDP traffic from the client namespace to a Service's external
+// IPs (both families, three ports): answered by the endpoint's pod, then by
+// another pod when the EndpointSlices move, then by nobody once the Service
+// is deleted.
+func TestKubeToLocalNFT(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	b := netns.Blog(t)
+	ctx := context.Background()
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("nft")
+
+	svc := kubetest.Service(ns, "web", name, func(s *v1.Service) {
+		p := v1.IPFamilyPolicyRequireDualStack
+		s.Spec.IPFamilyPolicy = &p
+		s.Spec.ExternalIPs = []string{netns.ServiceV4.String(), netns.ServiceV6.String()}
+		s.Spec.Ports = nil
+		for _, port := range netns.BlogPorts {
+			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{
+					Name: portName(proto, port), Protocol: proto, Port: int32(port), TargetPort: intstr.FromInt32(int32(port)),
+				})
+			}
+		}
+	})
+	svc = kc.CreateService(svc)
+	slices := map[string]*discovery.EndpointSlice{}
+	for _, ip := range []netip.Addr{netns.PodV4, netns.PodV6} {
+		s := kubetest.Slice(svc, "web-v"+family(ip), kubetest.EP{IP: ip.String(), Node: "node-a"})
+		s.Ports = nil
+		for _, port := range netns.BlogPorts {
+			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+				n, pr, po := portName(proto, port), proto, int32(port)
+				s.Ports = append(s.Ports, discovery.EndpointPort{Name: &n, Protocol: &pr, Port: &po})
+			}
+		}
+		slices[family(ip)] = kc.CreateSlice(s)
+	}
+
+	bin := filepath.Join(t.TempDir(), "kpng")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build kpng: %v\n%s", err, out)
+	}
+	var output testio.SyncBuffer
+	cmd := exec.Command(bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
+		"--node-name=node-a", "to-local", "to-nft", "--netns="+b.Node.Path())
+	cmd.Stdout, cmd.Stderr = &output, &output
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("kpng output:\n%s", output.String())
+		}
+	})
+
+	waitAnswer(t, b, netns.PodID)
+	b.ExpectService(t, b.Client, netns.PodID)
+
+	// The endpoint moves to the second pod.
+	for fam, ip := range map[string]netip.Addr{"4": netns.Pod2V4, "6": netns.Pod2V6} {
+		s := slices[fam]
+		s.Endpoints[0].Addresses = []string{ip.String()}
+		slices[fam] = kc.UpdateSlice(s)
+	}
+	waitAnswer(t, b, netns.Pod2ID)
+	b.ExpectService(t, b.Client, netns.Pod2ID)
+
+	// The Service goes: its rules go, the table stays.
+	if err := cp.Client().CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var table string
+	for time.Now().Before(deadline) {
+		out, _, err := b.Node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+name)
+		table = out
+		if err == nil && !strings.Contains(out, netns.ServiceV4.String()) && !strings.Contains(out, "web") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if strings.Contains(table, netns.ServiceV4.String()) || strings.Contains(table, "web") {
+		t.Errorf("the deleted Service's rules are still in the table:\n%s", table)
+	}
+	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		stopped = true
+		if err != nil {
+			t.Errorf("kpng after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("kpng still running 20s after SIGTERM")
+	}
+}
+
+func portName(proto v1.Protocol, port uint16) string {
+	return fmt.Sprintf("%s-%d", strings.ToLower(string(proto)), port)
+}
+
+func family(ip netip.Addr) string {
+	if ip.Is4() {
+		return "4"
+	}
+	return "6"
+}
+
+// waitAnswer waits until TCP to both external IPs on the first port is
+// answered by server.
+func waitAnswer(t *testing.T, b *netns.BlogTopology, server string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		ok := true
+		last = ""
+		for _, svc := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+			a, err := b.Client.Ask("tcp", netip.AddrPortFrom(svc, netns.BlogPorts[0]), netns.AskOptions{Timeout: 300 * time.Millisecond})
+			ok = ok && err == nil && a.Server == server
+			last += fmt.Sprintf("%s: %q %v; ", svc, a, err)
+		}
+		if ok {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("service not answered by %s within 30s: %s", server, last)
+}
