@@ -22,6 +22,8 @@ type Stats struct {
 	Messages int
 	// ChainsAdded, ChainsFlushed and ChainsDeleted count regular chains.
 	ChainsAdded, ChainsFlushed, ChainsDeleted int
+	// SetsAdded and SetsDeleted count named (session affinity) sets.
+	SetsAdded, SetsDeleted int
 	// Rules counts the rules added.
 	Rules int
 	// ElementsAdded and ElementsDeleted count verdict map elements
@@ -31,7 +33,7 @@ type Stats struct {
 
 // Objects returns the number of chains, rules and elements touched.
 func (s Stats) Objects() int {
-	return s.ChainsAdded + s.ChainsFlushed + s.ChainsDeleted + s.Rules + s.ElementsAdded + s.ElementsDeleted
+	return s.ChainsAdded + s.ChainsFlushed + s.ChainsDeleted + s.SetsAdded + s.SetsDeleted + s.Rules + s.ElementsAdded + s.ElementsDeleted
 }
 
 // Applier writes rulesets and deltas into one nftables table, each call
@@ -41,6 +43,8 @@ type Applier struct {
 	conn    *nftables.Conn // of the transaction being built
 	table   *nftables.Table
 	stats   Stats
+	// sets are the named sets added in the transaction being built.
+	sets map[string]*nftables.Set
 }
 
 // NewApplier returns an Applier writing the inet table named table. Each
@@ -58,6 +62,7 @@ func NewApplier(newConn func() (*nftables.Conn, error), table string) *Applier {
 // begin starts a transaction on a new connection.
 func (a *Applier) begin() error {
 	a.stats = Stats{}
+	a.sets = map[string]*nftables.Set{}
 	conn, err := a.newConn()
 	if err != nil {
 		return fmt.Errorf("nftables connection: %w", err)
@@ -94,7 +99,8 @@ func (a *Applier) full(rs *Ruleset) error {
 
 	maps := map[string]*nftables.Set{}
 	for _, f := range []Family{IPv4, IPv6} {
-		for _, name := range []string{MapServices(f), MapNoEndpoints(f)} {
+		for _, k := range mapKinds {
+			name := k.name(f)
 			m := mapRef(a.table, f, name)
 			if err := c.AddSet(m, nil); err != nil {
 				return fmt.Errorf("map %s: %w", name, err)
@@ -103,18 +109,28 @@ func (a *Applier) full(rs *Ruleset) error {
 			maps[name] = m
 		}
 	}
+	for _, st := range rs.Sets {
+		if err := a.addSet(st); err != nil {
+			return err
+		}
+	}
 
 	// Fixed regular chains first: base chains jump to them.
-	services := a.addChain(ChainServices)
-	noEndpoints := a.addChain(ChainNoEndpoints)
-	reject := a.addChain(ChainReject)
-	for _, f := range []Family{IPv4, IPv6} {
-		a.addRule(services, lookupExprs(f, maps[MapServices(f)]))
-		a.addRule(noEndpoints, lookupExprs(f, maps[MapNoEndpoints(f)]))
+	for _, lc := range lookupChains {
+		ch := a.addChain(lc.name)
+		lookupRules(rs.Options, lc.kinds, func(f Family, k mapKind, npm nodePortMatch) {
+			a.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
+		})
 	}
+	reject := a.addChain(ChainReject)
 	for _, r := range rejectRules() {
 		a.addRule(reject, r)
 	}
+	masq := a.addChain(ChainMasquerading)
+	for _, r := range masqueradingRules(rs.Options.mark()) {
+		a.addRule(masq, r)
+	}
+	a.addRule(a.addChain(ChainMarkForMasquerade), markExprs(rs.Options.mark(), false))
 	for _, bc := range baseChains {
 		ch := a.addBaseChain(bc)
 		a.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
@@ -166,6 +182,11 @@ func (a *Applier) Partial(d Delta) (Stats, error) {
 
 func (a *Applier) partial(d Delta) error {
 	c := a.conn
+	for _, it := range d.Sets.Created {
+		if err := a.addSet(it.Value); err != nil {
+			return err
+		}
+	}
 	for _, it := range d.Chains.Created {
 		a.addChain(it.Key)
 		a.stats.ChainsAdded++
@@ -205,6 +226,25 @@ func (a *Applier) partial(d Delta) error {
 		a.stats.Messages++
 		a.stats.ChainsDeleted++
 	}
+	// Sets last: the rules that used them are gone.
+	for _, it := range d.Sets.Deleted {
+		c.DelSet(&nftables.Set{Table: a.table, Name: it.Key})
+		a.stats.Messages++
+		a.stats.SetsDeleted++
+	}
+	return nil
+}
+
+// addSet adds a named (affinity) set, remembering it for the rules of
+// the same transaction that refer to it.
+func (a *Applier) addSet(st *Set) error {
+	ns := affinitySetRef(a.table, st)
+	if err := a.conn.AddSet(ns, nil); err != nil {
+		return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
+	}
+	a.sets[st.Name] = ns
+	a.stats.Messages++
+	a.stats.SetsAdded++
 	return nil
 }
 
@@ -282,6 +322,8 @@ func (a *Applier) addBaseChain(bc baseChain) *nftables.Chain {
 		hook = nftables.ChainHookForward
 	case "output":
 		hook = nftables.ChainHookOutput
+	case "postrouting":
+		hook = nftables.ChainHookPostrouting
 	}
 	policy := nftables.ChainPolicyAccept
 	a.stats.Messages++
@@ -307,16 +349,13 @@ func (a *Applier) addRules(ch *Chain) error {
 	for _, r := range ch.Rules {
 		var exprs []expr.Any
 		var err error
-		switch r := r.(type) {
-		case BalanceRule:
-			exprs, err = balanceExprs(a.conn, a.table, r)
-			if err == nil && len(r.Targets) > 1 {
+		if br, ok := r.(BalanceRule); ok {
+			exprs, err = balanceExprs(a.conn, a.table, br)
+			if err == nil && len(br.Targets) > 1 {
 				a.stats.Messages++ // the anonymous map
 			}
-		case DNATRule:
-			exprs, err = dnatExprs(r)
-		default:
-			err = fmt.Errorf("unknown rule type %T", r)
+		} else {
+			exprs, err = ruleExprs(r, a.sets)
 		}
 		if err != nil {
 			return fmt.Errorf("service %s: chain %s: %w", ch.Service, ch.Name, err)

@@ -5,24 +5,30 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"time"
 
 	"sigs.k8s.io/kpng/client/endpoints"
 	"sigs.k8s.io/kpng/client/model"
 )
 
-// serviceObjects are the chains and map elements that implement one
+// serviceObjects are the chains, sets and map elements that implement one
 // service.
 type serviceObjects struct {
 	Chains   []*Chain
+	Sets     []*Set
 	Elements []Element
 }
+
+// defaultAffinityTimeout is kube-proxy's default ClientIP affinity
+// timeout, used when the service gives none.
+const defaultAffinityTimeout = 10800 * time.Second
 
 // buildService computes the objects of one service as seen from this node
 // (the endpoints' Local and hints are already computed for it). Parts of
 // the service that cannot be programmed (unknown protocol, port out of
 // range, bad address) are left out and reported in problems; the rest is
 // built.
-func buildService(se *model.ServiceEndpoints) (serviceObjects, []error) {
+func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []error) {
 	var objs serviceObjects
 	var problems []error
 	svc := se.Service
@@ -31,6 +37,10 @@ func buildService(se *model.ServiceEndpoints) (serviceObjects, []error) {
 	}
 	key := svc.Key()
 	epChains := map[string]bool{}
+	ranges, badRanges := parsePrefixes(svc.LoadBalancerSourceRanges)
+	for _, r := range badRanges {
+		problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: %q is not a CIDR: ignored", key, r))
+	}
 	for _, p := range svc.Ports {
 		if p == nil {
 			continue
@@ -43,49 +53,95 @@ func buildService(se *model.ServiceEndpoints) (serviceObjects, []error) {
 			problems = append(problems, fmt.Errorf("service %s port %q: port %d out of range", key, p.Name, p.Port))
 			continue
 		}
+		nodePort := p.NodePort
+		if nodePort < 0 || nodePort > 65535 {
+			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
+			nodePort = 0
+		}
 		for _, f := range []Family{IPv4, IPv6} {
 			var clusterIPs []string
 			if !svc.IPs.Headless {
 				clusterIPs = familyAddrs(svc.IPs.ClusterIPs, f)
 			}
 			externalIPs := familyAddrs(svc.IPs.ExternalIPs, f)
-			if len(clusterIPs) == 0 && len(externalIPs) == 0 {
+			lbIPs := familyAddrs(svc.IPs.LoadBalancerIPs, f)
+			// A node port is served in a family only if the service
+			// has a cluster IP in it (as kube-proxy, whose per-family
+			// proxiers only see the service in its own families).
+			hasNodePort := nodePort > 0 && len(familyAddrs(svc.IPs.ClusterIPs, f)) > 0
+			if len(clusterIPs) == 0 && len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
 				continue
 			}
 			// As kube-proxy, which runs one proxier per family: only the
 			// endpoints of this family count, also for reject vs forward.
 			cats := endpoints.CategorizePort(p, familyEndpoints(se.Endpoints, f))
-			b := portBuilder{key: key, port: p, family: f, objs: &objs, epChains: epChains, problems: &problems}
+			b := portBuilder{svc: svc, key: key, port: p, family: f, opts: opts, objs: &objs, epChains: epChains, problems: &problems}
 			internal, iv := cats.Internal(svc)
-			clusterTarget := b.target("svc", internal, iv)
-			b.elements(clusterIPs, clusterTarget, iv)
-			if len(externalIPs) > 0 {
-				external, ev := cats.External(svc)
-				target := clusterTarget
-				if ev != iv || !slices.Equal(external, internal) {
-					target = b.target("ext", external, ev)
-				}
-				b.elements(externalIPs, target, ev)
+			var clusterMasq []Rule
+			if opts.MasqueradeAll {
+				clusterMasq = []Rule{MarkRule{Family: f}}
+			} else if cidrs := prefixesOf(opts.ClusterCIDRs, f); len(cidrs) > 0 {
+				clusterMasq = []Rule{MarkRule{Family: f, Except: cidrs}}
+			}
+			clusterTarget := b.target("svc", clusterMasq, internal, iv)
+			b.elements(MapServices(f), MapNoEndpoints(f), clusterIPs, 0, clusterTarget, iv)
+			if len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
+				continue
+			}
+			external, ev := cats.External(svc)
+			target := b.externalTarget(external, ev, internal, iv, clusterTarget)
+			b.elements(MapServices(f), MapNoEndpoints(f), externalIPs, 0, target, ev)
+			b.elements(MapServices(f), MapNoEndpoints(f), lbIPs, 0, target, ev)
+			if hasNodePort {
+				b.elements(MapNodePorts(f), MapNoEndpointNodePorts(f), []string{""}, uint16(nodePort), target, ev)
+			}
+			if len(svc.LoadBalancerSourceRanges) > 0 && len(lbIPs) > 0 {
+				b.firewall(lbIPs, prefixesOf(ranges, f))
 			}
 		}
 	}
 	return objs, problems
 }
 
+// parsePrefixes parses CIDRs, returning those that do not parse in bad.
+func parsePrefixes(texts []string) (ps []netip.Prefix, bad []string) {
+	for _, t := range texts {
+		p, err := netip.ParsePrefix(t)
+		if err != nil {
+			bad = append(bad, t)
+			continue
+		}
+		ps = append(ps, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked())
+	}
+	return ps, bad
+}
+
+// unmapBits is the number of prefix bits an IPv4-mapped IPv6 address
+// loses when unmapped.
+func unmapBits(a netip.Addr) int {
+	if a.Is4In6() {
+		return 96
+	}
+	return 0
+}
+
 // portBuilder builds the objects of one service port and family.
 type portBuilder struct {
+	svc      *model.Service
 	key      model.ServiceKey
 	port     *model.PortMapping
 	family   Family
+	opts     Options
 	objs     *serviceObjects
 	epChains map[string]bool
 	problems *[]error
 }
 
 // target returns the verdict for traffic using eps with verdict v: goto a
-// new service chain of the given kind balancing over eps' endpoint chains
-// (Forward), goto the reject chain (Reject), or drop (Drop).
-func (b *portBuilder) target(kind string, eps []*model.Endpoint, v endpoints.Verdict) Verdict {
+// new service chain of the given kind (first rules, then the session
+// affinity checks and the choice among eps' endpoint chains) for Forward,
+// goto the reject chain for Reject, or drop for Drop.
+func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v endpoints.Verdict) Verdict {
 	switch v {
 	case endpoints.Reject:
 		return Verdict{Goto: ChainReject}
@@ -93,9 +149,15 @@ func (b *portBuilder) target(kind string, eps []*model.Endpoint, v endpoints.Ver
 		return Verdict{}
 	}
 	var targets []string
+	var affinity []Rule
 	for _, ep := range eps {
-		if name, ok := b.endpointChain(ep); ok {
-			targets = append(targets, name)
+		name, set, ok := b.endpointChain(ep)
+		if !ok {
+			continue
+		}
+		targets = append(targets, name)
+		if set != "" {
+			affinity = append(affinity, AffinityCheckRule{Family: b.family, Set: set, Goto: name})
 		}
 	}
 	if len(targets) == 0 {
@@ -103,12 +165,50 @@ func (b *portBuilder) target(kind string, eps []*model.Endpoint, v endpoints.Ver
 		return Verdict{Goto: ChainReject}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
-	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: []Rule{BalanceRule{Targets: targets}}})
+	rules := append(append(slices.Clip(first), affinity...), BalanceRule{Targets: targets})
+	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
 	return Verdict{Goto: name}
 }
 
-// endpointChain adds (once) the chain DNATing to ep and returns its name.
-func (b *portBuilder) endpointChain(ep *model.Endpoint) (string, bool) {
+// externalTarget returns the verdict for external traffic (external IPs,
+// load-balancer IPs, node ports), as kube-proxy handles it: with the
+// Cluster policy, masquerade and use the cluster endpoints; with Local,
+// keep the client's address and use the local endpoints, but send pods
+// (sources in the cluster CIDRs) and the node itself (masqueraded) to the
+// cluster endpoints, which they could reach anyway.
+func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Verdict, internal []*model.Endpoint, iv endpoints.Verdict, clusterTarget Verdict) Verdict {
+	if ev != endpoints.Forward {
+		return b.target("ext", nil, nil, ev)
+	}
+	clusterChain := ""
+	if iv == endpoints.Forward && clusterTarget.Goto != ChainReject {
+		clusterChain = clusterTarget.Goto
+	}
+	f := b.family
+	if !b.svc.ExternalTrafficToLocal {
+		first := []Rule{MarkRule{Family: f}}
+		if clusterChain != "" && slices.Equal(external, internal) {
+			name := serviceChainName("ext", f, b.key, b.port)
+			b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: append(first, BalanceRule{Targets: []string{clusterChain}})})
+			return Verdict{Goto: name}
+		}
+		return b.target("ext", first, external, ev)
+	}
+	var first []Rule
+	if clusterChain != "" {
+		for _, cidr := range prefixesOf(b.opts.ClusterCIDRs, f) {
+			first = append(first, SourceRule{Family: f, Prefix: cidr, Goto: clusterChain})
+		}
+		first = append(first,
+			SourceRule{Family: f, LocalSource: true, Mark: true},
+			SourceRule{Family: f, LocalSource: true, Goto: clusterChain})
+	}
+	return b.target("ext", first, external, ev)
+}
+
+// endpointChain adds (once) the chain DNATing to ep and returns its name,
+// with the name of its affinity set if the service has session affinity.
+func (b *portBuilder) endpointChain(ep *model.Endpoint) (string, string, bool) {
 	text := ep.Key()
 	if as := familyAddrs(ep.IPs, b.family); len(as) > 0 {
 		text = as[0]
@@ -116,44 +216,80 @@ func (b *portBuilder) endpointChain(ep *model.Endpoint) (string, bool) {
 	addr, err := netip.ParseAddr(text)
 	if err != nil || familyOf(addr.Unmap()) != b.family {
 		*b.problems = append(*b.problems, fmt.Errorf("service %s: endpoint %q is not an %s address", b.key, text, b.family))
-		return "", false
+		return "", "", false
 	}
+	addr = addr.Unmap()
 	port, ok := ep.PortFor(b.port)
 	if !ok || port <= 0 || port > 65535 {
 		*b.problems = append(*b.problems, fmt.Errorf("service %s port %q: endpoint %s: target port %d out of range", b.key, b.port.Name, addr, port))
-		return "", false
+		return "", "", false
 	}
-	to := netip.AddrPortFrom(addr.Unmap(), uint16(port))
+	to := netip.AddrPortFrom(addr, uint16(port))
+	id := portID(b.key, b.port) + "__" + to.Addr().String() + "/" + strconv.Itoa(int(port))
 	name := endpointChainName(b.family, b.key, b.port, to.Addr().String()+"/"+strconv.Itoa(int(port)))
-	if !b.epChains[name] {
-		b.epChains[name] = true
-		b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: []Rule{DNATRule{Proto: b.port.Protocol, To: to}}})
+	set := ""
+	if a := b.svc.ClientIPAffinity; a != nil {
+		timeout := defaultAffinityTimeout
+		if a.TimeoutSeconds > 0 {
+			timeout = time.Duration(a.TimeoutSeconds) * time.Second
+		}
+		set = chainName("aff"+familySuffix(b.family), id+"__"+strconv.Itoa(int(timeout/time.Second))+"s")
+		if !b.epChains[set] {
+			b.objs.Sets = append(b.objs.Sets, &Set{Name: set, Family: b.family, Timeout: timeout, Service: b.key})
+		}
 	}
-	return name, true
+	if !b.epChains[name] {
+		b.epChains[name], b.epChains[set] = true, true
+		// Hairpin: a pod reaching itself through the service must see
+		// another source, or its replies would not go back through NAT.
+		rules := []Rule{SourceRule{Family: b.family, Prefix: netip.PrefixFrom(addr, addr.BitLen()), Mark: true}}
+		if set != "" {
+			rules = append(rules, AffinityUpdateRule{Family: b.family, Set: set})
+		}
+		rules = append(rules, DNATRule{Proto: b.port.Protocol, To: to})
+		b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
+	}
+	return name, set, true
 }
 
 // elements adds, for each address, the element sending the service port
-// to target: in the service map when forwarding, in the no-endpoint map
-// otherwise.
-func (b *portBuilder) elements(addrs []string, target Verdict, v endpoints.Verdict) {
-	m := MapServices(b.family)
-	if v != endpoints.Forward || target.Goto == ChainReject {
-		m = MapNoEndpoints(b.family)
+// to target: in the map forward when forwarding, in the map blocked
+// otherwise. An empty address is a node port: the key is the protocol and
+// nodePort.
+func (b *portBuilder) elements(forward, blocked string, addrs []string, nodePort uint16, target Verdict, v endpoints.Verdict) {
+	m := forward
+	if v != endpoints.Forward || target.Goto == ChainReject || target.Goto == "" {
+		m = blocked
 	}
 	for _, a := range addrs {
-		addr, err := netip.ParseAddr(a)
-		if err != nil || familyOf(addr.Unmap()) != b.family {
-			*b.problems = append(*b.problems, fmt.Errorf("service %s: bad %s address %q", b.key, b.family, a))
-			continue
+		k := Key{Proto: b.port.Protocol, Port: uint16(b.port.Port)}
+		if a == "" {
+			k.Port = nodePort
+		} else {
+			addr, err := netip.ParseAddr(a)
+			if err != nil || familyOf(addr.Unmap()) != b.family {
+				*b.problems = append(*b.problems, fmt.Errorf("service %s: bad %s address %q", b.key, b.family, a))
+				continue
+			}
+			k.Addr = addr.Unmap()
 		}
-		b.objs.Elements = append(b.objs.Elements, Element{
-			Map:     m,
-			Family:  b.family,
-			Key:     Key{Addr: addr.Unmap(), Proto: b.port.Protocol, Port: uint16(b.port.Port)},
-			Verdict: target,
-			Service: b.key,
-		})
+		b.objs.Elements = append(b.objs.Elements, Element{Map: m, Family: b.family, Key: k, Verdict: target, Service: b.key})
 	}
+}
+
+// firewall adds the chain enforcing the service's loadBalancerSourceRanges
+// on its load-balancer IPs (of this family: allowed, the prefixes of this
+// family; none means no source of this family is allowed), and the
+// elements sending those IPs to it.
+func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
+	name := serviceChainName("fw", b.family, b.key, b.port)
+	var rules []Rule
+	for _, p := range allowed {
+		rules = append(rules, AllowRule{Family: b.family, Prefix: p})
+	}
+	rules = append(rules, DropRule{})
+	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
+	b.elements(MapFirewall(b.family), MapFirewall(b.family), lbIPs, 0, Verdict{Goto: name}, endpoints.Forward)
 }
 
 // familyAddrs returns the addresses of s of family f.

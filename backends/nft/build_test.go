@@ -96,7 +96,7 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 
 // goldenText is the ruleset of items followed by its problems.
 func goldenText(items []*model.ServiceEndpoints) string {
-	rs, problems := Build(TableName("test"), items)
+	rs, problems := Build(TableName("test"), Options{}, items)
 	var b strings.Builder
 	b.WriteString(rs.Text())
 	for _, p := range problems {

@@ -67,16 +67,43 @@ func MapServices(f Family) string { return "service-ips-v" + familySuffix(f) }
 // usable endpoints: "no-endpoint-services-v4" or "...-v6".
 func MapNoEndpoints(f Family) string { return "no-endpoint-services-v" + familySuffix(f) }
 
+// MapNodePorts returns the name of the verdict map of a family that sends
+// (l4proto . dport) of packets to a local address to the chain of a
+// service's node port: "service-nodeports-v4" or "...-v6".
+func MapNodePorts(f Family) string { return "service-nodeports-v" + familySuffix(f) }
+
+// MapNoEndpointNodePorts returns the name of the verdict map of a family
+// that rejects or drops (l4proto . dport) of node ports without usable
+// endpoints: "no-endpoint-nodeports-v4" or "...-v6".
+func MapNoEndpointNodePorts(f Family) string { return "no-endpoint-nodeports-v" + familySuffix(f) }
+
+// MapFirewall returns the name of the verdict map of a family that sends
+// (daddr . l4proto . dport) of load-balancer IPs with
+// loadBalancerSourceRanges to the chain enforcing them, before DNAT:
+// "firewall-ips-v4" or "firewall-ips-v6".
+func MapFirewall(f Family) string { return "firewall-ips-v" + familySuffix(f) }
+
+// isNodePortMap reports whether the map m is keyed by protocol and port
+// only (no address).
+func isNodePortMap(m string) bool {
+	return strings.HasPrefix(m, "service-nodeports-") || strings.HasPrefix(m, "no-endpoint-nodeports-")
+}
+
 // Key is the key of a map element: destination address, protocol and
-// port of a service.
+// port of a service, or only protocol and port (Addr not valid) in the
+// node-port maps.
 type Key struct {
 	Addr  netip.Addr
 	Proto model.Protocol
 	Port  uint16
 }
 
-// String returns the key in nft syntax: "10.96.0.10 . tcp . 80".
+// String returns the key in nft syntax: "10.96.0.10 . tcp . 80", or
+// "tcp . 30080" for a node port.
 func (k Key) String() string {
+	if !k.Addr.IsValid() {
+		return fmt.Sprintf("%s . %d", protoName(k.Proto), k.Port)
+	}
 	return fmt.Sprintf("%s . %s . %d", k.Addr, protoName(k.Proto), k.Port)
 }
 
@@ -172,12 +199,15 @@ func (r DNATRule) String() string {
 	return fmt.Sprintf("meta l4proto %s dnat %s to %s", protoName(r.Proto), fam, r.To)
 }
 
-// Ruleset is the desired content of the table: its regular chains and map
-// elements (the base chains, the lookup chains, the reject chain and the
-// maps themselves are fixed: see Text), sorted by name and by map and key.
+// Ruleset is the desired content of the table: its regular chains, named
+// sets and map elements (the base chains, the lookup chains, the reject and
+// masquerade chains and the maps themselves are fixed: see Text), sorted by
+// name and by map and key.
 type Ruleset struct {
 	Table    string
+	Options  Options
 	Chains   []*Chain
+	Sets     []*Set
 	Elements []Element
 }
 

@@ -5,6 +5,8 @@ package nft
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -20,16 +22,27 @@ const (
 	reg32v4Dp  = 10 // NFT_REG32_02
 	reg32v6L4  = 12 // NFT_REG32_04: after a 16-byte IPv6 address
 	reg32v6Dp  = 13 // NFT_REG32_05
+	// reg32NodePortDp is NFT_REG32_01: the port after the 4-byte
+	// protocol of a node-port key.
+	reg32NodePortDp = 9
 	regVerdict = 0
 )
 
-// mapKeyType returns the key type of the service maps of a family.
-func mapKeyType(f Family) nftables.SetDatatype {
-	addr := nftables.TypeIPAddr
-	if f == IPv6 {
-		addr = nftables.TypeIP6Addr
+// mapKeyType returns the key type of the maps of a family: address .
+// protocol . port, or protocol . port for node-port maps.
+func mapKeyType(f Family, nodePort bool) nftables.SetDatatype {
+	if nodePort {
+		return nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
 	}
-	return nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
+	return nftables.MustConcatSetType(addrType(f), nftables.TypeInetProto, nftables.TypeInetService)
+}
+
+// addrType is the address type of a family.
+func addrType(f Family) nftables.SetDatatype {
+	if f == IPv6 {
+		return nftables.TypeIP6Addr
+	}
+	return nftables.TypeIPAddr
 }
 
 // mapRef returns the set object of one of the table's verdict maps.
@@ -39,7 +52,7 @@ func mapRef(t *nftables.Table, f Family, name string) *nftables.Set {
 		Name:          name,
 		IsMap:         true,
 		Concatenation: true,
-		KeyType:       mapKeyType(f),
+		KeyType:       mapKeyType(f, isNodePortMap(name)),
 		DataType:      nftables.TypeVerdict,
 	}
 }
@@ -51,7 +64,10 @@ func keyBytes(k Key) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", k.Proto)
 	}
-	b := k.Addr.AsSlice()
+	var b []byte
+	if k.Addr.IsValid() {
+		b = k.Addr.AsSlice()
+	}
 	b = append(b, proto, 0, 0, 0)
 	b = binary.BigEndian.AppendUint16(b, k.Port)
 	return append(b, 0, 0), nil
@@ -66,19 +82,171 @@ func verdictExpr(v Verdict) *expr.Verdict {
 }
 
 // lookupExprs returns the expressions of
-// "ip[6] daddr . meta l4proto . th dport vmap @m".
-func lookupExprs(f Family, m *nftables.Set) []expr.Any {
+// "ip[6] daddr . meta l4proto . th dport vmap @m", or for a node-port map
+// "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
+// prefix] meta l4proto . th dport vmap @m".
+func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	nfproto, off, alen, rl4, rdp := byte(unix.NFPROTO_IPV4), uint32(16), uint32(4), uint32(reg32v4L4), uint32(reg32v4Dp)
 	if f == IPv6 {
 		nfproto, off, alen, rl4, rdp = unix.NFPROTO_IPV6, 24, 16, reg32v6L4, reg32v6Dp
 	}
-	return []expr.Any{
+	exprs := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nfproto}},
-		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: rl4},
-		&expr.Payload{DestRegister: rdp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID},
+	}
+	if !k.nodePort {
+		exprs = append(exprs,
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: rl4},
+			&expr.Payload{DestRegister: rdp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+	} else {
+		if npm.Prefix.IsValid() {
+			exprs = append(exprs, addrMatchExprs(f, false, npm.Prefix, expr.CmpOpEq)...)
+		}
+		exprs = append(exprs,
+			&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
+		if npm.NotPrefix.IsValid() {
+			exprs = append(exprs, addrMatchExprs(f, false, npm.NotPrefix, expr.CmpOpNeq)...)
+		}
+		exprs = append(exprs,
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Payload{DestRegister: reg32NodePortDp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+	}
+	return append(exprs, &expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
+}
+
+// addrMatchExprs returns the expressions matching the source (or
+// destination, saddr false) address of a packet of family f against p
+// with op (equal: inside p; not equal: outside p).
+func addrMatchExprs(f Family, saddr bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
+	off, alen := uint32(16), uint32(4)
+	if f == IPv6 {
+		off, alen = 24, 16
+	}
+	if saddr {
+		off -= alen
+	}
+	exprs := []expr.Any{&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen}}
+	if p.Bits() < p.Addr().BitLen() {
+		mask := net.CIDRMask(p.Bits(), p.Addr().BitLen())
+		exprs = append(exprs, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: mask, Xor: make([]byte, alen)})
+	}
+	return append(exprs, &expr.Cmp{Op: op, Register: reg1, Data: p.Masked().Addr().AsSlice()})
+}
+
+// markExprs returns "meta mark set meta mark | bit" (or, with flip, "^
+// bit": clears a bit known to be set).
+func markExprs(bit uint32, flip bool) []expr.Any {
+	mask, xor := ^bit, bit
+	if flip {
+		mask = 0xffffffff
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(xor)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+	}
+}
+
+// masqueradingRules returns the rules of the masquerading chain:
+// "meta mark & bit == 0 return", "meta mark set meta mark ^ bit",
+// "masquerade fully-random".
+func masqueradingRules(bit uint32) [][]expr.Any {
+	return [][]expr.Any{
+		{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 4)},
+			&expr.Verdict{Kind: expr.VerdictReturn},
+		},
+		markExprs(bit, true),
+		{&expr.Masq{FullyRandom: true}},
+	}
+}
+
+// markVerdict is "jump mark-for-masquerade".
+func markVerdict() expr.Any {
+	return &expr.Verdict{Kind: expr.VerdictJump, Chain: ChainMarkForMasquerade}
+}
+
+// gotoVerdict is "goto chain".
+func gotoVerdict(chain string) expr.Any {
+	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}
+}
+
+// ruleExprs returns the expressions of one rule of a regular chain
+// (BalanceRule is handled by balanceExprs). sets holds the sets added in
+// the same transaction, for their IDs.
+func ruleExprs(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
+	switch r := r.(type) {
+	case DNATRule:
+		return dnatExprs(r)
+	case MarkRule:
+		var exprs []expr.Any
+		for _, p := range r.Except {
+			exprs = append(exprs, addrMatchExprs(r.Family, true, p, expr.CmpOpNeq)...)
+		}
+		return append(exprs, markVerdict()), nil
+	case SourceRule:
+		var exprs []expr.Any
+		if r.LocalSource {
+			exprs = []expr.Any{
+				&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+			}
+		} else {
+			exprs = addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)
+		}
+		if r.Mark {
+			return append(exprs, markVerdict()), nil
+		}
+		return append(exprs, gotoVerdict(r.Goto)), nil
+	case AllowRule:
+		return append(addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictReturn}), nil
+	case DropRule:
+		return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, nil
+	case AffinityCheckRule:
+		return []expr.Any{
+			saddrPayload(r.Family),
+			&expr.Lookup{SourceRegister: reg1, SetName: r.Set, SetID: setID(sets, r.Set)},
+			gotoVerdict(r.Goto),
+		}, nil
+	case AffinityUpdateRule:
+		return []expr.Any{
+			saddrPayload(r.Family),
+			&expr.Dynset{SrcRegKey: reg1, SetName: r.Set, SetID: setID(sets, r.Set), Operation: unix.NFT_DYNSET_OP_UPDATE},
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown rule type %T", r)
+}
+
+// saddrPayload loads the source address into register 1.
+func saddrPayload(f Family) expr.Any {
+	if f == IPv6 {
+		return &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16}
+	}
+	return &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}
+}
+
+// setID returns the ID of the set name if it was added in the current
+// transaction (0 otherwise: the kernel finds it by name).
+func setID(sets map[string]*nftables.Set, name string) uint32 {
+	if s := sets[name]; s != nil {
+		return s.ID
+	}
+	return 0
+}
+
+// affinitySetRef returns the set object of an affinity set.
+func affinitySetRef(t *nftables.Table, s *Set) *nftables.Set {
+	return &nftables.Set{
+		Table:      t,
+		Name:       s.Name,
+		KeyType:    addrType(s.Family),
+		Dynamic:    true,
+		HasTimeout: true,
+		Timeout:    s.Timeout,
 	}
 }
 

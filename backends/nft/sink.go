@@ -19,6 +19,8 @@ type Config struct {
 	// ServiceProxyName is the proxier's service-proxy-name; the table is
 	// TableName(ServiceProxyName).
 	ServiceProxyName string
+	// Options shape the rules: masquerading, node port addresses.
+	Options Options
 	// Conn returns a new nftables connection; nil means nftables.New(),
 	// in the current network namespace (tests pass
 	// nftables.New(nftables.WithNetNSFd(fd)) to work in another one).
@@ -65,8 +67,11 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		cfg:      cfg,
 		table:    TableName(cfg.ServiceProxyName),
 		store:    localsink.NewStore(),
-		tracker:  NewTracker(),
+		tracker:  NewTracker(cfg.Options),
 		needFull: true,
+	}
+	if err := cfg.Options.Validate(); err != nil {
+		return nil, fmt.Errorf("nftables backend: %w", err)
 	}
 	s.applier = NewApplier(cfg.Conn, s.table)
 	conn, err := s.applier.newConn()
@@ -101,7 +106,7 @@ func (s *sink) Sync() {
 	start := time.Now()
 	changed, reset := s.store.Commit()
 	if reset {
-		s.tracker = NewTracker()
+		s.tracker = NewTracker(s.cfg.Options)
 		s.needFull = true
 		// The store marks the services it dropped as changed: rebuild
 		// from what it holds now.

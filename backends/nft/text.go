@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 )
 
@@ -14,29 +15,130 @@ type baseChain struct {
 	jump     string
 }
 
-// Priorities of the base chains: dstnat (-100) for NAT, filter - 10 for
-// the reject/drop chains (as kube-proxy: before the usual filter chains).
+// Priorities of the base chains: dstnat - 10 for the load-balancer
+// firewall (before DNAT), dstnat (-100) for DNAT, filter - 10 for the
+// reject/drop chains (as kube-proxy: before the usual filter chains) and
+// srcnat (100) for masquerading.
 const (
-	priorityDstNAT int32 = -100
-	priorityFilter int32 = -10
+	priorityFirewall int32 = -110
+	priorityDstNAT   int32 = -100
+	priorityFilter   int32 = -10
+	prioritySrcNAT   int32 = 100
 )
 
 // baseChains are the table's base chains, in the order they are created.
 var baseChains = []baseChain{
+	{ChainFilterPrerouting, "filter", "prerouting", priorityFirewall, ChainFirewallCheck},
+	{ChainFilterOutputPreDNAT, "filter", "output", priorityFirewall, ChainFirewallCheck},
 	{ChainNATPrerouting, "nat", "prerouting", priorityDstNAT, ChainServices},
 	{ChainNATOutput, "nat", "output", priorityDstNAT, ChainServices},
 	{ChainFilterInput, "filter", "input", priorityFilter, ChainNoEndpoints},
 	{ChainFilterForward, "filter", "forward", priorityFilter, ChainNoEndpoints},
 	{ChainFilterOutput, "filter", "output", priorityFilter, ChainNoEndpoints},
+	{ChainNATPostrouting, "nat", "postrouting", prioritySrcNAT, ChainMasquerading},
 }
 
-// lookupRuleText is the text of the rule of a lookup chain for a family.
-func lookupRuleText(f Family, m string) string {
-	daddr := "ip daddr"
-	if f == IPv6 {
-		daddr = "ip6 daddr"
+// mapKind describes one kind of verdict map: one map per family.
+type mapKind struct {
+	name     func(Family) string
+	nodePort bool // keyed by protocol . port only
+}
+
+// mapKinds are the kinds of verdict maps of the table.
+var mapKinds = []mapKind{
+	{MapServices, false},
+	{MapNoEndpoints, false},
+	{MapNodePorts, true},
+	{MapNoEndpointNodePorts, true},
+	{MapFirewall, false},
+}
+
+// loopbackV4 is excluded from node ports by default: IPv4 packets to
+// 127.0.0.0/8 cannot be DNATed to another host.
+var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
+
+// nodePortMatch is the address match of one node-port lookup rule: the
+// destination is local and, if set, inside Prefix, or not inside
+// NotPrefix.
+type nodePortMatch struct {
+	Prefix, NotPrefix netip.Prefix
+}
+
+// nodePortMatches returns the node-port lookup rules of a family: one per
+// node-port address prefix of the family, or one for every local address
+// (IPv4 loopback excluded) when opts gives no prefix at all.
+func nodePortMatches(opts Options, f Family) []nodePortMatch {
+	if len(opts.NodePortAddresses) == 0 {
+		if f == IPv4 {
+			return []nodePortMatch{{NotPrefix: loopbackV4}}
+		}
+		return []nodePortMatch{{}}
 	}
-	return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddr, m)
+	var out []nodePortMatch
+	for _, p := range prefixesOf(opts.NodePortAddresses, f) {
+		out = append(out, nodePortMatch{Prefix: p})
+	}
+	return out
+}
+
+// daddrText is "ip daddr" or "ip6 daddr".
+func daddrText(f Family) string {
+	if f == IPv6 {
+		return "ip6 daddr"
+	}
+	return "ip daddr"
+}
+
+// lookupRuleText is the text of the rule looking up the map m of kind k
+// and family f (node-port maps: with the address match npm).
+func lookupRuleText(f Family, k mapKind, npm nodePortMatch) string {
+	m := k.name(f)
+	if !k.nodePort {
+		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
+	}
+	var b strings.Builder
+	if f == IPv6 {
+		b.WriteString("meta nfproto ipv6 ")
+	} else {
+		b.WriteString("meta nfproto ipv4 ")
+	}
+	if npm.Prefix.IsValid() {
+		fmt.Fprintf(&b, "%s %s ", daddrText(f), npm.Prefix)
+	}
+	b.WriteString("fib daddr type local ")
+	if npm.NotPrefix.IsValid() {
+		fmt.Fprintf(&b, "%s != %s ", daddrText(f), npm.NotPrefix)
+	}
+	fmt.Fprintf(&b, "meta l4proto . th dport vmap @%s", m)
+	return b.String()
+}
+
+// lookupChains are the fixed chains that look maps up, with the map kinds
+// each looks up (in this order, for both families).
+var lookupChains = []struct {
+	name  string
+	kinds []mapKind
+}{
+	{ChainServices, []mapKind{mapKinds[0], mapKinds[2]}},
+	{ChainNoEndpoints, []mapKind{mapKinds[1], mapKinds[3]}},
+	{ChainFirewallCheck, []mapKind{mapKinds[4]}},
+}
+
+// lookupRules calls fn for each lookup rule of a lookup chain's kinds, in
+// order: for each kind, IPv4 then IPv6, and for node-port kinds one rule
+// per address match.
+func lookupRules(opts Options, kinds []mapKind, fn func(Family, mapKind, nodePortMatch)) {
+	for _, k := range kinds {
+		for _, f := range []Family{IPv4, IPv6} {
+			if !k.nodePort {
+				fn(f, k, nodePortMatch{})
+				continue
+			}
+			for _, npm := range nodePortMatches(opts, f) {
+				fn(f, k, npm)
+			}
+		}
+	}
 }
 
 // Text renders the ruleset in nft's syntax (close to what `nft list table`
@@ -45,12 +147,16 @@ func (rs *Ruleset) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", rs.Table)
 	for _, f := range []Family{IPv4, IPv6} {
-		for _, m := range []string{MapServices(f), MapNoEndpoints(f)} {
-			addr := "ipv4_addr"
+		for _, k := range mapKinds {
+			m := k.name(f)
+			typ := "ipv4_addr . inet_proto . inet_service"
 			if f == IPv6 {
-				addr = "ipv6_addr"
+				typ = "ipv6_addr . inet_proto . inet_service"
 			}
-			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s . inet_proto . inet_service : verdict\n", m, addr)
+			if k.nodePort {
+				typ = "inet_proto . inet_service"
+			}
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", m, typ)
 			var els []string
 			for _, e := range rs.Elements {
 				if e.Map == m {
@@ -63,18 +169,23 @@ func (rs *Ruleset) Text() string {
 			b.WriteString("\t}\n\n")
 		}
 	}
+	for _, s := range rs.Sets {
+		fmt.Fprintf(&b, "\t%s\n\n", s.Text())
+	}
 	for _, c := range baseChains {
 		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %d; policy accept;\n\t\tjump %s\n\t}\n\n", c.name, c.typ, c.hook, c.priority, c.jump)
 	}
-	fmt.Fprintf(&b, "\tchain %s {\n", ChainServices)
-	for _, f := range []Family{IPv4, IPv6} {
-		fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, MapServices(f)))
+	for _, lc := range lookupChains {
+		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
+		lookupRules(rs.Options, lc.kinds, func(f Family, k mapKind, npm nodePortMatch) {
+			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm))
+		})
+		b.WriteString("\t}\n\n")
 	}
-	fmt.Fprintf(&b, "\t}\n\n\tchain %s {\n", ChainNoEndpoints)
-	for _, f := range []Family{IPv4, IPv6} {
-		fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, MapNoEndpoints(f)))
-	}
-	fmt.Fprintf(&b, "\t}\n\n\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject with icmpx port-unreachable\n\t}\n", ChainReject)
+	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject with icmpx port-unreachable\n\t}\n\n", ChainReject)
+	mark := rs.Options.mark()
+	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark & 0x%08x == 0x00000000 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n\n", ChainMasquerading, mark, mark)
+	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark set meta mark | 0x%08x\n\t}\n", ChainMarkForMasquerade, mark)
 	for _, c := range rs.Chains {
 		fmt.Fprintf(&b, "\n\tchain %s {\n", c.Name)
 		for _, r := range c.Rules {

@@ -15,8 +15,10 @@ import (
 // applier turns its output into a transaction. A Tracker is not safe for
 // concurrent use.
 type Tracker struct {
+	opts     Options
 	services map[model.ServiceKey]serviceObjects
 	chains   *diffstore.Store[string, *Chain]
+	sets     *diffstore.Store[string, *Set]
 	elements *diffstore.Store[string, Element]
 	// owner is the service owning each element key (address . protocol
 	// . port, whatever the map): when two services claim the same key, the
@@ -24,24 +26,28 @@ type Tracker struct {
 	owner map[string]model.ServiceKey
 }
 
-// NewTracker returns an empty Tracker.
-func NewTracker() *Tracker {
+// NewTracker returns an empty Tracker building rules with opts.
+func NewTracker(opts Options) *Tracker {
 	return &Tracker{
+		opts:     opts,
 		services: map[model.ServiceKey]serviceObjects{},
 		chains:   diffstore.New[string](equalChains),
+		sets:     diffstore.New[string](func(a, b *Set) bool { return *a == *b }),
 		elements: diffstore.NewComparable[string, Element](),
 		owner:    map[string]model.ServiceKey{},
 	}
 }
 
-// Delta is the change of one round.
+// Delta is the change of one round. Sets are never updated: a set's name
+// says all of its content.
 type Delta struct {
 	Chains   diffstore.Changes[string, *Chain]
+	Sets     diffstore.Changes[string, *Set]
 	Elements diffstore.Changes[string, Element]
 }
 
 // Len returns the number of objects changed.
-func (d Delta) Len() int { return d.Chains.Len() + d.Elements.Len() }
+func (d Delta) Len() int { return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() }
 
 // Services returns the services the change concerns, sorted (for logs).
 func (d Delta) Services() []model.ServiceKey {
@@ -77,9 +83,20 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	var objs serviceObjects
 	var problems []error
 	if se != nil && se.Service != nil {
-		objs, problems = buildService(se)
+		objs, problems = buildService(se, t.opts)
 	}
 	old := t.services[key]
+
+	newSets := map[string]bool{}
+	for _, st := range objs.Sets {
+		newSets[st.Name] = true
+		t.sets.Set(st.Name, st)
+	}
+	for _, st := range old.Sets {
+		if !newSets[st.Name] {
+			t.sets.Delete(st.Name)
+		}
+	}
 
 	newChains := map[string]bool{}
 	for _, c := range objs.Chains {
@@ -128,25 +145,27 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 
 // Done ends a round and returns what changed since the previous one.
 func (t *Tracker) Done() Delta {
-	return Delta{Chains: t.chains.DonePartial(), Elements: t.elements.DonePartial()}
+	return Delta{Chains: t.chains.DonePartial(), Sets: t.sets.DonePartial(), Elements: t.elements.DonePartial()}
 }
 
 // Ruleset returns the whole desired content of the table as of the last
 // Done, sorted.
 func (t *Tracker) Ruleset(table string) *Ruleset {
-	rs := &Ruleset{Table: table}
+	rs := &Ruleset{Table: table, Options: t.opts}
 	t.chains.Each(func(_ string, c *Chain) { rs.Chains = append(rs.Chains, c) })
 	slices.SortFunc(rs.Chains, func(a, b *Chain) int { return strings.Compare(a.Name, b.Name) })
+	t.sets.Each(func(_ string, st *Set) { rs.Sets = append(rs.Sets, st) })
+	slices.SortFunc(rs.Sets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
 	t.elements.Each(func(_ string, e Element) { rs.Elements = append(rs.Elements, e) })
 	sortElements(rs.Elements)
 	return rs
 }
 
-// Build computes the ruleset of a whole state (services in the given
-// order: on conflicts, the first service keeps the address), with the
-// problems found.
-func Build(table string, items []*model.ServiceEndpoints) (*Ruleset, []error) {
-	t := NewTracker()
+// Build computes the ruleset of a whole state built with opts (services in
+// the given order: on conflicts, the first service keeps the address),
+// with the problems found.
+func Build(table string, opts Options, items []*model.ServiceEndpoints) (*Ruleset, []error) {
+	t := NewTracker(opts)
 	var problems []error
 	for _, se := range items {
 		if se == nil || se.Service == nil {

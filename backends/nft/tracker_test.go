@@ -12,7 +12,7 @@ import (
 // that one endpoint added to one of 100 services changes two chains and
 // nothing else, and that deleting the service removes exactly its objects.
 func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
-	tr := NewTracker()
+	tr := NewTracker(Options{})
 	var items []*model.ServiceEndpoints
 	for i := range 100 {
 		se := &model.ServiceEndpoints{
@@ -49,7 +49,7 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 // address, protocol and port keeps it, including when it moves between
 // maps, and that the key is free again once its owner lets it go.
 func TestTrackerConflictOwnership(t *testing.T) {
-	tr := NewTracker()
+	tr := NewTracker(Options{})
 	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
 	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.1"), tcp(80, 81)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
 	tr.Update(a.Service.Key(), a)

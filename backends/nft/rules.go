@@ -1,0 +1,222 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// The fixed chains of masquerading and load-balancer firewalls.
+const (
+	// ChainNATPostrouting is the NAT base chain (priority srcnat) that
+	// jumps to ChainMasquerading.
+	ChainNATPostrouting = "nat-postrouting"
+	// ChainMasquerading masquerades the packets carrying the masquerade
+	// mark bit, and clears the bit.
+	ChainMasquerading = "masquerading"
+	// ChainMarkForMasquerade sets the masquerade mark bit.
+	ChainMarkForMasquerade = "mark-for-masquerade"
+	// ChainFilterPrerouting and ChainFilterOutputPreDNAT are the filter
+	// base chains (priority dstnat - 10: before DNAT) that jump to
+	// ChainFirewallCheck.
+	ChainFilterPrerouting    = "filter-prerouting"
+	ChainFilterOutputPreDNAT = "filter-output-firewall"
+	// ChainFirewallCheck looks up the firewall maps: load-balancer IPs
+	// with loadBalancerSourceRanges.
+	ChainFirewallCheck = "firewall-check"
+)
+
+// DefaultMasqueradeMark is the packet mark bit used when Options does not
+// set one: kube-proxy's, so that both mean the same on a node running
+// both.
+const DefaultMasqueradeMark uint32 = 0x4000
+
+// Options are the node-wide settings that shape the rules.
+type Options struct {
+	// ClusterCIDRs are the pod networks. Traffic to a cluster IP from a
+	// source outside them is masqueraded (as kube-proxy's --cluster-cidr),
+	// and pods reaching an external address of a service with
+	// externalTrafficPolicy: Local are sent to all its endpoints. Empty:
+	// cluster IP traffic is not masqueraded (but for hairpin traffic).
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool
+	// MasqueradeMark is the mark bit that asks for masquerading; 0 means
+	// DefaultMasqueradeMark. It must be a single bit.
+	MasqueradeMark uint32
+	// NodePortAddresses restricts node ports to the local addresses in
+	// these prefixes; empty means every local address but IPv4 loopback.
+	NodePortAddresses []netip.Prefix
+}
+
+// mark returns the masquerade mark bit.
+func (o Options) mark() uint32 {
+	if o.MasqueradeMark == 0 {
+		return DefaultMasqueradeMark
+	}
+	return o.MasqueradeMark
+}
+
+// Validate reports options that cannot be programmed.
+func (o Options) Validate() error {
+	if m := o.mark(); m&(m-1) != 0 {
+		return fmt.Errorf("masquerade mark %#x: must be a single bit", m)
+	}
+	for _, p := range append(append([]netip.Prefix(nil), o.ClusterCIDRs...), o.NodePortAddresses...) {
+		if !p.IsValid() || p != p.Masked() {
+			return fmt.Errorf("prefix %s: not a valid network address", p)
+		}
+	}
+	return nil
+}
+
+// prefixesOf returns the prefixes of family f.
+func prefixesOf(ps []netip.Prefix, f Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if familyOf(p.Addr()) == f {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// prefixText joins prefixes the way nft writes them: "a" or "{ a, b }".
+func prefixText(ps []netip.Prefix) string {
+	if len(ps) == 1 {
+		return ps[0].String()
+	}
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return "{ " + strings.Join(s, ", ") + " }"
+}
+
+// saddrText is "ip saddr" or "ip6 saddr".
+func saddrText(f Family) string {
+	if f == IPv6 {
+		return "ip6 saddr"
+	}
+	return "ip saddr"
+}
+
+// MarkRule asks for masquerading: "jump mark-for-masquerade", only for
+// sources outside Except when it is set (a family's cluster CIDRs).
+type MarkRule struct {
+	Family Family
+	Except []netip.Prefix
+}
+
+func (MarkRule) isRule() {}
+
+// String implements Rule.
+func (r MarkRule) String() string {
+	if len(r.Except) == 0 {
+		return "jump " + ChainMarkForMasquerade
+	}
+	return fmt.Sprintf("%s != %s jump %s", saddrText(r.Family), prefixText(r.Except), ChainMarkForMasquerade)
+}
+
+// SourceRule matches the source address: inside Prefix (a single address
+// for hairpin traffic) or, with LocalSource, a local address of the node;
+// then jumps to mark-for-masquerade (Mark) or goes to Goto.
+type SourceRule struct {
+	Family      Family
+	Prefix      netip.Prefix
+	LocalSource bool
+	Mark        bool
+	Goto        string
+}
+
+func (SourceRule) isRule() {}
+
+// String implements Rule.
+func (r SourceRule) String() string {
+	match := "fib saddr type local"
+	if !r.LocalSource {
+		match = saddrText(r.Family) + " " + r.Prefix.String()
+		if r.Prefix.IsSingleIP() {
+			match = saddrText(r.Family) + " " + r.Prefix.Addr().String()
+		}
+	}
+	if r.Mark {
+		return match + " jump " + ChainMarkForMasquerade
+	}
+	return match + " goto " + r.Goto
+}
+
+// AllowRule lets a source prefix through a firewall chain:
+// "ip saddr 192.0.2.0/24 return".
+type AllowRule struct {
+	Family Family
+	Prefix netip.Prefix
+}
+
+func (AllowRule) isRule() {}
+
+// String implements Rule.
+func (r AllowRule) String() string {
+	return fmt.Sprintf("%s %s return", saddrText(r.Family), r.Prefix)
+}
+
+// DropRule drops: the end of a firewall chain.
+type DropRule struct{}
+
+func (DropRule) isRule() {}
+
+// String implements Rule.
+func (DropRule) String() string { return "drop" }
+
+// AffinityCheckRule sends a client that used an endpoint recently (its
+// address is in the endpoint's affinity set) to it again:
+// "ip saddr @aff4-… goto ep4-…".
+type AffinityCheckRule struct {
+	Family Family
+	Set    string
+	Goto   string
+}
+
+func (AffinityCheckRule) isRule() {}
+
+// String implements Rule.
+func (r AffinityCheckRule) String() string {
+	return fmt.Sprintf("%s @%s goto %s", saddrText(r.Family), r.Set, r.Goto)
+}
+
+// AffinityUpdateRule records (or refreshes) the client in an endpoint's
+// affinity set: "update @aff4-… { ip saddr }".
+type AffinityUpdateRule struct {
+	Family Family
+	Set    string
+}
+
+func (AffinityUpdateRule) isRule() {}
+
+// String implements Rule.
+func (r AffinityUpdateRule) String() string {
+	return fmt.Sprintf("update @%s { %s }", r.Set, saddrText(r.Family))
+}
+
+// Set is a named set of the table: the client addresses that used one
+// endpoint of a service port with session affinity, each expiring after
+// Timeout without traffic. The timeout is part of the set's name, so that a
+// set never changes: a new timeout is a new set.
+type Set struct {
+	Name    string
+	Family  Family
+	Timeout time.Duration
+	Service model.ServiceKey
+}
+
+// Text returns the set's declaration in nft syntax.
+func (s *Set) Text() string {
+	addr := "ipv4_addr"
+	if s.Family == IPv6 {
+		addr = "ipv6_addr"
+	}
+	return fmt.Sprintf("set %s {\n\t\ttype %s\n\t\tflags dynamic,timeout\n\t\ttimeout %ds\n\t}", s.Name, addr, int(s.Timeout/time.Second))
+}
