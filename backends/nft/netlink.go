@@ -17,15 +17,15 @@ import (
 // Registers: the 16-byte register 1 and the 32-bit registers (NFT_REG32_xx)
 // that concatenated lookup keys use, as nft itself allocates them.
 const (
-	reg1       = 1
-	reg32v4L4  = 9  // NFT_REG32_01: after a 4-byte IPv4 address
-	reg32v4Dp  = 10 // NFT_REG32_02
-	reg32v6L4  = 12 // NFT_REG32_04: after a 16-byte IPv6 address
-	reg32v6Dp  = 13 // NFT_REG32_05
+	reg1      = 1
+	reg32v4L4 = 9  // NFT_REG32_01: after a 4-byte IPv4 address
+	reg32v4Dp = 10 // NFT_REG32_02
+	reg32v6L4 = 12 // NFT_REG32_04: after a 16-byte IPv6 address
+	reg32v6Dp = 13 // NFT_REG32_05
 	// reg32NodePortDp is NFT_REG32_01: the port after the 4-byte
 	// protocol of a node-port key.
 	reg32NodePortDp = 9
-	regVerdict = 0
+	regVerdict      = 0
 )
 
 // mapKeyType returns the key type of the maps of a family: address .
