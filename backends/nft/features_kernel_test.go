@@ -1,0 +1,363 @@
+//go:build linux
+
+package nft
+
+import (
+	"net/netip"
+	"testing"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// Addresses of the feature tests. The client routes everything outside its
+// link via the node (netns.Blog), so the load-balancer IPs need no route.
+var (
+	lbV4 = netip.MustParseAddr("192.0.2.10")
+	lbV6 = netip.MustParseAddr("2001:db8::10")
+)
+
+// newOptionsSink is newTestSink with rule options.
+func newOptionsSink(t *testing.T, b *netns.BlogTopology, name string, opts Options) *testSink {
+	t.Helper()
+	ts := &testSink{t: t}
+	conn := connIn(t, b.Node)
+	s, err := NewSink(Config{ServiceProxyName: name, Options: opts, Conn: conn, AfterSync: func(r SyncResult) { ts.results = append(ts.results, r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.Sink = s
+	t.Cleanup(func() {
+		c, err := conn()
+		if err == nil {
+			err = Cleanup(c, name)
+		}
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return ts
+}
+
+// ask sends one TCP or UDP request and fails the test unless server
+// answers; it returns the answer.
+func ask(t *testing.T, from *netns.NS, network string, dst netip.AddrPort, server string) netns.Answer {
+	t.Helper()
+	a, err := from.Ask(network, dst, netns.AskOptions{})
+	if err != nil {
+		t.Errorf("%v, want an answer from %s", err, server)
+		return a
+	}
+	if a.Server != server {
+		t.Errorf("%s %s from %s: answered by %s, want %s", network, dst, from, a.Server, server)
+	}
+	return a
+}
+
+// expectTimeout checks that a request gets no answer at all (dropped, not
+// refused).
+func expectTimeout(t *testing.T, from *netns.NS, network string, dst netip.AddrPort) {
+	t.Helper()
+	a, err := from.Ask(network, dst, netns.AskOptions{Timeout: 400 * time.Millisecond})
+	if err == nil || isRefused(err) {
+		t.Errorf("%s %s from %s: answer %v, error %v; want no answer (dropped)", network, dst, from, a, err)
+	}
+}
+
+// localEndpoints returns the endpoints of pods ids, marked Local (as
+// podEndpoints does).
+func localEndpoints(ids ...string) []*model.Endpoint { return podEndpoints(ids...) }
+
+// remoteEndpoints returns the endpoints of pods ids as if they ran on
+// another node.
+func remoteEndpoints(ids ...string) []*model.Endpoint {
+	eps := podEndpoints(ids...)
+	for _, e := range eps {
+		e.Local = false
+		e.NodeName = "other-node"
+	}
+	return eps
+}
+
+// TestKernelNodePortAndMasquerade checks node ports on the node's
+// addresses (both families, TCP and UDP), that off-node traffic to node
+// ports and external IPs with the Cluster policy is masqueraded (the pod
+// sees the node's address), that a pod reaching itself through its
+// service works (hairpin, masqueraded), and that NodePortAddresses limits
+// the addresses node ports answer on.
+func TestKernelNodePortAndMasquerade(t *testing.T) {
+	b := kernelTopology(t)
+	s := newOptionsSink(t, b, "np", Options{})
+	web := svc("default", "web", ipset(webV4.String(), webV6.String()),
+		&model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30080},
+		&model.PortMapping{Protocol: model.UDP, Port: 80, TargetPort: 6000, NodePort: 30080})
+	web.Type = "NodePort"
+	web.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
+	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: localEndpoints(netns.PodID)})
+	s.sync()
+
+	nodeSide := map[netip.Addr]netip.Addr{netns.NodeV4: netns.GatewayV4, netns.NodeV6: netns.GatewayV6}
+	for _, node := range []netip.Addr{netns.NodeV4, netns.NodeV6} {
+		for _, network := range []string{"tcp", "udp"} {
+			a := ask(t, b.Client, network, netip.AddrPortFrom(node, 30080), netns.PodID)
+			if a.Remote.Addr() != nodeSide[node] {
+				t.Errorf("node port %s %s: the pod saw %s, want the node's %s (masqueraded)", network, node, a.Remote, nodeSide[node])
+			}
+		}
+	}
+	for _, ext := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		a := ask(t, b.Client, "tcp", netip.AddrPortFrom(ext, 80), netns.PodID)
+		if want := nodeSide[map[bool]netip.Addr{true: netns.NodeV4, false: netns.NodeV6}[ext.Is4()]]; a.Remote.Addr() != want {
+			t.Errorf("external IP %s, Cluster policy: the pod saw %s, want %s (masqueraded)", ext, a.Remote, want)
+		}
+	}
+	// Cluster IPs from the client: no cluster CIDR given, not masqueraded.
+	if a := ask(t, b.Client, "tcp", netip.AddrPortFrom(webV4, 80), netns.PodID); a.Remote.Addr() != netns.ClientV4 {
+		t.Errorf("cluster IP without cluster CIDRs: the pod saw %s, want the client's address", a.Remote)
+	}
+	// Hairpin: the pod reaches itself through its service.
+	for _, cip := range []netip.Addr{webV4, webV6} {
+		a := ask(t, b.Pod, "tcp", netip.AddrPortFrom(cip, 80), netns.PodID)
+		if want := podAddr(netns.PodID, cip); a.Remote.Addr() == want {
+			t.Errorf("hairpin via %s: the pod saw its own address %s, want the node's", cip, a.Remote)
+		}
+	}
+	// A port that is no node port is untouched: the node itself has no
+	// server there, so the connection is refused by its stack.
+	if _, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, 30081), netns.AskOptions{Timeout: 400 * time.Millisecond}); err == nil || !isRefused(err) {
+		t.Errorf("port 30081 of the node: %v, want refused by the node", err)
+	}
+
+	// No endpoints: node ports are rejected.
+	for _, e := range localEndpoints(netns.PodID) {
+		s.DeleteEndpoint(web.Key(), e.Key())
+	}
+	s.sync()
+	if _, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, 30080), netns.AskOptions{Timeout: time.Second}); err == nil || !isRefused(err) {
+		t.Errorf("node port without endpoints: %v, want refused", err)
+	}
+
+	// NodePortAddresses: node ports only on IPv4 addresses of 10.0.0.0/24.
+	limited := newOptionsSink(t, b, "np2", Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}})
+	web2 := svc("default", "web2", ipset("10.96.0.12", "fd00:10:96::12"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30090})
+	web2.Type = "NodePort"
+	limited.setAll(&model.ServiceEndpoints{Service: web2, Endpoints: localEndpoints(netns.Pod2ID)})
+	limited.sync()
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV4, 30090), netns.Pod2ID)
+	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV6, 30090), netns.AskOptions{Timeout: 400 * time.Millisecond}); err == nil {
+		t.Errorf("node port on %s, outside NodePortAddresses: answered %v", netns.NodeV6, a)
+	}
+}
+
+// TestKernelClusterCIDRMasquerade checks Options.ClusterCIDRs (traffic to
+// cluster IPs from outside the pod network is masqueraded, pod traffic is
+// not) and Options.MasqueradeAll.
+func TestKernelClusterCIDRMasquerade(t *testing.T) {
+	b := kernelTopology(t)
+	web := svc("default", "web", ipset(webV4.String(), webV6.String()), tcp(80, 6000))
+	state := &model.ServiceEndpoints{Service: web, Endpoints: localEndpoints(netns.PodID)}
+	cidrs := []netip.Prefix{netip.MustParsePrefix("11.0.0.0/16"), netip.MustParsePrefix("1100::/64")}
+
+	s := newOptionsSink(t, b, "cidr", Options{ClusterCIDRs: cidrs})
+	s.setAll(state)
+	s.sync()
+	for _, cip := range []netip.Addr{webV4, webV6} {
+		gw := netns.GatewayV4
+		if cip.Is6() {
+			gw = netns.GatewayV6
+		}
+		if a := ask(t, b.Client, "tcp", netip.AddrPortFrom(cip, 80), netns.PodID); a.Remote.Addr() != gw {
+			t.Errorf("client to %s with cluster CIDRs: the pod saw %s, want %s (masqueraded)", cip, a.Remote, gw)
+		}
+		if a := ask(t, b.Pod2, "tcp", netip.AddrPortFrom(cip, 80), netns.PodID); a.Remote.Addr() != podAddr(netns.Pod2ID, cip) {
+			t.Errorf("pod2 to %s: the pod saw %s, want pod2's address (not masqueraded)", cip, a.Remote)
+		}
+	}
+	if err := Cleanup(mustConn(t, b), "cidr"); err != nil {
+		t.Fatal(err)
+	}
+
+	all := newOptionsSink(t, b, "all", Options{MasqueradeAll: true})
+	all.setAll(state)
+	all.sync()
+	if a := ask(t, b.Pod2, "tcp", netip.AddrPortFrom(webV4, 80), netns.PodID); a.Remote.Addr() != netns.GatewayV4 {
+		t.Errorf("pod2 to %s with MasqueradeAll: the pod saw %s, want %s", webV4, a.Remote, netns.GatewayV4)
+	}
+}
+
+// mustConn returns a connection in the node.
+func mustConn(t *testing.T, b *netns.BlogTopology) *nftables.Conn {
+	t.Helper()
+	c, err := connIn(t, b.Node)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestKernelLocalPolicies checks externalTrafficPolicy: Local (only local
+// endpoints, the client's address kept; dropped when there is none) and
+// internalTrafficPolicy: Local (the same for cluster IPs).
+func TestKernelLocalPolicies(t *testing.T) {
+	b := kernelTopology(t)
+	s := newOptionsSink(t, b, "local", Options{})
+	ext := svc("default", "ext", ipset("10.96.0.20", "fd00:10:96::20"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30100})
+	ext.Type = "LoadBalancer"
+	ext.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
+	ext.IPs.LoadBalancerIPs = ipset(lbV4.String(), lbV6.String())
+	ext.ExternalTrafficToLocal = true
+	intl := svc("default", "int", ipset("10.96.0.21", "fd00:10:96::21"), tcp(80, 6000))
+	intl.InternalTrafficToLocal = true
+	// pod is local, pod2 is not (as if it ran on another node).
+	eps := append(localEndpoints(netns.PodID), remoteEndpoints(netns.Pod2ID)...)
+	s.setAll(&model.ServiceEndpoints{Service: ext, Endpoints: eps}, &model.ServiceEndpoints{Service: intl, Endpoints: eps})
+	s.sync()
+
+	for _, dst := range []netip.AddrPort{
+		netip.AddrPortFrom(netns.ServiceV4, 80), netip.AddrPortFrom(netns.ServiceV6, 80),
+		netip.AddrPortFrom(lbV4, 80), netip.AddrPortFrom(lbV6, 80),
+		netip.AddrPortFrom(netns.NodeV4, 30100), netip.AddrPortFrom(netns.NodeV6, 30100),
+	} {
+		client := netns.ClientV4
+		if dst.Addr().Is6() {
+			client = netns.ClientV6
+		}
+		for range 10 {
+			if a := ask(t, b.Client, "tcp", dst, netns.PodID); a.Remote.Addr() != client {
+				t.Errorf("%s, Local policy: the pod saw %s, want the client's %s", dst, a.Remote, client)
+				break
+			}
+		}
+	}
+	// The cluster IP of ext still uses every endpoint.
+	counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.20"), 80), 40, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
+	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
+		t.Errorf("cluster IP of an externalTrafficPolicy: Local service: %v, want both pods", counts)
+	}
+	// The cluster IP of int uses only the local endpoint.
+	for range 10 {
+		ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.21"), 80), netns.PodID)
+		ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("fd00:10:96::21"), 80), netns.PodID)
+	}
+
+	// No local endpoint left: external traffic and int's cluster IPs are
+	// dropped, ext's cluster IPs still answer.
+	for _, e := range localEndpoints(netns.PodID) {
+		s.DeleteEndpoint(ext.Key(), e.Key())
+		s.DeleteEndpoint(intl.Key(), e.Key())
+	}
+	s.sync()
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(netns.ServiceV4, 80))
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80))
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV4, 30100))
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.21"), 80))
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.20"), 80), netns.Pod2ID)
+}
+
+// TestKernelLoadBalancerSourceRanges checks that load-balancer IPs answer
+// only the sources in loadBalancerSourceRanges, per family, and that
+// changing the ranges takes effect.
+func TestKernelLoadBalancerSourceRanges(t *testing.T) {
+	b := kernelTopology(t)
+	s := newOptionsSink(t, b, "fw", Options{})
+	lb := svc("default", "lb", ipset("10.96.0.30", "fd00:10:96::30"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30200})
+	lb.Type = "LoadBalancer"
+	lb.IPs.LoadBalancerIPs = ipset(lbV4.String(), lbV6.String())
+	// The client's IPv4 network is allowed; no IPv6 range: IPv6 is closed.
+	lb.LoadBalancerSourceRanges = []string{"10.0.0.0/24", "203.0.113.0/24"}
+	state := &model.ServiceEndpoints{Service: lb, Endpoints: localEndpoints(netns.PodID)}
+	s.setAll(state)
+	s.sync()
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80), netns.PodID)
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80))
+	// The ranges restrict the load-balancer IPs only.
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV6, 30200), netns.PodID)
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("fd00:10:96::30"), 80), netns.PodID)
+
+	// Other ranges: the client is out, IPv6 in.
+	lb2 := *lb
+	lb2.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "fd00::/64"}
+	s.SetService(&lb2)
+	if r := s.sync(); r.Full {
+		t.Errorf("a change of source ranges made a full sync")
+	}
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80))
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80), netns.PodID)
+
+	// No ranges: open.
+	lb3 := *lb
+	lb3.LoadBalancerSourceRanges = nil
+	s.SetService(&lb3)
+	s.sync()
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80), netns.PodID)
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80), netns.PodID)
+}
+
+// TestKernelSessionAffinity checks ClientIP affinity: a client keeps its
+// endpoint over many connections, and picks again once the affinity
+// timeout has passed without traffic.
+func TestKernelSessionAffinity(t *testing.T) {
+	b := kernelTopology(t)
+	s := newOptionsSink(t, b, "aff", Options{})
+	web := svc("default", "web", ipset(webV4.String(), webV6.String()), tcp(80, 6000), udp(80, 6000))
+	web.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 1}
+	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID, netns.Pod2ID, pod3ID)})
+	s.sync()
+
+	seen := map[string]bool{}
+	for round := range 8 {
+		if round > 0 {
+			time.Sleep(1500 * time.Millisecond) // the entries expire
+		}
+		for _, cip := range []netip.Addr{webV4, webV6} {
+			first := map[string]string{}
+			for i := range 8 {
+				network := []string{"tcp", "udp"}[i%2]
+				a, err := b.Client.Ask(network, netip.AddrPortFrom(cip, 80), netns.AskOptions{})
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				if first[network] == "" {
+					first[network] = a.Server
+				}
+				if a.Server != first[network] {
+					t.Errorf("round %d, %s %s: request %d went to %s, the first to %s: affinity not kept", round, network, cip, i, a.Server, first[network])
+				}
+				if cip.Is4() {
+					seen[a.Server] = true
+				}
+			}
+		}
+	}
+	if len(seen) < 2 {
+		t.Errorf("in 8 rounds separated by more than the timeout, the IPv4 client always went to %v: affinity never expired", seen)
+	}
+	if listing := nftList(t, b.Node, "kpng-aff"); !containsAll(listing, "flags dynamic,timeout", "timeout 1s", "update @aff4-", "update @aff6-", " @aff4-") {
+		t.Errorf("listing lacks the affinity sets and rules:\n%s", listing)
+	}
+
+	// Affinity off: the sets go away in a partial sync.
+	web2 := *web
+	web2.ClientIPAffinity = nil
+	s.SetService(&web2)
+	if r := s.sync(); r.Full || r.Stats.SetsDeleted != 12 {
+		t.Errorf("affinity removed: %+v, want a partial sync deleting 12 sets (3 endpoints, 2 families, 2 ports)", r)
+	}
+	if listing := nftList(t, b.Node, "kpng-aff"); strings.Contains(listing, "aff4-") || strings.Contains(listing, "aff6-") {
+		t.Errorf("affinity sets left:\n%s", listing)
+	}
+}
+
+// containsAll reports whether s contains every one of subs.
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
