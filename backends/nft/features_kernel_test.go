@@ -4,8 +4,8 @@ package nft
 
 import (
 	"net/netip"
-	"testing"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/google/nftables"
