@@ -3,6 +3,7 @@ package nft
 import (
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,6 +87,27 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 			{Service: svc("app", "a", ipset("10.96.1.1"), tcp(443, 8443)), Endpoints: []*model.Endpoint{ep("10.1.1.1", false)}},
 			{Service: svc("other", "b", ipset("fd00:10:96::2:1"), &model.PortMapping{Protocol: model.SCTP, Port: 3868, TargetPort: 3868}), Endpoints: []*model.Endpoint{ep("fd00:1::1:1", false), ep("fd00:1::1:2", false)}},
 		},
+		"nodeport-lb-firewall": {{
+			Service: func() *model.Service {
+				s := svc("default", "lb", ipset("10.96.0.60", "fd00:10:96::60"),
+					&model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30080})
+				s.Type = "LoadBalancer"
+				s.IPs.LoadBalancerIPs = ipset("192.0.2.60", "2001:db8::60")
+				s.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "203.0.113.7/32"}
+				return s
+			}(),
+			Endpoints: []*model.Endpoint{ep("10.1.0.2", true), ep("fd00:1::2", false)},
+		}},
+		"affinity-local-policy": {{
+			Service: func() *model.Service {
+				s := svc("default", "sticky", ipset("10.96.0.70"), &model.PortMapping{Protocol: model.UDP, Port: 53, TargetPort: 53, NodePort: 30053})
+				s.Type = "NodePort"
+				s.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 600}
+				s.ExternalTrafficToLocal = true
+				return s
+			}(),
+			Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", true)},
+		}},
 		"problems": {
 			{Service: svc("default", "bad", ipset("10.96.2.1"), &model.PortMapping{Protocol: 9, Port: 80, TargetPort: 80}, tcp(70000, 80), tcp(81, 81))},
 			// Same cluster IP and port as default/bad: the first one keeps it.
@@ -94,9 +116,21 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 	}
 }
 
-// goldenText is the ruleset of items followed by its problems.
-func goldenText(items []*model.ServiceEndpoints) string {
-	rs, problems := Build(TableName("test"), Options{}, items)
+// goldenOptions are the options of the golden cases that do not use the
+// defaults.
+var goldenOptions = map[string]Options{
+	"affinity-local-policy": {
+		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("10.2.0.0/16")},
+		MasqueradeMark:    0x100,
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
+	},
+	"nodeport-lb-firewall": {MasqueradeAll: true},
+}
+
+// goldenText is the ruleset of items built with opts, followed by its
+// problems.
+func goldenText(opts Options, items []*model.ServiceEndpoints) string {
+	rs, problems := Build(TableName("test"), opts, items)
 	var b strings.Builder
 	b.WriteString(rs.Text())
 	for _, p := range problems {
@@ -110,7 +144,7 @@ func goldenText(items []*model.ServiceEndpoints) string {
 func TestGolden(t *testing.T) {
 	for name, items := range goldenCases() {
 		t.Run(name, func(t *testing.T) {
-			got := goldenText(items)
+			got := goldenText(goldenOptions[name], items)
 			path := filepath.Join("testdata", name+".golden")
 			if *update {
 				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
