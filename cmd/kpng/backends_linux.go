@@ -6,9 +6,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/google/nftables"
+	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/nft"
 	"sigs.k8s.io/kpng/cmd/kpng/app"
@@ -26,11 +29,28 @@ func nftBackend() app.Backend {
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
 			name := fs.String("name", "", "the name in the table's name (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one")
+			clusterCIDRs := fs.String("cluster-cidr", "", "comma-separated pod networks: traffic to cluster IPs from outside them is masqueraded")
+			masqAll := fs.Bool("masquerade-all", false, "masquerade all traffic to cluster IPs")
+			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
+			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8)")
+			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName}
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
+				var err error
+				if cfg.Options.ClusterCIDRs, err = parseCIDRs("--cluster-cidr", *clusterCIDRs); err != nil {
+					return nil, err
+				}
+				if cfg.Options.NodePortAddresses, err = parseCIDRs("--nodeport-addresses", *nodePortAddrs); err != nil {
+					return nil, err
+				}
+				if *masqBit < 0 || *masqBit > 31 {
+					return nil, app.Usagef("to-nft --masquerade-bit=%d: must be between 0 and 31", *masqBit)
+				}
+				cfg.Options.MasqueradeAll = *masqAll
+				cfg.Options.MasqueradeMark = 1 << uint(*masqBit)
 				if *netnsPath != "" {
 					f, err := os.Open(*netnsPath)
 					if err != nil {
@@ -41,8 +61,47 @@ func nftBackend() app.Backend {
 					cfg.Conn = func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
 					go func() { <-ctx.Done(); f.Close() }()
 				}
+				if *cleanup {
+					return nil, cleanupTable(cfg)
+				}
 				return nft.NewSink(cfg)
 			}
 		},
 	}
+}
+
+// cleanupTable removes the table of cfg and reports app.ErrBackendDone.
+func cleanupTable(cfg nft.Config) error {
+	newConn := cfg.Conn
+	if newConn == nil {
+		newConn = func() (*nftables.Conn, error) { return nftables.New() }
+	}
+	conn, err := newConn()
+	if err != nil {
+		return fmt.Errorf("to-nft --cleanup: %w", err)
+	}
+	if err := nft.Cleanup(conn, cfg.ServiceProxyName); err != nil {
+		return fmt.Errorf("to-nft --cleanup: %w", err)
+	}
+	klog.InfoS("Removed the nftables table", "table", nft.TableName(cfg.ServiceProxyName))
+	return app.ErrBackendDone
+}
+
+// parseCIDRs parses a comma-separated list of CIDRs given to flag.
+func parseCIDRs(flag, list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, app.Usagef("to-nft %s: %q is not a CIDR", flag, s)
+		}
+		if p != p.Masked() {
+			return nil, app.Usagef("to-nft %s: %q has host bits set (did you mean %s?)", flag, s, p.Masked())
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

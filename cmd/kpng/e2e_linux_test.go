@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -32,8 +33,9 @@ func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 // server, programming the node namespace of the blog topology, and checks
 // real TCP and UDP traffic from the client namespace to a Service's external
 // IPs (both families, three ports): answered by the endpoint's pod, then by
-// another pod when the EndpointSlices move, then by nobody once the Service
-// is deleted.
+// another pod when the EndpointSlices move (masqueraded: external IPs with
+// the Cluster traffic policy, as kube-proxy), then by nobody once the
+// Service is deleted; the table outlives kpng, and --cleanup removes it.
 func TestKubeToLocalNFT(t *testing.T) {
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "nft")
@@ -95,7 +97,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 	})
 
 	waitAnswer(t, b, netns.PodID)
-	b.ExpectService(t, b.Client, netns.PodID)
+	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
 
 	// The endpoint moves to the second pod.
 	for fam, ip := range map[string]netip.Addr{"4": netns.Pod2V4, "6": netns.Pod2V6} {
@@ -104,7 +106,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 		slices[fam] = kc.UpdateSlice(s)
 	}
 	waitAnswer(t, b, netns.Pod2ID)
-	b.ExpectService(t, b.Client, netns.Pod2ID)
+	b.ExpectMasqueradedService(t, b.Client, netns.Pod2ID)
 
 	// The Service goes: its rules go, the table stays.
 	if err := cp.Client().CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
@@ -136,6 +138,30 @@ func TestKubeToLocalNFT(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Errorf("kpng still running 20s after SIGTERM")
+	}
+
+	// The rules outlive the process (a restart must not blackhole
+	// traffic); --cleanup removes them and exits without watching.
+	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || !strings.Contains(out, "kpng-"+name) {
+		t.Errorf("table gone after kpng stopped: %q, %v", out, err)
+	}
+	for _, extra := range [][]string{{"--cleanup"}, {"--cleanup"}, {"--cluster-cidr=10.0.0.1/8"}} {
+		cleanup := exec.Command(bin, append([]string{"kube", "--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + name,
+			"to-local", "to-nft", "--netns=" + b.Node.Path()}, extra...)...)
+		out, err := cleanup.CombinedOutput()
+		if extra[0] == "--cleanup" {
+			if err != nil {
+				t.Errorf("kpng to-nft --cleanup: %v\n%s", err, out)
+			}
+			continue
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--cluster-cidr") {
+			t.Errorf("kpng to-nft %s: %v, %s; want exit status 2 naming the flag", extra[0], err, out)
+		}
+	}
+	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || strings.Contains(out, "kpng-"+name) {
+		t.Errorf("table left after --cleanup: %q, %v", out, err)
 	}
 }
 

@@ -172,6 +172,20 @@ func (b *BlogTopology) source(from *NS, svc netip.Addr) (netip.Addr, bool) {
 // traffic is DNATed, not SNATed). It reports every mismatch with t.Errorf.
 func (b *BlogTopology) ExpectService(t testing.TB, from *NS, server string) {
 	t.Helper()
+	b.expectService(t, from, server, false)
+}
+
+// ExpectMasqueradedService is ExpectService for a proxier that masquerades
+// the traffic (kube-proxy does for external IPs with the Cluster traffic
+// policy): the pod sees the node's address on its link (GatewayV4,
+// GatewayV6) instead of the sender's.
+func (b *BlogTopology) ExpectMasqueradedService(t testing.TB, from *NS, server string) {
+	t.Helper()
+	b.expectService(t, from, server, true)
+}
+
+func (b *BlogTopology) expectService(t testing.TB, from *NS, server string, masqueraded bool) {
+	t.Helper()
 	podV4, podV6, ok := addrsOf(server)
 	if !ok {
 		t.Fatalf("ExpectService: unknown server %q", server)
@@ -184,6 +198,12 @@ func (b *BlogTopology) ExpectService(t testing.TB, from *NS, server string) {
 		src, ok := b.source(from, svc)
 		if !ok {
 			t.Fatalf("ExpectService: %s is not the client or the node", from)
+		}
+		if masqueraded {
+			src = GatewayV4
+			if svc.Is6() {
+				src = GatewayV6
+			}
 		}
 		for _, network := range []string{"tcp", "udp"} {
 			for _, port := range BlogPorts {

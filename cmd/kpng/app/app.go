@@ -46,12 +46,21 @@ type BackendEnv struct {
 	ServiceProxyName string
 }
 
+// ErrBackendDone is returned by a backend's build function when the
+// backend did all its work while being built (a cleanup, say): kpng then
+// exits with status 0 without running the input.
+var ErrBackendDone = errors.New("backend done")
+
 // usageError is an error in the command line: exit status 2.
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// Usagef returns an error in the command line (exit status 2), for
+// backends that check their flags.
+func Usagef(format string, args ...any) error { return usagef(format, args...) }
 
 // errHelp reports that help was printed.
 var errHelp = errors.New("help")

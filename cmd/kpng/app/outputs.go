@@ -39,6 +39,9 @@ func (o *output) run(ctx context.Context, feed func(context.Context, localsink.S
 	defer cancel()
 	if o.build != nil {
 		sink, err := o.build(ctx, o.env())
+		if errors.Is(err, ErrBackendDone) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
