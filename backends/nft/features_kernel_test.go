@@ -24,23 +24,7 @@ var (
 // newOptionsSink is newTestSink with rule options.
 func newOptionsSink(t *testing.T, b *netns.BlogTopology, name string, opts Options) *testSink {
 	t.Helper()
-	ts := &testSink{t: t}
-	conn := connIn(t, b.Node)
-	s, err := NewSink(Config{ServiceProxyName: name, Options: opts, Conn: conn, AfterSync: func(r SyncResult) { ts.results = append(ts.results, r) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.Sink = s
-	t.Cleanup(func() {
-		c, err := conn()
-		if err == nil {
-			err = Cleanup(c, name)
-		}
-		if err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	return ts
+	return newConfigSink(t, b, Config{ServiceProxyName: name, Options: opts})
 }
 
 // ask sends one TCP or UDP request and fails the test unless server

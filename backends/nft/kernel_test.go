@@ -3,11 +3,14 @@
 package nft
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -71,6 +74,7 @@ func connIn(t *testing.T, ns *netns.NS) func() (*nftables.Conn, error) {
 type testSink struct {
 	localsink.Sink
 	t       *testing.T
+	mu      sync.Mutex // guards results: retries report from a timer
 	results []SyncResult
 }
 
@@ -78,9 +82,25 @@ type testSink struct {
 // the table is removed when the test ends.
 func newTestSink(t *testing.T, b *netns.BlogTopology, name string) *testSink {
 	t.Helper()
+	return newConfigSink(t, b, Config{ServiceProxyName: name})
+}
+
+// newConfigSink is newTestSink with more configuration (cfg's Conn and
+// AfterSync are set here).
+func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config) *testSink {
+	t.Helper()
 	ts := &testSink{t: t}
 	conn := connIn(t, b.Node)
-	s, err := NewSink(Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { ts.results = append(ts.results, r) }})
+	cfg.Conn = conn
+	cfg.AfterSync = func(r SyncResult) {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		ts.results = append(ts.results, r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cfg.Context = ctx
+	s, err := NewSink(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +108,7 @@ func newTestSink(t *testing.T, b *netns.BlogTopology, name string) *testSink {
 	t.Cleanup(func() {
 		c, err := conn()
 		if err == nil {
-			err = Cleanup(c, name)
+			err = Cleanup(c, cfg.ServiceProxyName)
 		}
 		if err != nil {
 			t.Errorf("cleanup: %v", err)
@@ -97,16 +117,24 @@ func newTestSink(t *testing.T, b *netns.BlogTopology, name string) *testSink {
 	return ts
 }
 
+// allResults returns a copy of the results so far.
+func (ts *testSink) allResults() []SyncResult {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return slices.Clone(ts.results)
+}
+
 // sync calls Sync and returns its result, failing the test if the
 // transaction failed or none was sent.
 func (ts *testSink) sync() SyncResult {
 	ts.t.Helper()
-	n := len(ts.results)
+	n := len(ts.allResults())
 	ts.Sync()
-	if len(ts.results) != n+1 {
+	results := ts.allResults()
+	if len(results) != n+1 {
 		ts.t.Fatalf("Sync sent no transaction")
 	}
-	r := ts.results[n]
+	r := results[n]
 	if r.Err != nil {
 		ts.t.Fatalf("Sync: %v", r.Err)
 	}
@@ -408,11 +436,12 @@ func TestKernelPartialSyncSize(t *testing.T) {
 
 // TestKernelRecoversFromRejectedTransaction removes the table behind the
 // sink's back: the next partial transaction is rejected by the kernel
-// (nothing applied, error reported) and the following Sync rewrites the
-// whole table.
+// (nothing applied, error reported), then the retry timer rewrites the
+// whole table without waiting for a Sync; when a Sync comes before the
+// retry, it is the full one.
 func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	b := kernelTopology(t)
-	s := newTestSink(t, b, "recover")
+	s := newConfigSink(t, b, Config{ServiceProxyName: "recover", RetryInterval: 300 * time.Millisecond})
 	web := webService()
 	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
 	s.sync()
@@ -421,7 +450,8 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	e := podEndpoints(netns.Pod2ID)[0]
 	s.SetEndpoint(web.Key(), e.Key(), e)
 	s.Sync()
-	last := s.results[len(s.results)-1]
+	results := s.allResults()
+	last := results[len(results)-1]
 	if last.Err == nil || last.Full {
 		t.Fatalf("partial sync on a missing table: %+v, want an error", last)
 	}
@@ -432,10 +462,37 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 		t.Errorf("the rejected transaction left something:\n%s", out)
 	}
 
+	// No Sync: the retry timer rewrites the whole table, with the state
+	// of the failed round.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		results = s.allResults()
+		if r := results[len(results)-1]; r.Err == nil {
+			if !r.Full {
+				t.Errorf("retry not full: %+v", r)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no successful retry within 10s: %+v", results)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(webV4, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
+	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
+		t.Errorf("after the retry: %v, want pod and pod2", counts)
+	}
+
+	// A failure again, repaired by the next Sync before the retry: that
+	// Sync is full.
+	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
+	s.DeleteEndpoint(web.Key(), e.Key())
+	s.Sync()
+	s.SetEndpoint(web.Key(), e.Key(), e)
 	if r := s.sync(); !r.Full {
 		t.Errorf("sync after a failure not full: %+v", r)
 	}
-	counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(webV4, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
+	counts = spread(t, b.Client, "tcp", netip.AddrPortFrom(webV4, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
 	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
 		t.Errorf("after the full resync: %v, want pod and pod2", counts)
 	}

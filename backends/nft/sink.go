@@ -3,7 +3,9 @@
 package nft
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"slices"
 	"time"
 
@@ -26,9 +28,19 @@ type Config struct {
 	// nftables.New(nftables.WithNetNSFd(fd)) to work in another one).
 	Conn func() (*nftables.Conn, error)
 	// AfterSync, if set, is called at the end of each Sync that sent a
-	// transaction (or tried to), with its result.
+	// transaction (or tried to), and of each retry, with its result. It
+	// may be called from another goroutine (retries), never concurrently.
 	AfterSync func(SyncResult)
+	// RetryInterval is how long after a failed transaction the whole
+	// table is written again, if no Sync did it first; it doubles after
+	// each failed retry, up to a minute. 0 means one second.
+	RetryInterval time.Duration
+	// Context, if set, stops the retries when it ends.
+	Context context.Context
 }
+
+// maxRetryInterval bounds the retry backoff.
+const maxRetryInterval = time.Minute
 
 // SyncResult describes one transaction of a Sync.
 type SyncResult struct {
@@ -47,9 +59,14 @@ type SyncResult struct {
 	Err error
 }
 
-// sink is the localsink.Sink of this package.
+// sink is the localsink.Sink of this package. Its methods are called by
+// one goroutine, the retry timer runs on another: mu guards everything.
 type sink struct {
-	cfg      Config
+	mu         sync.Mutex
+	retry      *time.Timer // the pending retry, if any
+	retryGen   uint64      // identifies the pending retry
+	retryAfter time.Duration
+	cfg        Config
 	table    string
 	store    *localsink.Store
 	tracker  *Tracker
@@ -70,6 +87,13 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		tracker:  NewTracker(cfg.Options),
 		needFull: true,
 	}
+	if s.cfg.RetryInterval <= 0 {
+		s.cfg.RetryInterval = time.Second
+	}
+	if s.cfg.Context == nil {
+		s.cfg.Context = context.Background()
+	}
+	s.retryAfter = s.cfg.RetryInterval
 	if err := cfg.Options.Validate(); err != nil {
 		return nil, fmt.Errorf("nftables backend: %w", err)
 	}
@@ -85,24 +109,61 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 }
 
 // Reset implements localsink.Sink.
-func (s *sink) Reset() { s.store.Reset() }
+func (s *sink) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.Reset()
+}
 
 // SetService implements localsink.Sink.
-func (s *sink) SetService(svc *model.Service) { s.store.SetService(svc) }
+func (s *sink) SetService(svc *model.Service) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.SetService(svc)
+}
 
 // DeleteService implements localsink.Sink.
-func (s *sink) DeleteService(key model.ServiceKey) { s.store.DeleteService(key) }
+func (s *sink) DeleteService(key model.ServiceKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.DeleteService(key)
+}
 
 // SetEndpoint implements localsink.Sink.
 func (s *sink) SetEndpoint(svc model.ServiceKey, key string, ep *model.Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.store.SetEndpoint(svc, key, ep)
 }
 
 // DeleteEndpoint implements localsink.Sink.
-func (s *sink) DeleteEndpoint(svc model.ServiceKey, key string) { s.store.DeleteEndpoint(svc, key) }
+func (s *sink) DeleteEndpoint(svc model.ServiceKey, key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store.DeleteEndpoint(svc, key)
+}
+
+// retryFull rewrites the whole table with the state of the last round
+// (not the round in progress, if any: it would be half-applied), after a
+// failed transaction that no Sync has repaired since.
+func (s *sink) retryFull(gen uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.retry == nil || s.retryGen != gen || !s.needFull || s.cfg.Context.Err() != nil {
+		return
+	}
+	s.retry = nil
+	start := time.Now()
+	res := SyncResult{Full: true, Services: s.tracker.ServiceKeys()}
+	res.Stats, res.Err = s.applier.Full(s.tracker.Ruleset(s.table))
+	res.Duration = time.Since(start)
+	s.finish(res, "retry")
+}
 
 // Sync implements localsink.Sink: it applies the round.
 func (s *sink) Sync() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	start := time.Now()
 	changed, reset := s.store.Commit()
 	if reset {
@@ -134,17 +195,36 @@ func (s *sink) Sync() {
 		res.Stats, res.Err = s.applier.Partial(delta)
 	}
 	res.Duration = time.Since(start)
+	s.finish(res, "sync")
+}
+
+// finish records the outcome of a transaction: on failure, the next one
+// is full and a retry is scheduled (backing off); on success, the retries
+// stop.
+func (s *sink) finish(res SyncResult, kind string) {
 	if res.Err != nil {
 		s.needFull = true
 		services := res.Services
 		if len(services) > 20 {
 			services = services[:20]
 		}
-		klog.ErrorS(res.Err, "nftables transaction rejected: nothing of it applied; the next sync rewrites the whole table",
-			"table", s.table, "full", res.Full, "services", services, "servicesCount", len(res.Services))
+		klog.ErrorS(res.Err, "nftables transaction rejected: nothing of it applied; the whole table will be rewritten",
+			"table", s.table, "kind", kind, "full", res.Full, "services", services, "servicesCount", len(res.Services), "retryIn", s.retryAfter)
+		if s.retry != nil {
+			s.retry.Stop()
+		}
+		s.retryGen++
+		gen := s.retryGen
+		s.retry = time.AfterFunc(s.retryAfter, func() { s.retryFull(gen) })
+		s.retryAfter = min(2*s.retryAfter, maxRetryInterval)
 	} else {
 		s.needFull = false
-		klog.V(2).InfoS("nftables table synced", "table", s.table, "full", res.Full,
+		if s.retry != nil {
+			s.retry.Stop()
+			s.retry = nil
+		}
+		s.retryAfter = s.cfg.RetryInterval
+		klog.V(2).InfoS("nftables table synced", "table", s.table, "kind", kind, "full", res.Full,
 			"services", len(res.Services), "messages", res.Stats.Messages, "objects", res.Stats.Objects(), "duration", res.Duration)
 	}
 	if s.cfg.AfterSync != nil {

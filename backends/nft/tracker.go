@@ -143,6 +143,16 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	return problems
 }
 
+// ServiceKeys returns the services held as of the last Done, sorted.
+func (t *Tracker) ServiceKeys() []model.ServiceKey {
+	keys := make([]model.ServiceKey, 0, len(t.services))
+	for k := range t.services {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	return keys
+}
+
 // Done ends a round and returns what changed since the previous one.
 func (t *Tracker) Done() Delta {
 	return Delta{Chains: t.chains.DonePartial(), Sets: t.sets.DonePartial(), Elements: t.elements.DonePartial()}
