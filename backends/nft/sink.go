@@ -5,8 +5,8 @@ package nft
 import (
 	"context"
 	"fmt"
-	"sync"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -67,11 +67,11 @@ type sink struct {
 	retryGen   uint64      // identifies the pending retry
 	retryAfter time.Duration
 	cfg        Config
-	table    string
-	store    *localsink.Store
-	tracker  *Tracker
-	applier  *Applier
-	needFull bool
+	table      string
+	store      *localsink.Store
+	tracker    *Tracker
+	applier    *Applier
+	needFull   bool
 }
 
 // NewSink returns a localsink.Sink that programs the services it receives
