@@ -35,7 +35,7 @@ func nftBackend() app.Backend {
 			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName}
+				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx}
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
