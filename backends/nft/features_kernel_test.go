@@ -3,6 +3,8 @@
 package nft
 
 import (
+	"bufio"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -344,4 +346,124 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// TestKernelEndpointSelection checks the shared categorization in the
+// rules: topology hints (only the endpoints hinted for this node's zone)
+// and the fallback to serving, terminating endpoints when none is ready.
+func TestKernelEndpointSelection(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "select")
+	hinted := svc("default", "hinted", ipset("10.96.0.40", "fd00:10:96::40"), tcp(80, 6000))
+	hintedEps := podEndpoints(netns.PodID, netns.Pod2ID)
+	for _, e := range hintedEps {
+		e.Hints = &model.Hints{Zones: []string{"zone-b"}}
+		if e.Key() == netns.PodV4.String() || e.Key() == netns.PodV6.String() {
+			e.Hints = &model.Hints{Zones: []string{"zone-a"}, SameZone: true}
+		}
+	}
+	term := svc("default", "term", ipset("10.96.0.41", "fd00:10:96::41"), tcp(80, 6000))
+	termEps := podEndpoints(netns.PodID, netns.Pod2ID, pod3ID)
+	for _, e := range termEps {
+		switch e.Key() {
+		case netns.PodV4.String(), netns.PodV6.String(): // serving, terminating
+			e.Ready, e.Serving, e.Terminating = false, true, true
+		case netns.Pod2V4.String(), netns.Pod2V6.String(): // neither
+			e.Ready, e.Serving, e.Terminating = false, false, true
+		default: // pod3: not ready, not terminating (starting)
+			e.Ready, e.Serving = false, false
+		}
+	}
+	s.setAll(&model.ServiceEndpoints{Service: hinted, Endpoints: hintedEps}, &model.ServiceEndpoints{Service: term, Endpoints: termEps})
+	s.sync()
+	for _, addr := range []string{"10.96.0.40", "fd00:10:96::40", "10.96.0.41", "fd00:10:96::41"} {
+		for range 15 {
+			ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr(addr), 80), netns.PodID)
+		}
+	}
+	// pod2 becomes ready: the terminating endpoint is no longer used.
+	for _, e := range termEps {
+		if e.Key() == netns.Pod2V4.String() || e.Key() == netns.Pod2V6.String() {
+			ready := *e
+			ready.Ready, ready.Serving, ready.Terminating = true, true, false
+			s.SetEndpoint(term.Key(), ready.Key(), &ready)
+		}
+	}
+	s.sync()
+	for range 15 {
+		ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.41"), 80), netns.Pod2ID)
+	}
+}
+
+// TestKernelRestartKeepsOpenConnection opens a TCP connection through a
+// service, restarts the proxier (a new sink whose first sync replaces the
+// table) and checks that the same connection still carries data both ways.
+func TestKernelRestartKeepsOpenConnection(t *testing.T) {
+	b := kernelTopology(t)
+	// An echo server on the pod, port 9000.
+	var ln net.Listener
+	if err := b.Pod.Do(func() (err error) { ln, err = net.Listen("tcp", ":9000"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte("echo " + line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	echo := svc("default", "echo", ipset(webV4.String()), tcp(90, 9000))
+	state := &model.ServiceEndpoints{Service: echo, Endpoints: podEndpoints(netns.PodID)[:1]}
+	first := newTestSink(t, b, "keep")
+	first.setAll(state)
+	first.sync()
+
+	var c net.Conn
+	if err := b.Client.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(webV4, 90).String(), 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	roundTrip := func(msg string) {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte(msg + "\n")); err != nil {
+			t.Fatalf("%s: write: %v", msg, err)
+		}
+		got, err := r.ReadString('\n')
+		if err != nil || got != "echo "+msg+"\n" {
+			t.Fatalf("%s: read %q, %v", msg, got, err)
+		}
+	}
+	roundTrip("before")
+
+	second := newTestSink(t, b, "keep")
+	second.setAll(state)
+	if r := second.sync(); !r.Full {
+		t.Errorf("restart: first sync not full")
+	}
+	roundTrip("after the restart")
+	// And after a partial sync that touches the service's chains.
+	e := podEndpoints(netns.Pod2ID)[0]
+	second.SetEndpoint(echo.Key(), e.Key(), e)
+	second.sync()
+	roundTrip("after an endpoint was added")
 }
