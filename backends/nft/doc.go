@@ -19,10 +19,14 @@
 // The table layout is documented in docs/backends/nft.md. In short: one
 // table of family inet named "kpng-<service-proxy-name>"; NAT base chains
 // (prerouting and output, priority dstnat) look the destination
-// (address . protocol . port) up in one verdict map per family and jump to
-// a chain per service port, which picks an endpoint chain with
-// "numgen random mod N"; the endpoint chain DNATs. Filter base chains
-// (input, forward, output) look the same key up in a second pair of maps
-// holding the services without usable endpoints, to reject (TCP reset or
-// ICMP port unreachable) or drop.
+// (address . protocol . port, or protocol . port on a local address for
+// node ports) up in verdict maps and go to a chain per service port, which
+// picks an endpoint chain with "numgen random mod N" (after the session
+// affinity checks); the endpoint chain DNATs. Filter base chains (input,
+// forward, output) look the same keys up in maps of the services without
+// usable endpoints, to reject (TCP reset or ICMP port unreachable) or drop;
+// filter chains before DNAT enforce loadBalancerSourceRanges; a NAT
+// postrouting chain masquerades the packets marked for it (hairpin,
+// external traffic with the Cluster policy, cluster-IP traffic from outside
+// the cluster CIDRs).
 package nft
