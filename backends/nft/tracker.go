@@ -87,27 +87,8 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	}
 	old := t.services[key]
 
-	newSets := map[string]bool{}
-	for _, st := range objs.Sets {
-		newSets[st.Name] = true
-		t.sets.Set(st.Name, st)
-	}
-	for _, st := range old.Sets {
-		if !newSets[st.Name] {
-			t.sets.Delete(st.Name)
-		}
-	}
-
-	newChains := map[string]bool{}
-	for _, c := range objs.Chains {
-		newChains[c.Name] = true
-		t.chains.Set(c.Name, c)
-	}
-	for _, c := range old.Chains {
-		if !newChains[c.Name] {
-			t.chains.Delete(c.Name)
-		}
-	}
+	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *Set) string { return s.Name })
+	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *Chain) string { return c.Name })
 
 	newElems, newKeys := map[string]bool{}, map[string]bool{}
 	kept := objs.Elements[:0:0]
@@ -141,6 +122,21 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 		t.services[key] = objs
 	}
 	return problems
+}
+
+// replaceNamed sets the objects of one service in store: every one of
+// current, and the deletion of those of old that current lacks.
+func replaceNamed[V any](store *diffstore.Store[string, V], old, current []V, name func(V) string) {
+	keep := make(map[string]bool, len(current))
+	for _, v := range current {
+		keep[name(v)] = true
+		store.Set(name(v), v)
+	}
+	for _, v := range old {
+		if !keep[name(v)] {
+			store.Delete(name(v))
+		}
+	}
 }
 
 // ServiceKeys returns the services held as of the last Done, sorted.
