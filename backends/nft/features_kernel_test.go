@@ -455,11 +455,7 @@ func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 	}
 	roundTrip("before")
 
-	second := newTestSink(t, b, "keep")
-	second.setAll(state)
-	if r := second.sync(); !r.Full {
-		t.Errorf("restart: first sync not full")
-	}
+	second := restartSink(t, b, "keep", state)
 	roundTrip("after the restart")
 	// And after a partial sync that touches the service's chains.
 	e := podEndpoints(netns.Pod2ID)[0]

@@ -141,6 +141,18 @@ func (ts *testSink) sync() SyncResult {
 	return r
 }
 
+// restartSink starts a new sink on table kpng-<name> (a restarted
+// proxier), gives it state and checks that its first sync is full.
+func restartSink(t *testing.T, b *netns.BlogTopology, name string, state ...*model.ServiceEndpoints) *testSink {
+	t.Helper()
+	s := newTestSink(t, b, name)
+	s.setAll(state...)
+	if r := s.sync(); !r.Full {
+		t.Errorf("restart: first sync not full")
+	}
+	return s
+}
+
 // setAll sends a whole state after a Reset.
 func (ts *testSink) setAll(items ...*model.ServiceEndpoints) {
 	ts.Reset()
@@ -371,11 +383,7 @@ func TestKernelExternalIPsAndRestart(t *testing.T) {
 	first.sync()
 	check("first proxier")
 
-	second := newTestSink(t, b, "ext")
-	second.setAll(state)
-	if r := second.sync(); !r.Full {
-		t.Errorf("restart: first sync not full")
-	}
+	restartSink(t, b, "ext", state)
 	check("restarted proxier")
 	out := b.Node.MustExec("nft", "list", "tables")
 	if n := strings.Count(out, "table inet kpng-ext"); n != 1 {
