@@ -164,9 +164,7 @@ func TestKernelConntrackFirstEndpoints(t *testing.T) {
 					}
 				}
 
-				// A partial sync: a full one replaces the table, which
-				// the kernel can take as a reason to redo the NAT of
-				// existing entries, hiding what this test is about.
+				// A partial sync, as in a running proxier.
 				web := udpWeb()
 				s.SetService(web)
 				for _, e := range podEndpoints(netns.PodID) {
