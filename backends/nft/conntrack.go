@@ -99,6 +99,18 @@ type chainReferrer interface {
 // referencedChains implements chainReferrer.
 func (r BalanceRule) referencedChains() []string { return r.Targets }
 
+// referencedChains implements chainReferrer: the chain a matching source
+// goes to (none when the rule only marks for masquerading).
+func (r SourceRule) referencedChains() []string {
+	if r.Mark || r.Goto == "" {
+		return nil
+	}
+	return []string{r.Goto}
+}
+
+// referencedChains implements chainReferrer.
+func (r AffinityCheckRule) referencedChains() []string { return []string{r.Goto} }
+
 // staleFlows is StaleFlows given the current objects of each service.
 func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleFlow {
 	services := d.Services()

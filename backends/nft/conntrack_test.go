@@ -30,7 +30,7 @@ func withEndpoints(s *model.Service, eps ...*model.Endpoint) *model.ServiceEndpo
 // after (services absent from after are deleted) and returns the stale
 // flows of that second round.
 func roundFlows(before, after []*model.ServiceEndpoints) []StaleFlow {
-	tr := NewTracker()
+	tr := NewTracker(Options{})
 	for _, se := range before {
 		tr.Update(se.Service.Key(), se)
 	}
@@ -71,6 +71,11 @@ func TestStaleFlows(t *testing.T) {
 		return s
 	}
 
+	nodePort := func() *model.Service {
+		s := svc("default", "np", ipset("10.96.0.60"), &model.PortMapping{Protocol: model.UDP, Port: 53, TargetPort: 5353, NodePort: 30053})
+		s.Type = "NodePort"
+		return s
+	}
 	for _, tc := range []struct {
 		name          string
 		before, after []*model.ServiceEndpoints
@@ -131,18 +136,29 @@ func TestStaleFlows(t *testing.T) {
 		after:  []*model.ServiceEndpoints{withEndpoints(tcpOnly(), ep("10.1.0.3", false))},
 	}, {
 		// External traffic policy Local: the external IP goes through its
-		// own chain, to the local endpoints only; an endpoint that stops
-		// being local is stale for the external IP, not the cluster IP,
-		// although its endpoint chain stays.
+		// own chain, to the local endpoints only, except for traffic from
+		// the node itself, sent to the cluster chain (kube-proxy's
+		// short-circuit). StaleFlows does not look at sources: the
+		// external IP still leads to 10.1.0.3, so nothing is stale. As
+		// kube-proxy, which only deletes the entries of endpoints gone
+		// from the service port.
 		name:   "endpoint no longer local",
 		before: []*model.ServiceEndpoints{withEndpoints(local(), ep("10.1.0.2", true), ep("10.1.0.3", true))},
 		after:  []*model.ServiceEndpoints{withEndpoints(local(), ep("10.1.0.2", true), ep("10.1.0.3", false))},
-		want:   []StaleFlow{staleTo("192.0.2.50:80", "10.1.0.3:8080")},
 	}, {
 		name:   "no local endpoint left: external traffic dropped",
 		before: []*model.ServiceEndpoints{withEndpoints(local(), ep("10.1.0.2", true))},
 		after:  []*model.ServiceEndpoints{withEndpoints(local(), ep("10.1.0.2", false))},
 		want:   []StaleFlow{staleTo("192.0.2.50:80", "10.1.0.2:8080")},
+	}, {
+		// Node ports are keyed by protocol and port only: any address.
+		name:   "node port endpoint replaced",
+		before: []*model.ServiceEndpoints{withEndpoints(nodePort(), ep("10.1.0.2", false))},
+		after:  []*model.ServiceEndpoints{withEndpoints(nodePort(), ep("10.1.0.3", false))},
+		want: []StaleFlow{
+			{Family: IPv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.2:5353")},
+			staleTo("10.96.0.60:53", "10.1.0.2:5353"),
+		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := roundFlows(tc.before, tc.after)
