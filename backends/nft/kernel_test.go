@@ -92,6 +92,7 @@ func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config) *testSink {
 	ts := &testSink{t: t}
 	conn := connIn(t, b.Node)
 	cfg.Conn = conn
+	cfg.Conntrack = conntrackIn(t, b.Node)
 	cfg.AfterSync = func(r SyncResult) {
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
@@ -513,7 +514,7 @@ func TestKernelCleanup(t *testing.T) {
 	netns.RequireCommands(t, "nft")
 	n := netns.New(t, "node")
 	conn := connIn(t, n)
-	s, err := NewSink(Config{ServiceProxyName: "clean", Conn: conn})
+	s, err := NewSink(Config{ServiceProxyName: "clean", Conn: conn, Conntrack: conntrackIn(t, n)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client/model"
@@ -27,6 +28,13 @@ type Config struct {
 	// in the current network namespace (tests pass
 	// nftables.New(nftables.WithNetNSFd(fd)) to work in another one).
 	Conn func() (*nftables.Conn, error)
+	// Conntrack returns a new netlink handle for deleting stale UDP
+	// conntrack entries after the transactions (see StaleFlows); the
+	// sink closes it after use. nil means
+	// netlink.NewHandle(unix.NETLINK_NETFILTER), in the current network
+	// namespace: set it with Conn when working in another one
+	// (netlink.NewHandleAt).
+	Conntrack func() (*netlink.Handle, error)
 	// AfterSync, if set, is called at the end of each Sync that sent a
 	// transaction (or tried to), and of each retry, with its result. It
 	// may be called from another goroutine (retries), never concurrently.
@@ -72,6 +80,9 @@ type sink struct {
 	tracker    *Tracker
 	applier    *Applier
 	needFull   bool
+	// staleFlows are the conntrack entries to delete after the next
+	// successful transaction.
+	staleFlows []StaleFlow
 }
 
 // NewSink returns a localsink.Sink that programs the services it receives
@@ -179,6 +190,7 @@ func (s *sink) Sync() {
 		}
 	}
 	delta := s.tracker.Done()
+	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull}
 	if s.needFull {
@@ -226,6 +238,7 @@ func (s *sink) finish(res SyncResult, kind string) {
 		s.retryAfter = s.cfg.RetryInterval
 		klog.V(2).InfoS("nftables table synced", "table", s.table, "kind", kind, "full", res.Full,
 			"services", len(res.Services), "messages", res.Stats.Messages, "objects", res.Stats.Objects(), "duration", res.Duration)
+		s.flushStaleFlows()
 	}
 	if s.cfg.AfterSync != nil {
 		s.cfg.AfterSync(res)

@@ -11,6 +11,9 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/nft"
@@ -59,6 +62,11 @@ func nftBackend() app.Backend {
 					// The namespace stays open for the process's life.
 					fd := int(f.Fd())
 					cfg.Conn = func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
+					// Stale UDP conntrack entries are deleted in the same
+					// namespace.
+					cfg.Conntrack = func() (*netlink.Handle, error) {
+						return netlink.NewHandleAt(vnetns.NsHandle(fd), unix.NETLINK_NETFILTER)
+					}
 					go func() { <-ctx.Done(); f.Close() }()
 				}
 				if *cleanup {

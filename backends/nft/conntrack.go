@@ -1,0 +1,239 @@
+package nft
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/diffstore"
+)
+
+// StaleFlow selects UDP conntrack entries that a round of changes made
+// stale: UDP has no connection teardown, so an entry keeps sending a
+// client's flow where its first packet went (to an endpoint, or nowhere)
+// until it expires, whatever the rules say since.
+//
+// An entry matches when its protocol is Proto, its original destination
+// is Dst (any address when Dst.Addr is not valid: node ports) and
+// Dst's port, and its reply source is Endpoint — or, when Endpoint is
+// not valid, its reply source is its original destination (the entry was
+// not DNATed).
+type StaleFlow struct {
+	Family Family
+	// Proto is the protocol of the entries (UDP).
+	Proto model.Protocol
+	// Dst is the service address and port (the map element's key).
+	Dst netip.AddrPort
+	// Endpoint is the endpoint the entries were DNATed to and that the
+	// service address no longer leads to; not valid: the service address
+	// led to no endpoint before (rejected, dropped or absent) and now
+	// does, so its un-DNATed entries must go for the next packet to meet
+	// the DNAT rules.
+	Endpoint netip.AddrPort
+}
+
+// String returns the flow as "udp 10.96.0.10:53 -> 10.1.0.2:5353" (or
+// "... not DNATed").
+func (f StaleFlow) String() string {
+	dst := f.Dst.String()
+	if !f.Dst.Addr().IsValid() {
+		dst = fmt.Sprintf("*:%d", f.Dst.Port())
+	}
+	if !f.Endpoint.IsValid() {
+		return fmt.Sprintf("%s %s not DNATed", protoName(f.Proto), dst)
+	}
+	return fmt.Sprintf("%s %s -> %s", protoName(f.Proto), dst, f.Endpoint)
+}
+
+// compareStaleFlows orders flows by family, protocol, destination and
+// endpoint (flows without an endpoint first).
+func compareStaleFlows(a, b StaleFlow) int {
+	return cmp.Or(
+		cmp.Compare(a.Family, b.Family),
+		cmp.Compare(a.Proto, b.Proto),
+		a.Dst.Compare(b.Dst),
+		a.Endpoint.Compare(b.Endpoint),
+	)
+}
+
+// StaleFlows returns the UDP conntrack entries that the round which
+// produced d (the Delta of the last Done) made stale, sorted; nil when
+// there are none. Call it right after Done: it reads the tracker's
+// current state, which with d gives the state before the round.
+//
+// For every map element key (address . protocol . port) of a service the
+// round touched, with protocol UDP, it compares the endpoints the key led
+// to before and after the round — the To of the UDP DNATRules of the
+// chains reachable from the element's verdict:
+//   - each endpoint the key no longer leads to gives a StaleFlow with that
+//     Endpoint (an endpoint removed from the service port; the whole
+//     service port or address removed);
+//   - a key that led to no endpoint before (no element: new service or
+//     address; or an element that rejected or dropped, as those of the
+//     no-endpoint maps) and leads to some now gives a StaleFlow without
+//     Endpoint: its entries that were not DNATed.
+//
+// It relies only on these assumptions, whatever the maps are: an element's
+// key is the service address, protocol and port its traffic is addressed to
+// (an invalid address for keys that match any address, such as node
+// ports); an element's verdict is a goto to a chain of the table or a
+// verdict that does not DNAT; chains send packets to other chains only
+// through rules implementing chainReferrer (BalanceRule does); and the
+// DNAT of a service port to an endpoint is a DNATRule, whatever other rules
+// (masquerade, affinity) share its chain.
+func (t *Tracker) StaleFlows(d Delta) []StaleFlow {
+	return staleFlows(d, func(key model.ServiceKey) serviceObjects { return t.services[key] })
+}
+
+// chainReferrer is implemented by the rules that send packets to other
+// chains of the table (goto or jump), so that StaleFlows can follow them.
+// A new rule kind that does so must implement it, or the endpoints behind
+// it are invisible to the conntrack cleanup.
+type chainReferrer interface {
+	referencedChains() []string
+}
+
+// referencedChains implements chainReferrer.
+func (r BalanceRule) referencedChains() []string { return r.Targets }
+
+// referencedChains implements chainReferrer: the chain a matching source
+// goes to (none when the rule only marks for masquerading).
+func (r SourceRule) referencedChains() []string {
+	if r.Mark || r.Goto == "" {
+		return nil
+	}
+	return []string{r.Goto}
+}
+
+// referencedChains implements chainReferrer.
+func (r AffinityCheckRule) referencedChains() []string { return []string{r.Goto} }
+
+// staleFlows is StaleFlows given the current objects of each service.
+func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleFlow {
+	services := d.Services()
+	if len(services) == 0 {
+		return nil
+	}
+	// The state after the round, restricted to the services it touched
+	// (an element or chain can only change with its service)...
+	nowChains := map[string]*Chain{}
+	nowElems := map[string]Element{}
+	for _, key := range services {
+		objs := current(key)
+		for _, c := range objs.Chains {
+			nowChains[c.Name] = c
+		}
+		for _, e := range objs.Elements {
+			nowElems[e.ID()] = e
+		}
+	}
+	// ... and before it: what the round created was not there, what it
+	// updated or deleted was Prev, the rest was as it is now.
+	prevChains := maps.Clone(nowChains)
+	for _, it := range d.Chains.Created {
+		delete(prevChains, it.Key)
+	}
+	for _, its := range [][]diffstore.Item[string, *Chain]{d.Chains.Updated, d.Chains.Deleted} {
+		for _, it := range its {
+			if it.Prev != nil {
+				prevChains[it.Key] = it.Prev
+			}
+		}
+	}
+	prevElems := maps.Clone(nowElems)
+	for _, it := range d.Elements.Created {
+		delete(prevElems, it.Key)
+	}
+	for _, its := range [][]diffstore.Item[string, Element]{d.Elements.Updated, d.Elements.Deleted} {
+		for _, it := range its {
+			prevElems[it.Key] = it.Prev
+		}
+	}
+
+	before := endpointsByKey(prevElems, prevChains)
+	after := endpointsByKey(nowElems, nowChains)
+	var flows []StaleFlow
+	for k, eps := range before {
+		now := after[k]
+		for ep := range eps.endpoints {
+			if !now.endpoints[ep] {
+				flows = append(flows, StaleFlow{Family: eps.family, Proto: k.Proto, Dst: keyDst(k), Endpoint: ep})
+			}
+		}
+	}
+	for k, eps := range after {
+		if len(eps.endpoints) > 0 && len(before[k].endpoints) == 0 {
+			flows = append(flows, StaleFlow{Family: eps.family, Proto: k.Proto, Dst: keyDst(k)})
+		}
+	}
+	slices.SortFunc(flows, compareStaleFlows)
+	return flows
+}
+
+// keyEndpoints are the UDP endpoints one element key leads to.
+type keyEndpoints struct {
+	family    Family
+	endpoints map[netip.AddrPort]bool
+}
+
+// keyDst returns the address and port of an element key.
+func keyDst(k Key) netip.AddrPort { return netip.AddrPortFrom(k.Addr, k.Port) }
+
+// endpointsByKey returns, for every UDP element key of elems, the
+// endpoints of the UDP DNATRules reachable from its elements (a key may
+// have elements in several maps).
+func endpointsByKey(elems map[string]Element, chains map[string]*Chain) map[Key]keyEndpoints {
+	out := map[Key]keyEndpoints{}
+	memo := map[string]map[netip.AddrPort]bool{}
+	for _, e := range elems {
+		if e.Key.Proto != model.UDP {
+			continue
+		}
+		ke, ok := out[e.Key]
+		if !ok {
+			ke = keyEndpoints{family: e.Family, endpoints: map[netip.AddrPort]bool{}}
+			out[e.Key] = ke
+		}
+		for ep := range reachableEndpoints(e.Verdict.Goto, chains, memo) {
+			ke.endpoints[ep] = true
+		}
+	}
+	return out
+}
+
+// reachableEndpoints returns the To of the UDP DNATRules of the chains
+// reachable from the chain named start (none if it is not in chains: the
+// reject chain, drop, a chain of another service).
+func reachableEndpoints(start string, chains map[string]*Chain, memo map[string]map[netip.AddrPort]bool) map[netip.AddrPort]bool {
+	if eps, ok := memo[start]; ok {
+		return eps
+	}
+	eps := map[netip.AddrPort]bool{}
+	seen := map[string]bool{}
+	var walk func(name string)
+	walk = func(name string) {
+		c := chains[name]
+		if c == nil || seen[name] {
+			return
+		}
+		seen[name] = true
+		for _, r := range c.Rules {
+			switch r := r.(type) {
+			case DNATRule:
+				if r.Proto == model.UDP {
+					eps[r.To] = true
+				}
+			case chainReferrer:
+				for _, next := range r.referencedChains() {
+					walk(next)
+				}
+			}
+		}
+	}
+	walk(start)
+	memo[start] = eps
+	return eps
+}
