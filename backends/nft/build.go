@@ -84,16 +84,16 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 				clusterMasq = []Rule{MarkRule{Family: f, Except: cidrs}}
 			}
 			clusterTarget := b.target("svc", clusterMasq, internal, iv)
-			b.elements(MapServices(f), MapNoEndpoints(f), clusterIPs, 0, clusterTarget, iv)
+			b.elements(MapServices(f), MapNoEndpoints(f), "clusterIPs", clusterIPs, 0, clusterTarget, iv)
 			if len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
 				continue
 			}
 			external, ev := cats.External(svc)
 			target := b.externalTarget(external, ev, internal, iv, clusterTarget)
-			b.elements(MapServices(f), MapNoEndpoints(f), externalIPs, 0, target, ev)
-			b.elements(MapServices(f), MapNoEndpoints(f), lbIPs, 0, target, ev)
+			b.elements(MapServices(f), MapNoEndpoints(f), "externalIPs", externalIPs, 0, target, ev)
+			b.elements(MapServices(f), MapNoEndpoints(f), "loadBalancer ingress IPs", lbIPs, 0, target, ev)
 			if hasNodePort {
-				b.elements(MapNodePorts(f), MapNoEndpointNodePorts(f), []string{""}, uint16(nodePort), target, ev)
+				b.elements(MapNodePorts(f), MapNoEndpointNodePorts(f), "nodePort", []string{""}, uint16(nodePort), target, ev)
 			}
 			if len(svc.LoadBalancerSourceRanges) > 0 && len(lbIPs) > 0 {
 				b.firewall(lbIPs, prefixesOf(ranges, f))
@@ -107,11 +107,14 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 func parsePrefixes(texts []string) (ps []netip.Prefix, bad []string) {
 	for _, t := range texts {
 		p, err := netip.ParsePrefix(t)
-		if err != nil {
+		if err == nil {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked()
+		}
+		if err != nil || !p.IsValid() {
 			bad = append(bad, t)
 			continue
 		}
-		ps = append(ps, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked())
+		ps = append(ps, p)
 	}
 	return ps, bad
 }
@@ -254,9 +257,9 @@ func (b *portBuilder) endpointChain(ep *model.Endpoint) (string, string, bool) {
 
 // elements adds, for each address, the element sending the service port
 // to target: in the map forward when forwarding, in the map blocked
-// otherwise. An empty address is a node port: the key is the protocol and
+// otherwise. field names the addresses in problems. An empty address is a node port: the key is the protocol and
 // nodePort.
-func (b *portBuilder) elements(forward, blocked string, addrs []string, nodePort uint16, target Verdict, v endpoints.Verdict) {
+func (b *portBuilder) elements(forward, blocked, field string, addrs []string, nodePort uint16, target Verdict, v endpoints.Verdict) {
 	m := forward
 	if v != endpoints.Forward || target.Goto == ChainReject || target.Goto == "" {
 		m = blocked
@@ -268,7 +271,7 @@ func (b *portBuilder) elements(forward, blocked string, addrs []string, nodePort
 		} else {
 			addr, err := netip.ParseAddr(a)
 			if err != nil || familyOf(addr.Unmap()) != b.family {
-				*b.problems = append(*b.problems, fmt.Errorf("service %s: bad %s address %q", b.key, b.family, a))
+				*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: bad %s address %q", b.key, field, b.family, a))
 				continue
 			}
 			k.Addr = addr.Unmap()
@@ -289,7 +292,7 @@ func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
 	}
 	rules = append(rules, DropRule{})
 	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
-	b.elements(MapFirewall(b.family), MapFirewall(b.family), lbIPs, 0, Verdict{Goto: name}, endpoints.Forward)
+	b.elements(MapFirewall(b.family), MapFirewall(b.family), "loadBalancer ingress IPs", lbIPs, 0, Verdict{Goto: name}, endpoints.Forward)
 }
 
 // familyAddrs returns the addresses of s of family f.
@@ -304,7 +307,7 @@ func familyAddrs(s model.IPSet, f Family) []string {
 func familyEndpoints(eps []*model.Endpoint, f Family) []*model.Endpoint {
 	var out []*model.Endpoint
 	for _, ep := range eps {
-		if len(familyAddrs(ep.IPs, f)) > 0 {
+		if ep != nil && len(familyAddrs(ep.IPs, f)) > 0 {
 			out = append(out, ep)
 		}
 	}

@@ -93,7 +93,7 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 					&model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30080})
 				s.Type = "LoadBalancer"
 				s.IPs.LoadBalancerIPs = ipset("192.0.2.60", "2001:db8::60")
-				s.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "203.0.113.7/32"}
+				s.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "203.0.113.7/32", "::ffff:192.0.2.0/120", "::ffff:0.0.0.0/90", "bogus"}
 				return s
 			}(),
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", true), ep("fd00:1::2", false)},
@@ -159,5 +159,33 @@ func TestGolden(t *testing.T) {
 				t.Errorf("ruleset of %s (-golden +got):\n%s", name, diff)
 			}
 		})
+	}
+}
+
+// TestBuildOddInput checks that odd states are built without panicking,
+// with their problems reported.
+func TestBuildOddInput(t *testing.T) {
+	weird := svc("default", "weird", ipset("10.96.9.1"), nil, &model.PortMapping{Protocol: model.UDP, Port: 53, TargetPort: 53, NodePort: 70000},
+		&model.PortMapping{Protocol: model.TCP, Port: 80, TargetPortName: "missing"})
+	weird.ClientIPAffinity = &model.ClientIPAffinity{}
+	weird.IPs.LoadBalancerIPs = model.IPSet{V4: []string{"not-an-ip"}, V6: []string{"10.0.0.1"}}
+	weird.LoadBalancerSourceRanges = []string{""}
+	items := []*model.ServiceEndpoints{
+		nil,
+		{Service: nil},
+		{Service: weird, Endpoints: []*model.Endpoint{nil, {}, ep("10.1.0.2", true), {IPs: model.IPSet{V4: []string{"fd00::1"}}, Ready: true}}},
+	}
+	rs, problems := Build("t", Options{}, items)
+	if len(problems) == 0 {
+		t.Errorf("no problems reported for %s", rs.Text())
+	}
+	for _, want := range []string{"node port 70000", "loadBalancer ingress IPs: bad ipv4 address \"not-an-ip\"", "is not an ipv4 address", "loadBalancerSourceRanges"} {
+		found := false
+		for _, p := range problems {
+			found = found || strings.Contains(p.Error(), want)
+		}
+		if !found {
+			t.Errorf("no problem mentions %q: %v", want, problems)
+		}
 	}
 }
