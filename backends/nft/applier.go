@@ -109,11 +109,6 @@ func (a *Applier) full(rs *Ruleset) error {
 			maps[name] = m
 		}
 	}
-	for _, st := range rs.Sets {
-		if err := a.addSet(st); err != nil {
-			return err
-		}
-	}
 
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
@@ -140,6 +135,13 @@ func (a *Applier) full(rs *Ruleset) error {
 		a.addChain(ch.Name)
 		a.stats.ChainsAdded++
 	}
+	// Sets after the chains their elements go to, before the rules that
+	// use them.
+	for _, st := range rs.Sets {
+		if err := a.addSet(st); err != nil {
+			return err
+		}
+	}
 	for _, ch := range rs.Chains {
 		if err := a.addRules(ch); err != nil {
 			return err
@@ -161,10 +163,11 @@ func (a *Applier) full(rs *Ruleset) error {
 	return nil
 }
 
-// Partial applies d in one transaction: new chains are created and
-// changed ones flushed, then their rules added; map elements are deleted
-// and added; deleted chains are flushed, then deleted (after everything
-// that referenced them is gone). On error nothing changed.
+// Partial applies d in one transaction: new chains are created, then new
+// sets (balance maps go to chains), changed chains flushed, then their
+// rules added; map elements are deleted and added; deleted chains are
+// flushed, then deleted sets deleted, then deleted chains deleted (each
+// after everything that referenced it is gone). On error nothing changed.
 func (a *Applier) Partial(d Delta) (Stats, error) {
 	if err := a.begin(); err != nil {
 		return Stats{}, err
@@ -182,14 +185,16 @@ func (a *Applier) Partial(d Delta) (Stats, error) {
 
 func (a *Applier) partial(d Delta) error {
 	c := a.conn
+	for _, it := range d.Chains.Created {
+		a.addChain(it.Key)
+		a.stats.ChainsAdded++
+	}
+	// Sets after the chains their elements go to, before the rules that
+	// use them.
 	for _, it := range d.Sets.Created {
 		if err := a.addSet(it.Value); err != nil {
 			return err
 		}
-	}
-	for _, it := range d.Chains.Created {
-		a.addChain(it.Key)
-		a.stats.ChainsAdded++
 	}
 	for _, it := range d.Chains.Updated {
 		c.FlushChain(a.chainRef(it.Key))
@@ -221,16 +226,17 @@ func (a *Applier) partial(d Delta) error {
 		c.FlushChain(a.chainRef(it.Key))
 		a.stats.Messages++
 	}
-	for _, it := range d.Chains.Deleted {
-		c.DelChain(a.chainRef(it.Key))
-		a.stats.Messages++
-		a.stats.ChainsDeleted++
-	}
-	// Sets last: the rules that used them are gone.
+	// Sets once the rules that used them are gone (flushed), before the
+	// chains their elements go to.
 	for _, it := range d.Sets.Deleted {
 		c.DelSet(&nftables.Set{Table: a.table, Name: it.Key})
 		a.stats.Messages++
 		a.stats.SetsDeleted++
+	}
+	for _, it := range d.Chains.Deleted {
+		c.DelChain(a.chainRef(it.Key))
+		a.stats.Messages++
+		a.stats.ChainsDeleted++
 	}
 	return nil
 }
@@ -238,8 +244,13 @@ func (a *Applier) partial(d Delta) error {
 // addSet adds a named (affinity) set, remembering it for the rules of
 // the same transaction that refer to it.
 func (a *Applier) addSet(st *Set) error {
-	ns := affinitySetRef(a.table, st)
-	if err := a.conn.AddSet(ns, nil); err != nil {
+	ns := setRef(a.table, st)
+	var els []nftables.SetElement
+	if len(st.Targets) > 0 {
+		els = balanceElements(st.Targets)
+		a.stats.Messages++ // the elements
+	}
+	if err := a.conn.AddSet(ns, els); err != nil {
 		return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
 	}
 	a.sets[st.Name] = ns
@@ -350,10 +361,7 @@ func (a *Applier) addRules(ch *Chain) error {
 		var exprs []expr.Any
 		var err error
 		if br, ok := r.(BalanceRule); ok {
-			exprs, err = balanceExprs(a.conn, a.table, br)
-			if err == nil && len(br.Targets) > 1 {
-				a.stats.Messages++ // the anonymous map
-			}
+			exprs, err = balanceExprs(br, a.sets)
 		} else {
 			exprs, err = ruleExprs(r, a.sets)
 		}

@@ -168,7 +168,12 @@ func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v
 		return Verdict{Goto: ChainReject}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
-	rules := append(append(slices.Clip(first), affinity...), BalanceRule{Targets: targets})
+	balance := BalanceRule{Targets: targets}
+	if len(targets) > 1 {
+		balance.Map = balanceMapName(b.family, kind, b.key, b.port, targets)
+		b.objs.Sets = append(b.objs.Sets, &Set{Name: balance.Map, Family: b.family, Targets: targets, Service: b.key})
+	}
+	rules := append(append(slices.Clip(first), affinity...), balance)
 	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
 	return Verdict{Goto: name}
 }

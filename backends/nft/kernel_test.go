@@ -425,9 +425,10 @@ func TestKernelPartialSyncSize(t *testing.T) {
 		if r.Full || len(r.Services) != 1 || r.Services[0] != target.Service.Key() {
 			t.Errorf("%d services: partial sync %+v, want one service", n, r)
 		}
-		// One endpoint chain added with its rules (hairpin mark, DNAT), the service chain
+		// One endpoint chain added with its rules (hairpin mark, DNAT), its balance
+		// map added (the map and its elements: 2 messages), the service chain
 		// flushed and refilled (its rule and anonymous map).
-		want := Stats{Messages: 6, ChainsAdded: 1, ChainsFlushed: 1, Rules: 3}
+		want := Stats{Messages: 7, ChainsAdded: 1, ChainsFlushed: 1, SetsAdded: 1, Rules: 3}
 		if r.Stats != want {
 			t.Errorf("%d services: transaction %+v, want %+v", n, r.Stats, want)
 		}

@@ -156,10 +156,12 @@ type Rule interface {
 }
 
 // BalanceRule sends a packet to one of Targets (endpoint chains), chosen
-// at random: "numgen random mod N vmap { 0 : goto A, 1 : goto B }", or
-// "goto A" when there is one target.
+// at random through the named verdict map Map, which holds them:
+// "numgen random mod N vmap @bal4-…", or "goto A" when there is one
+// target (and no map).
 type BalanceRule struct {
 	Targets []string
+	Map     string
 }
 
 func (BalanceRule) isRule() {}
@@ -169,16 +171,7 @@ func (r BalanceRule) String() string {
 	if len(r.Targets) == 1 {
 		return "goto " + r.Targets[0]
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "numgen random mod %d vmap { ", len(r.Targets))
-	for i, t := range r.Targets {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%d : goto %s", i, t)
-	}
-	b.WriteString(" }")
-	return b.String()
+	return fmt.Sprintf("numgen random mod %d vmap @%s", len(r.Targets), r.Map)
 }
 
 // DNATRule rewrites the destination of a packet of protocol Proto to To:

@@ -74,3 +74,13 @@ func serviceChainName(kind string, f Family, svc model.ServiceKey, p *model.Port
 func endpointChainName(f Family, svc model.ServiceKey, p *model.PortMapping, to string) string {
 	return chainName("ep"+familySuffix(f), portID(svc, p)+"__"+to)
 }
+
+// balanceMapName names the verdict map choosing among the endpoint chains
+// targets of a service port's chain of the given kind:
+// "bal4-HASH-svc/ns/name/tcp/80__CONTENT", CONTENT being a hash of the
+// targets, so that other targets make another map.
+func balanceMapName(f Family, kind string, svc model.ServiceKey, p *model.PortMapping, targets []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(targets, "\x00")))
+	content := base32.StdEncoding.EncodeToString(sum[:])[:hashLen]
+	return chainName("bal"+familySuffix(f), kind+"/"+portID(svc, p)+"__"+content)
+}

@@ -238,8 +238,13 @@ func setID(sets map[string]*nftables.Set, name string) uint32 {
 	return 0
 }
 
-// affinitySetRef returns the set object of an affinity set.
-func affinitySetRef(t *nftables.Table, s *Set) *nftables.Set {
+// setRef returns the set object of a Set: a constant verdict map keyed by
+// integers for a balance map, a dynamic address set with a timeout for an
+// affinity set.
+func setRef(t *nftables.Table, s *Set) *nftables.Set {
+	if len(s.Targets) > 0 {
+		return &nftables.Set{Table: t, Name: s.Name, IsMap: true, Constant: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	}
 	return &nftables.Set{
 		Table:      t,
 		Name:       s.Name,
@@ -281,36 +286,33 @@ func dnatExprs(r DNATRule) ([]expr.Any, error) {
 	}, nil
 }
 
-// balanceExprs returns the expressions of a BalanceRule, adding to conn
-// the anonymous verdict map it needs (in the same batch as the rule).
-func balanceExprs(conn *nftables.Conn, t *nftables.Table, r BalanceRule) ([]expr.Any, error) {
-	switch len(r.Targets) {
-	case 0:
+// balanceExprs returns the expressions of a BalanceRule: "goto target",
+// or "numgen random mod N vmap @map" (sets: the sets added in the same
+// transaction, for their IDs).
+func balanceExprs(r BalanceRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
+	switch {
+	case len(r.Targets) == 0:
 		return nil, fmt.Errorf("balance rule without targets")
-	case 1:
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Targets[0]}}, nil
+	case len(r.Targets) == 1:
+		return []expr.Any{gotoVerdict(r.Targets[0])}, nil
+	case r.Map == "":
+		return nil, fmt.Errorf("balance rule over %d targets without a map", len(r.Targets))
 	}
-	m := &nftables.Set{
-		Table:     t,
-		Anonymous: true,
-		Constant:  true,
-		IsMap:     true,
-		KeyType:   nftables.TypeInteger,
-		DataType:  nftables.TypeVerdict,
-	}
-	els := make([]nftables.SetElement, len(r.Targets))
-	for i, target := range r.Targets {
-		// numgen writes its result in host byte order.
+	return []expr.Any{
+		&expr.Numgen{Register: reg1, Modulus: uint32(len(r.Targets)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: r.Map, SetID: setID(sets, r.Map)},
+	}, nil
+}
+
+// balanceElements returns the elements of a balance map: i -> goto
+// targets[i] (numgen writes its result in host byte order).
+func balanceElements(targets []string) []nftables.SetElement {
+	els := make([]nftables.SetElement, len(targets))
+	for i, target := range targets {
 		els[i] = nftables.SetElement{
 			Key:         binaryutil.NativeEndian.PutUint32(uint32(i)),
 			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: target},
 		}
 	}
-	if err := conn.AddSet(m, els); err != nil {
-		return nil, fmt.Errorf("anonymous map of %d endpoints: %w", len(r.Targets), err)
-	}
-	return []expr.Any{
-		&expr.Numgen{Register: reg1, Modulus: uint32(len(r.Targets)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID},
-	}, nil
+	return els
 }

@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -201,19 +202,42 @@ func (r AffinityUpdateRule) String() string {
 	return fmt.Sprintf("update @%s { %s }", r.Set, saddrText(r.Family))
 }
 
-// Set is a named set of the table: the client addresses that used one
-// endpoint of a service port with session affinity, each expiring after
-// Timeout without traffic. The timeout is part of the set's name, so that a
-// set never changes: a new timeout is a new set.
+// Set is a named set or map of the table, owned by one service, of one of
+// two kinds:
+//
+//   - an affinity set (Targets empty): the client addresses that used one
+//     endpoint of a service port with session affinity, each expiring after
+//     Timeout without traffic;
+//   - a balance map (Targets set): "type integer : verdict", i -> goto
+//     Targets[i], looked up with "numgen random mod N". A named map rather
+//     than an anonymous one: the kernel binds each anonymous set of a rule by
+//     walking the whole transaction, which made a cold start quadratic.
+//
+// A set's name says all of its content (the timeout, a hash of the
+// targets), so that a set never changes: a new content is a new set, and
+// the rules referring to it change in the same transaction.
 type Set struct {
 	Name    string
 	Family  Family
 	Timeout time.Duration
+	Targets []string
 	Service model.ServiceKey
+}
+
+// equalSets reports whether two sets are the same.
+func equalSets(a, b *Set) bool {
+	return a.Name == b.Name && a.Family == b.Family && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
 // Text returns the set's declaration in nft syntax.
 func (s *Set) Text() string {
+	if len(s.Targets) > 0 {
+		els := make([]string, len(s.Targets))
+		for i, t := range s.Targets {
+			els[i] = fmt.Sprintf("%d : goto %s", i, t)
+		}
+		return fmt.Sprintf("map %s {\n\t\ttype integer : verdict\n\t\tflags constant\n\t\telements = { %s }\n\t}", s.Name, strings.Join(els, ", "))
+	}
 	addr := "ipv4_addr"
 	if s.Family == IPv6 {
 		addr = "ipv6_addr"

@@ -32,7 +32,7 @@ func NewTracker(opts Options) *Tracker {
 		opts:     opts,
 		services: map[model.ServiceKey]serviceObjects{},
 		chains:   diffstore.New[string](equalChains),
-		sets:     diffstore.New[string](func(a, b *Set) bool { return *a == *b }),
+		sets:     diffstore.New[string](equalSets),
 		elements: diffstore.NewComparable[string, Element](),
 		owner:    map[string]model.ServiceKey{},
 	}

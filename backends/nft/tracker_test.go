@@ -10,7 +10,8 @@ import (
 
 // TestTrackerDeltaIsProportionalToTheChange checks, without the kernel,
 // that one endpoint added to one of 100 services changes two chains and
-// nothing else, and that deleting the service removes exactly its objects.
+// adds its balance map, nothing else, and that deleting the service removes
+// exactly its objects.
 func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	tr := NewTracker(Options{})
 	var items []*model.ServiceEndpoints
@@ -29,16 +30,18 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	changed := &model.ServiceEndpoints{Service: se.Service, Endpoints: append(se.Endpoints, ep("10.1.0.3", false))}
 	tr.Update(se.Service.Key(), changed)
 	d := tr.Done()
-	if len(d.Chains.Created) != 1 || len(d.Chains.Updated) != 1 || d.Len() != 2 {
-		t.Errorf("one endpoint added: %d created, %d updated, %d in all; want 1, 1, 2", len(d.Chains.Created), len(d.Chains.Updated), d.Len())
+	if len(d.Chains.Created) != 1 || len(d.Chains.Updated) != 1 || len(d.Sets.Created) != 1 || d.Len() != 3 {
+		t.Errorf("one endpoint added: %d chains created, %d updated, %d sets created, %d in all; want 1, 1, 1, 3",
+			len(d.Chains.Created), len(d.Chains.Updated), len(d.Sets.Created), d.Len())
 	}
 	if got := d.Services(); len(got) != 1 || got[0] != se.Service.Key() {
 		t.Errorf("Services() = %v", got)
 	}
 	tr.Update(se.Service.Key(), nil)
 	d = tr.Done()
-	if len(d.Chains.Deleted) != 3 || len(d.Elements.Deleted) != 1 || d.Len() != 4 {
-		t.Errorf("service deleted: %d chains, %d elements deleted, %d in all; want 3, 1, 4", len(d.Chains.Deleted), len(d.Elements.Deleted), d.Len())
+	if len(d.Chains.Deleted) != 3 || len(d.Sets.Deleted) != 1 || len(d.Elements.Deleted) != 1 || d.Len() != 5 {
+		t.Errorf("service deleted: %d chains, %d sets, %d elements deleted, %d in all; want 3, 1, 1, 5",
+			len(d.Chains.Deleted), len(d.Sets.Deleted), len(d.Elements.Deleted), d.Len())
 	}
 	if rs := tr.Ruleset("t"); len(rs.Chains) != 198 || len(rs.Elements) != 99 {
 		t.Errorf("ruleset after deletion: %d chains, %d elements", len(rs.Chains), len(rs.Elements))
