@@ -594,3 +594,48 @@ func BenchmarkTransactionOverhead(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkElementOnlyChange is an experiment: with n bench services in
+// the table, each iteration adds (or deletes) one element whose verdict is
+// drop in no-endpoint-services-v4, in its own transaction through a raw
+// connection. Unlike a goto (or any new rule with an immediate, lookup or
+// nat expression), such an element does not make the kernel revalidate
+// the whole table at commit: the difference with BenchmarkEndpointChange
+// is that validation.
+func BenchmarkElementOnlyChange(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			s, _ := programmed(b, n)
+			m := mapRef(&nftables.Table{Name: TableName(s.name), Family: nftables.TableFamilyINet}, IPv4, MapNoEndpoints(IPv4))
+			k, err := keyBytes(Key{Addr: netip.MustParseAddr("10.99.0.1"), Proto: model.TCP, Port: 80})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var ds []time.Duration
+			i := 0
+			for b.Loop() {
+				start := time.Now()
+				c, err := s.conn()
+				if err != nil {
+					b.Fatal(err)
+				}
+				el := []nftables.SetElement{{Key: k, VerdictData: verdictExpr(Verdict{})}}
+				if i%2 == 0 {
+					err = c.SetAddElements(m, el)
+				} else {
+					err = c.SetDeleteElements(m, el)
+				}
+				if err == nil {
+					err = c.Flush()
+				}
+				ds = append(ds, time.Since(start))
+				if err != nil {
+					b.Fatalf("iteration %d: %v", i, err)
+				}
+				i++
+			}
+			b.ReportMetric(durationsMs(ds, 0.5), "median-ms")
+			b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
+		})
+	}
+}
