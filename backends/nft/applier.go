@@ -8,6 +8,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
+	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/diffstore"
 )
 
@@ -139,14 +140,8 @@ func (a *Applier) full(rs *Ruleset) error {
 		a.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
 	}
 
-	for _, ch := range rs.Chains {
-		a.addChain(ch.Name)
-		a.stats.ChainsAdded++
-	}
-	for _, ch := range rs.Chains {
-		if err := a.addRules(ch); err != nil {
-			return err
-		}
+	if err := a.addChainsAndRules(rs.Chains); err != nil {
+		return err
 	}
 	byMap := map[string][]Element{}
 	for _, e := range rs.Elements {
@@ -162,6 +157,71 @@ func (a *Applier) full(rs *Ruleset) error {
 		}
 	}
 	return nil
+}
+
+// addChainsAndRules adds chains and their rules to a full transaction. For
+// every rule using an anonymous map (a BalanceRule of several endpoints),
+// the kernel walks the list of all the operations of the transaction so
+// far (__nft_set_trans_bind), which makes a large transaction quadratic.
+// Adding all the chains, then all the rules (endpoint chains sort first),
+// had that list hold every chain and every DNAT rule at each such rule: a
+// cold start of 10,000 services x 10 endpoints took 207 s. So the chains
+// are added service after service, each service's anonymous-map rules
+// right after its chains (as soon as the chains they go to exist), and
+// the other rules after all of them: 56 s.
+func (a *Applier) addChainsAndRules(chains []*Chain) error {
+	byService := map[model.ServiceKey][]*Chain{}
+	var order []model.ServiceKey
+	for _, ch := range chains {
+		if _, ok := byService[ch.Service]; !ok {
+			order = append(order, ch.Service)
+		}
+		byService[ch.Service] = append(byService[ch.Service], ch)
+	}
+	added := make(map[string]bool, len(chains))
+	var later []*Chain
+	for _, key := range order {
+		group := byService[key]
+		for _, ch := range group {
+			a.addChain(ch.Name)
+			a.stats.ChainsAdded++
+			added[ch.Name] = true
+		}
+		for _, ch := range group {
+			if !anonymousMapReady(ch, added) {
+				later = append(later, ch)
+				continue
+			}
+			if err := a.addRules(ch); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ch := range later {
+		if err := a.addRules(ch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// anonymousMapReady reports whether a rule of ch needs an anonymous map
+// and every chain its rules go to is in added.
+func anonymousMapReady(ch *Chain, added map[string]bool) bool {
+	uses := false
+	for _, r := range ch.Rules {
+		br, ok := r.(BalanceRule)
+		if !ok {
+			continue
+		}
+		for _, t := range br.Targets {
+			if !added[t] {
+				return false
+			}
+		}
+		uses = uses || len(br.Targets) > 1
+	}
+	return uses
 }
 
 // Partial applies d in one transaction: new chains are created and
