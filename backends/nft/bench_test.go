@@ -639,3 +639,27 @@ func BenchmarkElementOnlyChange(b *testing.B) {
 		})
 	}
 }
+
+// TestKernelLargeFullSync programs 2,000 single-endpoint services in one
+// full sync: a batch larger than the default socket send buffer (it failed
+// with EMSGSIZE) and 2,000 elements in one map (more than one netlink
+// attribute can hold: elements were silently lost). All elements must be
+// in the kernel and a service must answer.
+func TestKernelLargeFullSync(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "large")
+	items := manyServices(2000)
+	s.setAll(items...)
+	r := s.sync()
+	if !r.Full || r.Stats.ElementsAdded != 2000 {
+		t.Fatalf("full sync: %+v", r)
+	}
+	if got := kernelElements(t, b.Node, "large"); got != 2000 {
+		t.Fatalf("%d elements in the kernel's service map, want 2000", got)
+	}
+	last := items[len(items)-1].Service
+	ip := netip.MustParseAddr(last.IPs.ClusterIPs.V4[0])
+	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+		t.Errorf("%s: %v, %v; want the pod", ip, a, err)
+	}
+}
