@@ -357,7 +357,20 @@ func programmed(b *testing.B, n int) (*benchSink, *netns.NS) {
 func BenchmarkEndpointChange(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			// The model objects alone, as a source would hand them over.
 			before := liveHeap()
+			state := make([]*model.ServiceEndpoints, n)
+			for i := range state {
+				state[i] = &model.ServiceEndpoints{Service: benchService(i)}
+				for k := range benchEndpoints {
+					state[i].Endpoints = append(state[i].Endpoints, benchEndpoint(i, k))
+				}
+			}
+			modelHeap := liveHeap() - before
+			runtime.KeepAlive(state)
+			state = nil
+
+			before = liveHeap()
 			s, _ := programmed(b, n)
 			heap := liveHeap() - before
 			var ds []time.Duration
@@ -390,6 +403,7 @@ func BenchmarkEndpointChange(b *testing.B) {
 			// The sink holding n services: store, tracker, the model
 			// objects (only the sink references them) and the applier.
 			b.ReportMetric(float64(heap)/(1<<20), "heap-MiB")
+			b.ReportMetric(float64(modelHeap)/(1<<20), "model-MiB")
 		})
 	}
 }
