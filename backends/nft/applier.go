@@ -206,20 +206,26 @@ func (a *Applier) addChainsAndRules(chains []*Chain) error {
 }
 
 // anonymousMapReady reports whether a rule of ch needs an anonymous map
-// and every chain its rules go to is in added.
+// and ch's rules can be added now: every chain they go to is in added.
+// A rule of another type than BalanceRule and DNATRule may refer to
+// chains (or sets) this function does not know of, so its chain waits
+// until all the chains exist; to keep the faster order for such chains,
+// list here the chains their rules refer to.
 func anonymousMapReady(ch *Chain, added map[string]bool) bool {
 	uses := false
 	for _, r := range ch.Rules {
-		br, ok := r.(BalanceRule)
-		if !ok {
-			continue
-		}
-		for _, t := range br.Targets {
-			if !added[t] {
-				return false
+		switch r := r.(type) {
+		case BalanceRule:
+			for _, t := range r.Targets {
+				if !added[t] {
+					return false
+				}
 			}
+			uses = uses || len(r.Targets) > 1
+		case DNATRule:
+		default:
+			return false
 		}
-		uses = uses || len(br.Targets) > 1
 	}
 	return uses
 }
