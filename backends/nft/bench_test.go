@@ -224,7 +224,12 @@ func BenchmarkColdStartWithoutAnonymousMaps(b *testing.B) {
 			node := netns.New(b, "node")
 			conn := benchConn(b, node)
 			name := "noanon"
-			tr := NewTracker()
+			// The sink's own tracker (built with the sink's defaults).
+			ns, err := NewSink(Config{ServiceProxyName: name, Conn: conn})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tr := ns.(*sink).tracker
 			for i := range n {
 				se := &model.ServiceEndpoints{Service: benchService(i)}
 				for k := range benchEndpoints {
