@@ -24,6 +24,40 @@ func receiveBufferFor(messages int) int {
 	return max(minReceiveBuffer, messages*ackBytes)
 }
 
+// sendBufferFor returns the send buffer a transaction of messages messages
+// (elements map elements among them) needs: google/nftables sends a whole
+// batch in one sendmsg, and the kernel refuses (EMSGSIZE) a netlink
+// datagram larger than the socket's send buffer. The buffer is only that
+// limit (the kernel allocates the datagram at its real size), so the bound
+// is generous: 2 KiB per message (a rule, a chain) and 512 bytes per
+// element (a key and a verdict naming a chain of up to 255 bytes).
+func sendBufferFor(messages, elements int) int {
+	return max(minReceiveBuffer, messages*2048+elements*512)
+}
+
+// sendBuffer returns a socket option setting the send buffer to bytes,
+// with SO_SNDBUFFORCE or, failing that, SO_SNDBUF.
+func sendBuffer(bytes int) nftables.SockOption {
+	return func(c *netlink.Conn) error {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return fmt.Errorf("netlink socket: %w", err)
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bytes)
+		}); err != nil {
+			return fmt.Errorf("netlink socket: %w", err)
+		}
+		if serr != nil {
+			if err := c.SetWriteBuffer(bytes); err != nil {
+				return fmt.Errorf("set the netlink send buffer to %d bytes: %w", bytes, err)
+			}
+		}
+		return nil
+	}
+}
+
 // receiveBuffer returns a socket option setting the receive buffer to
 // bytes, with SO_RCVBUFFORCE (root: above net.core.rmem_max) or, failing
 // that, SO_RCVBUF. Without it, a transaction of a few hundred messages

@@ -1,0 +1,697 @@
+//go:build linux
+
+package nft
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// The benchmarks of this file program 1,000 to 10,000 ClusterIP services
+// with 10 IPv4 endpoints each (one TCP port, 80 → 8080) into a network
+// namespace on the real kernel, through NewSink, as a proxier does. They
+// need root. Each one asserts what it can (transaction sizes, objects in
+// the kernel, traffic); none asserts a time. See docs/benchmarks.md.
+
+const benchEndpoints = 10
+
+// benchClusterIP returns the cluster IP of bench service i: 10.96.0.0/12
+// from 10.96.1.1, skipping .0 and .255.
+func benchClusterIP(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, byte(96 + i/(250*256)), byte(1 + i/250%256), byte(1 + i%250)})
+}
+
+// benchEndpointIP returns the address of endpoint k of service i, in
+// 10.128.0.0/9 (no namespace holds them: only the rules see them).
+func benchEndpointIP(i, k int) netip.Addr {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], 10<<24|128<<16+uint32(i*benchEndpoints+k))
+	return netip.AddrFrom4(b)
+}
+
+// benchService returns bench service i: bench/svc-NNNNN, one cluster IP,
+// TCP 80 to 8080.
+func benchService(i int) *model.Service {
+	return svc("bench", fmt.Sprintf("svc-%05d", i), ipset(benchClusterIP(i).String()), tcp(80, 8080))
+}
+
+// benchEndpoint returns endpoint k of service i (ready, not local).
+func benchEndpoint(i, k int) *model.Endpoint {
+	return ep(benchEndpointIP(i, k).String(), false)
+}
+
+// feed sends services [from, to) with their endpoints to s.
+func feed(s localsink.Sink, from, to int) {
+	for i := from; i < to; i++ {
+		sv := benchService(i)
+		s.SetService(sv)
+		for k := range benchEndpoints {
+			e := benchEndpoint(i, k)
+			s.SetEndpoint(sv.Key(), e.Key(), e)
+		}
+	}
+}
+
+// benchConn returns a connection factory for ns (the namespace file stays
+// open until tb ends).
+func benchConn(tb testing.TB, ns *netns.NS) func() (*nftables.Conn, error) {
+	tb.Helper()
+	f, err := os.Open(ns.Path())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { f.Close() })
+	fd := int(f.Fd())
+	return func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
+}
+
+// benchSink is a sink with the result of its last transaction.
+type benchSink struct {
+	localsink.Sink
+	tb   testing.TB
+	conn func() (*nftables.Conn, error)
+	name string
+	last *SyncResult
+}
+
+// newBenchSink returns a sink programming table kpng-<name> in ns; the
+// table is removed when tb ends.
+func newBenchSink(tb testing.TB, ns *netns.NS, conn func() (*nftables.Conn, error), name string) *benchSink {
+	tb.Helper()
+	bs := &benchSink{tb: tb, conn: conn, name: name}
+	s, err := NewSink(Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { bs.last = &r }})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bs.Sink = s
+	tb.Cleanup(func() { bs.cleanup() })
+	return bs
+}
+
+func (bs *benchSink) cleanup() {
+	c, err := bs.conn()
+	if err == nil {
+		err = Cleanup(c, bs.name)
+	}
+	if err != nil {
+		bs.tb.Errorf("cleanup: %v", err)
+	}
+}
+
+// sync calls Sync and returns the result of its transaction, failing if
+// there was none or it failed.
+func (bs *benchSink) sync() SyncResult {
+	bs.tb.Helper()
+	bs.last = nil
+	bs.Sync()
+	if bs.last == nil {
+		bs.tb.Fatal("Sync sent no transaction")
+	}
+	if bs.last.Err != nil {
+		bs.tb.Fatalf("Sync: %v", bs.last.Err)
+	}
+	return *bs.last
+}
+
+// wantFull checks the size of a full sync of n bench services.
+func wantFull(tb testing.TB, r SyncResult, n int) {
+	tb.Helper()
+	// Per service: a service chain and 10 endpoint chains, a balance
+	// rule and 10 DNAT rules, one anonymous map, one element.
+	perService := 1 + benchEndpoints
+	if !r.Full || r.Stats.ChainsAdded != n*perService || r.Stats.ElementsAdded != n || r.Stats.Rules < n*perService {
+		tb.Fatalf("full sync of %d services: %+v (full %v), want %d chains, %d elements, %d+ rules", n, r.Stats, r.Full, n*perService, n, n*perService)
+	}
+}
+
+// kernelElements returns the number of elements of the map
+// service-ips-v4 of the table in ns, as nft lists them
+// (google/nftables's GetSetElements reads only the first part of a dump).
+func kernelElements(tb testing.TB, ns *netns.NS, name string) int {
+	tb.Helper()
+	out, _, err := ns.Exec(nil, "nft", "list", "map", "inet", TableName(name), MapServices(IPv4))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Count(out, " : goto ")
+}
+
+// liveHeap returns the live heap after a GC.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+func durationsMs(ds []time.Duration, q float64) float64 {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q * float64(len(s)-1))
+	return float64(s[i]) / float64(time.Millisecond)
+}
+
+// BenchmarkColdStart programs 10,000 services × 10 endpoints into an
+// empty namespace: each iteration is a new sink fed the whole state and
+// its first Sync (one transaction), after the previous table was removed.
+// ns/op is from the first SetService to the end of Sync. It checks the
+// transaction's size and the elements in the kernel, and reports the
+// live heap of the sink holding the state (store, tracker and the model
+// objects only it references).
+func BenchmarkColdStart(b *testing.B) {
+	for _, n := range []int{1000, 3000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			netns.RequirePrivileged(b)
+			node := netns.New(b, "node")
+			conn := benchConn(b, node)
+			var syncMs, msgs []float64
+			var heap uint64
+			for b.Loop() {
+				b.StopTimer()
+				before := liveHeap()
+				b.StartTimer()
+				s := newBenchSink(b, node, conn, "cold")
+				s.Reset()
+				feed(s, 0, n)
+				r := s.sync()
+				b.StopTimer()
+				heap = liveHeap() - before
+				runtime.KeepAlive(s)
+				wantFull(b, r, n)
+				if got := kernelElements(b, node, "cold"); got != n {
+					b.Fatalf("%d elements in the kernel's service map, want %d", got, n)
+				}
+				syncMs = append(syncMs, float64(r.Duration)/float64(time.Millisecond))
+				msgs = append(msgs, float64(r.Stats.Messages))
+				s.cleanup()
+				b.StartTimer()
+			}
+			slices.Sort(syncMs)
+			b.ReportMetric(syncMs[len(syncMs)/2], "sync-ms")
+			b.ReportMetric(msgs[0], "messages")
+			b.ReportMetric(float64(heap)/(1<<20), "heap-MiB")
+		})
+	}
+}
+
+// BenchmarkColdStartWithoutAnonymousMaps is an experiment, not the
+// backend's layout: the same tables as BenchmarkColdStart (same chains,
+// same DNAT rules, same elements) written by the Applier in one
+// transaction, except that each service chain goes to its first endpoint
+// instead of choosing one through an anonymous numgen map. It measures
+// what the anonymous maps cost in one large transaction.
+func BenchmarkColdStartWithoutAnonymousMaps(b *testing.B) {
+	for _, n := range []int{1000, 3000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			netns.RequirePrivileged(b)
+			node := netns.New(b, "node")
+			conn := benchConn(b, node)
+			name := "noanon"
+			// The sink's own tracker (built with the sink's defaults).
+			ns, err := NewSink(Config{ServiceProxyName: name, Conn: conn})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tr := ns.(*sink).tracker
+			for i := range n {
+				se := &model.ServiceEndpoints{Service: benchService(i)}
+				for k := range benchEndpoints {
+					se.Endpoints = append(se.Endpoints, benchEndpoint(i, k))
+				}
+				tr.Update(se.Service.Key(), se)
+			}
+			tr.Done()
+			rs := tr.Ruleset(TableName(name))
+			for _, ch := range rs.Chains {
+				for j, r := range ch.Rules {
+					if br, ok := r.(BalanceRule); ok && len(br.Targets) > 1 {
+						ch.Rules[j] = BalanceRule{Targets: br.Targets[:1]}
+					}
+				}
+			}
+			var st Stats
+			for b.Loop() {
+				a := NewApplier(conn, rs.Table)
+				var err error
+				st, err = a.Full(rs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if st.ChainsAdded != n*(1+benchEndpoints) || st.ElementsAdded != n {
+					b.Fatalf("%+v", st)
+				}
+				if got := kernelElements(b, node, name); got != n {
+					b.Fatalf("%d elements in the kernel's service map, want %d", got, n)
+				}
+				c, err := conn()
+				if err == nil {
+					err = Cleanup(c, name)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(st.Messages), "messages")
+		})
+	}
+}
+
+// changeSizes records the message counts of the change benchmarks per
+// number of services, to check that they do not depend on it.
+var changeSizes = struct {
+	sync.Mutex
+	m map[string]map[int]int
+}{m: map[string]map[int]int{}}
+
+// sameSize records the size of a kind of change at n services and fails
+// if it differs from the size at another number of services.
+func sameSize(tb testing.TB, kind string, n, messages int) {
+	tb.Helper()
+	changeSizes.Lock()
+	defer changeSizes.Unlock()
+	if changeSizes.m[kind] == nil {
+		changeSizes.m[kind] = map[int]int{}
+	}
+	changeSizes.m[kind][n] = messages
+	for other, m := range changeSizes.m[kind] {
+		if m != messages {
+			tb.Fatalf("%s: %d messages at %d services, %d at %d: the size depends on the table", kind, messages, n, m, other)
+		}
+	}
+}
+
+// growChunk is the number of services per transaction when a benchmark
+// builds its table step by step (see grow).
+const growChunk = 500
+
+// grow adds services [from, to) to s in partial transactions of growChunk
+// services, checking each one's size. A full sync of 10,000 services
+// takes minutes on this kernel (see BenchmarkColdStart); the set-up of the
+// other benchmarks does not need it to be one transaction.
+func grow(tb testing.TB, s *benchSink, from, to int) {
+	tb.Helper()
+	for start := from; start < to; start += growChunk {
+		end := min(start+growChunk, to)
+		feed(s, start, end)
+		r := s.sync()
+		if r.Full || r.Stats.ChainsAdded != (end-start)*(1+benchEndpoints) || r.Stats.ElementsAdded != end-start {
+			tb.Fatalf("adding services %d to %d: %+v (full %v)", start, end, r.Stats, r.Full)
+		}
+	}
+}
+
+// shrink deletes services [from, to) from s in partial transactions of
+// growChunk services.
+func shrink(tb testing.TB, s *benchSink, from, to int) {
+	tb.Helper()
+	for start := from; start < to; start += growChunk {
+		end := min(start+growChunk, to)
+		for i := start; i < end; i++ {
+			s.DeleteService(benchService(i).Key())
+		}
+		r := s.sync()
+		if r.Full || r.Stats.ChainsDeleted != (end-start)*(1+benchEndpoints) || r.Stats.ElementsDeleted != end-start {
+			tb.Fatalf("deleting services %d to %d: %+v (full %v)", start, end, r.Stats, r.Full)
+		}
+	}
+}
+
+// programmed returns a sink in a new namespace holding n bench services,
+// programmed by an empty full sync and then grow.
+func programmed(b *testing.B, n int) (*benchSink, *netns.NS) {
+	netns.RequirePrivileged(b)
+	node := netns.New(b, "node")
+	conn := benchConn(b, node)
+	s := newBenchSink(b, node, conn, "bench")
+	s.Reset()
+	if r := s.sync(); !r.Full {
+		b.Fatalf("first sync not full: %+v", r)
+	}
+	grow(b, s, 0, n)
+	if got := kernelElements(b, node, "bench"); got != n {
+		b.Fatalf("%d elements in the kernel's service map, want %d", got, n)
+	}
+	return s, node
+}
+
+// BenchmarkEndpointChange removes one endpoint of one service, or adds it
+// back, per iteration, and syncs: one partial transaction each. It fails
+// unless each transaction touches only that service's chains (the service
+// chain flushed and refilled; the endpoint chain added with its rules, or
+// flushed and deleted), every transaction of a kind has the same size,
+// and that size is the same at 1,000 and 10,000 services (5 messages
+// either way with this layout). median-ms and p99-ms are over the
+// iterations' Sync calls.
+func BenchmarkEndpointChange(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			// The model objects alone, as a source would hand them over.
+			before := liveHeap()
+			state := make([]*model.ServiceEndpoints, n)
+			for i := range state {
+				state[i] = &model.ServiceEndpoints{Service: benchService(i)}
+				for k := range benchEndpoints {
+					state[i].Endpoints = append(state[i].Endpoints, benchEndpoint(i, k))
+				}
+			}
+			modelHeap := liveHeap() - before
+			runtime.KeepAlive(state)
+			state = nil
+
+			before = liveHeap()
+			s, _ := programmed(b, n)
+			heap := liveHeap() - before
+			var ds []time.Duration
+			sizes := map[string]Stats{}
+			i := 0
+			for b.Loop() {
+				svcIdx := (i / 2 * 7919) % n // visit services in a scattered order
+				sv := benchService(svcIdx)
+				e := benchEndpoint(svcIdx, 3)
+				if i%2 == 0 {
+					s.DeleteEndpoint(sv.Key(), e.Key())
+				} else {
+					s.SetEndpoint(sv.Key(), e.Key(), e)
+				}
+				start := time.Now()
+				r := s.sync()
+				ds = append(ds, time.Since(start))
+				kind, chains := "endpoint added", r.Stats.ChainsAdded
+				if i%2 == 0 {
+					kind, chains = "endpoint removed", r.Stats.ChainsDeleted
+				}
+				// One endpoint chain added or deleted, the service
+				// chain flushed and refilled, nothing else; every change
+				// of a kind the same size, at every number of services.
+				if r.Full || chains != 1 || r.Stats.ChainsFlushed != 1 || r.Stats.ElementsAdded+r.Stats.ElementsDeleted != 0 ||
+					len(r.Services) != 1 || r.Services[0] != sv.Key() {
+					b.Fatalf("change %d (%s): %+v (full %v, services %v), want one endpoint chain of %s", i, kind, r.Stats, r.Full, r.Services, sv.Key())
+				}
+				if first, ok := sizes[kind]; !ok {
+					sizes[kind] = r.Stats
+				} else if r.Stats != first {
+					b.Fatalf("change %d (%s): %+v, the first one was %+v", i, kind, r.Stats, first)
+				}
+				sameSize(b, kind, n, r.Stats.Messages)
+				i++
+			}
+			b.ReportMetric(durationsMs(ds, 0.5), "median-ms")
+			b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
+			b.ReportMetric(float64(sizes["endpoint added"].Messages), "add-messages")
+			b.ReportMetric(float64(sizes["endpoint removed"].Messages), "remove-messages")
+			// The sink holding n services: store, tracker, the model
+			// objects (only the sink references them) and the applier.
+			b.ReportMetric(float64(heap)/(1<<20), "heap-MiB")
+			b.ReportMetric(float64(modelHeap)/(1<<20), "model-MiB")
+		})
+	}
+}
+
+// BenchmarkServiceAddDelete adds one service with 10 endpoints and syncs,
+// then deletes it and syncs, per iteration. It checks both transactions'
+// sizes (the same at 1,000 and 10,000 services) and the number of
+// elements in the kernel's service map after the last one.
+func BenchmarkServiceAddDelete(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			s, node := programmed(b, n)
+			var adds, dels []time.Duration
+			var addMsgs, delMsgs int
+			i := 0
+			for b.Loop() {
+				idx := n + i%100
+				sv := benchService(idx)
+				s.SetService(sv)
+				for k := range benchEndpoints {
+					e := benchEndpoint(idx, k)
+					s.SetEndpoint(sv.Key(), e.Key(), e)
+				}
+				start := time.Now()
+				r := s.sync()
+				adds = append(adds, time.Since(start))
+				if r.Full || r.Stats.ChainsAdded != 1+benchEndpoints || r.Stats.ElementsAdded != 1 || r.Stats.Rules < 1+benchEndpoints {
+					b.Fatalf("add: %+v", r.Stats)
+				}
+				addMsgs = r.Stats.Messages
+				sameSize(b, "service added", n, addMsgs)
+
+				s.DeleteService(sv.Key())
+				start = time.Now()
+				r = s.sync()
+				dels = append(dels, time.Since(start))
+				if r.Full || r.Stats.ChainsDeleted != 1+benchEndpoints || r.Stats.ElementsDeleted != 1 || r.Stats.ChainsAdded != 0 {
+					b.Fatalf("delete: %+v", r.Stats)
+				}
+				delMsgs = r.Stats.Messages
+				sameSize(b, "service deleted", n, delMsgs)
+				i++
+			}
+			if got := kernelElements(b, node, "bench"); got != n {
+				b.Fatalf("%d elements in the kernel's service map after the adds and deletes, want %d", got, n)
+			}
+			b.ReportMetric(durationsMs(adds, 0.5), "add-median-ms")
+			b.ReportMetric(durationsMs(adds, 0.99), "add-p99-ms")
+			b.ReportMetric(float64(addMsgs), "add-messages")
+			b.ReportMetric(durationsMs(dels, 0.5), "delete-median-ms")
+			b.ReportMetric(durationsMs(dels, 0.99), "delete-p99-ms")
+			b.ReportMetric(float64(delMsgs), "delete-messages")
+		})
+	}
+}
+
+// firstPacketSamples is the number of new connections timed per table
+// size and block.
+const firstPacketSamples = 300
+
+// BenchmarkFirstPacket times new TCP connections (connect, send a line,
+// read the answer) from the client to a service's cluster IP, DNATed on
+// the node to the pod, with the node's table holding 100 and then 10,000
+// services (the service measured plus the bench services, whose
+// endpoints do not exist), alternately, 3 blocks of 300 connections each,
+// in one run. It also times connections to the pod's own address (no
+// DNAT) as the baseline of the topology. Every answer must come from the
+// pod, on its address and port 6000. Use -benchtime=1x.
+func BenchmarkFirstPacket(b *testing.B) {
+	netns.RequirePrivileged(b)
+	topo := netns.Blog(b)
+	conn := benchConn(b, topo.Node)
+	s := newBenchSink(b, topo.Node, conn, "fp")
+	target := netip.MustParseAddr("10.97.0.10")
+	dst := netip.AddrPortFrom(target, 80)
+	measured := svc("default", "measured", ipset(target.String()), tcp(80, 6000))
+	podEp := ep(netns.PodV4.String(), true)
+
+	s.Reset()
+	s.SetService(measured)
+	s.SetEndpoint(measured.Key(), podEp.Key(), podEp)
+	if r := s.sync(); !r.Full || r.Stats.ElementsAdded != 1 {
+		b.Fatalf("first sync: %+v", r.Stats)
+	}
+	size := 1
+	// resize sets the table to n services: the measured one and n-1
+	// bench services.
+	resize := func(n int) {
+		if n-1 > size-1 {
+			grow(b, s, size-1, n-1)
+		} else {
+			shrink(b, s, n-1, size-1)
+		}
+		size = n
+		if got := kernelElements(b, topo.Node, "fp"); got != n {
+			b.Fatalf("%d elements in the kernel's service map, want %d", got, n)
+		}
+	}
+	// times opens count connections from the client to to and returns
+	// their durations.
+	times := func(to netip.AddrPort, count int) []time.Duration {
+		var ds []time.Duration
+		err := topo.Client.Do(func() error {
+			for range count {
+				start := time.Now()
+				c, err := net.DialTimeout("tcp", to.String(), 2*time.Second)
+				if err != nil {
+					return err
+				}
+				_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.Write([]byte("who are you?\n")); err != nil {
+					c.Close()
+					return err
+				}
+				line, err := bufio.NewReader(c).ReadString('\n')
+				took := time.Since(start)
+				c.Close()
+				if err != nil {
+					return err
+				}
+				a, err := netns.ParseAnswer(line)
+				if err != nil {
+					return err
+				}
+				if a.Server != netns.PodID || a.Local != netip.AddrPortFrom(netns.PodV4, 6000) {
+					return fmt.Errorf("answer %s, want the pod on %s:6000", a, netns.PodV4)
+				}
+				ds = append(ds, took)
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatalf("connections to %s: %v", to, err)
+		}
+		return ds
+	}
+
+	sizes := []int{100, 10000}
+	for b.Loop() {
+		all := map[int][]time.Duration{}
+		var direct []time.Duration
+		for range 3 {
+			for _, n := range sizes {
+				b.StopTimer()
+				resize(n)
+				b.StartTimer()
+				times(dst, 20) // warm-up: ARP, caches
+				all[n] = append(all[n], times(dst, firstPacketSamples)...)
+			}
+			direct = append(direct, times(netip.AddrPortFrom(netns.PodV4, 6000), firstPacketSamples)...)
+		}
+		m100, m10k := durationsMs(all[100], 0.5), durationsMs(all[10000], 0.5)
+		b.ReportMetric(m100*1000, "median-us-100")
+		b.ReportMetric(m10k*1000, "median-us-10000")
+		b.ReportMetric(durationsMs(all[100], 0.99)*1000, "p99-us-100")
+		b.ReportMetric(durationsMs(all[10000], 0.99)*1000, "p99-us-10000")
+		b.ReportMetric(m10k/m100, "ratio-10000/100")
+		b.ReportMetric(durationsMs(direct, 0.5)*1000, "median-us-direct")
+	}
+}
+
+// BenchmarkTransactionOverhead measures the fixed cost of one transaction
+// (one message: add an existing table) in an empty namespace: on a new
+// connection per transaction, as the Applier does (netlink socket opened
+// in the namespace, buffers set, closed), and on one lasting connection
+// (nftables.AsLasting). The difference is what reusing a connection
+// could save per Sync.
+func BenchmarkTransactionOverhead(b *testing.B) {
+	netns.RequirePrivileged(b)
+	node := netns.New(b, "node")
+	f, err := os.Open(node.Path())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	t := &nftables.Table{Name: "overhead", Family: nftables.TableFamilyINet}
+	b.Run("conn=new", func(b *testing.B) {
+		for b.Loop() {
+			c, err := nftables.New(nftables.WithNetNSFd(fd))
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.AddTable(t)
+			nftables.WithSockOptions(receiveBuffer(receiveBufferFor(1)), sendBuffer(sendBufferFor(1, 0)))(c)
+			if err := c.Flush(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("conn=lasting", func(b *testing.B) {
+		c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.CloseLasting()
+		for b.Loop() {
+			c.AddTable(t)
+			if err := c.Flush(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkElementOnlyChange is an experiment: with n bench services in
+// the table, each iteration adds (or deletes) one element whose verdict is
+// drop in no-endpoint-services-v4, in its own transaction through a raw
+// connection. Unlike a goto (or any new rule with an immediate, lookup or
+// nat expression), such an element does not make the kernel revalidate
+// the whole table at commit: the difference with BenchmarkEndpointChange
+// is that validation.
+func BenchmarkElementOnlyChange(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			s, _ := programmed(b, n)
+			m := mapRef(&nftables.Table{Name: TableName(s.name), Family: nftables.TableFamilyINet}, IPv4, MapNoEndpoints(IPv4))
+			k, err := keyBytes(Key{Addr: netip.MustParseAddr("10.99.0.1"), Proto: model.TCP, Port: 80})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var ds []time.Duration
+			i := 0
+			for b.Loop() {
+				start := time.Now()
+				c, err := s.conn()
+				if err != nil {
+					b.Fatal(err)
+				}
+				el := []nftables.SetElement{{Key: k, VerdictData: verdictExpr(Verdict{})}}
+				if i%2 == 0 {
+					err = c.SetAddElements(m, el)
+				} else {
+					err = c.SetDeleteElements(m, el)
+				}
+				if err == nil {
+					err = c.Flush()
+				}
+				ds = append(ds, time.Since(start))
+				if err != nil {
+					b.Fatalf("iteration %d: %v", i, err)
+				}
+				i++
+			}
+			b.ReportMetric(durationsMs(ds, 0.5), "median-ms")
+			b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
+		})
+	}
+}
+
+// TestKernelLargeFullSync programs 2,000 single-endpoint services in one
+// full sync: a batch larger than the default socket send buffer (it failed
+// with EMSGSIZE) and 2,000 elements in one map (more than one netlink
+// attribute can hold: elements were silently lost). All elements must be
+// in the kernel and a service must answer.
+func TestKernelLargeFullSync(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "large")
+	items := manyServices(2000)
+	s.setAll(items...)
+	r := s.sync()
+	if !r.Full || r.Stats.ElementsAdded != 2000 {
+		t.Fatalf("full sync: %+v", r)
+	}
+	if got := kernelElements(t, b.Node, "large"); got != 2000 {
+		t.Fatalf("%d elements in the kernel's service map, want 2000", got)
+	}
+	last := items[len(items)-1].Service
+	ip := netip.MustParseAddr(last.IPs.ClusterIPs.V4[0])
+	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+		t.Errorf("%s: %v, %v; want the pod", ip, a, err)
+	}
+}
