@@ -211,13 +211,13 @@ func BenchmarkColdStart(b *testing.B) {
 	}
 }
 
-// BenchmarkColdStartWithoutAnonymousMaps is an experiment, not the
+// BenchmarkColdStartWithoutBalanceMaps is an experiment, not the
 // backend's layout: the same tables as BenchmarkColdStart (same chains,
 // same DNAT rules, same elements) written by the Applier in one
 // transaction, except that each service chain goes to its first endpoint
-// instead of choosing one through an anonymous numgen map. It measures
-// what the anonymous maps cost in one large transaction.
-func BenchmarkColdStartWithoutAnonymousMaps(b *testing.B) {
+// instead of choosing one through its numgen balance map. It measures
+// what the per-service maps cost in one large transaction.
+func BenchmarkColdStartWithoutBalanceMaps(b *testing.B) {
 	for _, n := range []int{1000, 3000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			netns.RequirePrivileged(b)
