@@ -6,8 +6,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/google/nftables"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"sigs.k8s.io/kpng/backends/healthcheck"
 	"sigs.k8s.io/kpng/backends/nft"
 	"sigs.k8s.io/kpng/cmd/kpng/app"
 	"sigs.k8s.io/kpng/localsink"
@@ -37,6 +40,7 @@ func nftBackend() app.Backend {
 			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
 			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
+			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx}
 				if *name != "" {
@@ -72,7 +76,13 @@ func nftBackend() app.Backend {
 				if *cleanup {
 					return nil, cleanupTable(cfg)
 				}
-				return nft.NewSink(cfg)
+				sink, err := nft.NewSink(cfg)
+				if err != nil || !*healthChecks {
+					return sink, err
+				}
+				hc := healthcheck.New(healthcheck.Config{Listen: listenIn(*netnsPath)})
+				go func() { <-ctx.Done(); hc.Close() }()
+				return localsink.Tee(sink, hc), nil
 			}
 		},
 	}
@@ -93,6 +103,40 @@ func cleanupTable(cfg nft.Config) error {
 	}
 	klog.InfoS("Removed the nftables table", "table", nft.TableName(cfg.ServiceProxyName))
 	return app.ErrBackendDone
+}
+
+// listenIn returns a function listening in the network namespace at path
+// (the current one if path is empty).
+func listenIn(path string) func(network, address string) (net.Listener, error) {
+	if path == "" {
+		return net.Listen
+	}
+	return func(network, address string) (net.Listener, error) {
+		type result struct {
+			ln  net.Listener
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			// The thread enters the namespace and is never unlocked: the
+			// runtime ends it with this goroutine instead of reusing it.
+			runtime.LockOSThread()
+			ns, err := vnetns.GetFromPath(path)
+			if err != nil {
+				done <- result{err: fmt.Errorf("open network namespace %s: %w", path, err)}
+				return
+			}
+			defer ns.Close()
+			if err := vnetns.Set(ns); err != nil {
+				done <- result{err: fmt.Errorf("enter network namespace %s: %w", path, err)}
+				return
+			}
+			ln, err := net.Listen(network, address)
+			done <- result{ln, err}
+		}()
+		r := <-done
+		return r.ln, r.err
+	}
 }
 
 // parseCIDRs parses a comma-separated list of CIDRs given to flag.

@@ -3,9 +3,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -98,6 +102,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 
 	waitAnswer(t, b, netns.PodID)
 	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
+	checkLoadBalancerLocal(t, b, kc, ns, name)
 	// One UDP flow (one source port, one conntrack entry in the node) per
 	// family, kept across the move: kpng must delete its entry, in the
 	// node's namespace, for it to follow the endpoint.
@@ -223,4 +228,70 @@ func waitAnswer(t *testing.T, b *netns.BlogTopology, server string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("service not answered by %s within 30s: %s", server, last)
+}
+
+// checkLoadBalancerLocal creates a LoadBalancer Service with
+// externalTrafficPolicy: Local whose endpoint is the pod on this node, and
+// checks, from the client, its node port (answered by the pod, which sees
+// the client's address) and its health check node port (200 with one
+// local endpoint), as served by kpng to-nft.
+func checkLoadBalancerLocal(t *testing.T, b *netns.BlogTopology, kc kubetest.Client, ns, proxyName string) {
+	t.Helper()
+	lb := kc.CreateService(kubetest.Service(ns, "lb", proxyName, func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.Ports = []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(6000)}}
+	}))
+	if lb.Spec.HealthCheckNodePort == 0 || lb.Spec.Ports[0].NodePort == 0 {
+		t.Fatalf("the API server allocated no node port or health check node port: %+v", lb.Spec)
+	}
+	kc.CreateSlice(kubetest.Slice(lb, "lb-v4", kubetest.EP{IP: netns.PodV4.String(), Node: "node-a"}))
+	nodePort := netip.AddrPortFrom(netns.NodeV4, uint16(lb.Spec.Ports[0].NodePort))
+	health := netip.AddrPortFrom(netns.NodeV4, uint16(lb.Spec.HealthCheckNodePort))
+
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		a, err := b.Client.Ask("tcp", nodePort, netns.AskOptions{Timeout: 300 * time.Millisecond})
+		code, body, herr := httpGet(b.Client, health)
+		last = fmt.Sprintf("node port: %v %v; health check: %d %q %v", a, err, code, body, herr)
+		if err == nil && a.Server == netns.PodID && code == 200 {
+			if a.Remote.Addr() != netns.ClientV4 {
+				t.Errorf("node port with the Local policy: the pod saw %s, want the client's address", a.Remote)
+			}
+			if !strings.Contains(body, `"localEndpoints":1`) || !strings.Contains(body, `"name":"lb"`) {
+				t.Errorf("health check body %q", body)
+			}
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("LoadBalancer service with the Local policy not served within 30s: %s", last)
+}
+
+// httpGet sends GET /healthz to dst from the namespace n (one connection
+// made in it) and returns the status code and body.
+func httpGet(n *netns.NS, dst netip.AddrPort) (int, string, error) {
+	var code int
+	var body string
+	err := n.Do(func() error {
+		c, err := net.DialTimeout("tcp", dst.String(), time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := fmt.Fprintf(c, "GET /healthz HTTP/1.0\r\nHost: %s\r\n\r\n", dst); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(data)
+		return err
+	})
+	return code, body, err
 }

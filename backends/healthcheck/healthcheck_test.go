@@ -1,0 +1,160 @@
+package healthcheck
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// freePorts returns n TCP ports free on loopback.
+func freePorts(t *testing.T, n int) []int32 {
+	t.Helper()
+	var ports []int32
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, int32(ln.Addr().(*net.TCPAddr).Port))
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return ports
+}
+
+// loopback listens on 127.0.0.1 only (tests never listen elsewhere).
+func loopback(network, address string) (net.Listener, error) {
+	return net.Listen(network, "127.0.0.1"+address)
+}
+
+// get asks the health check on port p; status 0 means no answer.
+func get(t *testing.T, p int32) (int, body) {
+	t.Helper()
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", p))
+	if err != nil {
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("health check on %d: %v", p, err)
+		}
+		return 0, body{}
+	}
+	defer resp.Body.Close()
+	var b body
+	data, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(data, &b); err != nil {
+		t.Fatalf("health check on %d: body %q: %v", p, data, err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("content type %q", ct)
+	}
+	return resp.StatusCode, b
+}
+
+func lbService(name string, hc int32, local bool) *model.Service {
+	return &model.Service{Namespace: "default", Name: name, Type: "LoadBalancer", HealthCheckNodePort: hc, ExternalTrafficToLocal: local}
+}
+
+func endpoint(ip string, local, ready bool) *model.Endpoint {
+	return &model.Endpoint{IPs: model.IPSet{V4: []string{ip}}, Local: local, Ready: ready, Serving: ready}
+}
+
+// TestHealthCheck follows one health check node port through a service's
+// life: served with the number of ready local endpoints (200), 503 without
+// any, a port conflict, the port closed when the service no longer needs
+// it, and Close.
+func TestHealthCheck(t *testing.T) {
+	ports := freePorts(t, 2)
+	s := New(Config{Listen: loopback})
+	defer s.Close()
+	lb := lbService("lb", ports[0], true)
+	key := lb.Key()
+	s.Reset()
+	s.SetService(lb)
+	s.SetEndpoint(key, "10.1.0.1", endpoint("10.1.0.1", true, true))
+	s.SetEndpoint(key, "10.1.0.2", endpoint("10.1.0.2", true, true))
+	s.SetEndpoint(key, "10.1.0.3", endpoint("10.1.0.3", false, true)) // other node
+	s.SetEndpoint(key, "10.1.0.4", endpoint("10.1.0.4", true, false)) // not ready
+	// Same port, later in key order: not served.
+	dup := lbService("other", ports[0], true)
+	s.SetService(dup)
+	// Cluster policy: no health check even with a port.
+	s.SetService(lbService("cluster", ports[1], false))
+	s.Sync()
+
+	if code, b := get(t, ports[0]); code != http.StatusOK || b.LocalEndpoints != 2 || b.Service.Namespace != "default" || b.Service.Name != "lb" {
+		t.Errorf("two local ready endpoints: %d %+v, want 200 with 2 for default/lb", code, b)
+	}
+	if code, _ := get(t, ports[1]); code != 0 {
+		t.Errorf("Cluster policy service: answered %d, want no server", code)
+	}
+	if got := s.Ports(); len(got) != 1 || got[0] != ports[0] {
+		t.Errorf("ports %v, want [%d]", got, ports[0])
+	}
+
+	s.DeleteEndpoint(key, "10.1.0.1")
+	s.DeleteEndpoint(key, "10.1.0.2")
+	s.Sync()
+	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || b.LocalEndpoints != 0 {
+		t.Errorf("no local ready endpoint: %d %+v, want 503 with 0", code, b)
+	}
+
+	// The port moves: the old one closes, the new one opens.
+	moved := lbService("lb", ports[1], true)
+	s.DeleteService(dup.Key())
+	s.SetService(moved)
+	s.Sync()
+	if code, _ := get(t, ports[0]); code != 0 {
+		t.Errorf("old port still answers %d", code)
+	}
+	if code, _ := get(t, ports[1]); code != http.StatusServiceUnavailable {
+		t.Errorf("new port: %d, want 503", code)
+	}
+
+	s.Close()
+	if code, _ := get(t, ports[1]); code != 0 {
+		t.Errorf("after Close, answered %d", code)
+	}
+	s.Sync() // harmless after Close
+	if got := s.Ports(); len(got) != 0 {
+		t.Errorf("ports after Close: %v", got)
+	}
+}
+
+// TestHealthCheckListenError checks that a port that cannot be opened is
+// reported and retried at the next Sync, without affecting the others.
+func TestHealthCheckListenError(t *testing.T) {
+	ports := freePorts(t, 2)
+	busy, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Listen: loopback})
+	defer s.Close()
+	s.Reset()
+	s.SetService(lbService("a", ports[0], true))
+	s.SetService(lbService("b", ports[1], true))
+	s.Sync()
+	if got := s.Ports(); len(got) != 1 || got[0] != ports[1] {
+		t.Errorf("ports %v, want only %d (the other is busy)", got, ports[1])
+	}
+	busy.Close()
+	s.Sync()
+	if got := s.Ports(); len(got) != 2 {
+		t.Errorf("ports %v after the port was freed, want both", got)
+	}
+	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || !strings.Contains(b.Service.Name, "a") {
+		t.Errorf("freed port: %d %+v", code, b)
+	}
+}
