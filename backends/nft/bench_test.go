@@ -68,19 +68,6 @@ func feed(s localsink.Sink, from, to int) {
 	}
 }
 
-// benchConn returns a connection factory for ns (the namespace file stays
-// open until tb ends).
-func benchConn(tb testing.TB, ns *netns.NS) func() (*nftables.Conn, error) {
-	tb.Helper()
-	f, err := os.Open(ns.Path())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { f.Close() })
-	fd := int(f.Fd())
-	return func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
-}
-
 // benchSink is a sink with the result of its last transaction.
 type benchSink struct {
 	localsink.Sink
@@ -180,7 +167,7 @@ func BenchmarkColdStart(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			netns.RequirePrivileged(b)
 			node := netns.New(b, "node")
-			conn := benchConn(b, node)
+			conn := connIn(b, node)
 			var syncMs, msgs []float64
 			var heap uint64
 			for b.Loop() {
@@ -222,7 +209,7 @@ func BenchmarkColdStartWithoutBalanceMaps(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			netns.RequirePrivileged(b)
 			node := netns.New(b, "node")
-			conn := benchConn(b, node)
+			conn := connIn(b, node)
 			name := "noanon"
 			// The sink's own tracker (built with the sink's defaults).
 			ns, err := NewSink(Config{ServiceProxyName: name, Conn: conn})
@@ -340,7 +327,7 @@ func shrink(tb testing.TB, s *benchSink, from, to int) {
 func programmed(b *testing.B, n int) (*benchSink, *netns.NS) {
 	netns.RequirePrivileged(b)
 	node := netns.New(b, "node")
-	conn := benchConn(b, node)
+	conn := connIn(b, node)
 	s := newBenchSink(b, node, conn, "bench")
 	s.Reset()
 	if r := s.sync(); !r.Full {
@@ -493,7 +480,7 @@ const firstPacketSamples = 300
 func BenchmarkFirstPacket(b *testing.B) {
 	netns.RequirePrivileged(b)
 	topo := netns.Blog(b)
-	conn := benchConn(b, topo.Node)
+	conn := connIn(b, topo.Node)
 	s := newBenchSink(b, topo.Node, conn, "fp")
 	target := netip.MustParseAddr("10.97.0.10")
 	dst := netip.AddrPortFrom(target, 80)

@@ -5,7 +5,6 @@ package nft
 import (
 	"errors"
 	"net/netip"
-	"os"
 	"testing"
 	"time"
 
@@ -17,16 +16,10 @@ import (
 	"sigs.k8s.io/kpng/internal/netns"
 )
 
-// conntrackIn returns a conntrack handle factory for the namespace ns; the
-// namespace file stays open until the test ends.
+// conntrackIn returns a conntrack handle factory for the namespace ns.
 func conntrackIn(t *testing.T, ns *netns.NS) func() (*netlink.Handle, error) {
 	t.Helper()
-	f, err := os.Open(ns.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	fd := int(f.Fd())
+	fd := nsFD(t, ns)
 	return func() (*netlink.Handle, error) {
 		return netlink.NewHandleAt(vnetns.NsHandle(fd), unix.NETLINK_NETFILTER)
 	}

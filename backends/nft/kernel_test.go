@@ -57,16 +57,22 @@ func kernelTopology(t *testing.T) *netns.BlogTopology {
 	return b
 }
 
-// connIn returns a connection factory for the namespace ns; the namespace
-// file stays open until the test ends.
-func connIn(t *testing.T, ns *netns.NS) func() (*nftables.Conn, error) {
-	t.Helper()
+// nsFD opens the namespace ns and returns its file descriptor, which
+// stays open until tb ends.
+func nsFD(tb testing.TB, ns *netns.NS) int {
+	tb.Helper()
 	f, err := os.Open(ns.Path())
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { f.Close() })
-	fd := int(f.Fd())
+	tb.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+// connIn returns a connection factory for the namespace ns.
+func connIn(tb testing.TB, ns *netns.NS) func() (*nftables.Conn, error) {
+	tb.Helper()
+	fd := nsFD(tb, ns)
 	return func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
 }
 

@@ -38,24 +38,7 @@ func sendBufferFor(messages, elements int) int {
 // sendBuffer returns a socket option setting the send buffer to bytes,
 // with SO_SNDBUFFORCE or, failing that, SO_SNDBUF.
 func sendBuffer(bytes int) nftables.SockOption {
-	return func(c *netlink.Conn) error {
-		rc, err := c.SyscallConn()
-		if err != nil {
-			return fmt.Errorf("netlink socket: %w", err)
-		}
-		var serr error
-		if err := rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bytes)
-		}); err != nil {
-			return fmt.Errorf("netlink socket: %w", err)
-		}
-		if serr != nil {
-			if err := c.SetWriteBuffer(bytes); err != nil {
-				return fmt.Errorf("set the netlink send buffer to %d bytes: %w", bytes, err)
-			}
-		}
-		return nil
-	}
+	return socketBuffer("send", unix.SO_SNDBUFFORCE, bytes, (*netlink.Conn).SetWriteBuffer)
 }
 
 // receiveBuffer returns a socket option setting the receive buffer to
@@ -64,6 +47,14 @@ func sendBuffer(bytes int) nftables.SockOption {
 // overflows the default buffer with its acks (ENOBUFS), and its outcome is
 // then unknown.
 func receiveBuffer(bytes int) nftables.SockOption {
+	return socketBuffer("receive", unix.SO_RCVBUFFORCE, bytes, (*netlink.Conn).SetReadBuffer)
+}
+
+// socketBuffer returns a socket option setting one of the socket's
+// buffers (what: "send" or "receive") to bytes with the socket option
+// force, or with fallback (limited by the system's maximum) when that is
+// refused.
+func socketBuffer(what string, force, bytes int, fallback func(*netlink.Conn, int) error) nftables.SockOption {
 	return func(c *netlink.Conn) error {
 		rc, err := c.SyscallConn()
 		if err != nil {
@@ -71,13 +62,13 @@ func receiveBuffer(bytes int) nftables.SockOption {
 		}
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bytes)
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, bytes)
 		}); err != nil {
 			return fmt.Errorf("netlink socket: %w", err)
 		}
 		if serr != nil {
-			if err := c.SetReadBuffer(bytes); err != nil {
-				return fmt.Errorf("set the netlink receive buffer to %d bytes: %w", bytes, err)
+			if err := fallback(c, bytes); err != nil {
+				return fmt.Errorf("set the netlink %s buffer to %d bytes: %w", what, bytes, err)
 			}
 		}
 		return nil
