@@ -33,10 +33,11 @@ type Config struct {
 }
 
 // Sink serves the health check node ports of the services it receives.
-// Call Close to stop serving.
+// Call Close to stop serving. Its embedded Store takes the incremental
+// calls; Sync applies them.
 type Sink struct {
-	cfg   Config
-	store *localsink.Store
+	*localsink.Store
+	cfg Config
 
 	mu      sync.Mutex
 	ports   map[int32]*port
@@ -72,35 +73,18 @@ func New(cfg Config) *Sink {
 	if cfg.Listen == nil {
 		cfg.Listen = net.Listen
 	}
-	return &Sink{cfg: cfg, store: localsink.NewStore(), ports: map[int32]*port{}}
+	return &Sink{Store: localsink.NewStore(), cfg: cfg, ports: map[int32]*port{}}
 }
-
-// Reset implements localsink.Sink.
-func (s *Sink) Reset() { s.store.Reset() }
-
-// SetService implements localsink.Sink.
-func (s *Sink) SetService(svc *model.Service) { s.store.SetService(svc) }
-
-// DeleteService implements localsink.Sink.
-func (s *Sink) DeleteService(key model.ServiceKey) { s.store.DeleteService(key) }
-
-// SetEndpoint implements localsink.Sink.
-func (s *Sink) SetEndpoint(svc model.ServiceKey, key string, ep *model.Endpoint) {
-	s.store.SetEndpoint(svc, key, ep)
-}
-
-// DeleteEndpoint implements localsink.Sink.
-func (s *Sink) DeleteEndpoint(svc model.ServiceKey, key string) { s.store.DeleteEndpoint(svc, key) }
 
 // Sync implements localsink.Sink: it opens the ports of new health checks,
 // closes those of the health checks gone, and updates the answers.
 func (s *Sink) Sync() {
-	s.store.Commit()
+	s.Store.Commit()
 	want := map[int32]answer{}
-	keys := s.store.Keys()
+	keys := s.Store.Keys()
 	slices.SortFunc(keys, model.ServiceKey.Compare)
 	for _, key := range keys {
-		se := s.store.Get(key)
+		se := s.Store.Get(key)
 		if se == nil || se.Service == nil || se.Service.HealthCheckNodePort <= 0 || !se.Service.ExternalTrafficToLocal {
 			continue
 		}
