@@ -21,6 +21,11 @@ const elementsPerMessage = 1024
 // elements (found by the 1,000-service benchmark: 219 elements of 1,000).
 const elementBytesPerMessage = 60000
 
+// balanceElementsPerMessage bounds the elements of a balance map sent in
+// one message: each is at most a 4-byte key and a verdict naming a chain
+// of up to maxNameLen bytes, with their attribute headers.
+const balanceElementsPerMessage = elementBytesPerMessage / (maxNameLen + 64)
+
 // elementBytes is an upper bound of the encoded size of e's element: its
 // nested attributes (list element, key, data, verdict code and chain, at
 // most 64 bytes of headers and padding), key and chain name.
@@ -56,6 +61,9 @@ type Applier struct {
 	stats   Stats
 	// sets are the named sets added in the transaction being built.
 	sets map[string]*nftables.Set
+	// balanceElements counts the elements of the balance maps added in
+	// the transaction being built (for the send buffer).
+	balanceElements int
 }
 
 // NewApplier returns an Applier writing the inet table named table. Each
@@ -74,6 +82,7 @@ func NewApplier(newConn func() (*nftables.Conn, error), table string) *Applier {
 func (a *Applier) begin() error {
 	a.stats = Stats{}
 	a.sets = map[string]*nftables.Set{}
+	a.balanceElements = 0
 	conn, err := a.newConn()
 	if err != nil {
 		return fmt.Errorf("nftables connection: %w", err)
@@ -86,7 +95,7 @@ func (a *Applier) begin() error {
 func (a *Applier) bufferOptions() {
 	nftables.WithSockOptions(
 		receiveBuffer(receiveBufferFor(a.stats.Messages)),
-		sendBuffer(sendBufferFor(a.stats.Messages, a.stats.ElementsAdded+a.stats.ElementsDeleted)),
+		sendBuffer(sendBufferFor(a.stats.Messages, a.stats.ElementsAdded+a.stats.ElementsDeleted+a.balanceElements)),
 	)(a.conn)
 }
 
@@ -264,16 +273,22 @@ func (a *Applier) partial(d Delta) error {
 // the same transaction that refer to it.
 func (a *Applier) addSet(st *Set) error {
 	ns := setRef(a.table, st)
-	var els []nftables.SetElement
-	if len(st.Targets) > 0 {
-		els = balanceElements(st.Targets)
-		a.stats.Messages++ // the elements
-	}
-	if err := a.conn.AddSet(ns, els); err != nil {
+	if err := a.conn.AddSet(ns, nil); err != nil {
 		return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
 	}
-	a.sets[st.Name] = ns
 	a.stats.Messages++
+	// A balance map's elements in messages of their own, cut so that one
+	// message's elements stay within a 16-bit netlink attribute (AddSet
+	// would put them all in one).
+	els := balanceElements(st.Targets)
+	a.balanceElements += len(els)
+	for start := 0; start < len(els); start += balanceElementsPerMessage {
+		if err := a.conn.SetAddElements(ns, els[start:min(start+balanceElementsPerMessage, len(els))]); err != nil {
+			return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
+		}
+		a.stats.Messages++
+	}
+	a.sets[st.Name] = ns
 	a.stats.SetsAdded++
 	return nil
 }

@@ -682,3 +682,43 @@ func TestKernelLargeFullSync(t *testing.T) {
 		t.Errorf("%s: %v, %v; want the pod", ip, a, err)
 	}
 }
+
+// TestKernelLargeBalanceMap programs a service with 1,000 endpoints and a
+// long name: its balance map's elements (about 300 bytes each) need many
+// netlink messages, which a single AddSet would wrap (a 16-bit attribute
+// length). Every element must reach the kernel, in a full sync and in a
+// partial one.
+func TestKernelLargeBalanceMap(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "bigmap")
+	name := strings.Repeat("n", 63)
+	svc := svc(strings.Repeat("s", 63), name, ipset("10.96.7.1"), tcp(80, 6000))
+	se := &model.ServiceEndpoints{Service: svc}
+	for i := range 1000 {
+		se.Endpoints = append(se.Endpoints, ep(netip.AddrFrom4([4]byte{10, 200, byte(i / 250), byte(1 + i%250)}).String(), false))
+	}
+	check := func(when string, want int) {
+		t.Helper()
+		rs, _ := Build(TableName("bigmap"), Options{}, []*model.ServiceEndpoints{se})
+		if len(rs.Sets) != 1 {
+			t.Fatalf("%d sets, want the balance map", len(rs.Sets))
+		}
+		out, _, err := b.Node.Exec(nil, "nft", "list", "map", "inet", TableName("bigmap"), rs.Sets[0].Name)
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if got := strings.Count(out, " : goto "); got != want {
+			t.Errorf("%s: %d elements in the balance map, want %d", when, got, want)
+		}
+	}
+	s.setAll(se)
+	s.sync()
+	check("full sync", 1000)
+	e := ep("10.200.9.9", false)
+	se.Endpoints = append(se.Endpoints, e)
+	s.SetEndpoint(svc.Key(), e.Key(), e)
+	if r := s.sync(); r.Full {
+		t.Errorf("endpoint added: full sync")
+	}
+	check("partial sync", 1001)
+}
