@@ -158,47 +158,49 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 	var flows []StaleFlow
 	for k, eps := range before {
 		now := after[k]
-		for ep := range eps.endpoints {
-			if !now.endpoints[ep] {
-				flows = append(flows, StaleFlow{Family: eps.family, Proto: k.Proto, Dst: keyDst(k), Endpoint: ep})
+		for ep := range eps {
+			if !now[ep] {
+				flows = append(flows, StaleFlow{Family: k.family, Proto: k.key.Proto, Dst: keyDst(k.key), Endpoint: ep})
 			}
 		}
 	}
 	for k, eps := range after {
-		if len(eps.endpoints) > 0 && len(before[k].endpoints) == 0 {
-			flows = append(flows, StaleFlow{Family: eps.family, Proto: k.Proto, Dst: keyDst(k)})
+		if len(eps) > 0 && len(before[k]) == 0 {
+			flows = append(flows, StaleFlow{Family: k.family, Proto: k.key.Proto, Dst: keyDst(k.key)})
 		}
 	}
 	slices.SortFunc(flows, compareStaleFlows)
 	return flows
 }
 
-// keyEndpoints are the UDP endpoints one element key leads to.
-type keyEndpoints struct {
-	family    Family
-	endpoints map[netip.AddrPort]bool
+// familyKey is an element key in one family: node-port keys (no address)
+// are the same in both families, their endpoints are not.
+type familyKey struct {
+	family Family
+	key    Key
 }
 
 // keyDst returns the address and port of an element key.
 func keyDst(k Key) netip.AddrPort { return netip.AddrPortFrom(k.Addr, k.Port) }
 
-// endpointsByKey returns, for every UDP element key of elems, the
-// endpoints of the UDP DNATRules reachable from its elements (a key may
-// have elements in several maps).
-func endpointsByKey(elems map[string]Element, chains map[string]*Chain) map[Key]keyEndpoints {
-	out := map[Key]keyEndpoints{}
+// endpointsByKey returns, for every UDP element key of elems and its
+// family, the endpoints of the UDP DNATRules reachable from its elements (a
+// key may have elements in several maps).
+func endpointsByKey(elems map[string]Element, chains map[string]*Chain) map[familyKey]map[netip.AddrPort]bool {
+	out := map[familyKey]map[netip.AddrPort]bool{}
 	memo := map[string]map[netip.AddrPort]bool{}
 	for _, e := range elems {
 		if e.Key.Proto != model.UDP {
 			continue
 		}
-		ke, ok := out[e.Key]
+		fk := familyKey{e.Family, e.Key}
+		eps, ok := out[fk]
 		if !ok {
-			ke = keyEndpoints{family: e.Family, endpoints: map[netip.AddrPort]bool{}}
-			out[e.Key] = ke
+			eps = map[netip.AddrPort]bool{}
+			out[fk] = eps
 		}
 		for ep := range reachableEndpoints(e.Verdict.Goto, chains, memo) {
-			ke.endpoints[ep] = true
+			eps[ep] = true
 		}
 	}
 	return out

@@ -159,6 +159,23 @@ func TestStaleFlows(t *testing.T) {
 			{Family: IPv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.2:5353")},
 			staleTo("10.96.0.60:53", "10.1.0.2:5353"),
 		},
+	}, {
+		// The same node-port key in both families: each family's flows.
+		name: "dual-stack node port, IPv6 endpoint removed",
+		before: []*model.ServiceEndpoints{withEndpoints(func() *model.Service {
+			s := nodePort()
+			s.IPs.ClusterIPs = ipset("10.96.0.60", "fd00::60")
+			return s
+		}(), ep("10.1.0.2", false), ep("fd01::2", false))},
+		after: []*model.ServiceEndpoints{withEndpoints(func() *model.Service {
+			s := nodePort()
+			s.IPs.ClusterIPs = ipset("10.96.0.60", "fd00::60")
+			return s
+		}(), ep("10.1.0.2", false))},
+		want: []StaleFlow{
+			{Family: IPv6, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("[fd01::2]:5353")},
+			staleTo("[fd00::60]:53", "[fd01::2]:5353"),
+		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := roundFlows(tc.before, tc.after)

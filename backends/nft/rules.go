@@ -49,7 +49,7 @@ type Options struct {
 	// DefaultMasqueradeMark. It must be a single bit.
 	MasqueradeMark uint32
 	// NodePortAddresses restricts node ports to the local addresses in
-	// these prefixes; empty means every local address but IPv4 loopback.
+	// these prefixes; empty means every local address but loopback.
 	NodePortAddresses []netip.Prefix
 }
 

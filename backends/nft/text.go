@@ -53,9 +53,13 @@ var mapKinds = []mapKind{
 	{MapFirewall, false},
 }
 
-// loopbackV4 is excluded from node ports by default: IPv4 packets to
-// 127.0.0.0/8 cannot be DNATed to another host.
-var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
+// loopbackV4 and loopbackV6 are excluded from node ports by default:
+// packets to loopback addresses cannot be DNATed to another host (as
+// kube-proxy's nftables mode, which does not serve node ports there).
+var (
+	loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
+	loopbackV6 = netip.MustParsePrefix("::1/128")
+)
 
 // nodePortMatch is the address match of one node-port lookup rule: the
 // destination is local and, if set, inside Prefix, or not inside
@@ -66,13 +70,13 @@ type nodePortMatch struct {
 
 // nodePortMatches returns the node-port lookup rules of a family: one per
 // node-port address prefix of the family, or one for every local address
-// (IPv4 loopback excluded) when opts gives no prefix at all.
+// (loopback excluded) when opts gives no prefix at all.
 func nodePortMatches(opts Options, f Family) []nodePortMatch {
 	if len(opts.NodePortAddresses) == 0 {
 		if f == IPv4 {
 			return []nodePortMatch{{NotPrefix: loopbackV4}}
 		}
-		return []nodePortMatch{{}}
+		return []nodePortMatch{{NotPrefix: loopbackV6}}
 	}
 	var out []nodePortMatch
 	for _, p := range prefixesOf(opts.NodePortAddresses, f) {

@@ -38,7 +38,7 @@ func nftBackend() app.Backend {
 			clusterCIDRs := fs.String("cluster-cidr", "", "comma-separated pod networks: traffic to cluster IPs from outside them is masqueraded")
 			masqAll := fs.Bool("masquerade-all", false, "masquerade all traffic to cluster IPs")
 			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
-			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8)")
+			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8 and ::1)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
