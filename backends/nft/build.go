@@ -89,11 +89,23 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 				continue
 			}
 			external, ev := cats.External(svc)
-			target := b.externalTarget(external, ev, internal, iv, clusterTarget)
-			b.elements(MapServices(f), MapNoEndpoints(f), "externalIPs", externalIPs, 0, target, ev)
-			b.elements(MapServices(f), MapNoEndpoints(f), "loadBalancer ingress IPs", lbIPs, 0, target, ev)
+			target, alsoDrop := b.externalTarget(external, ev, internal, iv, clusterTarget, clusterMasq, cats.Cluster)
+			add := func(forward, blocked, field string, addrs []string, nodePort uint16) {
+				if !alsoDrop {
+					b.elements(forward, blocked, field, addrs, nodePort, target, ev)
+					return
+				}
+				// Local policy without a local endpoint: the external
+				// chain takes pods and the node itself to the cluster
+				// endpoints; what it leaves is not DNATed and meets the
+				// drop element in the filter hooks.
+				b.elements(forward, blocked, field, addrs, nodePort, target, endpoints.Forward)
+				b.elements(forward, blocked, field, addrs, nodePort, Verdict{}, endpoints.Drop)
+			}
+			add(MapServices(f), MapNoEndpoints(f), "externalIPs", externalIPs, 0)
+			add(MapServices(f), MapNoEndpoints(f), "loadBalancer ingress IPs", lbIPs, 0)
 			if hasNodePort {
-				b.elements(MapNodePorts(f), MapNoEndpointNodePorts(f), "nodePort", []string{""}, uint16(nodePort), target, ev)
+				add(MapNodePorts(f), MapNoEndpointNodePorts(f), "nodePort", []string{""}, uint16(nodePort))
 			}
 			if len(svc.LoadBalancerSourceRanges) > 0 && len(lbIPs) > 0 {
 				b.firewall(lbIPs, prefixesOf(ranges, f))
@@ -182,25 +194,37 @@ func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v
 // load-balancer IPs, node ports), as kube-proxy handles it: with the
 // Cluster policy, masquerade and use the cluster endpoints; with Local,
 // keep the client's address and use the local endpoints, but send pods
-// (sources in the cluster CIDRs) and the node itself (masqueraded) to the
-// cluster endpoints, which they could reach anyway.
-func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Verdict, internal []*model.Endpoint, iv endpoints.Verdict, clusterTarget Verdict) Verdict {
-	if ev != endpoints.Forward {
-		return b.target("ext", nil, nil, ev)
-	}
-	clusterChain := ""
-	if iv == endpoints.Forward && clusterTarget.Goto != ChainReject {
-		clusterChain = clusterTarget.Goto
-	}
+// (sources in the cluster CIDRs) and the node itself (masqueraded) to all
+// the cluster endpoints, which they could reach anyway. alsoDrop reports a
+// Local-policy chain without local endpoints: it only holds those
+// short-circuits, and the rest of the traffic must be dropped.
+func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Verdict, internal []*model.Endpoint, iv endpoints.Verdict, clusterTarget Verdict, clusterMasq []Rule, cluster []*model.Endpoint) (target Verdict, alsoDrop bool) {
 	f := b.family
 	if !b.svc.ExternalTrafficToLocal {
-		first := []Rule{MarkRule{Family: f}}
-		if clusterChain != "" && slices.Equal(external, internal) {
-			name := serviceChainName("ext", f, b.key, b.port)
-			b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: append(first, BalanceRule{Targets: []string{clusterChain}})})
-			return Verdict{Goto: name}
+		if ev != endpoints.Forward {
+			return b.target("ext", nil, nil, ev), false
 		}
-		return b.target("ext", first, external, ev)
+		first := []Rule{MarkRule{Family: f}}
+		if iv == endpoints.Forward && clusterTarget.Goto != ChainReject && slices.Equal(external, internal) {
+			name := serviceChainName("ext", f, b.key, b.port)
+			b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: append(first, BalanceRule{Targets: []string{clusterTarget.Goto}})})
+			return Verdict{Goto: name}, false
+		}
+		return b.target("ext", first, external, ev), false
+	}
+	if ev == endpoints.Reject {
+		return b.target("ext", nil, nil, ev), false
+	}
+	// The chain of all the cluster endpoints: the service chain, unless
+	// internalTrafficPolicy: Local makes that one local only.
+	clusterChain := ""
+	switch {
+	case !b.svc.InternalTrafficToLocal && iv == endpoints.Forward && clusterTarget.Goto != ChainReject:
+		clusterChain = clusterTarget.Goto
+	case b.svc.InternalTrafficToLocal && len(cluster) > 0:
+		if v := b.target("clu", clusterMasq, cluster, endpoints.Forward); v.Goto != ChainReject {
+			clusterChain = v.Goto
+		}
 	}
 	var first []Rule
 	if clusterChain != "" {
@@ -211,7 +235,15 @@ func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Ve
 			SourceRule{Family: f, LocalSource: true, Mark: true},
 			SourceRule{Family: f, LocalSource: true, Goto: clusterChain})
 	}
-	return b.target("ext", first, external, ev)
+	if ev == endpoints.Forward {
+		return b.target("ext", first, external, ev), false
+	}
+	if len(first) == 0 {
+		return Verdict{}, false
+	}
+	name := serviceChainName("ext", f, b.key, b.port)
+	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: first})
+	return Verdict{Goto: name}, true
 }
 
 // endpointChain adds (once) the chain DNATing to ep and returns its name,

@@ -108,6 +108,18 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 			}(),
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", true)},
 		}},
+		"local-policy-no-local-endpoint": {{
+			Service: func() *model.Service {
+				s := svc("default", "remote-only", ipset("10.96.0.80", "fd00:10:96::80"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30080})
+				s.Type = "LoadBalancer"
+				s.IPs.LoadBalancerIPs = ipset("192.0.2.80")
+				s.ExternalTrafficToLocal = true
+				s.InternalTrafficToLocal = true
+				return s
+			}(),
+			// Both on other nodes; IPv6 has none at all (reject).
+			Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)},
+		}},
 		"problems": {
 			{Service: svc("default", "bad", ipset("10.96.2.1"), &model.PortMapping{Protocol: 9, Port: 80, TargetPort: 80}, tcp(70000, 80), tcp(81, 81))},
 			// Same cluster IP and port as default/bad: the first one keeps it.
@@ -125,6 +137,7 @@ var goldenOptions = map[string]Options{
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
 	},
 	"nodeport-lb-firewall": {MasqueradeAll: true},
+	"local-policy-no-local-endpoint": {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}},
 }
 
 // goldenText is the ruleset of items built with opts, followed by its

@@ -186,7 +186,8 @@ func mustConn(t *testing.T, b *netns.BlogTopology) *nftables.Conn {
 }
 
 // TestKernelLocalPolicies checks externalTrafficPolicy: Local (only local
-// endpoints, the client's address kept; dropped when there is none) and
+// endpoints, the client's address kept; dropped when there is none, but
+// for the node itself, which uses the cluster endpoints) and
 // internalTrafficPolicy: Local (the same for cluster IPs).
 func TestKernelLocalPolicies(t *testing.T) {
 	b := kernelTopology(t)
@@ -242,6 +243,11 @@ func TestKernelLocalPolicies(t *testing.T) {
 	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV4, 30100))
 	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.21"), 80))
 	ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("10.96.0.20"), 80), netns.Pod2ID)
+	// The node itself still reaches the external addresses, through the
+	// cluster endpoints (kube-proxy's short-circuit).
+	for _, dst := range []netip.AddrPort{netip.AddrPortFrom(netns.ServiceV4, 80), netip.AddrPortFrom(lbV6, 80)} {
+		ask(t, b.Node, "tcp", dst, netns.Pod2ID)
+	}
 }
 
 // TestKernelLoadBalancerSourceRanges checks that load-balancer IPs answer
