@@ -136,7 +136,7 @@ var goldenOptions = map[string]Options{
 		MasqueradeMark:    0x100,
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
 	},
-	"nodeport-lb-firewall": {MasqueradeAll: true},
+	"nodeport-lb-firewall":           {MasqueradeAll: true},
 	"local-policy-no-local-endpoint": {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}},
 }
 
