@@ -469,3 +469,27 @@ func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 	second.sync()
 	roundTrip("after an endpoint was added")
 }
+
+// TestKernelConflictReleased checks that when two services claim the same
+// external IP and port, the second one gets it as soon as the first lets
+// it go, without a change of its own.
+func TestKernelConflictReleased(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "conflict")
+	first := svc("default", "first", ipset("10.96.0.50"), tcp(6000, 6000))
+	first.IPs.ExternalIPs = ipset(netns.ServiceV4.String())
+	second := svc("default", "second", ipset("10.96.0.51"), tcp(6000, 6000))
+	second.IPs.ExternalIPs = ipset(netns.ServiceV4.String())
+	s.setAll(&model.ServiceEndpoints{Service: first, Endpoints: localEndpoints(netns.PodID)[:1]},
+		&model.ServiceEndpoints{Service: second, Endpoints: localEndpoints(netns.Pod2ID)[:1]})
+	s.sync()
+	ext := netip.AddrPortFrom(netns.ServiceV4, 6000)
+	ask(t, b.Client, "tcp", ext, netns.PodID)
+
+	s.DeleteEndpoint(first.Key(), netns.PodV4.String())
+	s.DeleteService(first.Key())
+	if r := s.sync(); len(r.Services) != 2 {
+		t.Errorf("the sync after first's deletion concerns %v, want first and second", r.Services)
+	}
+	ask(t, b.Client, "tcp", ext, netns.Pod2ID)
+}

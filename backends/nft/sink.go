@@ -181,13 +181,18 @@ func (s *sink) Sync() {
 		s.tracker = NewTracker(s.cfg.Options)
 		s.needFull = true
 		// The store marks the services it dropped as changed: rebuild
-		// from what it holds now.
+		// from what it holds now, in key order (on a conflict, the first
+		// service keeps the address).
 		changed = s.store.Keys()
+		slices.SortFunc(changed, model.ServiceKey.Compare)
 	}
 	for _, key := range changed {
-		for _, p := range s.tracker.Update(key, s.store.Get(key)) {
-			klog.InfoS("Part of a service cannot be programmed", "table", s.table, "service", key, "problem", p.Error())
-		}
+		s.update(key)
+	}
+	// A service that lost an address to another one gets it when the
+	// other lets it go, without waiting for a change of its own.
+	for _, key := range s.tracker.LosersToRetry() {
+		s.update(key)
 	}
 	delta := s.tracker.Done()
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
@@ -208,6 +213,14 @@ func (s *sink) Sync() {
 	}
 	res.Duration = time.Since(start)
 	s.finish(res, "sync")
+}
+
+// update gives the tracker the current state of the service key, logging
+// what cannot be programmed.
+func (s *sink) update(key model.ServiceKey) {
+	for _, p := range s.tracker.Update(key, s.store.Get(key)) {
+		klog.InfoS("Part of a service cannot be programmed", "table", s.table, "service", key, "problem", p.Error())
+	}
 }
 
 // finish records the outcome of a transaction: on failure, the next one

@@ -24,6 +24,10 @@ type Tracker struct {
 	// . port, whatever the map): when two services claim the same key, the
 	// first one keeps it.
 	owner map[string]model.ServiceKey
+	// losers are the services that lost a key to another one, and
+	// released says that a key was let go since the last LosersToRetry.
+	losers   map[model.ServiceKey]bool
+	released bool
 }
 
 // NewTracker returns an empty Tracker building rules with opts.
@@ -35,6 +39,7 @@ func NewTracker(opts Options) *Tracker {
 		sets:     diffstore.New[string](equalSets),
 		elements: diffstore.NewComparable[string, Element](),
 		owner:    map[string]model.ServiceKey{},
+		losers:   map[model.ServiceKey]bool{},
 	}
 }
 
@@ -92,10 +97,12 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 
 	newElems, newKeys := map[string]bool{}, map[string]bool{}
 	kept := objs.Elements[:0:0]
+	delete(t.losers, key)
 	for _, e := range objs.Elements {
 		id, k := e.ID(), e.Key.String()
 		if o, ok := t.owner[k]; ok && o != key {
 			problems = append(problems, fmt.Errorf("service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
+			t.losers[key] = true
 			continue
 		}
 		if newElems[id] {
@@ -111,6 +118,7 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 			t.elements.Delete(id)
 			if k := e.Key.String(); !newKeys[k] && t.owner[k] == key {
 				delete(t.owner, k)
+				t.released = true
 			}
 		}
 	}
@@ -118,6 +126,7 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 
 	if se == nil || se.Service == nil {
 		delete(t.services, key)
+		delete(t.losers, key)
 	} else {
 		t.services[key] = objs
 	}
@@ -137,6 +146,23 @@ func replaceNamed[V any](store *diffstore.Store[string, V], old, current []V, na
 			store.Delete(name(v))
 		}
 	}
+}
+
+// LosersToRetry returns, once keys have been let go in the round, the
+// services that lost a key to another service (sorted): their owner may be
+// gone, so the caller should Update them again in the same round. It
+// returns nothing when no key was let go.
+func (t *Tracker) LosersToRetry() []model.ServiceKey {
+	if !t.released {
+		return nil
+	}
+	t.released = false
+	keys := make([]model.ServiceKey, 0, len(t.losers))
+	for k := range t.losers {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	return keys
 }
 
 // ServiceKeys returns the services held as of the last Done, sorted.
