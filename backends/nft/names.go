@@ -76,11 +76,12 @@ func endpointChainName(f Family, svc model.ServiceKey, p *model.PortMapping, to 
 }
 
 // balanceMapName names the verdict map choosing among the endpoint chains
-// targets of a service port's chain of the given kind:
-// "bal4-HASH-svc/ns/name/tcp/80__CONTENT", CONTENT being a hash of the
-// targets, so that other targets make another map.
+// targets of a service port's chain of the given kind: "bal4-" and a hash
+// (80 bits) of the chain's identity and of the targets, so that other
+// targets make another map. The name is short on purpose: the kernel
+// looks a table's sets up by name in a list, comparing whole names; the
+// service chain that uses the map has the readable name.
 func balanceMapName(f Family, kind string, svc model.ServiceKey, p *model.PortMapping, targets []string) string {
-	sum := sha256.Sum256([]byte(strings.Join(targets, "\x00")))
-	content := base32.StdEncoding.EncodeToString(sum[:])[:hashLen]
-	return chainName("bal"+familySuffix(f), kind+"/"+portID(svc, p)+"__"+content)
+	sum := sha256.Sum256([]byte(kind + "/" + portID(svc, p) + "\x00" + strings.Join(targets, "\x00")))
+	return "bal" + familySuffix(f) + "-" + base32.StdEncoding.EncodeToString(sum[:])[:16]
 }
