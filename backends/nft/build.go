@@ -77,11 +77,20 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 			cats := endpoints.CategorizePort(p, familyEndpoints(se.Endpoints, f))
 			b := portBuilder{svc: svc, key: key, port: p, family: f, opts: opts, objs: &objs, epChains: epChains, problems: &problems}
 			internal, iv := cats.Internal(svc)
+			// Masquerading of cluster-IP traffic (kube-proxy's
+			// --masquerade-all / --cluster-cidr): only for packets to the
+			// cluster IPs, not for those the Local-policy short-circuits
+			// send through the same chain.
 			var clusterMasq []Rule
-			if opts.MasqueradeAll {
-				clusterMasq = []Rule{MarkRule{Family: f}}
-			} else if cidrs := prefixesOf(opts.ClusterCIDRs, f); len(cidrs) > 0 {
-				clusterMasq = []Rule{MarkRule{Family: f, Except: cidrs}}
+			if cidrs := prefixesOf(opts.ClusterCIDRs, f); opts.MasqueradeAll || len(cidrs) > 0 {
+				if opts.MasqueradeAll {
+					cidrs = nil
+				}
+				for _, a := range clusterIPs {
+					if addr, err := netip.ParseAddr(a); err == nil && familyOf(addr.Unmap()) == f {
+						clusterMasq = append(clusterMasq, MarkRule{Family: f, Dst: addr.Unmap(), Except: cidrs})
+					}
+				}
 			}
 			clusterTarget := b.target("svc", clusterMasq, internal, iv)
 			b.elements(MapServices(f), MapNoEndpoints(f), "clusterIPs", clusterIPs, 0, clusterTarget, iv)

@@ -184,6 +184,9 @@ func ruleExprs(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 		return dnatExprs(r)
 	case MarkRule:
 		var exprs []expr.Any
+		if r.Dst.IsValid() {
+			exprs = addrMatchExprs(r.Family, false, netip.PrefixFrom(r.Dst, r.Dst.BitLen()), expr.CmpOpEq)
+		}
 		for _, p := range r.Except {
 			exprs = append(exprs, addrMatchExprs(r.Family, true, p, expr.CmpOpNeq)...)
 		}

@@ -106,9 +106,11 @@ func saddrText(f Family) string {
 }
 
 // MarkRule asks for masquerading: "jump mark-for-masquerade", only for
-// sources outside Except when it is set (a family's cluster CIDRs).
+// packets to Dst when it is set (a cluster IP) and only for sources outside
+// Except when it is set (a family's cluster CIDRs).
 type MarkRule struct {
 	Family Family
+	Dst    netip.Addr
 	Except []netip.Prefix
 }
 
@@ -116,10 +118,14 @@ func (MarkRule) isRule() {}
 
 // String implements Rule.
 func (r MarkRule) String() string {
-	if len(r.Except) == 0 {
-		return "jump " + ChainMarkForMasquerade
+	var b strings.Builder
+	if r.Dst.IsValid() {
+		fmt.Fprintf(&b, "%s %s ", daddrText(r.Family), r.Dst)
 	}
-	return fmt.Sprintf("%s != %s jump %s", saddrText(r.Family), prefixText(r.Except), ChainMarkForMasquerade)
+	if len(r.Except) > 0 {
+		fmt.Fprintf(&b, "%s != %s ", saddrText(r.Family), prefixText(r.Except))
+	}
+	return b.String() + "jump " + ChainMarkForMasquerade
 }
 
 // SourceRule matches the source address: inside Prefix (a single address
