@@ -21,15 +21,26 @@ const elementsPerMessage = 1024
 // elements (found by the 1,000-service benchmark: 219 elements of 1,000).
 const elementBytesPerMessage = 60000
 
-// balanceElementsPerMessage bounds the elements of a balance map sent in
-// one message: each is at most a 4-byte key and a verdict naming a chain
-// of up to maxNameLen bytes, with their attribute headers.
-const balanceElementsPerMessage = elementBytesPerMessage / (maxNameLen + 64)
+// elementBytes is an upper bound of the encoded size of a verdict map
+// element with a key of keyLen bytes going to chain: its nested attributes
+// (list element, key, data, verdict code and chain, at most 64 bytes of
+// headers and padding), key and chain name.
+func elementBytes(keyLen int, chain string) int { return 64 + keyLen + len(chain) }
 
-// elementBytes is an upper bound of the encoded size of e's element: its
-// nested attributes (list element, key, data, verdict code and chain, at
-// most 64 bytes of headers and padding), key and chain name.
-func elementBytes(e Element) int { return 64 + 24 + len(e.Verdict.Goto) }
+// chunkEnd returns the end of the message that carries the elements from
+// start on, of n in all, the i-th of size(i) bytes: at most
+// elementsPerMessage elements and, past the first, elementBytesPerMessage
+// bytes.
+func chunkEnd(start, n int, size func(int) int) int {
+	bytes, end := 0, start
+	for ; end < n && end-start < elementsPerMessage; end++ {
+		bytes += size(end)
+		if bytes > elementBytesPerMessage && end > start {
+			break
+		}
+	}
+	return end
+}
 
 // Stats counts the objects one transaction sends: its size.
 type Stats struct {
@@ -38,7 +49,8 @@ type Stats struct {
 	Messages int
 	// ChainsAdded, ChainsFlushed and ChainsDeleted count regular chains.
 	ChainsAdded, ChainsFlushed, ChainsDeleted int
-	// SetsAdded and SetsDeleted count named (session affinity) sets.
+	// SetsAdded and SetsDeleted count named sets (balance maps, affinity
+	// sets).
 	SetsAdded, SetsDeleted int
 	// Rules counts the rules added.
 	Rules int
@@ -269,8 +281,9 @@ func (a *Applier) partial(d Delta) error {
 	return nil
 }
 
-// addSet adds a named (affinity) set, remembering it for the rules of
-// the same transaction that refer to it.
+// addSet adds a named set (a balance map with its elements, or an
+// affinity set), remembering it for the rules of the same transaction
+// that refer to it.
 func (a *Applier) addSet(st *Set) error {
 	ns := setRef(a.table, st)
 	if err := a.conn.AddSet(ns, nil); err != nil {
@@ -282,8 +295,10 @@ func (a *Applier) addSet(st *Set) error {
 	// would put them all in one).
 	els := balanceElements(st.Targets)
 	a.balanceElements += len(els)
-	for start := 0; start < len(els); start += balanceElementsPerMessage {
-		if err := a.conn.SetAddElements(ns, els[start:min(start+balanceElementsPerMessage, len(els))]); err != nil {
+	size := func(i int) int { return elementBytes(4, st.Targets[i]) }
+	for start, end := 0, 0; start < len(els); start = end {
+		end = chunkEnd(start, len(els), size)
+		if err := a.conn.SetAddElements(ns, els[start:end]); err != nil {
 			return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
 		}
 		a.stats.Messages++
@@ -316,14 +331,9 @@ func (a *Applier) elementGroups(items []diffstore.Item[string, Element], del boo
 // setElements adds (or deletes) els in m, in messages of at most
 // elementsPerMessage elements and elementBytesPerMessage bytes.
 func (a *Applier) setElements(m *nftables.Set, els []Element, del bool) error {
+	size := func(i int) int { return elementBytes(24, els[i].Verdict.Goto) }
 	for start, end := 0, 0; start < len(els); start = end {
-		size := 0
-		for end = start; end < len(els) && end-start < elementsPerMessage; end++ {
-			size += elementBytes(els[end])
-			if size > elementBytesPerMessage && end > start {
-				break
-			}
-		}
+		end = chunkEnd(start, len(els), size)
 		chunk := els[start:end]
 		nels := make([]nftables.SetElement, 0, len(chunk))
 		for _, e := range chunk {
@@ -399,13 +409,7 @@ func (a *Applier) addRule(ch *nftables.Chain, exprs []expr.Any) {
 func (a *Applier) addRules(ch *Chain) error {
 	ref := a.chainRef(ch.Name)
 	for _, r := range ch.Rules {
-		var exprs []expr.Any
-		var err error
-		if br, ok := r.(BalanceRule); ok {
-			exprs, err = balanceExprs(br, a.sets)
-		} else {
-			exprs, err = ruleExprs(r, a.sets)
-		}
+		exprs, err := ruleExprs(r, a.sets)
 		if err != nil {
 			return fmt.Errorf("service %s: chain %s: %w", ch.Service, ch.Name, err)
 		}

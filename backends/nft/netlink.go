@@ -175,11 +175,12 @@ func gotoVerdict(chain string) expr.Any {
 	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}
 }
 
-// ruleExprs returns the expressions of one rule of a regular chain
-// (BalanceRule is handled by balanceExprs). sets holds the sets added in
-// the same transaction, for their IDs.
+// ruleExprs returns the expressions of one rule of a regular chain. sets
+// holds the sets added in the same transaction, for their IDs.
 func ruleExprs(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 	switch r := r.(type) {
+	case BalanceRule:
+		return balanceExprs(r, sets)
 	case DNATRule:
 		return dnatExprs(r)
 	case MarkRule:
