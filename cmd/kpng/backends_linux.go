@@ -58,6 +58,7 @@ func nftBackend() app.Backend {
 				}
 				cfg.Options.MasqueradeAll = *masqAll
 				cfg.Options.MasqueradeMark = 1 << uint(*masqBit)
+				listen := net.Listen
 				if *netnsPath != "" {
 					f, err := os.Open(*netnsPath)
 					if err != nil {
@@ -71,6 +72,7 @@ func nftBackend() app.Backend {
 					cfg.Conntrack = func() (*netlink.Handle, error) {
 						return netlink.NewHandleAt(vnetns.NsHandle(fd), unix.NETLINK_NETFILTER)
 					}
+					listen = listenIn(vnetns.NsHandle(fd))
 					go func() { <-ctx.Done(); f.Close() }()
 				}
 				if *cleanup {
@@ -80,7 +82,7 @@ func nftBackend() app.Backend {
 				if err != nil || !*healthChecks {
 					return sink, err
 				}
-				hc := healthcheck.New(healthcheck.Config{Listen: listenIn(*netnsPath)})
+				hc := healthcheck.New(healthcheck.Config{Listen: listen})
 				go func() { <-ctx.Done(); hc.Close() }()
 				return localsink.Tee(sink, hc), nil
 			}
@@ -105,12 +107,9 @@ func cleanupTable(cfg nft.Config) error {
 	return app.ErrBackendDone
 }
 
-// listenIn returns a function listening in the network namespace at path
-// (the current one if path is empty).
-func listenIn(path string) func(network, address string) (net.Listener, error) {
-	if path == "" {
-		return net.Listen
-	}
+// listenIn returns a function listening in the network namespace ns (the
+// handle stays owned by the caller).
+func listenIn(ns vnetns.NsHandle) func(network, address string) (net.Listener, error) {
 	return func(network, address string) (net.Listener, error) {
 		type result struct {
 			ln  net.Listener
@@ -121,14 +120,8 @@ func listenIn(path string) func(network, address string) (net.Listener, error) {
 			// The thread enters the namespace and is never unlocked: the
 			// runtime ends it with this goroutine instead of reusing it.
 			runtime.LockOSThread()
-			ns, err := vnetns.GetFromPath(path)
-			if err != nil {
-				done <- result{err: fmt.Errorf("open network namespace %s: %w", path, err)}
-				return
-			}
-			defer ns.Close()
 			if err := vnetns.Set(ns); err != nil {
-				done <- result{err: fmt.Errorf("enter network namespace %s: %w", path, err)}
+				done <- result{err: fmt.Errorf("enter the --netns network namespace: %w", err)}
 				return
 			}
 			ln, err := net.Listen(network, address)
