@@ -4,6 +4,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -54,8 +55,9 @@ type Stats struct {
 	SetsAdded, SetsDeleted int
 	// Rules counts the rules added.
 	Rules int
-	// ElementsAdded and ElementsDeleted count verdict map elements
-	// (anonymous maps of rules not included).
+	// ElementsAdded and ElementsDeleted count the elements of the named
+	// maps and sets as the kernel holds them (an interval of an endpoint
+	// map is two: its start and its end).
 	ElementsAdded, ElementsDeleted int
 }
 
@@ -64,10 +66,25 @@ func (s Stats) Objects() int {
 	return s.ChainsAdded + s.ChainsFlushed + s.ChainsDeleted + s.SetsAdded + s.SetsDeleted + s.Rules + s.ElementsAdded + s.ElementsDeleted
 }
 
+// lastingMessages and lastingElements bound the transactions sent on the
+// applier's lasting connection, whose socket buffers are set once: larger
+// ones get a connection of their own, with buffers sized for them.
+const (
+	lastingMessages = 2048
+	lastingElements = 8192
+)
+
 // Applier writes rulesets and deltas into one nftables table, each call
 // one netlink transaction. It is not safe for concurrent use.
+//
+// Small transactions (partial syncs) go through one lasting netlink
+// connection: closing a netlink socket that sent nftables messages waits
+// for the kernel (an RCU grace period, 4 to 25 ms measured), several
+// times the cost of a one-endpoint change. The connection is dropped after
+// any error, so that nothing of a failed transaction stays in it.
 type Applier struct {
-	newConn func() (*nftables.Conn, error)
+	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
+	lasting *nftables.Conn // reused across transactions; nil until needed
 	conn    *nftables.Conn // of the transaction being built
 	table   *nftables.Table
 	stats   Stats
@@ -78,23 +95,48 @@ type Applier struct {
 	balanceElements int
 }
 
-// NewApplier returns an Applier writing the inet table named table. Each
-// transaction is built on a new connection from newConn (a connection
-// buffers its messages until Flush, so a transaction abandoned halfway must
-// not leave them behind for the next one); nil means nftables.New(), in
-// the current network namespace.
-func NewApplier(newConn func() (*nftables.Conn, error), table string) *Applier {
+// NewApplier returns an Applier writing the inet table named table, on
+// connections from newConn, which must apply the options it is given
+// (nil means nftables.New, in the current network namespace). Close
+// releases its lasting connection.
+func NewApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), table string) *Applier {
 	if newConn == nil {
-		newConn = func() (*nftables.Conn, error) { return nftables.New() }
+		newConn = nftables.New
 	}
 	return &Applier{newConn: newConn, table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
 }
 
-// begin starts a transaction on a new connection.
-func (a *Applier) begin() error {
+// Close closes the lasting connection, if one is open. The Applier may
+// still be used: it opens another one when needed.
+func (a *Applier) Close() {
+	if a.lasting != nil {
+		_ = a.lasting.CloseLasting()
+		a.lasting = nil
+	}
+}
+
+// begin starts a transaction of about messages messages and elements
+// elements: on the lasting connection if it is small enough, else on a
+// new connection (a connection buffers its messages until Flush, so a
+// transaction abandoned halfway must not leave them behind for the next
+// one: end drops the connection on error).
+func (a *Applier) begin(messages, elements int) error {
 	a.stats = Stats{}
 	a.sets = map[string]*nftables.Set{}
 	a.balanceElements = 0
+	if messages <= lastingMessages && elements <= lastingElements {
+		if a.lasting == nil {
+			conn, err := a.newConn(nftables.AsLasting(), nftables.WithSockOptions(
+				receiveBuffer(receiveBufferFor(lastingMessages)),
+				sendBuffer(sendBufferFor(lastingMessages, lastingElements))))
+			if err != nil {
+				return fmt.Errorf("nftables connection: %w", err)
+			}
+			a.lasting = conn
+		}
+		a.conn = a.lasting
+		return nil
+	}
 	conn, err := a.newConn()
 	if err != nil {
 		return fmt.Errorf("nftables connection: %w", err)
@@ -103,28 +145,45 @@ func (a *Applier) begin() error {
 	return nil
 }
 
-// bufferOptions sizes the socket buffers of the transaction's connection.
-func (a *Applier) bufferOptions() {
-	nftables.WithSockOptions(
-		receiveBuffer(receiveBufferFor(a.stats.Messages)),
-		sendBuffer(sendBufferFor(a.stats.Messages, a.stats.ElementsAdded+a.stats.ElementsDeleted+a.balanceElements)),
-	)(a.conn)
+// flush sends the transaction built: on a connection of its own, with
+// socket buffers sized for it.
+func (a *Applier) flush() error {
+	if a.conn != a.lasting {
+		nftables.WithSockOptions(
+			receiveBuffer(receiveBufferFor(a.stats.Messages)),
+			sendBuffer(sendBufferFor(a.stats.Messages, a.stats.ElementsAdded+a.stats.ElementsDeleted+a.balanceElements)),
+		)(a.conn)
+	}
+	return a.conn.Flush()
+}
+
+// end ends the transaction; after an error, the lasting connection is
+// closed if it was used, with whatever the transaction left in it.
+func (a *Applier) end(err error) {
+	if err != nil && a.conn == a.lasting {
+		a.Close()
+	}
+	a.conn = nil
 }
 
 // Full replaces the table with rs in one transaction: the table is added
 // (so that deleting it cannot fail), deleted and built again in the same
 // batch, so that packets see either the old table or the new one, never
 // none. On error nothing changed.
-func (a *Applier) Full(rs *Ruleset) (Stats, error) {
-	if err := a.begin(); err != nil {
+func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
+	messages := 100 + len(rs.Sets) + len(rs.Elements)/elementsPerMessage
+	for _, c := range rs.Chains {
+		messages += 1 + len(c.Rules)
+	}
+	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin)
+	if err := a.begin(messages+elements/elementsPerMessage, elements); err != nil {
 		return Stats{}, err
 	}
-	defer func() { a.conn = nil }()
+	defer func() { a.end(err) }()
 	if err := a.full(rs); err != nil {
 		return a.stats, err
 	}
-	a.bufferOptions()
-	if err := a.conn.Flush(); err != nil {
+	if err := a.flush(); err != nil {
 		return a.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
 	}
 	return a.stats, nil
@@ -149,6 +208,17 @@ func (a *Applier) full(rs *Ruleset) error {
 			maps[name] = m
 		}
 	}
+	var hairpin [2]*nftables.Set
+	for _, f := range []Family{IPv4, IPv6} {
+		hairpin[f] = hairpinSetRef(a.table, f)
+		if err := c.AddSet(hairpin[f], nil); err != nil {
+			return fmt.Errorf("set %s: %w", hairpin[f].Name, err)
+		}
+		a.stats.Messages++
+	}
+	if err := a.hairpinElements(rs.Hairpin, false); err != nil {
+		return err
+	}
 
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
@@ -162,6 +232,9 @@ func (a *Applier) full(rs *Ruleset) error {
 		a.addRule(reject, r)
 	}
 	masq := a.addChain(ChainMasquerading)
+	for _, f := range []Family{IPv4, IPv6} {
+		a.addRule(masq, hairpinExprs(f, rs.Options.mark(), hairpin[f]))
+	}
 	for _, r := range masqueradingRules(rs.Options.mark()) {
 		a.addRule(masq, r)
 	}
@@ -176,11 +249,15 @@ func (a *Applier) full(rs *Ruleset) error {
 		a.stats.ChainsAdded++
 	}
 	// Sets after the chains their elements go to, before the rules that
-	// use them.
+	// use them; endpoint map elements too: the kernel checks each element
+	// added against every rule using the map.
 	for _, st := range rs.Sets {
 		if err := a.addSet(st); err != nil {
 			return err
 		}
+	}
+	if err := a.endpointElements(rs.Endpoints, false); err != nil {
+		return err
 	}
 	for _, ch := range rs.Chains {
 		if err := a.addRules(ch); err != nil {
@@ -208,16 +285,22 @@ func (a *Applier) full(rs *Ruleset) error {
 // rules added; map elements are deleted and added; deleted chains are
 // flushed, then deleted sets deleted, then deleted chains deleted (each
 // after everything that referenced it is gone). On error nothing changed.
-func (a *Applier) Partial(d Delta) (Stats, error) {
-	if err := a.begin(); err != nil {
+func (a *Applier) Partial(d Delta) (stats Stats, err error) {
+	messages := 10 + 2*d.Sets.Len() + 2*d.Chains.Len() + d.Elements.Len()/elementsPerMessage
+	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated} {
+		for _, it := range items {
+			messages += len(it.Value.Rules)
+		}
+	}
+	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len()
+	if err := a.begin(messages+elements/elementsPerMessage, elements); err != nil {
 		return Stats{}, err
 	}
-	defer func() { a.conn = nil }()
+	defer func() { a.end(err) }()
 	if err := a.partial(d); err != nil {
 		return a.stats, err
 	}
-	a.bufferOptions()
-	if err := a.conn.Flush(); err != nil {
+	if err := a.flush(); err != nil {
 		return a.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, a.stats.Objects(), err)
 	}
 	return a.stats, nil
@@ -235,6 +318,20 @@ func (a *Applier) partial(d Delta) error {
 		if err := a.addSet(it.Value); err != nil {
 			return err
 		}
+	}
+	// Endpoint map and hairpin elements: deleted and updated ones are
+	// removed, created and updated ones added.
+	if err := a.endpointElements(append(items(d.Endpoints.Deleted, true), items(d.Endpoints.Updated, true)...), true); err != nil {
+		return err
+	}
+	if err := a.endpointElements(append(items(d.Endpoints.Updated, false), items(d.Endpoints.Created, false)...), false); err != nil {
+		return err
+	}
+	if err := a.hairpinElements(items(d.Hairpin.Deleted, true), true); err != nil {
+		return err
+	}
+	if err := a.hairpinElements(items(d.Hairpin.Created, false), false); err != nil {
+		return err
 	}
 	for _, it := range d.Chains.Updated {
 		c.FlushChain(a.chainRef(it.Key))
@@ -281,9 +378,80 @@ func (a *Applier) partial(d Delta) error {
 	return nil
 }
 
-// addSet adds a named set (a balance map with its elements, or an
-// affinity set), remembering it for the rules of the same transaction
-// that refer to it.
+// items returns the values of its (prev: the previous values).
+func items[V any](its []diffstore.Item[string, V], prev bool) []V {
+	out := make([]V, len(its))
+	for i, it := range its {
+		out[i] = it.Value
+		if prev {
+			out[i] = it.Prev
+		}
+	}
+	return out
+}
+
+// endpointElements adds (or deletes) the intervals els in their endpoint
+// maps, each as its start and end elements.
+func (a *Applier) endpointElements(els []EndpointElement, del bool) error {
+	byMap := map[string][]nftables.SetElement{}
+	var order []EndpointElement
+	for _, e := range els {
+		if _, ok := byMap[e.Map]; !ok {
+			order = append(order, e)
+		}
+		pair := endpointMapElements(e, del)
+		byMap[e.Map] = append(byMap[e.Map], pair[0], pair[1])
+	}
+	for _, first := range order {
+		m := endpointMapRef(a.table, first.Family, first.Map)
+		if s := a.sets[first.Map]; s != nil {
+			m = s
+		}
+		if err := a.sendElements(m, byMap[first.Map], 40, del); err != nil {
+			return fmt.Errorf("service %s: %w", first.Service, err)
+		}
+	}
+	return nil
+}
+
+// hairpinElements adds (or deletes) addrs in the hairpin sets.
+func (a *Applier) hairpinElements(addrs []netip.Addr, del bool) error {
+	var byFamily [2][]nftables.SetElement
+	for _, addr := range addrs {
+		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], hairpinElement(addr))
+	}
+	for _, f := range []Family{IPv4, IPv6} {
+		if err := a.sendElements(hairpinSetRef(a.table, f), byFamily[f], 32, del); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendElements adds (or deletes) els in set m, in messages cut by
+// chunkEnd (size: the encoded size of an element's key and data).
+func (a *Applier) sendElements(m *nftables.Set, els []nftables.SetElement, size int, del bool) error {
+	for start, end := 0, 0; start < len(els); start = end {
+		end = chunkEnd(start, len(els), func(int) int { return 64 + size })
+		var err error
+		if del {
+			err = a.conn.SetDeleteElements(m, els[start:end])
+			a.stats.ElementsDeleted += end - start
+		} else {
+			err = a.conn.SetAddElements(m, els[start:end])
+			a.stats.ElementsAdded += end - start
+		}
+		if err != nil {
+			return fmt.Errorf("set %s: %w", m.Name, err)
+		}
+		a.stats.Messages++
+	}
+	return nil
+}
+
+// addSet adds a named set (an endpoint map, a balance map with its
+// elements, or an affinity set), remembering it for the rules of the same
+// transaction that refer to it.
 func (a *Applier) addSet(st *Set) error {
 	ns := setRef(a.table, st)
 	if err := a.conn.AddSet(ns, nil); err != nil {
@@ -428,4 +596,12 @@ func Cleanup(conn *nftables.Conn, serviceProxyName string) error {
 		return fmt.Errorf("delete table inet %s: %w", t.Name, err)
 	}
 	return nil
+}
+
+// ConnInNetNS returns a Config.Conn for the network namespace open as fd:
+// nftables.New with nftables.WithNetNSFd(fd) and the options given.
+func ConnInNetNS(fd int) func(...nftables.ConnOption) (*nftables.Conn, error) {
+	return func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+		return nftables.New(append([]nftables.ConnOption{nftables.WithNetNSFd(fd)}, opts...)...)
+	}
 }

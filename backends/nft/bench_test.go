@@ -72,14 +72,14 @@ func feed(s localsink.Sink, from, to int) {
 type benchSink struct {
 	localsink.Sink
 	tb   testing.TB
-	conn func() (*nftables.Conn, error)
+	conn func(...nftables.ConnOption) (*nftables.Conn, error)
 	name string
 	last *SyncResult
 }
 
 // newBenchSink returns a sink programming table kpng-<name> in ns; the
 // table is removed when tb ends.
-func newBenchSink(tb testing.TB, ns *netns.NS, conn func() (*nftables.Conn, error), name string) *benchSink {
+func newBenchSink(tb testing.TB, ns *netns.NS, conn func(...nftables.ConnOption) (*nftables.Conn, error), name string) *benchSink {
 	tb.Helper()
 	bs := &benchSink{tb: tb, conn: conn, name: name}
 	s, err := NewSink(Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { bs.last = &r }})
@@ -670,8 +670,10 @@ func TestKernelLargeFullSync(t *testing.T) {
 	items := manyServices(2000)
 	s.setAll(items...)
 	r := s.sync()
-	if !r.Full || r.Stats.ElementsAdded != 2000 {
-		t.Fatalf("full sync: %+v", r)
+	// 2,000 service map elements, the start and end of each service's one
+	// endpoint interval, the pod in the hairpin set.
+	if !r.Full || r.Stats.ElementsAdded != 2000+2*2000+1 {
+		t.Fatalf("full sync: %+v", r.Stats)
 	}
 	if got := kernelElements(t, b.Node, "large"); got != 2000 {
 		t.Fatalf("%d elements in the kernel's service map, want 2000", got)
@@ -684,41 +686,56 @@ func TestKernelLargeFullSync(t *testing.T) {
 }
 
 // TestKernelLargeBalanceMap programs a service with 1,000 endpoints and a
-// long name: its balance map's elements (about 300 bytes each) need many
-// netlink messages, which a single AddSet would wrap (a 16-bit attribute
+// long name, without and with session affinity: its endpoint map's
+// intervals, or its balance map's elements (about 300 bytes each), need
+// many netlink messages, which a single one would wrap (a 16-bit attribute
 // length). Every element must reach the kernel, in a full sync and in a
 // partial one.
 func TestKernelLargeBalanceMap(t *testing.T) {
-	b := kernelTopology(t)
-	s := newTestSink(t, b, "bigmap")
-	name := strings.Repeat("n", 63)
-	svc := svc(strings.Repeat("s", 63), name, ipset("10.96.7.1"), tcp(80, 6000))
-	se := &model.ServiceEndpoints{Service: svc}
-	for i := range 1000 {
-		se.Endpoints = append(se.Endpoints, ep(netip.AddrFrom4([4]byte{10, 200, byte(i / 250), byte(1 + i%250)}).String(), false))
+	for _, affinity := range []bool{false, true} {
+		t.Run(fmt.Sprintf("affinity=%v", affinity), func(t *testing.T) {
+			b := kernelTopology(t)
+			s := newTestSink(t, b, "bigmap")
+			name := strings.Repeat("n", 63)
+			svc := svc(strings.Repeat("s", 63), name, ipset("10.96.7.1"), tcp(80, 6000))
+			if affinity {
+				svc.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 60}
+			}
+			se := &model.ServiceEndpoints{Service: svc}
+			for i := range 1000 {
+				se.Endpoints = append(se.Endpoints, ep(netip.AddrFrom4([4]byte{10, 200, byte(i / 250), byte(1 + i%250)}).String(), false))
+			}
+			check := func(when string, want int) {
+				t.Helper()
+				rs, _ := Build(TableName("bigmap"), Options{}, []*model.ServiceEndpoints{se})
+				var m, pattern string
+				for _, st := range rs.Sets {
+					if st.EndpointMap || len(st.Targets) > 0 {
+						m = st.Name
+					}
+				}
+				pattern = " : goto "
+				if !affinity {
+					pattern = " : 10.200."
+				}
+				out, _, err := b.Node.Exec(nil, "nft", "list", "map", "inet", TableName("bigmap"), m)
+				if err != nil {
+					t.Fatalf("%s: %v", when, err)
+				}
+				if got := strings.Count(out, pattern); got != want {
+					t.Errorf("%s: %d elements in map %s, want %d", when, got, m, want)
+				}
+			}
+			s.setAll(se)
+			s.sync()
+			check("full sync", 1000)
+			e := ep("10.200.9.9", false)
+			se.Endpoints = append(se.Endpoints, e)
+			s.SetEndpoint(svc.Key(), e.Key(), e)
+			if r := s.sync(); r.Full {
+				t.Errorf("endpoint added: full sync")
+			}
+			check("partial sync", 1001)
+		})
 	}
-	check := func(when string, want int) {
-		t.Helper()
-		rs, _ := Build(TableName("bigmap"), Options{}, []*model.ServiceEndpoints{se})
-		if len(rs.Sets) != 1 {
-			t.Fatalf("%d sets, want the balance map", len(rs.Sets))
-		}
-		out, _, err := b.Node.Exec(nil, "nft", "list", "map", "inet", TableName("bigmap"), rs.Sets[0].Name)
-		if err != nil {
-			t.Fatalf("%s: %v", when, err)
-		}
-		if got := strings.Count(out, " : goto "); got != want {
-			t.Errorf("%s: %d elements in the balance map, want %d", when, got, want)
-		}
-	}
-	s.setAll(se)
-	s.sync()
-	check("full sync", 1000)
-	e := ep("10.200.9.9", false)
-	se.Endpoints = append(se.Endpoints, e)
-	s.SetEndpoint(svc.Key(), e.Key(), e)
-	if r := s.sync(); r.Full {
-		t.Errorf("endpoint added: full sync")
-	}
-	check("partial sync", 1001)
 }

@@ -17,6 +17,13 @@ type serviceObjects struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []Element
+	// Blocks are the endpoint blocks of the service's chains, and
+	// Endpoints their elements (once the Tracker has placed them).
+	Blocks    []*Block
+	Endpoints []EndpointElement
+	// Hairpin are the addresses of the service's endpoints (a pod may
+	// reach itself through the service), without repeats.
+	Hairpin []netip.Addr
 }
 
 // defaultAffinityTimeout is kube-proxy's default ClientIP affinity
@@ -121,6 +128,8 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 			}
 		}
 	}
+	slices.SortFunc(objs.Hairpin, netip.Addr.Compare)
+	objs.Hairpin = slices.Compact(objs.Hairpin)
 	return objs, problems
 }
 
@@ -162,9 +171,11 @@ type portBuilder struct {
 }
 
 // target returns the verdict for traffic using eps with verdict v: goto a
-// new service chain of the given kind (first rules, then the session
-// affinity checks and the choice among eps' endpoint chains) for Forward,
-// goto the reject chain for Reject, or drop for Drop.
+// new service chain of the given kind (first rules, then the choice among
+// eps) for Forward, goto the reject chain for Reject, or drop for Drop.
+// The chain DNATs to a block of an endpoint map; with session affinity, it
+// goes to endpoint chains through a balance map instead, after the
+// affinity checks.
 func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v endpoints.Verdict) Verdict {
 	switch v {
 	case endpoints.Reject:
@@ -172,29 +183,36 @@ func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v
 	case endpoints.Drop:
 		return Verdict{}
 	}
-	var targets []string
-	var affinity []Rule
+	var tos []netip.AddrPort
 	for _, ep := range eps {
-		name, set, ok := b.endpointChain(ep)
-		if !ok {
-			continue
-		}
-		targets = append(targets, name)
-		if set != "" {
-			affinity = append(affinity, AffinityCheckRule{Family: b.family, Set: set, Goto: name})
+		if to, ok := b.endpointAddr(ep); ok {
+			tos = append(tos, to)
 		}
 	}
-	if len(targets) == 0 {
+	if len(tos) == 0 {
 		// Every endpoint was unusable (reported): as if there were none.
 		return Verdict{Goto: ChainReject}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
-	balance := BalanceRule{Targets: targets}
-	if len(targets) > 1 {
-		balance.Map = balanceMapName(b.family, kind, b.key, b.port, targets)
-		b.objs.Sets = append(b.objs.Sets, &Set{Name: balance.Map, Family: b.family, Targets: targets, Service: b.key})
+	rules := slices.Clip(first)
+	if b.svc.ClientIPAffinity == nil {
+		id := kind + familySuffix(b.family) + "/" + portID(b.key, b.port)
+		b.objs.Blocks = append(b.objs.Blocks, &Block{ID: id, Family: b.family, Service: b.key, Endpoints: tos})
+		rules = append(rules, DNATMapRule{Family: b.family, Proto: b.port.Protocol, Block: id})
+	} else {
+		var targets []string
+		for _, to := range tos {
+			name, set := b.endpointChain(to)
+			targets = append(targets, name)
+			rules = append(rules, AffinityCheckRule{Family: b.family, Set: set, Goto: name})
+		}
+		balance := BalanceRule{Targets: targets}
+		if len(targets) > 1 {
+			balance.Map = balanceMapName(b.family, kind, b.key, b.port, targets)
+			b.objs.Sets = append(b.objs.Sets, &Set{Name: balance.Map, Family: b.family, Targets: targets, Service: b.key})
+		}
+		rules = append(rules, balance)
 	}
-	rules := append(append(slices.Clip(first), affinity...), balance)
 	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
 	return Verdict{Goto: name}
 }
@@ -255,9 +273,10 @@ func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Ve
 	return Verdict{Goto: name}, true
 }
 
-// endpointChain adds (once) the chain DNATing to ep and returns its name,
-// with the name of its affinity set if the service has session affinity.
-func (b *portBuilder) endpointChain(ep *model.Endpoint) (string, string, bool) {
+// endpointAddr returns the address (of the builder's family) and target
+// port of ep for the service port, reporting a bad address or port, and
+// records the address for hairpin masquerading.
+func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 	text := ep.Key()
 	if as := familyAddrs(ep.IPs, b.family); len(as) > 0 {
 		text = as[0]
@@ -265,40 +284,37 @@ func (b *portBuilder) endpointChain(ep *model.Endpoint) (string, string, bool) {
 	addr, err := netip.ParseAddr(text)
 	if err != nil || familyOf(addr.Unmap()) != b.family {
 		*b.problems = append(*b.problems, fmt.Errorf("service %s: endpoint %q is not an %s address", b.key, text, b.family))
-		return "", "", false
+		return netip.AddrPort{}, false
 	}
 	addr = addr.Unmap()
 	port, ok := ep.PortFor(b.port)
 	if !ok || port <= 0 || port > 65535 {
 		*b.problems = append(*b.problems, fmt.Errorf("service %s port %q: endpoint %s: target port %d out of range", b.key, b.port.Name, addr, port))
-		return "", "", false
+		return netip.AddrPort{}, false
 	}
-	to := netip.AddrPortFrom(addr, uint16(port))
-	id := portID(b.key, b.port) + "__" + to.Addr().String() + "/" + strconv.Itoa(int(port))
-	name := endpointChainName(b.family, b.key, b.port, to.Addr().String()+"/"+strconv.Itoa(int(port)))
-	set := ""
-	if a := b.svc.ClientIPAffinity; a != nil {
-		timeout := defaultAffinityTimeout
-		if a.TimeoutSeconds > 0 {
-			timeout = time.Duration(a.TimeoutSeconds) * time.Second
-		}
-		set = chainName("aff"+familySuffix(b.family), id+"__"+strconv.Itoa(int(timeout/time.Second))+"s")
-		if !b.epChains[set] {
-			b.objs.Sets = append(b.objs.Sets, &Set{Name: set, Family: b.family, Timeout: timeout, Service: b.key})
-		}
+	b.objs.Hairpin = append(b.objs.Hairpin, addr)
+	return netip.AddrPortFrom(addr, uint16(port)), true
+}
+
+// endpointChain adds (once) the chain DNATing to an endpoint of a service
+// with session affinity, and its affinity set, and returns their names.
+func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
+	ep := to.Addr().String() + "/" + strconv.Itoa(int(to.Port()))
+	name := endpointChainName(b.family, b.key, b.port, ep)
+	timeout := defaultAffinityTimeout
+	if a := b.svc.ClientIPAffinity; a.TimeoutSeconds > 0 {
+		timeout = time.Duration(a.TimeoutSeconds) * time.Second
 	}
+	set := chainName("aff"+familySuffix(b.family), portID(b.key, b.port)+"__"+ep+"__"+strconv.Itoa(int(timeout/time.Second))+"s")
 	if !b.epChains[name] {
-		b.epChains[name], b.epChains[set] = true, true
-		// Hairpin: a pod reaching itself through the service must see
-		// another source, or its replies would not go back through NAT.
-		rules := []Rule{SourceRule{Family: b.family, Prefix: netip.PrefixFrom(addr, addr.BitLen()), Mark: true}}
-		if set != "" {
-			rules = append(rules, AffinityUpdateRule{Family: b.family, Set: set})
-		}
-		rules = append(rules, DNATRule{Proto: b.port.Protocol, To: to})
-		b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
+		b.epChains[name] = true
+		b.objs.Sets = append(b.objs.Sets, &Set{Name: set, Family: b.family, Timeout: timeout, Service: b.key})
+		b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: []Rule{
+			AffinityUpdateRule{Family: b.family, Set: set},
+			DNATRule{Proto: b.port.Protocol, To: to},
+		}})
 	}
-	return name, set, true
+	return name, set
 }
 
 // elements adds, for each address, the element sending the service port

@@ -82,8 +82,9 @@ func compareStaleFlows(a, b StaleFlow) int {
 // ports); an element's verdict is a goto to a chain of the table or a
 // verdict that does not DNAT; chains send packets to other chains only
 // through rules implementing chainReferrer (BalanceRule does); and the
-// DNAT of a service port to an endpoint is a DNATRule, whatever other rules
-// (masquerade, affinity) share its chain.
+// DNAT of a service port to an endpoint is a DNATRule or a DNATMapRule (the
+// endpoints of its block), whatever other rules (masquerade, affinity) share
+// its chain.
 func (t *Tracker) StaleFlows(d Delta) []StaleFlow {
 	return staleFlows(d, func(key model.ServiceKey) serviceObjects { return t.services[key] })
 }
@@ -121,10 +122,14 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 	// (an element or chain can only change with its service)...
 	nowChains := map[string]*Chain{}
 	nowElems := map[string]Element{}
+	nowBlocks := map[string]*Block{}
 	for _, key := range services {
 		objs := current(key)
 		for _, c := range objs.Chains {
 			nowChains[c.Name] = c
+		}
+		for _, bl := range objs.Blocks {
+			nowBlocks[bl.ID] = bl
 		}
 		for _, e := range objs.Elements {
 			nowElems[e.ID()] = e
@@ -143,6 +148,17 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 			}
 		}
 	}
+	prevBlocks := maps.Clone(nowBlocks)
+	for _, it := range d.Blocks.Created {
+		delete(prevBlocks, it.Key)
+	}
+	for _, its := range [][]diffstore.Item[string, *Block]{d.Blocks.Updated, d.Blocks.Deleted} {
+		for _, it := range its {
+			if it.Prev != nil {
+				prevBlocks[it.Key] = it.Prev
+			}
+		}
+	}
 	prevElems := maps.Clone(nowElems)
 	for _, it := range d.Elements.Created {
 		delete(prevElems, it.Key)
@@ -153,8 +169,8 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 		}
 	}
 
-	before := endpointsByKey(prevElems, prevChains)
-	after := endpointsByKey(nowElems, nowChains)
+	before := endpointsByKey(prevElems, prevChains, prevBlocks)
+	after := endpointsByKey(nowElems, nowChains, nowBlocks)
 	var flows []StaleFlow
 	for k, eps := range before {
 		now := after[k]
@@ -184,9 +200,9 @@ type familyKey struct {
 func keyDst(k Key) netip.AddrPort { return netip.AddrPortFrom(k.Addr, k.Port) }
 
 // endpointsByKey returns, for every UDP element key of elems and its
-// family, the endpoints of the UDP DNATRules reachable from its elements (a
+// family, the endpoints of the UDP DNAT rules reachable from its elements (a
 // key may have elements in several maps).
-func endpointsByKey(elems map[string]Element, chains map[string]*Chain) map[familyKey]map[netip.AddrPort]bool {
+func endpointsByKey(elems map[string]Element, chains map[string]*Chain, blocks map[string]*Block) map[familyKey]map[netip.AddrPort]bool {
 	out := map[familyKey]map[netip.AddrPort]bool{}
 	memo := map[string]map[netip.AddrPort]bool{}
 	for _, e := range elems {
@@ -199,17 +215,18 @@ func endpointsByKey(elems map[string]Element, chains map[string]*Chain) map[fami
 			eps = map[netip.AddrPort]bool{}
 			out[fk] = eps
 		}
-		for ep := range reachableEndpoints(e.Verdict.Goto, chains, memo) {
+		for ep := range reachableEndpoints(e.Verdict.Goto, chains, blocks, memo) {
 			eps[ep] = true
 		}
 	}
 	return out
 }
 
-// reachableEndpoints returns the To of the UDP DNATRules of the chains
-// reachable from the chain named start (none if it is not in chains: the
-// reject chain, drop, a chain of another service).
-func reachableEndpoints(start string, chains map[string]*Chain, memo map[string]map[netip.AddrPort]bool) map[netip.AddrPort]bool {
+// reachableEndpoints returns the endpoints of the UDP DNATRules and
+// DNATMapRules (their blocks' endpoints) of the chains reachable from the
+// chain named start (none if it is not in chains: the reject chain, drop,
+// a chain of another service).
+func reachableEndpoints(start string, chains map[string]*Chain, blocks map[string]*Block, memo map[string]map[netip.AddrPort]bool) map[netip.AddrPort]bool {
 	if eps, ok := memo[start]; ok {
 		return eps
 	}
@@ -227,6 +244,12 @@ func reachableEndpoints(start string, chains map[string]*Chain, memo map[string]
 			case DNATRule:
 				if r.Proto == model.UDP {
 					eps[r.To] = true
+				}
+			case DNATMapRule:
+				if bl := blocks[r.Block]; bl != nil && r.Proto == model.UDP {
+					for _, ep := range bl.Endpoints {
+						eps[ep] = true
+					}
 				}
 			case chainReferrer:
 				for _, next := range r.referencedChains() {

@@ -332,12 +332,13 @@ func TestKernelSessionAffinity(t *testing.T) {
 		t.Errorf("listing lacks the affinity sets and rules:\n%s", listing)
 	}
 
-	// Affinity off: the sets go away in a partial sync.
+	// Affinity off: the sets go away in a partial sync (the affinity sets
+	// and the balance maps among endpoint chains), the endpoint maps come.
 	web2 := *web
 	web2.ClientIPAffinity = nil
 	s.SetService(&web2)
-	if r := s.sync(); r.Full || r.Stats.SetsDeleted != 12 {
-		t.Errorf("affinity removed: %+v, want a partial sync deleting 12 sets (3 endpoints, 2 families, 2 ports)", r)
+	if r := s.sync(); r.Full || r.Stats.SetsDeleted != 16 || r.Stats.SetsAdded != 2 {
+		t.Errorf("affinity removed: %+v, want a partial sync deleting 16 sets (12 affinity sets: 3 endpoints, 2 families, 2 ports; 4 balance maps) and adding the 2 endpoint maps", r)
 	}
 	if listing := nftList(t, b.Node, "kpng-aff"); strings.Contains(listing, "aff4-") || strings.Contains(listing, "aff6-") {
 		t.Errorf("affinity sets left:\n%s", listing)

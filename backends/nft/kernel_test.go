@@ -70,10 +70,9 @@ func nsFD(tb testing.TB, ns *netns.NS) int {
 }
 
 // connIn returns a connection factory for the namespace ns.
-func connIn(tb testing.TB, ns *netns.NS) func() (*nftables.Conn, error) {
+func connIn(tb testing.TB, ns *netns.NS) func(...nftables.ConnOption) (*nftables.Conn, error) {
 	tb.Helper()
-	fd := nsFD(tb, ns)
-	return func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
+	return ConnInNetNS(nsFD(tb, ns))
 }
 
 // testSink is a sink in the node with the results of its syncs.
@@ -269,8 +268,8 @@ func TestKernelClusterIP(t *testing.T) {
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
 		"10.96.0.10 . tcp . 80 : goto svc4-", "fd00:10:96::10 . udp . 80 : goto svc6-",
-		"numgen random mod 3 vmap", "dnat ip to 11.0.2.4:6000", "dnat ip6 to [1100::203]:6000",
-		"dnat ip to 11.0.2.2:7000", "dnat ip to 11.0.2.3:8080",
+		"numgen random mod 4294967295 map @endpoints-v4-0", "numgen random mod 4294967295 map @endpoints-v6-0",
+		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
 	} {
 		if !strings.Contains(listing, want) {
 			t.Errorf("nft list table lacks %q:\n%s", want, listing)
@@ -328,7 +327,7 @@ func TestKernelClusterIP(t *testing.T) {
 			}
 		}
 	}
-	if listing := nftList(t, b.Node, "kpng-cip"); !strings.Contains(listing, "10.96.0.10 . tcp . 80 : goto reject") || strings.Contains(listing, "dnat") {
+	if listing := nftList(t, b.Node, "kpng-cip"); !strings.Contains(listing, "10.96.0.10 . tcp . 80 : goto reject") || strings.Contains(listing, "dnat ip to") || strings.Contains(listing, "dnat ip6 to") {
 		t.Errorf("no endpoints: want a reject element and no dnat:\n%s", listing)
 	}
 
@@ -346,7 +345,7 @@ func TestKernelClusterIP(t *testing.T) {
 	s.DeleteService(web.Key())
 	s.sync()
 	listing = nftList(t, b.Node, "kpng-cip")
-	for _, gone := range []string{"default/web", "10.96.0.10", "fd00:10:96::10", "dnat"} {
+	for _, gone := range []string{"default/web", "10.96.0.10", "fd00:10:96::10", "dnat ip to", "dnat ip6 to", "endpoints-v4", "endpoints-v6", "11.0.2.2"} {
 		if strings.Contains(listing, gone) {
 			t.Errorf("after deletion, the table still holds %q:\n%s", gone, listing)
 		}
@@ -431,10 +430,10 @@ func TestKernelPartialSyncSize(t *testing.T) {
 		if r.Full || len(r.Services) != 1 || r.Services[0] != target.Service.Key() {
 			t.Errorf("%d services: partial sync %+v, want one service", n, r)
 		}
-		// One endpoint chain added with its rules (hairpin mark, DNAT), its balance
-		// map added (the map and its elements: 2 messages), the service chain
-		// flushed and refilled (its rule and anonymous map).
-		want := Stats{Messages: 7, ChainsAdded: 1, ChainsFlushed: 1, SetsAdded: 1, Rules: 3}
+		// Only elements: the interval of the service's one endpoint deleted
+		// (its start and end), the two intervals of the two endpoints added,
+		// pod2 added to the hairpin set; no chain, rule or set.
+		want := Stats{Messages: 3, ElementsAdded: 5, ElementsDeleted: 2}
 		if r.Stats != want {
 			t.Errorf("%d services: transaction %+v, want %+v", n, r.Stats, want)
 		}

@@ -1,9 +1,11 @@
 package nft
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/kpng/client/model"
@@ -202,6 +204,10 @@ type Ruleset struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []Element
+	// Endpoints are the elements of the endpoint maps (named in Sets).
+	Endpoints []EndpointElement
+	// Hairpin are the endpoint addresses of the hairpin sets.
+	Hairpin []netip.Addr
 }
 
 // sortElements orders elements by map, then key (address, protocol, port).
@@ -220,4 +226,122 @@ func compareElements(a, b Element) int {
 		return int(a.Key.Proto - b.Key.Proto)
 	}
 	return int(a.Key.Port) - int(b.Key.Port)
+}
+
+// endpointModulus is the range of the random number that chooses an
+// endpoint: numgen draws in [0, endpointModulus), and each endpoint of a
+// block owns an interval of it in proportion (1 / N, give or take one
+// number in 2^32: uniform for any N). The number being fixed, the rule
+// that draws it never changes with the endpoints: only map elements do.
+const endpointModulus = 0xFFFFFFFF
+
+// blocksPerMap is the number of blocks that share one endpoint map. The
+// kernel walks the rules bound to a map for every element added to it, and
+// the sets of a table by name for every message naming one: about sqrt of
+// 10,000 blocks keeps both walks short.
+const blocksPerMap = 64
+
+// EndpointMap returns the name of the shard-th endpoint map of a family:
+// "endpoints-v4-0", "endpoints-v4-1", … Blocks 64·shard to 64·shard+63 of
+// the family are in it.
+func EndpointMap(f Family, shard uint32) string {
+	return fmt.Sprintf("endpoints-v%s-%d", familySuffix(f), shard)
+}
+
+// Block is the set of endpoints one service chain DNATs to (without
+// session affinity): a block of an endpoint map, keyed by the block's
+// slot and a random number. The chain's DNATMapRule draws the number;
+// changing the endpoints changes only the block's elements.
+type Block struct {
+	// ID identifies the block: its chain's kind, family and service port.
+	ID      string
+	Family  Family
+	Service model.ServiceKey
+	// Endpoints are the addresses and ports to DNAT to, in order.
+	Endpoints []netip.AddrPort
+	// Slot and Map are the block's place, set by the Tracker: its number
+	// among the family's blocks and the endpoint map holding it.
+	Slot uint32
+	Map  string
+}
+
+// equalBlocks reports whether two blocks are the same.
+func equalBlocks(a, b *Block) bool {
+	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && a.Map == b.Map && slices.Equal(a.Endpoints, b.Endpoints)
+}
+
+// elements returns the intervals of the block in its endpoint map: the
+// i-th endpoint of N owns [i·M/N, (i+1)·M/N), M being endpointModulus.
+func (bl *Block) elements() []EndpointElement {
+	n := uint64(len(bl.Endpoints))
+	els := make([]EndpointElement, len(bl.Endpoints))
+	for i, ep := range bl.Endpoints {
+		els[i] = EndpointElement{
+			Map:     bl.Map,
+			Family:  bl.Family,
+			Slot:    bl.Slot,
+			From:    uint32(uint64(i) * endpointModulus / n),
+			To:      uint32(uint64(i+1) * endpointModulus / n),
+			Target:  ep,
+			Service: bl.Service,
+		}
+	}
+	return els
+}
+
+// EndpointElement is one interval of an endpoint map: the keys
+// Slot . [From, To) lead to Target.
+type EndpointElement struct {
+	Map      string
+	Family   Family
+	Slot     uint32
+	From, To uint32
+	Target   netip.AddrPort
+	// Service is the service the element belongs to (for logs).
+	Service model.ServiceKey
+}
+
+// ID returns the element's identity: its map, slot and first key.
+func (e EndpointElement) ID() string {
+	return e.Map + " " + strconv.FormatUint(uint64(e.Slot), 10) + " " + strconv.FormatUint(uint64(e.From), 10)
+}
+
+// String returns the element in nft syntax: "7 . 0-429496728 : 10.1.0.2 . 8080".
+func (e EndpointElement) String() string {
+	return fmt.Sprintf("%d . %d-%d : %s . %d", e.Slot, e.From, e.To-1, e.Target.Addr(), e.Target.Port())
+}
+
+// compareEndpointElements orders elements by map, slot and first key.
+func compareEndpointElements(a, b EndpointElement) int {
+	return cmp.Or(strings.Compare(a.Map, b.Map), cmp.Compare(a.Slot, b.Slot), cmp.Compare(a.From, b.From))
+}
+
+// MapHairpin returns the name of the set of a family holding (endpoint .
+// endpoint) for every endpoint address: a DNATed packet whose source is
+// its destination is a pod reaching itself through a service, and is
+// masqueraded. "hairpin-v4" or "hairpin-v6".
+func MapHairpin(f Family) string { return "hairpin-v" + familySuffix(f) }
+
+// DNATMapRule DNATs to an endpoint of a block drawn at random:
+// "meta l4proto tcp dnat ip to 7 . numgen random mod 4294967295 map
+// @endpoints-v4-0", where 7 is the block's slot.
+type DNATMapRule struct {
+	Family Family
+	Proto  model.Protocol
+	// Block is the ID of the block; Slot and Map its place (set by the
+	// Tracker).
+	Block string
+	Slot  uint32
+	Map   string
+}
+
+func (DNATMapRule) isRule() {}
+
+// String implements Rule.
+func (r DNATMapRule) String() string {
+	fam := "ip"
+	if r.Family == IPv6 {
+		fam = "ip6"
+	}
+	return fmt.Sprintf("meta l4proto %s dnat %s to %d . numgen random mod %d map @%s", protoName(r.Proto), fam, r.Slot, uint32(endpointModulus), r.Map)
 }

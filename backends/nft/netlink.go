@@ -26,7 +26,116 @@ const (
 	// protocol of a node-port key.
 	reg32NodePortDp = 9
 	regVerdict      = 0
+	// reg32Slot and reg32Draw hold the key of an endpoint map (slot .
+	// random number), reg32Endpoint the endpoint found (address . port).
+	reg32Slot     = 8 // NFT_REG32_00
+	reg32Draw     = 9 // NFT_REG32_01
+	reg32Endpoint = 10
+	// reg32HairpinDst holds the destination of a hairpin key, after the
+	// source in register 1.
+	reg32HairpinDstV4 = 9  // after 4 bytes
+	reg32HairpinDstV6 = 12 // NFT_REG32_04: after 16 bytes
 )
+
+// endpointMapKey is the key type of the endpoint maps: slot . number, one
+// 8-byte integer for the kernel (not a concatenation, for which it would
+// choose a set type slow to update: the intervals are on the whole key).
+var endpointMapKey = func() nftables.SetDatatype {
+	t := nftables.TypeInteger
+	t.Bytes = 8
+	return t
+}()
+
+// endpointMapRef returns the set object of an endpoint map of family f.
+func endpointMapRef(t *nftables.Table, f Family, name string) *nftables.Set {
+	return &nftables.Set{
+		Table:    t,
+		Name:     name,
+		IsMap:    true,
+		Interval: true,
+		KeyType:  endpointMapKey,
+		DataType: nftables.MustConcatSetType(addrType(f), nftables.TypeInetService),
+	}
+}
+
+// hairpinSetRef returns the set object of the hairpin set of family f.
+func hairpinSetRef(t *nftables.Table, f Family) *nftables.Set {
+	return &nftables.Set{
+		Table:         t,
+		Name:          MapHairpin(f),
+		Concatenation: true,
+		KeyType:       nftables.MustConcatSetType(addrType(f), addrType(f)),
+	}
+}
+
+// hairpinElement returns the element (a . a) of a hairpin set.
+func hairpinElement(a netip.Addr) nftables.SetElement {
+	return nftables.SetElement{Key: append(a.AsSlice(), a.AsSlice()...)}
+}
+
+// endpointMapElements returns the two kernel elements of an interval of an
+// endpoint map: its start (slot . From, with the endpoint unless del) and
+// its end (slot . To, flagged as such).
+func endpointMapElements(e EndpointElement, del bool) [2]nftables.SetElement {
+	start := nftables.SetElement{Key: binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, e.Slot), e.From)}
+	if !del {
+		start.Val = binary.BigEndian.AppendUint16(e.Target.Addr().AsSlice(), e.Target.Port())
+		start.Val = append(start.Val, 0, 0)
+	}
+	end := nftables.SetElement{Key: binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, e.Slot), e.To), IntervalEnd: true}
+	return [2]nftables.SetElement{start, end}
+}
+
+// hairpinExprs returns, for the masquerading chain, "meta nfproto ipvX ct
+// status dnat ip saddr . ip daddr @hairpin-vX meta mark set meta mark |
+// bit".
+func hairpinExprs(f Family, bit uint32, set *nftables.Set) []expr.Any {
+	nfproto, src, dst, alen, rdst := byte(unix.NFPROTO_IPV4), uint32(12), uint32(16), uint32(4), uint32(reg32HairpinDstV4)
+	if f == IPv6 {
+		nfproto, src, dst, alen, rdst = unix.NFPROTO_IPV6, 8, 24, 16, reg32HairpinDstV6
+	}
+	exprs := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nfproto}},
+		&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: src, Len: alen},
+		&expr.Payload{DestRegister: rdst, Base: expr.PayloadBaseNetworkHeader, Offset: dst, Len: alen},
+		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
+	}
+	return append(exprs, markExprs(bit, false)...)
+}
+
+// ipsDstNAT is the conntrack status bit of a DNATed connection
+// (IPS_DST_NAT).
+const ipsDstNAT = 1 << 5
+
+// dnatMapExprs returns the expressions of a DNATMapRule: the protocol
+// match, then slot . hton(numgen random mod endpointModulus) looked up in
+// the block's endpoint map, and the DNAT to the address and port found.
+func dnatMapExprs(r DNATMapRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
+	proto, ok := l4proto(r.Proto)
+	if !ok {
+		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
+	}
+	if r.Map == "" {
+		return nil, fmt.Errorf("block %s has no place in an endpoint map", r.Block)
+	}
+	fam, regPort := uint32(unix.NFPROTO_IPV4), uint32(reg32Endpoint+1)
+	if r.Family == IPv6 {
+		fam, regPort = unix.NFPROTO_IPV6, reg32Endpoint+4
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
+		&expr.Immediate{Register: reg32Slot, Data: binary.BigEndian.AppendUint32(nil, r.Slot)},
+		&expr.Numgen{Register: reg32Draw, Modulus: endpointModulus, Type: unix.NFT_NG_RANDOM},
+		&expr.Byteorder{SourceRegister: reg32Draw, DestRegister: reg32Draw, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Lookup{SourceRegister: reg32Slot, DestRegister: reg32Endpoint, IsDestRegSet: true, SetName: r.Map, SetID: setID(sets, r.Map)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: reg32Endpoint, RegProtoMin: regPort, Specified: true},
+	}, nil
+}
 
 // mapKeyType returns the key type of the maps of a family: address .
 // protocol . port, or protocol . port for node-port maps.
@@ -183,6 +292,8 @@ func ruleExprs(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 		return balanceExprs(r, sets)
 	case DNATRule:
 		return dnatExprs(r)
+	case DNATMapRule:
+		return dnatMapExprs(r, sets)
 	case MarkRule:
 		var exprs []expr.Any
 		if r.Dst.IsValid() {
@@ -246,6 +357,9 @@ func setID(sets map[string]*nftables.Set, name string) uint32 {
 // integers for a balance map, a dynamic address set with a timeout for an
 // affinity set.
 func setRef(t *nftables.Table, s *Set) *nftables.Set {
+	if s.EndpointMap {
+		return endpointMapRef(t, s.Family, s.Name)
+	}
 	if len(s.Targets) > 0 {
 		return &nftables.Set{Table: t, Name: s.Name, IsMap: true, Constant: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
 	}

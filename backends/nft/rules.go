@@ -208,9 +208,11 @@ func (r AffinityUpdateRule) String() string {
 	return fmt.Sprintf("update @%s { %s }", r.Set, saddrText(r.Family))
 }
 
-// Set is a named set or map of the table, owned by one service, of one of
-// two kinds:
+// Set is a named set or map of the table, of one of three kinds:
 //
+//   - an endpoint map (EndpointMap): blocks of endpoints, shared by up to
+//     blocksPerMap service chains, its elements in Ruleset.Endpoints; the
+//     set is not owned by a service and lives as long as one of its blocks;
 //   - an affinity set (Targets empty): the client addresses that used one
 //     endpoint of a service port with session affinity, each expiring after
 //     Timeout without traffic;
@@ -219,24 +221,44 @@ func (r AffinityUpdateRule) String() string {
 //     than an anonymous one: the kernel binds each anonymous set of a rule by
 //     walking the whole transaction, which made a cold start quadratic.
 //
-// A set's name says all of its content (the timeout, a hash of the
-// targets), so that a set never changes: a new content is a new set, and
-// the rules referring to it change in the same transaction.
+// The name of an affinity set or balance map says all of its content (the
+// timeout, a hash of the targets), so that such a set never changes: a new
+// content is a new set, and the rules referring to it change in the same
+// transaction. An endpoint map's elements change in place.
 type Set struct {
-	Name    string
-	Family  Family
-	Timeout time.Duration
-	Targets []string
-	Service model.ServiceKey
+	Name        string
+	Family      Family
+	EndpointMap bool
+	Timeout     time.Duration
+	Targets     []string
+	Service     model.ServiceKey
 }
 
 // equalSets reports whether two sets are the same.
 func equalSets(a, b *Set) bool {
-	return a.Name == b.Name && a.Family == b.Family && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
+	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
-// Text returns the set's declaration in nft syntax.
-func (s *Set) Text() string {
+// Text returns the set's declaration in nft syntax, with the elements
+// of an endpoint map given in els.
+func (s *Set) Text(els []EndpointElement) string {
+	if s.EndpointMap {
+		addr := "ipv4_addr"
+		if s.Family == IPv6 {
+			addr = "ipv6_addr"
+		}
+		text := fmt.Sprintf("map %s {\n\t\ttype integer . integer : %s . inet_service\n\t\tflags interval", s.Name, addr)
+		var lines []string
+		for _, e := range els {
+			if e.Map == s.Name {
+				lines = append(lines, "\t\t\t"+e.String())
+			}
+		}
+		if len(lines) > 0 {
+			text += "\n\t\telements = {\n" + strings.Join(lines, ",\n") + "\n\t\t}"
+		}
+		return text + "\n\t}"
+	}
 	if len(s.Targets) > 0 {
 		els := make([]string, len(s.Targets))
 		for i, t := range s.Targets {

@@ -24,10 +24,11 @@ type Config struct {
 	ServiceProxyName string
 	// Options shape the rules: masquerading, node port addresses.
 	Options Options
-	// Conn returns a new nftables connection; nil means nftables.New(),
-	// in the current network namespace (tests pass
-	// nftables.New(nftables.WithNetNSFd(fd)) to work in another one).
-	Conn func() (*nftables.Conn, error)
+	// Conn returns a new nftables connection with the options given
+	// added to its own; nil means nftables.New, in the current network
+	// namespace (to work in another one, pass a function calling
+	// nftables.New with nftables.WithNetNSFd(fd) and the options).
+	Conn func(...nftables.ConnOption) (*nftables.Conn, error)
 	// Conntrack returns a new netlink handle for deleting stale UDP
 	// conntrack entries after the transactions (see StaleFlows); the
 	// sink closes it after use. nil means
@@ -43,7 +44,8 @@ type Config struct {
 	// table is written again, if no Sync did it first; it doubles after
 	// each failed retry, up to a minute. 0 means one second.
 	RetryInterval time.Duration
-	// Context, if set, stops the retries when it ends.
+	// Context, if set, stops the retries when it ends, and then closes
+	// the sink's lasting netlink connection (a later Sync opens another).
 	Context context.Context
 }
 
@@ -116,6 +118,11 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 	if _, err := conn.ListTablesOfFamily(nftables.TableFamilyINet); err != nil {
 		return nil, fmt.Errorf("nftables backend: list tables (root or CAP_NET_ADMIN needed): %w", err)
 	}
+	context.AfterFunc(s.cfg.Context, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.applier.Close()
+	})
 	return s, nil
 }
 

@@ -173,8 +173,25 @@ func (rs *Ruleset) Text() string {
 			b.WriteString("\t}\n\n")
 		}
 	}
+	for _, f := range []Family{IPv4, IPv6} {
+		typ := "ipv4_addr . ipv4_addr"
+		if f == IPv6 {
+			typ = "ipv6_addr . ipv6_addr"
+		}
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", MapHairpin(f), typ)
+		var els []string
+		for _, a := range rs.Hairpin {
+			if familyOf(a) == f {
+				els = append(els, fmt.Sprintf("\t\t\t%s . %s", a, a))
+			}
+		}
+		if len(els) > 0 {
+			fmt.Fprintf(&b, "\t\telements = {\n%s\n\t\t}\n", strings.Join(els, ",\n"))
+		}
+		b.WriteString("\t}\n\n")
+	}
 	for _, s := range rs.Sets {
-		fmt.Fprintf(&b, "\t%s\n\n", s.Text())
+		fmt.Fprintf(&b, "\t%s\n\n", s.Text(rs.Endpoints))
 	}
 	for _, c := range baseChains {
 		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %d; policy accept;\n\t\tjump %s\n\t}\n\n", c.name, c.typ, c.hook, c.priority, c.jump)
@@ -188,7 +205,11 @@ func (rs *Ruleset) Text() string {
 	}
 	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject with icmpx port-unreachable\n\t}\n\n", ChainReject)
 	mark := rs.Options.mark()
-	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark & 0x%08x == 0x00000000 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n\n", ChainMasquerading, mark, mark)
+	fmt.Fprintf(&b, "\tchain %s {\n", ChainMasquerading)
+	for _, f := range []Family{IPv4, IPv6} {
+		fmt.Fprintf(&b, "\t\tct status dnat %s . %s @%s meta mark set meta mark | 0x%08x\n", saddrText(f), daddrText(f), MapHairpin(f), mark)
+	}
+	fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x == 0x00000000 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n\n", mark, mark)
 	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark set meta mark | 0x%08x\n\t}\n", ChainMarkForMasquerade, mark)
 	for _, c := range rs.Chains {
 		fmt.Fprintf(&b, "\n\tchain %s {\n", c.Name)

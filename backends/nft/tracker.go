@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -28,6 +29,20 @@ type Tracker struct {
 	// released says that a key was let go since the last LosersToRetry.
 	losers   map[model.ServiceKey]bool
 	released bool
+
+	// blocks are the endpoint blocks by ID, endpoints the elements of
+	// the endpoint maps, placed by slot: slotOf the slot of each block,
+	// free the slots of each family, mapBlocks the number of blocks in
+	// each endpoint map (a map exists while it holds one).
+	blocks    *diffstore.Store[string, *Block]
+	endpoints *diffstore.Store[string, EndpointElement]
+	slotOf    map[string]uint32
+	free      [2]slots
+	mapBlocks map[string]int
+	// hairpin are the endpoint addresses of the hairpin sets, with the
+	// number of services using each.
+	hairpin     *diffstore.Store[string, netip.Addr]
+	hairpinRefs map[netip.Addr]int
 }
 
 // NewTracker returns an empty Tracker building rules with opts.
@@ -40,19 +55,34 @@ func NewTracker(opts Options) *Tracker {
 		elements: diffstore.NewComparable[string, Element](),
 		owner:    map[string]model.ServiceKey{},
 		losers:   map[model.ServiceKey]bool{},
+
+		blocks:      diffstore.New[string](equalBlocks),
+		endpoints:   diffstore.NewComparable[string, EndpointElement](),
+		slotOf:      map[string]uint32{},
+		mapBlocks:   map[string]int{},
+		hairpin:     diffstore.NewComparable[string, netip.Addr](),
+		hairpinRefs: map[netip.Addr]int{},
 	}
 }
 
 // Delta is the change of one round. Sets are never updated: a set's name
-// says all of its content.
+// says all of its content, and an endpoint map's elements are in
+// Endpoints.
 type Delta struct {
-	Chains   diffstore.Changes[string, *Chain]
-	Sets     diffstore.Changes[string, *Set]
-	Elements diffstore.Changes[string, Element]
+	Chains    diffstore.Changes[string, *Chain]
+	Sets      diffstore.Changes[string, *Set]
+	Elements  diffstore.Changes[string, Element]
+	Endpoints diffstore.Changes[string, EndpointElement]
+	Hairpin   diffstore.Changes[string, netip.Addr]
+	// Blocks are the endpoint blocks changed (their elements are in
+	// Endpoints): what the conntrack cleanup compares.
+	Blocks diffstore.Changes[string, *Block]
 }
 
-// Len returns the number of objects changed.
-func (d Delta) Len() int { return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() }
+// Len returns the number of objects changed in the table.
+func (d Delta) Len() int {
+	return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() + d.Endpoints.Len() + d.Hairpin.Len()
+}
 
 // Services returns the services the change concerns, sorted (for logs).
 func (d Delta) Services() []model.ServiceKey {
@@ -69,6 +99,11 @@ func (d Delta) Services() []model.ServiceKey {
 		}
 	}
 	for _, items := range [][]diffstore.Item[string, Element]{d.Elements.Created, d.Elements.Updated, d.Elements.Deleted} {
+		for _, it := range items {
+			keys = append(keys, it.Value.Service, it.Prev.Service)
+		}
+	}
+	for _, items := range [][]diffstore.Item[string, EndpointElement]{d.Endpoints.Created, d.Endpoints.Updated, d.Endpoints.Deleted} {
 		for _, it := range items {
 			keys = append(keys, it.Value.Service, it.Prev.Service)
 		}
@@ -92,6 +127,8 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	}
 	old := t.services[key]
 
+	t.placeBlocks(&objs, old)
+	t.countHairpin(old.Hairpin, objs.Hairpin)
 	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *Set) string { return s.Name })
 	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *Chain) string { return c.Name })
 
@@ -131,6 +168,78 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 		t.services[key] = objs
 	}
 	return problems
+}
+
+// placeBlocks gives the blocks of objs their slots (those they had in old,
+// or new ones), fills the DNATMapRules of objs' chains with them, sets the
+// blocks and their elements in the stores, and releases the slots of the
+// blocks of old that objs lacks (adding and deleting endpoint maps as they
+// get their first block or lose their last).
+func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
+	byID := make(map[string]*Block, len(objs.Blocks))
+	for _, bl := range objs.Blocks {
+		slot, ok := t.slotOf[bl.ID]
+		if !ok {
+			slot = t.free[bl.Family].get()
+			t.slotOf[bl.ID] = slot
+			t.useMap(bl.Family, slot, 1)
+		}
+		bl.Slot, bl.Map = slot, EndpointMap(bl.Family, slot/blocksPerMap)
+		byID[bl.ID] = bl
+		objs.Endpoints = append(objs.Endpoints, bl.elements()...)
+	}
+	for _, c := range objs.Chains {
+		for i, r := range c.Rules {
+			if dr, ok := r.(DNATMapRule); ok {
+				if bl := byID[dr.Block]; bl != nil {
+					dr.Slot, dr.Map = bl.Slot, bl.Map
+					c.Rules[i] = dr
+				}
+			}
+		}
+	}
+	for _, bl := range old.Blocks {
+		if byID[bl.ID] == nil {
+			slot := t.slotOf[bl.ID]
+			delete(t.slotOf, bl.ID)
+			t.free[bl.Family].put(slot)
+			t.useMap(bl.Family, slot, -1)
+		}
+	}
+	replaceNamed(t.blocks, old.Blocks, objs.Blocks, func(bl *Block) string { return bl.ID })
+	replaceNamed(t.endpoints, old.Endpoints, objs.Endpoints, EndpointElement.ID)
+}
+
+// useMap counts one block more (delta 1) or less (-1) in the endpoint map
+// of slot, adding or deleting the map when it gets its first block or
+// loses its last.
+func (t *Tracker) useMap(f Family, slot uint32, delta int) {
+	name := EndpointMap(f, slot/blocksPerMap)
+	t.mapBlocks[name] += delta
+	switch n := t.mapBlocks[name]; {
+	case n == 1 && delta > 0:
+		t.sets.Set(name, &Set{Name: name, Family: f, EndpointMap: true})
+	case n == 0:
+		delete(t.mapBlocks, name)
+		t.sets.Delete(name)
+	}
+}
+
+// countHairpin counts the hairpin addresses of a service: those of now,
+// not those of old, adding an address to the hairpin sets with its first
+// service and deleting it with its last.
+func (t *Tracker) countHairpin(old, now []netip.Addr) {
+	for _, a := range now {
+		if t.hairpinRefs[a]++; t.hairpinRefs[a] == 1 {
+			t.hairpin.Set(a.String(), a)
+		}
+	}
+	for _, a := range old {
+		if t.hairpinRefs[a]--; t.hairpinRefs[a] == 0 {
+			delete(t.hairpinRefs, a)
+			t.hairpin.Delete(a.String())
+		}
+	}
 }
 
 // replaceNamed sets the objects of one service in store: every one of
@@ -177,7 +286,14 @@ func (t *Tracker) ServiceKeys() []model.ServiceKey {
 
 // Done ends a round and returns what changed since the previous one.
 func (t *Tracker) Done() Delta {
-	return Delta{Chains: t.chains.DonePartial(), Sets: t.sets.DonePartial(), Elements: t.elements.DonePartial()}
+	return Delta{
+		Chains:    t.chains.DonePartial(),
+		Sets:      t.sets.DonePartial(),
+		Elements:  t.elements.DonePartial(),
+		Endpoints: t.endpoints.DonePartial(),
+		Hairpin:   t.hairpin.DonePartial(),
+		Blocks:    t.blocks.DonePartial(),
+	}
 }
 
 // Ruleset returns the whole desired content of the table as of the last
@@ -190,6 +306,10 @@ func (t *Tracker) Ruleset(table string) *Ruleset {
 	slices.SortFunc(rs.Sets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
 	t.elements.Each(func(_ string, e Element) { rs.Elements = append(rs.Elements, e) })
 	sortElements(rs.Elements)
+	t.endpoints.Each(func(_ string, e EndpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
+	slices.SortFunc(rs.Endpoints, compareEndpointElements)
+	t.hairpin.Each(func(_ string, a netip.Addr) { rs.Hairpin = append(rs.Hairpin, a) })
+	slices.SortFunc(rs.Hairpin, netip.Addr.Compare)
 	return rs
 }
 

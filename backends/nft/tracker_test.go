@@ -9,9 +9,9 @@ import (
 )
 
 // TestTrackerDeltaIsProportionalToTheChange checks, without the kernel,
-// that one endpoint added to one of 100 services changes two chains and
-// adds its balance map, nothing else, and that deleting the service removes
-// exactly its objects.
+// that one endpoint added to one of 100 services changes only elements
+// (the block's intervals, the hairpin set), and that deleting the service
+// removes exactly its objects.
 func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	tr := NewTracker(Options{})
 	var items []*model.ServiceEndpoints
@@ -23,28 +23,29 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 		items = append(items, se)
 		tr.Update(se.Service.Key(), se)
 	}
-	if d := tr.Done(); len(d.Chains.Created) != 200 || len(d.Elements.Created) != 100 {
-		t.Fatalf("first round: %d chains, %d elements created; want 200, 100", len(d.Chains.Created), len(d.Elements.Created))
+	if d := tr.Done(); len(d.Chains.Created) != 100 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 2 {
+		t.Fatalf("first round: %d chains, %d elements, %d endpoint intervals, %d hairpin addresses, %d sets created; want 100, 100, 100, 1, 2 (endpoint maps of 64 blocks)",
+			len(d.Chains.Created), len(d.Elements.Created), len(d.Endpoints.Created), len(d.Hairpin.Created), len(d.Sets.Created))
 	}
 	se := items[42]
 	changed := &model.ServiceEndpoints{Service: se.Service, Endpoints: append(se.Endpoints, ep("10.1.0.3", false))}
 	tr.Update(se.Service.Key(), changed)
 	d := tr.Done()
-	if len(d.Chains.Created) != 1 || len(d.Chains.Updated) != 1 || len(d.Sets.Created) != 1 || d.Len() != 3 {
-		t.Errorf("one endpoint added: %d chains created, %d updated, %d sets created, %d in all; want 1, 1, 1, 3",
-			len(d.Chains.Created), len(d.Chains.Updated), len(d.Sets.Created), d.Len())
+	if len(d.Endpoints.Updated) != 1 || len(d.Endpoints.Created) != 1 || len(d.Hairpin.Created) != 1 || d.Len() != 3 {
+		t.Errorf("one endpoint added: %d intervals updated, %d created, %d hairpin addresses created, %d in all; want 1, 1, 1, 3",
+			len(d.Endpoints.Updated), len(d.Endpoints.Created), len(d.Hairpin.Created), d.Len())
 	}
 	if got := d.Services(); len(got) != 1 || got[0] != se.Service.Key() {
 		t.Errorf("Services() = %v", got)
 	}
 	tr.Update(se.Service.Key(), nil)
 	d = tr.Done()
-	if len(d.Chains.Deleted) != 3 || len(d.Sets.Deleted) != 1 || len(d.Elements.Deleted) != 1 || d.Len() != 5 {
-		t.Errorf("service deleted: %d chains, %d sets, %d elements deleted, %d in all; want 3, 1, 1, 5",
-			len(d.Chains.Deleted), len(d.Sets.Deleted), len(d.Elements.Deleted), d.Len())
+	if len(d.Chains.Deleted) != 1 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 1 || d.Len() != 5 {
+		t.Errorf("service deleted: %d chains, %d intervals, %d elements, %d hairpin addresses deleted, %d in all; want 1, 2, 1, 1, 5",
+			len(d.Chains.Deleted), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), d.Len())
 	}
-	if rs := tr.Ruleset("t"); len(rs.Chains) != 198 || len(rs.Elements) != 99 {
-		t.Errorf("ruleset after deletion: %d chains, %d elements", len(rs.Chains), len(rs.Elements))
+	if rs := tr.Ruleset("t"); len(rs.Chains) != 99 || len(rs.Elements) != 99 || len(rs.Endpoints) != 99 || len(rs.Hairpin) != 1 {
+		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses", len(rs.Chains), len(rs.Elements), len(rs.Endpoints), len(rs.Hairpin))
 	}
 }
 

@@ -66,7 +66,7 @@ func nftBackend() app.Backend {
 					}
 					// The namespace stays open for the process's life.
 					fd := int(f.Fd())
-					cfg.Conn = func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(fd)) }
+					cfg.Conn = nft.ConnInNetNS(fd)
 					// Stale UDP conntrack entries are deleted in the same
 					// namespace.
 					cfg.Conntrack = func() (*netlink.Handle, error) {
@@ -94,7 +94,7 @@ func nftBackend() app.Backend {
 func cleanupTable(cfg nft.Config) error {
 	newConn := cfg.Conn
 	if newConn == nil {
-		newConn = func() (*nftables.Conn, error) { return nftables.New() }
+		newConn = nftables.New
 	}
 	conn, err := newConn()
 	if err != nil {
