@@ -3,6 +3,7 @@
 package nft
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 
@@ -249,20 +250,21 @@ func (a *Applier) full(rs *Ruleset) error {
 		a.stats.ChainsAdded++
 	}
 	// Sets after the chains their elements go to, before the rules that
-	// use them; endpoint map elements too: the kernel checks each element
-	// added against every rule using the map.
+	// use them; endpoint map elements after the rules: the kernel checks
+	// a new element against each rule using its map (a short list), a new
+	// rule against each element of the map (a walk of its tree).
 	for _, st := range rs.Sets {
 		if err := a.addSet(st); err != nil {
 			return err
 		}
 	}
-	if err := a.endpointElements(rs.Endpoints, false); err != nil {
-		return err
-	}
 	for _, ch := range rs.Chains {
 		if err := a.addRules(ch); err != nil {
 			return err
 		}
+	}
+	if err := a.endpointElements(rs.Endpoints, false); err != nil {
+		return err
 	}
 	byMap := map[string][]Element{}
 	for _, e := range rs.Elements {
@@ -379,7 +381,7 @@ func (a *Applier) partial(d Delta) error {
 }
 
 // items returns the values of its (prev: the previous values).
-func items[V any](its []diffstore.Item[string, V], prev bool) []V {
+func items[K cmp.Ordered, V any](its []diffstore.Item[K, V], prev bool) []V {
 	out := make([]V, len(its))
 	for i, it := range its {
 		out[i] = it.Value
@@ -396,19 +398,21 @@ func (a *Applier) endpointElements(els []EndpointElement, del bool) error {
 	byMap := map[string][]nftables.SetElement{}
 	var order []EndpointElement
 	for _, e := range els {
-		if _, ok := byMap[e.Map]; !ok {
+		name := e.Map()
+		if _, ok := byMap[name]; !ok {
 			order = append(order, e)
 		}
 		pair := endpointMapElements(e, del)
-		byMap[e.Map] = append(byMap[e.Map], pair[0], pair[1])
+		byMap[name] = append(byMap[name], pair[0], pair[1])
 	}
 	for _, first := range order {
-		m := endpointMapRef(a.table, first.Family, first.Map)
-		if s := a.sets[first.Map]; s != nil {
+		name := first.Map()
+		m := endpointMapRef(a.table, first.Family, name)
+		if s := a.sets[name]; s != nil {
 			m = s
 		}
-		if err := a.sendElements(m, byMap[first.Map], 40, del); err != nil {
-			return fmt.Errorf("service %s: %w", first.Service, err)
+		if err := a.sendElements(m, byMap[name], 40, del); err != nil {
+			return err
 		}
 	}
 	return nil

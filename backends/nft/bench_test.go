@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -119,13 +118,18 @@ func (bs *benchSink) sync() SyncResult {
 // wantFull checks the size of a full sync of n bench services.
 func wantFull(tb testing.TB, r SyncResult, n int) {
 	tb.Helper()
-	// Per service: a service chain and 10 endpoint chains, a balance
-	// rule and 10 DNAT rules, one anonymous map, one element.
-	perService := 1 + benchEndpoints
-	if !r.Full || r.Stats.ChainsAdded != n*perService || r.Stats.ElementsAdded != n || r.Stats.Rules < n*perService {
-		tb.Fatalf("full sync of %d services: %+v (full %v), want %d chains, %d elements, %d+ rules", n, r.Stats, r.Full, n*perService, n, n*perService)
+	// Per service: a service chain with its DNAT rule, a service map
+	// element, the start and end of 10 endpoint intervals, 10 hairpin
+	// addresses.
+	if !r.Full || r.Stats.ChainsAdded != n || r.Stats.ElementsAdded != n*elementsPerBenchService || r.Stats.Rules < n {
+		tb.Fatalf("full sync of %d services: %+v (full %v), want %d chains, %d elements, %d+ rules", n, r.Stats, r.Full, n, n*elementsPerBenchService, n)
 	}
 }
+
+// elementsPerBenchService is the number of kernel elements of a bench
+// service: its service map element, the start and end of each endpoint's
+// interval, each endpoint in the hairpin set.
+const elementsPerBenchService = 1 + 3*benchEndpoints
 
 // kernelElements returns the number of elements of the map
 // service-ips-v4 of the table in ns, as nft lists them
@@ -198,70 +202,6 @@ func BenchmarkColdStart(b *testing.B) {
 	}
 }
 
-// BenchmarkColdStartWithoutBalanceMaps is an experiment, not the
-// backend's layout: the same tables as BenchmarkColdStart (same chains,
-// same DNAT rules, same elements) written by the Applier in one
-// transaction, except that each service chain goes to its first endpoint
-// instead of choosing one through its numgen balance map. It measures
-// what the per-service maps cost in one large transaction.
-func BenchmarkColdStartWithoutBalanceMaps(b *testing.B) {
-	for _, n := range []int{1000, 3000, 10000} {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			netns.RequirePrivileged(b)
-			node := netns.New(b, "node")
-			conn := connIn(b, node)
-			name := "noanon"
-			// The sink's own tracker (built with the sink's defaults).
-			ns, err := NewSink(Config{ServiceProxyName: name, Conn: conn})
-			if err != nil {
-				b.Fatal(err)
-			}
-			tr := ns.(*sink).tracker
-			for i := range n {
-				se := &model.ServiceEndpoints{Service: benchService(i)}
-				for k := range benchEndpoints {
-					se.Endpoints = append(se.Endpoints, benchEndpoint(i, k))
-				}
-				tr.Update(se.Service.Key(), se)
-			}
-			tr.Done()
-			rs := tr.Ruleset(TableName(name))
-			for _, ch := range rs.Chains {
-				for j, r := range ch.Rules {
-					if br, ok := r.(BalanceRule); ok && len(br.Targets) > 1 {
-						ch.Rules[j] = BalanceRule{Targets: br.Targets[:1]}
-					}
-				}
-			}
-			var st Stats
-			for b.Loop() {
-				a := NewApplier(conn, rs.Table)
-				var err error
-				st, err = a.Full(rs)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				if st.ChainsAdded != n*(1+benchEndpoints) || st.ElementsAdded != n {
-					b.Fatalf("%+v", st)
-				}
-				if got := kernelElements(b, node, name); got != n {
-					b.Fatalf("%d elements in the kernel's service map, want %d", got, n)
-				}
-				c, err := conn()
-				if err == nil {
-					err = Cleanup(c, name)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-			}
-			b.ReportMetric(float64(st.Messages), "messages")
-		})
-	}
-}
-
 // changeSizes records the message counts of the change benchmarks per
 // number of services, to check that they do not depend on it.
 var changeSizes = struct {
@@ -300,7 +240,7 @@ func grow(tb testing.TB, s *benchSink, from, to int) {
 		end := min(start+growChunk, to)
 		feed(s, start, end)
 		r := s.sync()
-		if r.Full || r.Stats.ChainsAdded != (end-start)*(1+benchEndpoints) || r.Stats.ElementsAdded != end-start {
+		if r.Full || r.Stats.ChainsAdded != end-start || r.Stats.ElementsAdded != (end-start)*elementsPerBenchService {
 			tb.Fatalf("adding services %d to %d: %+v (full %v)", start, end, r.Stats, r.Full)
 		}
 	}
@@ -316,7 +256,7 @@ func shrink(tb testing.TB, s *benchSink, from, to int) {
 			s.DeleteService(benchService(i).Key())
 		}
 		r := s.sync()
-		if r.Full || r.Stats.ChainsDeleted != (end-start)*(1+benchEndpoints) || r.Stats.ElementsDeleted != end-start {
+		if r.Full || r.Stats.ChainsDeleted != end-start || r.Stats.ElementsDeleted != (end-start)*elementsPerBenchService {
 			tb.Fatalf("deleting services %d to %d: %+v (full %v)", start, end, r.Stats, r.Full)
 		}
 	}
@@ -342,12 +282,11 @@ func programmed(b *testing.B, n int) (*benchSink, *netns.NS) {
 
 // BenchmarkEndpointChange removes one endpoint of one service, or adds it
 // back, per iteration, and syncs: one partial transaction each. It fails
-// unless each transaction touches only that service's chains (the service
-// chain flushed and refilled; the endpoint chain added with its rules, or
-// flushed and deleted), every transaction of a kind has the same size,
-// and that size is the same at 1,000 and 10,000 services (5 messages
-// either way with this layout). median-ms and p99-ms are over the
-// iterations' Sync calls.
+// unless each transaction touches only that service's elements (the
+// intervals of its block, its endpoint in the hairpin set: no chain, no
+// rule, no set), every transaction of a kind has the same size, and that
+// size is the same at 1,000 and 10,000 services. median-ms and p99-ms are
+// over the iterations' Sync calls.
 func BenchmarkEndpointChange(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
@@ -382,16 +321,18 @@ func BenchmarkEndpointChange(b *testing.B) {
 				start := time.Now()
 				r := s.sync()
 				ds = append(ds, time.Since(start))
-				kind, chains := "endpoint added", r.Stats.ChainsAdded
+				kind := "endpoint added"
 				if i%2 == 0 {
-					kind, chains = "endpoint removed", r.Stats.ChainsDeleted
+					kind = "endpoint removed"
 				}
-				// One endpoint chain added or deleted, the service
-				// chain flushed and refilled, nothing else; every change
+				// Elements of the service only: at most the start and
+				// end of its 10 intervals deleted and of its 9 or 10
+				// added, its endpoint in the hairpin set; every change
 				// of a kind the same size, at every number of services.
-				if r.Full || chains != 1 || r.Stats.ChainsFlushed != 1 || r.Stats.ElementsAdded+r.Stats.ElementsDeleted != 0 ||
-					len(r.Services) != 1 || r.Services[0] != sv.Key() {
-					b.Fatalf("change %d (%s): %+v (full %v, services %v), want one endpoint chain of %s", i, kind, r.Stats, r.Full, r.Services, sv.Key())
+				st := r.Stats
+				if r.Full || st.ChainsAdded+st.ChainsFlushed+st.ChainsDeleted+st.Rules+st.SetsAdded+st.SetsDeleted != 0 ||
+					st.ElementsAdded+st.ElementsDeleted > 4*benchEndpoints+1 || len(r.Services) != 1 || r.Services[0] != sv.Key() {
+					b.Fatalf("change %d (%s): %+v (full %v, services %v), want elements of %s only", i, kind, r.Stats, r.Full, r.Services, sv.Key())
 				}
 				if first, ok := sizes[kind]; !ok {
 					sizes[kind] = r.Stats
@@ -435,7 +376,7 @@ func BenchmarkServiceAddDelete(b *testing.B) {
 				start := time.Now()
 				r := s.sync()
 				adds = append(adds, time.Since(start))
-				if r.Full || r.Stats.ChainsAdded != 1+benchEndpoints || r.Stats.ElementsAdded != 1 || r.Stats.Rules < 1+benchEndpoints {
+				if r.Full || r.Stats.ChainsAdded != 1 || r.Stats.ElementsAdded != elementsPerBenchService || r.Stats.Rules != 1 {
 					b.Fatalf("add: %+v", r.Stats)
 				}
 				addMsgs = r.Stats.Messages
@@ -445,7 +386,7 @@ func BenchmarkServiceAddDelete(b *testing.B) {
 				start = time.Now()
 				r = s.sync()
 				dels = append(dels, time.Since(start))
-				if r.Full || r.Stats.ChainsDeleted != 1+benchEndpoints || r.Stats.ElementsDeleted != 1 || r.Stats.ChainsAdded != 0 {
+				if r.Full || r.Stats.ChainsDeleted != 1 || r.Stats.ElementsDeleted != elementsPerBenchService || r.Stats.ChainsAdded != 0 {
 					b.Fatalf("delete: %+v", r.Stats)
 				}
 				delMsgs = r.Stats.Messages
@@ -490,7 +431,9 @@ func BenchmarkFirstPacket(b *testing.B) {
 	s.Reset()
 	s.SetService(measured)
 	s.SetEndpoint(measured.Key(), podEp.Key(), podEp)
-	if r := s.sync(); !r.Full || r.Stats.ElementsAdded != 1 {
+	// Its service map element, its one interval (start and end), the pod
+	// in the hairpin set.
+	if r := s.sync(); !r.Full || r.Stats.ElementsAdded != 4 {
 		b.Fatalf("first sync: %+v", r.Stats)
 	}
 	size := 1
@@ -570,91 +513,64 @@ func BenchmarkFirstPacket(b *testing.B) {
 	}
 }
 
-// BenchmarkTransactionOverhead measures the fixed cost of one transaction
-// (one message: add an existing table) in an empty namespace: on a new
-// connection per transaction, as the Applier does (netlink socket opened
-// in the namespace, buffers set, closed), and on one lasting connection
-// (nftables.AsLasting). The difference is what reusing a connection
-// could save per Sync.
-func BenchmarkTransactionOverhead(b *testing.B) {
-	netns.RequirePrivileged(b)
-	node := netns.New(b, "node")
-	f, err := os.Open(node.Path())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	fd := int(f.Fd())
-	t := &nftables.Table{Name: "overhead", Family: nftables.TableFamilyINet}
-	b.Run("conn=new", func(b *testing.B) {
-		for b.Loop() {
-			c, err := nftables.New(nftables.WithNetNSFd(fd))
-			if err != nil {
-				b.Fatal(err)
-			}
-			c.AddTable(t)
-			nftables.WithSockOptions(receiveBuffer(receiveBufferFor(1)), sendBuffer(sendBufferFor(1, 0)))(c)
-			if err := c.Flush(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("conn=lasting", func(b *testing.B) {
-		c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting())
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.CloseLasting()
-		for b.Loop() {
-			c.AddTable(t)
-			if err := c.Flush(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}
-
-// BenchmarkElementOnlyChange is an experiment: with n bench services in
-// the table, each iteration adds (or deletes) one element whose verdict is
-// drop in no-endpoint-services-v4, in its own transaction through a raw
-// connection. Unlike a goto (or any new rule with an immediate, lookup or
-// nat expression), such an element does not make the kernel revalidate
-// the whole table at commit: the difference with BenchmarkEndpointChange
-// is that validation.
+// BenchmarkElementOnlyChange measures what one transaction costs on the
+// connection, whatever the layout: with n bench services in the table,
+// each iteration adds (or deletes) one drop element in
+// no-endpoint-services-v4 (no revalidation of the table), in its own
+// transaction, on a new connection per transaction (socket opened in the
+// namespace, buffers set, closed after the transaction: what the Applier
+// did before) or on one lasting connection (what it does for partial
+// syncs). The difference is the kernel's close of a netlink socket that
+// sent nftables messages.
 func BenchmarkElementOnlyChange(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			s, _ := programmed(b, n)
+			s, node := programmed(b, n)
 			m := mapRef(&nftables.Table{Name: TableName(s.name), Family: nftables.TableFamilyINet}, IPv4, MapNoEndpoints(IPv4))
 			k, err := keyBytes(Key{Addr: netip.MustParseAddr("10.99.0.1"), Proto: model.TCP, Port: 80})
 			if err != nil {
 				b.Fatal(err)
 			}
-			var ds []time.Duration
-			i := 0
-			for b.Loop() {
-				start := time.Now()
-				c, err := s.conn()
-				if err != nil {
-					b.Fatal(err)
-				}
-				el := []nftables.SetElement{{Key: k, VerdictData: verdictExpr(Verdict{})}}
-				if i%2 == 0 {
-					err = c.SetAddElements(m, el)
-				} else {
-					err = c.SetDeleteElements(m, el)
-				}
-				if err == nil {
-					err = c.Flush()
-				}
-				ds = append(ds, time.Since(start))
-				if err != nil {
-					b.Fatalf("iteration %d: %v", i, err)
-				}
-				i++
+			fd := nsFD(b, node)
+			for _, lasting := range []bool{false, true} {
+				b.Run(fmt.Sprintf("lasting=%v", lasting), func(b *testing.B) {
+					var lc *nftables.Conn
+					if lasting {
+						if lc, err = nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting()); err != nil {
+							b.Fatal(err)
+						}
+						defer lc.CloseLasting()
+					}
+					var ds []time.Duration
+					i := 0
+					for b.Loop() {
+						start := time.Now()
+						c := lc
+						if c == nil {
+							if c, err = nftables.New(nftables.WithNetNSFd(fd)); err != nil {
+								b.Fatal(err)
+							}
+							nftables.WithSockOptions(receiveBuffer(receiveBufferFor(1)), sendBuffer(sendBufferFor(1, 1)))(c)
+						}
+						el := []nftables.SetElement{{Key: k, VerdictData: verdictExpr(Verdict{})}}
+						if i%2 == 0 {
+							err = c.SetAddElements(m, el)
+						} else {
+							err = c.SetDeleteElements(m, el)
+						}
+						if err == nil {
+							err = c.Flush()
+						}
+						ds = append(ds, time.Since(start))
+						if err != nil {
+							b.Fatalf("iteration %d: %v", i, err)
+						}
+						i++
+					}
+					b.ReportMetric(durationsMs(ds, 0.5), "median-ms")
+					b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
+				})
 			}
-			b.ReportMetric(durationsMs(ds, 0.5), "median-ms")
-			b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
 		})
 	}
 }

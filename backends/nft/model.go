@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"sigs.k8s.io/kpng/client/model"
@@ -239,7 +238,7 @@ const endpointModulus = 0xFFFFFFFF
 // kernel walks the rules bound to a map for every element added to it, and
 // the sets of a table by name for every message naming one: about sqrt of
 // 10,000 blocks keeps both walks short.
-const blocksPerMap = 64
+const blocksPerMap = 16
 
 // EndpointMap returns the name of the shard-th endpoint map of a family:
 // "endpoints-v4-0", "endpoints-v4-1", … Blocks 64·shard to 64·shard+63 of
@@ -277,33 +276,35 @@ func (bl *Block) elements() []EndpointElement {
 	els := make([]EndpointElement, len(bl.Endpoints))
 	for i, ep := range bl.Endpoints {
 		els[i] = EndpointElement{
-			Map:     bl.Map,
-			Family:  bl.Family,
-			Slot:    bl.Slot,
-			From:    uint32(uint64(i) * endpointModulus / n),
-			To:      uint32(uint64(i+1) * endpointModulus / n),
-			Target:  ep,
-			Service: bl.Service,
+			Family: bl.Family,
+			Slot:   bl.Slot,
+			From:   uint32(uint64(i) * endpointModulus / n),
+			To:     uint32(uint64(i+1) * endpointModulus / n),
+			Target: ep,
 		}
 	}
 	return els
 }
 
 // EndpointElement is one interval of an endpoint map: the keys
-// Slot . [From, To) lead to Target.
+// Slot . [From, To) lead to Target. It holds no string, so that the
+// hundreds of thousands of a large table cost the garbage collector little.
 type EndpointElement struct {
-	Map      string
 	Family   Family
 	Slot     uint32
 	From, To uint32
 	Target   netip.AddrPort
-	// Service is the service the element belongs to (for logs).
-	Service model.ServiceKey
 }
 
-// ID returns the element's identity: its map, slot and first key.
-func (e EndpointElement) ID() string {
-	return e.Map + " " + strconv.FormatUint(uint64(e.Slot), 10) + " " + strconv.FormatUint(uint64(e.From), 10)
+// Map returns the name of the endpoint map holding the element.
+func (e EndpointElement) Map() string { return EndpointMap(e.Family, e.Slot/blocksPerMap) }
+
+// ID returns the element's identity, which orders elements by family,
+// slot and first key: the family in the top bit, the slot in the next 31
+// (slots are handed out lowest first: a table never has 2^31 blocks), the
+// first key in the low 32.
+func (e EndpointElement) ID() uint64 {
+	return uint64(e.Family)<<63 | uint64(e.Slot&(1<<31-1))<<32 | uint64(e.From)
 }
 
 // String returns the element in nft syntax: "7 . 0-429496728 : 10.1.0.2 . 8080".
@@ -311,10 +312,9 @@ func (e EndpointElement) String() string {
 	return fmt.Sprintf("%d . %d-%d : %s . %d", e.Slot, e.From, e.To-1, e.Target.Addr(), e.Target.Port())
 }
 
-// compareEndpointElements orders elements by map, slot and first key.
-func compareEndpointElements(a, b EndpointElement) int {
-	return cmp.Or(strings.Compare(a.Map, b.Map), cmp.Compare(a.Slot, b.Slot), cmp.Compare(a.From, b.From))
-}
+// compareEndpointElements orders elements by family, slot and first key
+// (so by map too).
+func compareEndpointElements(a, b EndpointElement) int { return cmp.Compare(a.ID(), b.ID()) }
 
 // MapHairpin returns the name of the set of a family holding (endpoint .
 // endpoint) for every endpoint address: a DNATed packet whose source is

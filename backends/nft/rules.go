@@ -250,7 +250,7 @@ func (s *Set) Text(els []EndpointElement) string {
 		text := fmt.Sprintf("map %s {\n\t\ttype integer . integer : %s . inet_service\n\t\tflags interval", s.Name, addr)
 		var lines []string
 		for _, e := range els {
-			if e.Map == s.Name {
+			if e.Map() == s.Name {
 				lines = append(lines, "\t\t\t"+e.String())
 			}
 		}

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -35,7 +36,7 @@ type Tracker struct {
 	// free the slots of each family, mapBlocks the number of blocks in
 	// each endpoint map (a map exists while it holds one).
 	blocks    *diffstore.Store[string, *Block]
-	endpoints *diffstore.Store[string, EndpointElement]
+	endpoints *diffstore.Store[uint64, EndpointElement]
 	slotOf    map[string]uint32
 	free      [2]slots
 	mapBlocks map[string]int
@@ -57,7 +58,7 @@ func NewTracker(opts Options) *Tracker {
 		losers:   map[model.ServiceKey]bool{},
 
 		blocks:      diffstore.New[string](equalBlocks),
-		endpoints:   diffstore.NewComparable[string, EndpointElement](),
+		endpoints:   diffstore.NewComparable[uint64, EndpointElement](),
 		slotOf:      map[string]uint32{},
 		mapBlocks:   map[string]int{},
 		hairpin:     diffstore.NewComparable[string, netip.Addr](),
@@ -72,7 +73,7 @@ type Delta struct {
 	Chains    diffstore.Changes[string, *Chain]
 	Sets      diffstore.Changes[string, *Set]
 	Elements  diffstore.Changes[string, Element]
-	Endpoints diffstore.Changes[string, EndpointElement]
+	Endpoints diffstore.Changes[uint64, EndpointElement]
 	Hairpin   diffstore.Changes[string, netip.Addr]
 	// Blocks are the endpoint blocks changed (their elements are in
 	// Endpoints): what the conntrack cleanup compares.
@@ -103,9 +104,13 @@ func (d Delta) Services() []model.ServiceKey {
 			keys = append(keys, it.Value.Service, it.Prev.Service)
 		}
 	}
-	for _, items := range [][]diffstore.Item[string, EndpointElement]{d.Endpoints.Created, d.Endpoints.Updated, d.Endpoints.Deleted} {
+	for _, items := range [][]diffstore.Item[string, *Block]{d.Blocks.Created, d.Blocks.Updated, d.Blocks.Deleted} {
 		for _, it := range items {
-			keys = append(keys, it.Value.Service, it.Prev.Service)
+			for _, bl := range []*Block{it.Value, it.Prev} {
+				if bl != nil {
+					keys = append(keys, bl.Service)
+				}
+			}
 		}
 	}
 	slices.SortFunc(keys, model.ServiceKey.Compare)
@@ -244,8 +249,8 @@ func (t *Tracker) countHairpin(old, now []netip.Addr) {
 
 // replaceNamed sets the objects of one service in store: every one of
 // current, and the deletion of those of old that current lacks.
-func replaceNamed[V any](store *diffstore.Store[string, V], old, current []V, name func(V) string) {
-	keep := make(map[string]bool, len(current))
+func replaceNamed[K cmp.Ordered, V any](store *diffstore.Store[K, V], old, current []V, name func(V) K) {
+	keep := make(map[K]bool, len(current))
 	for _, v := range current {
 		keep[name(v)] = true
 		store.Set(name(v), v)
@@ -306,7 +311,7 @@ func (t *Tracker) Ruleset(table string) *Ruleset {
 	slices.SortFunc(rs.Sets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
 	t.elements.Each(func(_ string, e Element) { rs.Elements = append(rs.Elements, e) })
 	sortElements(rs.Elements)
-	t.endpoints.Each(func(_ string, e EndpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
+	t.endpoints.Each(func(_ uint64, e EndpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
 	slices.SortFunc(rs.Endpoints, compareEndpointElements)
 	t.hairpin.Each(func(_ string, a netip.Addr) { rs.Hairpin = append(rs.Hairpin, a) })
 	slices.SortFunc(rs.Hairpin, netip.Addr.Compare)

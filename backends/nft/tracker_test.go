@@ -23,8 +23,8 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 		items = append(items, se)
 		tr.Update(se.Service.Key(), se)
 	}
-	if d := tr.Done(); len(d.Chains.Created) != 100 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 2 {
-		t.Fatalf("first round: %d chains, %d elements, %d endpoint intervals, %d hairpin addresses, %d sets created; want 100, 100, 100, 1, 2 (endpoint maps of 64 blocks)",
+	if d := tr.Done(); len(d.Chains.Created) != 100 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != (100+blocksPerMap-1)/blocksPerMap {
+		t.Fatalf("first round: %d chains, %d elements, %d endpoint intervals, %d hairpin addresses, %d sets created; want 100, 100, 100, 1, and the endpoint maps of 100 blocks",
 			len(d.Chains.Created), len(d.Elements.Created), len(d.Endpoints.Created), len(d.Hairpin.Created), len(d.Sets.Created))
 	}
 	se := items[42]
