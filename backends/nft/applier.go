@@ -329,10 +329,10 @@ func (a *Applier) partial(d Delta) error {
 	if err := a.endpointElements(append(items(d.Endpoints.Updated, false), items(d.Endpoints.Created, false)...), false); err != nil {
 		return err
 	}
-	if err := a.hairpinElements(items(d.Hairpin.Deleted, true), true); err != nil {
+	if err := a.hairpinElements(d.Hairpin.Deleted, true); err != nil {
 		return err
 	}
-	if err := a.hairpinElements(items(d.Hairpin.Created, false), false); err != nil {
+	if err := a.hairpinElements(d.Hairpin.Created, false); err != nil {
 		return err
 	}
 	for _, it := range d.Chains.Updated {

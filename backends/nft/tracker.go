@@ -3,6 +3,7 @@ package nft
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -40,10 +41,12 @@ type Tracker struct {
 	slotOf    map[string]uint32
 	free      [2]slots
 	mapBlocks map[string]int
-	// hairpin are the endpoint addresses of the hairpin sets, with the
-	// number of services using each.
-	hairpin     *diffstore.Store[string, netip.Addr]
-	hairpinRefs map[netip.Addr]int
+	// hairpinRefs counts the services using each endpoint address;
+	// hairpin holds the addresses in the hairpin sets as of the last
+	// Done, hairpinTouched those whose count went to or from 0 since.
+	hairpinRefs    map[netip.Addr]int
+	hairpin        map[netip.Addr]bool
+	hairpinTouched map[netip.Addr]bool
 }
 
 // NewTracker returns an empty Tracker building rules with opts.
@@ -57,12 +60,13 @@ func NewTracker(opts Options) *Tracker {
 		owner:    map[string]model.ServiceKey{},
 		losers:   map[model.ServiceKey]bool{},
 
-		blocks:      diffstore.New[string](equalBlocks),
-		endpoints:   diffstore.NewComparable[uint64, EndpointElement](),
-		slotOf:      map[string]uint32{},
-		mapBlocks:   map[string]int{},
-		hairpin:     diffstore.NewComparable[string, netip.Addr](),
-		hairpinRefs: map[netip.Addr]int{},
+		blocks:         diffstore.New[string](equalBlocks),
+		endpoints:      diffstore.NewComparable[uint64, EndpointElement](),
+		slotOf:         map[string]uint32{},
+		mapBlocks:      map[string]int{},
+		hairpinRefs:    map[netip.Addr]int{},
+		hairpin:        map[netip.Addr]bool{},
+		hairpinTouched: map[netip.Addr]bool{},
 	}
 }
 
@@ -74,11 +78,20 @@ type Delta struct {
 	Sets      diffstore.Changes[string, *Set]
 	Elements  diffstore.Changes[string, Element]
 	Endpoints diffstore.Changes[uint64, EndpointElement]
-	Hairpin   diffstore.Changes[string, netip.Addr]
+	Hairpin   AddrChanges
 	// Blocks are the endpoint blocks changed (their elements are in
 	// Endpoints): what the conntrack cleanup compares.
 	Blocks diffstore.Changes[string, *Block]
 }
+
+// AddrChanges are the addresses added to and deleted from the hairpin
+// sets in a round, sorted.
+type AddrChanges struct {
+	Created, Deleted []netip.Addr
+}
+
+// Len returns the number of addresses changed.
+func (c AddrChanges) Len() int { return len(c.Created) + len(c.Deleted) }
 
 // Len returns the number of objects changed in the table.
 func (d Delta) Len() int {
@@ -236,15 +249,35 @@ func (t *Tracker) useMap(f Family, slot uint32, delta int) {
 func (t *Tracker) countHairpin(old, now []netip.Addr) {
 	for _, a := range now {
 		if t.hairpinRefs[a]++; t.hairpinRefs[a] == 1 {
-			t.hairpin.Set(a.String(), a)
+			t.hairpinTouched[a] = true
 		}
 	}
 	for _, a := range old {
 		if t.hairpinRefs[a]--; t.hairpinRefs[a] == 0 {
 			delete(t.hairpinRefs, a)
-			t.hairpin.Delete(a.String())
+			t.hairpinTouched[a] = true
 		}
 	}
+}
+
+// hairpinDone ends a round of the hairpin sets: the addresses whose count
+// went to or from 0, and are (or are no longer) in the sets.
+func (t *Tracker) hairpinDone() AddrChanges {
+	var ch AddrChanges
+	for a := range t.hairpinTouched {
+		switch now := t.hairpinRefs[a] > 0; {
+		case now && !t.hairpin[a]:
+			t.hairpin[a] = true
+			ch.Created = append(ch.Created, a)
+		case !now && t.hairpin[a]:
+			delete(t.hairpin, a)
+			ch.Deleted = append(ch.Deleted, a)
+		}
+	}
+	clear(t.hairpinTouched)
+	slices.SortFunc(ch.Created, netip.Addr.Compare)
+	slices.SortFunc(ch.Deleted, netip.Addr.Compare)
+	return ch
 }
 
 // replaceNamed sets the objects of one service in store: every one of
@@ -296,7 +329,7 @@ func (t *Tracker) Done() Delta {
 		Sets:      t.sets.DonePartial(),
 		Elements:  t.elements.DonePartial(),
 		Endpoints: t.endpoints.DonePartial(),
-		Hairpin:   t.hairpin.DonePartial(),
+		Hairpin:   t.hairpinDone(),
 		Blocks:    t.blocks.DonePartial(),
 	}
 }
@@ -313,8 +346,7 @@ func (t *Tracker) Ruleset(table string) *Ruleset {
 	sortElements(rs.Elements)
 	t.endpoints.Each(func(_ uint64, e EndpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
 	slices.SortFunc(rs.Endpoints, compareEndpointElements)
-	t.hairpin.Each(func(_ string, a netip.Addr) { rs.Hairpin = append(rs.Hairpin, a) })
-	slices.SortFunc(rs.Hairpin, netip.Addr.Compare)
+	rs.Hairpin = slices.SortedFunc(maps.Keys(t.hairpin), netip.Addr.Compare)
 	return rs
 }
 
