@@ -177,6 +177,9 @@ func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
 		messages += 1 + len(c.Rules)
 	}
 	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin)
+	for _, st := range rs.Sets {
+		elements += len(st.Targets)
+	}
 	if err := a.begin(messages+elements/elementsPerMessage, elements); err != nil {
 		return Stats{}, err
 	}
@@ -295,6 +298,9 @@ func (a *Applier) Partial(d Delta) (stats Stats, err error) {
 		}
 	}
 	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len()
+	for _, it := range d.Sets.Created {
+		elements += len(it.Value.Targets)
+	}
 	if err := a.begin(messages+elements/elementsPerMessage, elements); err != nil {
 		return Stats{}, err
 	}

@@ -21,12 +21,15 @@
 // (prerouting and output, priority dstnat) look the destination
 // (address . protocol . port, or protocol . port on a local address for
 // node ports) up in verdict maps and go to a chain per service port, which
-// picks an endpoint chain with "numgen random mod N" (after the session
-// affinity checks); the endpoint chain DNATs. Filter base chains (input,
+// DNATs to an endpoint drawn at random from its block of an endpoint map
+// (slot . numgen random: an endpoint change only changes map elements);
+// with session affinity, it picks an endpoint chain instead, which records
+// the client and DNATs. Filter base chains (input,
 // forward, output) look the same keys up in maps of the services without
 // usable endpoints, to reject (TCP reset or ICMP port unreachable) or drop;
 // filter chains before DNAT enforce loadBalancerSourceRanges; a NAT
-// postrouting chain masquerades the packets marked for it (hairpin,
+// postrouting chain masquerades the packets marked for it (hairpin: a
+// DNATed packet from an endpoint to itself, found in a set of pairs;
 // external traffic with the Cluster policy, cluster-IP traffic from outside
 // the cluster CIDRs).
 package nft

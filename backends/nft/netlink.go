@@ -353,9 +353,9 @@ func setID(sets map[string]*nftables.Set, name string) uint32 {
 	return 0
 }
 
-// setRef returns the set object of a Set: a constant verdict map keyed by
-// integers for a balance map, a dynamic address set with a timeout for an
-// affinity set.
+// setRef returns the set object of a Set: an interval map of endpoints
+// for an endpoint map, a constant verdict map keyed by integers for a
+// balance map, a dynamic address set with a timeout for an affinity set.
 func setRef(t *nftables.Table, s *Set) *nftables.Set {
 	if s.EndpointMap {
 		return endpointMapRef(t, s.Family, s.Name)
