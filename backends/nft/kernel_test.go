@@ -543,3 +543,77 @@ func TestKernelCleanup(t *testing.T) {
 		t.Errorf("table left after Cleanup:\n%s", out)
 	}
 }
+
+// TestKernelEndpointBlocksReused checks the endpoint maps through slot
+// reuse: in one partial sync, a service is deleted and a new one takes its
+// slot (the old intervals deleted and the new ones added under the same
+// keys), and the only service of the second endpoint map is deleted (the
+// map with it); traffic follows, and the other services are untouched.
+func TestKernelEndpointBlocksReused(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "blocks")
+	items := manyServices(blocksPerMap + 1)
+	s.setAll(items...)
+	if r := s.sync(); !r.Full || r.Err != nil {
+		t.Fatalf("first sync: %+v", r)
+	}
+	if listing := nftList(t, b.Node, "kpng-blocks"); !containsAll(listing, "map "+EndpointMap(IPv4, 0)+" ", "map "+EndpointMap(IPv4, 1)+" ") {
+		t.Fatalf("want two endpoint maps:\n%s", listing)
+	}
+
+	movedIP := netip.MustParseAddr("10.96.9.9")
+	moved := &model.ServiceEndpoints{
+		// Named after the deleted ones: services are updated in key
+		// order, so their slots are free when it gets one.
+		Service:   svc("default", "zmoved", ipset(movedIP.String()), tcp(80, 6000)),
+		Endpoints: podEndpoints(netns.Pod2ID)[:1],
+	}
+	s.DeleteService(items[0].Service.Key())
+	s.DeleteService(items[blocksPerMap].Service.Key())
+	s.SetService(moved.Service)
+	for _, e := range moved.Endpoints {
+		s.SetEndpoint(moved.Service.Key(), e.Key(), e)
+	}
+	r := s.sync()
+	if r.Full || r.Err != nil || r.Stats.SetsDeleted != 1 {
+		t.Fatalf("delete two, add one: %+v, want a partial sync deleting the second endpoint map", r)
+	}
+	listing := nftList(t, b.Node, "kpng-blocks")
+	// Slot 0's one interval (nft prints the 8-byte keys as one number).
+	if strings.Contains(listing, EndpointMap(IPv4, 1)) || !strings.Contains(listing, "0-4294967294 : "+netns.Pod2V4.String()+" . 6000") {
+		t.Errorf("want the second endpoint map gone and slot 0 reused by pod2:\n%s", listing)
+	}
+	pod2Only := map[string]uint16{netns.Pod2ID: 6000}
+	if counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(movedIP, 80), 10, pod2Only); counts[netns.Pod2ID] != 10 {
+		t.Errorf("the service on the reused slot: %v, want pod2 only", counts)
+	}
+	podOnly := map[string]uint16{netns.PodID: 6000}
+	for _, i := range []int{1, blocksPerMap - 1} {
+		ip := netip.MustParseAddr(items[i].Service.IPs.ClusterIPs.V4[0])
+		if counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(ip, 80), 5, podOnly); counts[netns.PodID] != 5 {
+			t.Errorf("%s: %v, want the pod only", items[i].Service.Key(), counts)
+		}
+	}
+	for _, i := range []int{0, blocksPerMap} {
+		ip := netip.MustParseAddr(items[i].Service.IPs.ClusterIPs.V4[0])
+		if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{Timeout: 300 * time.Millisecond}); err == nil || isRefused(err) {
+			t.Errorf("deleted %s: answer %v, error %v; want no answer", items[i].Service.Key(), a, err)
+		}
+	}
+
+	// Both pods on the reused slot, then the pod alone: elements only.
+	both := podEndpoints(netns.PodID)[:1]
+	s.SetEndpoint(moved.Service.Key(), both[0].Key(), both[0])
+	if r := s.sync(); r.Full || r.Err != nil || r.Stats.Rules != 0 || r.Stats.ChainsAdded+r.Stats.ChainsFlushed+r.Stats.ChainsDeleted != 0 {
+		t.Errorf("endpoint added: %+v, want elements only", r)
+	}
+	counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(movedIP, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
+	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
+		t.Errorf("two endpoints on the reused slot: %v", counts)
+	}
+	s.DeleteEndpoint(moved.Service.Key(), moved.Endpoints[0].Key())
+	s.sync()
+	if counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(movedIP, 80), 10, podOnly); counts[netns.PodID] != 10 {
+		t.Errorf("pod2 removed: %v, want the pod only", counts)
+	}
+}
