@@ -135,39 +135,10 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 			nowElems[e.ID()] = e
 		}
 	}
-	// ... and before it: what the round created was not there, what it
-	// updated or deleted was Prev, the rest was as it is now.
-	prevChains := maps.Clone(nowChains)
-	for _, it := range d.Chains.Created {
-		delete(prevChains, it.Key)
-	}
-	for _, its := range [][]diffstore.Item[string, *Chain]{d.Chains.Updated, d.Chains.Deleted} {
-		for _, it := range its {
-			if it.Prev != nil {
-				prevChains[it.Key] = it.Prev
-			}
-		}
-	}
-	prevBlocks := maps.Clone(nowBlocks)
-	for _, it := range d.Blocks.Created {
-		delete(prevBlocks, it.Key)
-	}
-	for _, its := range [][]diffstore.Item[string, *Block]{d.Blocks.Updated, d.Blocks.Deleted} {
-		for _, it := range its {
-			if it.Prev != nil {
-				prevBlocks[it.Key] = it.Prev
-			}
-		}
-	}
-	prevElems := maps.Clone(nowElems)
-	for _, it := range d.Elements.Created {
-		delete(prevElems, it.Key)
-	}
-	for _, its := range [][]diffstore.Item[string, Element]{d.Elements.Updated, d.Elements.Deleted} {
-		for _, it := range its {
-			prevElems[it.Key] = it.Prev
-		}
-	}
+	// ... and before it.
+	prevChains := beforeRound(nowChains, d.Chains)
+	prevBlocks := beforeRound(nowBlocks, d.Blocks)
+	prevElems := beforeRound(nowElems, d.Elements)
 
 	before := endpointsByKey(prevElems, prevChains, prevBlocks)
 	after := endpointsByKey(nowElems, nowChains, nowBlocks)
@@ -187,6 +158,22 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 	}
 	slices.SortFunc(flows, compareStaleFlows)
 	return flows
+}
+
+// beforeRound returns the objects of now as they were before the round of
+// changes ch: what the round created was not there, what it updated or
+// deleted was Prev, the rest was as it is now.
+func beforeRound[V any](now map[string]V, ch diffstore.Changes[string, V]) map[string]V {
+	prev := maps.Clone(now)
+	for _, it := range ch.Created {
+		delete(prev, it.Key)
+	}
+	for _, its := range [][]diffstore.Item[string, V]{ch.Updated, ch.Deleted} {
+		for _, it := range its {
+			prev[it.Key] = it.Prev
+		}
+	}
+	return prev
 }
 
 // familyKey is an element key in one family: node-port keys (no address)
