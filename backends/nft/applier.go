@@ -17,6 +17,11 @@ import (
 // message, to keep messages well under the socket buffer sizes.
 const elementsPerMessage = 1024
 
+// minElementsPerMessage is the fewest elements a full message of elements
+// carries (elementBytesPerMessage bytes of the largest elements): what
+// transaction sizes are estimated with.
+const minElementsPerMessage = 128
+
 // elementBytesPerMessage bounds the encoded size of the elements of one
 // message: they travel in one netlink attribute, whose length is 16 bits.
 // Longer, the length wraps and the kernel silently sees only part of the
@@ -172,7 +177,8 @@ func (a *Applier) end(err error) {
 // batch, so that packets see either the old table or the new one, never
 // none. On error nothing changed.
 func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
-	messages := 100 + len(rs.Sets) + len(rs.Elements)/elementsPerMessage
+	// Each set: its declaration and a message of its elements at least.
+	messages := 100 + 2*len(rs.Sets)
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
@@ -180,7 +186,7 @@ func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
 	for _, st := range rs.Sets {
 		elements += len(st.Targets)
 	}
-	if err := a.begin(messages+elements/elementsPerMessage, elements); err != nil {
+	if err := a.begin(messages+elements/minElementsPerMessage, elements); err != nil {
 		return Stats{}, err
 	}
 	defer func() { a.end(err) }()
@@ -291,17 +297,27 @@ func (a *Applier) full(rs *Ruleset) error {
 // flushed, then deleted sets deleted, then deleted chains deleted (each
 // after everything that referenced it is gone). On error nothing changed.
 func (a *Applier) Partial(d Delta) (stats Stats, err error) {
-	messages := 10 + 2*d.Sets.Len() + 2*d.Chains.Len() + d.Elements.Len()/elementsPerMessage
+	// The fixed maps and sets: a deletion and an addition each at most,
+	// then each endpoint map touched and each set: two messages each.
+	messages := 40 + 2*d.Sets.Len() + 2*d.Chains.Len()
 	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated} {
 		for _, it := range items {
 			messages += len(it.Value.Rules)
 		}
 	}
+	touched := map[uint32]bool{}
+	for _, items := range [][]diffstore.Item[uint64, EndpointElement]{d.Endpoints.Created, d.Endpoints.Updated, d.Endpoints.Deleted} {
+		for _, it := range items {
+			touched[it.Value.Slot/blocksPerMap<<1|uint32(it.Value.Family)] = true
+			touched[it.Prev.Slot/blocksPerMap<<1|uint32(it.Prev.Family)] = true
+		}
+	}
+	messages += 2 * len(touched)
 	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len()
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
-	if err := a.begin(messages+elements/elementsPerMessage, elements); err != nil {
+	if err := a.begin(messages+elements/minElementsPerMessage, elements); err != nil {
 		return Stats{}, err
 	}
 	defer func() { a.end(err) }()

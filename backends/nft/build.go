@@ -48,10 +48,18 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	for _, r := range badRanges {
 		problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: %q is not a CIDR: ignored", key, r))
 	}
+	seen := map[[2]int32]string{}
 	for _, p := range svc.Ports {
 		if p == nil {
 			continue
 		}
+		// The API server refuses two ports with the same protocol and
+		// port; other sources may not: the first one is kept.
+		if first, ok := seen[[2]int32{int32(p.Protocol), p.Port}]; ok {
+			problems = append(problems, fmt.Errorf("service %s port %q: protocol and port %s/%d already used by port %q: ignored", key, p.Name, protoName(p.Protocol), p.Port, first))
+			continue
+		}
+		seen[[2]int32{int32(p.Protocol), p.Port}] = p.Name
 		if _, ok := l4proto(p.Protocol); !ok {
 			problems = append(problems, fmt.Errorf("service %s port %q: protocol %d not supported", key, p.Name, p.Protocol))
 			continue

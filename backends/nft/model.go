@@ -241,7 +241,7 @@ const endpointModulus = 0xFFFFFFFF
 const blocksPerMap = 16
 
 // EndpointMap returns the name of the shard-th endpoint map of a family:
-// "endpoints-v4-0", "endpoints-v4-1", … Blocks 64·shard to 64·shard+63 of
+// "endpoints-v4-0", "endpoints-v4-1", … Blocks 16·shard to 16·shard+15 of
 // the family are in it.
 func EndpointMap(f Family, shard uint32) string {
 	return fmt.Sprintf("endpoints-v%s-%d", familySuffix(f), shard)

@@ -195,7 +195,12 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 // get their first block or lose their last).
 func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 	byID := make(map[string]*Block, len(objs.Blocks))
+	blocks := objs.Blocks[:0:0]
 	for _, bl := range objs.Blocks {
+		if byID[bl.ID] != nil {
+			continue // one block per ID (buildService gives no repeats)
+		}
+		blocks = append(blocks, bl)
 		slot, ok := t.slotOf[bl.ID]
 		if !ok {
 			slot = t.free[bl.Family].get()
@@ -216,9 +221,10 @@ func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 			}
 		}
 	}
+	objs.Blocks = blocks
 	for _, bl := range old.Blocks {
-		if byID[bl.ID] == nil {
-			slot := t.slotOf[bl.ID]
+		slot, placed := t.slotOf[bl.ID]
+		if byID[bl.ID] == nil && placed {
 			delete(t.slotOf, bl.ID)
 			t.free[bl.Family].put(slot)
 			t.useMap(bl.Family, slot, -1)

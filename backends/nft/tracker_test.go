@@ -121,3 +121,40 @@ func TestChainNames(t *testing.T) {
 		t.Errorf("long names: %d and %d bytes, equal %v", len(a), len(b), a == b)
 	}
 }
+
+// TestTrackerDuplicatePort checks that a service listing the same protocol
+// and port twice (the API server refuses it, other sources may not) gets
+// one block, with a problem for the second port, and that deleting it
+// releases its slot once: another service keeps its own slot and map.
+func TestTrackerDuplicatePort(t *testing.T) {
+	tr := NewTracker(Options{})
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.2"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	dupPorts := svc("ns", "a", ipset("10.96.0.1"), tcp(80, 8080), tcp(80, 8080))
+	dupPorts.Ports[1].Name = "again"
+	a := &model.ServiceEndpoints{Service: dupPorts, Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
+	tr.Update(b.Service.Key(), b)
+	problems := tr.Update(a.Service.Key(), a)
+	if len(problems) != 1 || !strings.Contains(problems[0].Error(), `port "again": protocol and port tcp/80 already used`) {
+		t.Errorf("problems: %v", problems)
+	}
+	tr.Done()
+	tr.Update(a.Service.Key(), nil)
+	if d := tr.Done(); len(d.Sets.Deleted) != 0 || len(d.Endpoints.Deleted) != 1 {
+		t.Errorf("a deleted: %d sets, %d intervals deleted; want 0, 1", len(d.Sets.Deleted), len(d.Endpoints.Deleted))
+	}
+	c := &model.ServiceEndpoints{Service: svc("ns", "c", ipset("10.96.0.3"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.4", false)}}
+	tr.Update(c.Service.Key(), c)
+	tr.Done()
+	slots := map[uint32]string{}
+	for _, key := range tr.ServiceKeys() {
+		for _, bl := range tr.services[key].Blocks {
+			if other, ok := slots[bl.Slot]; ok {
+				t.Errorf("slot %d held by %s and %s", bl.Slot, other, key)
+			}
+			slots[bl.Slot] = key.String()
+		}
+	}
+	if len(slots) != 2 {
+		t.Errorf("slots %v, want b's and c's", slots)
+	}
+}
