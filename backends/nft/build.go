@@ -131,8 +131,10 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 			if hasNodePort {
 				add(MapNodePorts(f), MapNoEndpointNodePorts(f), "nodePort", []string{""}, uint16(nodePort))
 			}
-			if len(svc.LoadBalancerSourceRanges) > 0 && len(lbIPs) > 0 {
-				b.firewall(lbIPs, prefixesOf(ranges, f))
+			// As kube-proxy: the ranges of this family restrict its
+			// load-balancer IPs; without any, they are open.
+			if allowed := prefixesOf(ranges, f); len(allowed) > 0 && len(lbIPs) > 0 {
+				b.firewall(lbIPs, allowed)
 			}
 		}
 	}
@@ -352,13 +354,24 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 
 // firewall adds the chain enforcing the service's loadBalancerSourceRanges
 // on its load-balancer IPs (of this family: allowed, the prefixes of this
-// family; none means no source of this family is allowed), and the
-// elements sending those IPs to it.
+// family, and the load-balancer IPs themselves when a prefix contains a
+// node IP), and the elements sending those IPs to it.
 func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
 	name := serviceChainName("fw", b.family, b.key, b.port)
 	var rules []Rule
+	fromNode := false
 	for _, p := range allowed {
 		rules = append(rules, AllowRule{Family: b.family, Prefix: p})
+		for _, ip := range b.opts.NodeIPs {
+			fromNode = fromNode || p.Contains(ip.Unmap())
+		}
+	}
+	if fromNode {
+		for _, a := range lbIPs {
+			if addr, err := netip.ParseAddr(a); err == nil && familyOf(addr.Unmap()) == b.family {
+				rules = append(rules, AllowRule{Family: b.family, Prefix: netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())})
+			}
+		}
 	}
 	rules = append(rules, DropRule{})
 	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})

@@ -136,7 +136,9 @@ var goldenOptions = map[string]Options{
 		MasqueradeMark:    0x100,
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
 	},
-	"nodeport-lb-firewall":           {MasqueradeAll: true},
+	// The node's IPv4 address is inside a source range: the load-balancer
+	// IP is allowed as a source too.
+	"nodeport-lb-firewall":           {MasqueradeAll: true, NodeIPs: []netip.Addr{netip.MustParseAddr("198.51.100.9"), netip.MustParseAddr("fd00::9")}},
 	"local-policy-no-local-endpoint": {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}},
 }
 

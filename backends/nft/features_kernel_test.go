@@ -4,6 +4,7 @@ package nft
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -259,13 +260,14 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 	lb := svc("default", "lb", ipset("10.96.0.30", "fd00:10:96::30"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30200})
 	lb.Type = "LoadBalancer"
 	lb.IPs.LoadBalancerIPs = ipset(lbV4.String(), lbV6.String())
-	// The client's IPv4 network is allowed; no IPv6 range: IPv6 is closed.
+	// The client's IPv4 network is allowed; no IPv6 range: IPv6 is open
+	// (as kube-proxy, whose ranges of a family restrict that family).
 	lb.LoadBalancerSourceRanges = []string{"10.0.0.0/24", "203.0.113.0/24"}
 	state := &model.ServiceEndpoints{Service: lb, Endpoints: localEndpoints(netns.PodID)}
 	s.setAll(state)
 	s.sync()
 	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80), netns.PodID)
-	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80))
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80), netns.PodID)
 	// The ranges restrict the load-balancer IPs only.
 	ask(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV6, 30200), netns.PodID)
 	ask(t, b.Client, "tcp", netip.AddrPortFrom(netip.MustParseAddr("fd00:10:96::30"), 80), netns.PodID)
@@ -493,4 +495,37 @@ func TestKernelConflictReleased(t *testing.T) {
 		t.Errorf("the sync after first's deletion concerns %v, want first and second", r.Services)
 	}
 	ask(t, b.Client, "tcp", ext, netns.Pod2ID)
+}
+
+// TestKernelLoadBalancerSourceRangesFromNode checks kube-proxy's exception
+// for load-balancer IPs routed locally: the node's own request to such an
+// IP comes from it, and is let through the source ranges only when a range
+// contains a node IP (Options.NodeIPs).
+func TestKernelLoadBalancerSourceRangesFromNode(t *testing.T) {
+	for _, withNodeIP := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nodeIP=%v", withNodeIP), func(t *testing.T) {
+			b := kernelTopology(t)
+			b.Node.AddAddr("lo", lbV4.String()+"/32")
+			var opts Options
+			if withNodeIP {
+				opts.NodeIPs = []netip.Addr{netns.NodeV4}
+			}
+			s := newOptionsSink(t, b, "fwnode", opts)
+			lb := svc("default", "lb", ipset("10.96.0.31"), tcp(80, 6000))
+			lb.Type = "LoadBalancer"
+			lb.IPs.LoadBalancerIPs = ipset(lbV4.String())
+			// The client's network, which holds the node's address.
+			lb.LoadBalancerSourceRanges = []string{"10.0.0.0/24"}
+			s.setAll(&model.ServiceEndpoints{Service: lb, Endpoints: localEndpoints(netns.PodID)})
+			s.sync()
+			ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80), netns.PodID)
+			a, err := b.Node.Ask("tcp", netip.AddrPortFrom(lbV4, 80), netns.AskOptions{LocalAddr: lbV4, Timeout: 400 * time.Millisecond})
+			switch {
+			case withNodeIP && (err != nil || a.Server != netns.PodID):
+				t.Errorf("from the node, source %s: %v, %v; want the pod", lbV4, a, err)
+			case !withNodeIP && (err == nil || isRefused(err)):
+				t.Errorf("from the node, source %s, no node IP: %v, %v; want no answer (dropped)", lbV4, a, err)
+			}
+		})
+	}
 }

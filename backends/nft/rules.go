@@ -51,6 +51,12 @@ type Options struct {
 	// NodePortAddresses restricts node ports to the local addresses in
 	// these prefixes; empty means every local address but loopback.
 	NodePortAddresses []netip.Prefix
+	// NodeIPs are the node's addresses (kube-proxy's node IPs). When a
+	// loadBalancerSourceRanges prefix contains one of them, the service's
+	// load-balancer IPs are allowed as sources too, as kube-proxy does: a
+	// load-balancer IP routed locally makes the node's own requests to it
+	// come from it.
+	NodeIPs []netip.Addr
 }
 
 // mark returns the masquerade mark bit.
@@ -69,6 +75,11 @@ func (o Options) Validate() error {
 	for _, p := range append(append([]netip.Prefix(nil), o.ClusterCIDRs...), o.NodePortAddresses...) {
 		if !p.IsValid() || p != p.Masked() {
 			return fmt.Errorf("prefix %s: not a valid network address", p)
+		}
+	}
+	for _, a := range o.NodeIPs {
+		if !a.IsValid() || a.Zone() != "" {
+			return fmt.Errorf("node IP %q: not a valid address", a)
 		}
 	}
 	return nil

@@ -39,6 +39,7 @@ func nftBackend() app.Backend {
 			masqAll := fs.Bool("masquerade-all", false, "masquerade all traffic to cluster IPs")
 			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
 			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8 and ::1)")
+			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
@@ -51,6 +52,9 @@ func nftBackend() app.Backend {
 					return nil, err
 				}
 				if cfg.Options.NodePortAddresses, err = parseCIDRs("--nodeport-addresses", *nodePortAddrs); err != nil {
+					return nil, err
+				}
+				if cfg.Options.NodeIPs, err = parseIPs("--node-ip", *nodeIPs); err != nil {
 					return nil, err
 				}
 				if *masqBit < 0 || *masqBit > 31 {
@@ -130,6 +134,22 @@ func listenIn(ns vnetns.NsHandle) func(network, address string) (net.Listener, e
 		r := <-done
 		return r.ln, r.err
 	}
+}
+
+// parseIPs parses a comma-separated list of addresses given to flag.
+func parseIPs(flag, list string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return nil, app.Usagef("to-nft %s: %q is not an IP address", flag, s)
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, nil
 }
 
 // parseCIDRs parses a comma-separated list of CIDRs given to flag.

@@ -177,7 +177,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || !strings.Contains(out, "kpng-"+name) {
 		t.Errorf("table gone after kpng stopped: %q, %v", out, err)
 	}
-	for _, extra := range [][]string{{"--cleanup"}, {"--cleanup"}, {"--cluster-cidr=10.0.0.1/8"}} {
+	for _, extra := range [][]string{{"--cleanup"}, {"--cleanup"}, {"--cluster-cidr=10.0.0.1/8"}, {"--node-ip=10.0.0.300"}} {
 		cleanup := exec.Command(bin, append([]string{"kube", "--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + name,
 			"to-local", "to-nft", "--netns=" + b.Node.Path()}, extra...)...)
 		out, err := cleanup.CombinedOutput()
@@ -188,7 +188,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 			continue
 		}
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--cluster-cidr") {
+		if flagName, _, _ := strings.Cut(extra[0], "="); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), flagName) {
 			t.Errorf("kpng to-nft %s: %v, %s; want exit status 2 naming the flag", extra[0], err, out)
 		}
 	}

@@ -171,6 +171,9 @@ type AskOptions struct {
 	// LocalPort, if not 0, is the client's source port (to reuse one
 	// conntrack entry across calls, for instance).
 	LocalPort uint16
+	// LocalAddr, if valid, is the client's source address (one of the
+	// namespace's own).
+	LocalAddr netip.Addr
 }
 
 // Ask connects from the namespace to dst over network ("tcp" or "udp"),
@@ -185,12 +188,16 @@ func (n *NS) Ask(network string, dst netip.AddrPort, opts AskOptions) (Answer, e
 	var reply string
 	err := n.Do(func() error {
 		d := net.Dialer{Timeout: timeout}
-		if opts.LocalPort != 0 {
+		if opts.LocalPort != 0 || opts.LocalAddr.IsValid() {
+			var ip net.IP
+			if opts.LocalAddr.IsValid() {
+				ip = opts.LocalAddr.AsSlice()
+			}
 			switch network {
 			case "tcp":
-				d.LocalAddr = &net.TCPAddr{Port: int(opts.LocalPort)}
+				d.LocalAddr = &net.TCPAddr{IP: ip, Port: int(opts.LocalPort)}
 			case "udp":
-				d.LocalAddr = &net.UDPAddr{Port: int(opts.LocalPort)}
+				d.LocalAddr = &net.UDPAddr{IP: ip, Port: int(opts.LocalPort)}
 			}
 		}
 		c, err := d.Dial(network, dst.String())
