@@ -138,35 +138,42 @@ func listenIn(ns vnetns.NsHandle) func(network, address string) (net.Listener, e
 
 // parseIPs parses a comma-separated list of addresses given to flag.
 func parseIPs(flag, list string) ([]netip.Addr, error) {
-	var out []netip.Addr
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
+	return parseList(list, func(s string) (netip.Addr, error) {
 		a, err := netip.ParseAddr(s)
 		if err != nil || a.Zone() != "" {
-			return nil, app.Usagef("to-nft %s: %q is not an IP address", flag, s)
+			return a, app.Usagef("to-nft %s: %q is not an IP address", flag, s)
 		}
-		out = append(out, a.Unmap())
-	}
-	return out, nil
+		return a.Unmap(), nil
+	})
 }
 
 // parseCIDRs parses a comma-separated list of CIDRs given to flag.
 func parseCIDRs(flag, list string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
+	return parseList(list, func(s string) (netip.Prefix, error) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, app.Usagef("to-nft %s: %q is not a CIDR", flag, s)
+		}
+		if p != p.Masked() {
+			return p, app.Usagef("to-nft %s: %q has host bits set (did you mean %s?)", flag, s, p.Masked())
+		}
+		return p, nil
+	})
+}
+
+// parseList parses the non-empty items of a comma-separated list with
+// parse.
+func parseList[T any](list string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
 	for _, s := range strings.Split(list, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
-		p, err := netip.ParsePrefix(s)
+		v, err := parse(s)
 		if err != nil {
-			return nil, app.Usagef("to-nft %s: %q is not a CIDR", flag, s)
+			return nil, err
 		}
-		if p != p.Masked() {
-			return nil, app.Usagef("to-nft %s: %q has host bits set (did you mean %s?)", flag, s, p.Masked())
-		}
-		out = append(out, p)
+		out = append(out, v)
 	}
 	return out, nil
 }
