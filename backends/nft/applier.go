@@ -63,7 +63,8 @@ type Stats struct {
 	Rules int
 	// ElementsAdded and ElementsDeleted count the elements of the named
 	// maps and sets as the kernel holds them (an interval of an endpoint
-	// map is two: its start and its end).
+	// map is two: its start and its end), but for those of a balance map,
+	// which are part of adding it (SetsAdded).
 	ElementsAdded, ElementsDeleted int
 }
 
@@ -306,11 +307,11 @@ func (a *Applier) Partial(d Delta) (stats Stats, err error) {
 			messages += len(it.Value.Rules)
 		}
 	}
-	touched := map[uint32]bool{}
+	touched := map[string]bool{}
 	for _, items := range [][]diffstore.Item[uint64, EndpointElement]{d.Endpoints.Created, d.Endpoints.Updated, d.Endpoints.Deleted} {
 		for _, it := range items {
-			touched[it.Value.Slot/blocksPerMap<<1|uint32(it.Value.Family)] = true
-			touched[it.Prev.Slot/blocksPerMap<<1|uint32(it.Prev.Family)] = true
+			touched[it.Value.Map()] = true
+			touched[it.Prev.Map()] = true
 		}
 	}
 	messages += 2 * len(touched)
@@ -434,7 +435,7 @@ func (a *Applier) endpointElements(els []EndpointElement, del bool) error {
 		if s := a.sets[name]; s != nil {
 			m = s
 		}
-		if err := a.sendElements(m, byMap[name], 40, del); err != nil {
+		if err := a.sendElements(m, byMap[name], func(int) int { return elementBytes(40, "") }, del); err != nil {
 			return err
 		}
 	}
@@ -448,7 +449,7 @@ func (a *Applier) hairpinElements(addrs []netip.Addr, del bool) error {
 		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], hairpinElement(addr))
 	}
 	for _, f := range []Family{IPv4, IPv6} {
-		if err := a.sendElements(hairpinSetRef(a.table, f), byFamily[f], 32, del); err != nil {
+		if err := a.sendElements(hairpinSetRef(a.table, f), byFamily[f], func(int) int { return elementBytes(32, "") }, del); err != nil {
 			return err
 		}
 	}
@@ -456,10 +457,10 @@ func (a *Applier) hairpinElements(addrs []netip.Addr, del bool) error {
 }
 
 // sendElements adds (or deletes) els in set m, in messages cut by
-// chunkEnd (size: the encoded size of an element's key and data).
-func (a *Applier) sendElements(m *nftables.Set, els []nftables.SetElement, size int, del bool) error {
+// chunkEnd (size(i): an upper bound of the i-th element's encoded size).
+func (a *Applier) sendElements(m *nftables.Set, els []nftables.SetElement, size func(int) int, del bool) error {
 	for start, end := 0, 0; start < len(els); start = end {
-		end = chunkEnd(start, len(els), func(int) int { return 64 + size })
+		end = chunkEnd(start, len(els), size)
 		var err error
 		if del {
 			err = a.conn.SetDeleteElements(m, els[start:end])
@@ -526,36 +527,18 @@ func (a *Applier) elementGroups(items []diffstore.Item[string, Element], del boo
 // setElements adds (or deletes) els in m, in messages of at most
 // elementsPerMessage elements and elementBytesPerMessage bytes.
 func (a *Applier) setElements(m *nftables.Set, els []Element, del bool) error {
-	size := func(i int) int { return elementBytes(24, els[i].Verdict.Goto) }
-	for start, end := 0, 0; start < len(els); start = end {
-		end = chunkEnd(start, len(els), size)
-		chunk := els[start:end]
-		nels := make([]nftables.SetElement, 0, len(chunk))
-		for _, e := range chunk {
-			k, err := keyBytes(e.Key)
-			if err != nil {
-				return fmt.Errorf("service %s: element %s: %w", e.Service, e.Key, err)
-			}
-			ne := nftables.SetElement{Key: k}
-			if !del {
-				ne.VerdictData = verdictExpr(e.Verdict)
-			}
-			nels = append(nels, ne)
-		}
-		var err error
-		if del {
-			err = a.conn.SetDeleteElements(m, nels)
-			a.stats.ElementsDeleted += len(nels)
-		} else {
-			err = a.conn.SetAddElements(m, nels)
-			a.stats.ElementsAdded += len(nels)
-		}
+	nels := make([]nftables.SetElement, len(els))
+	for i, e := range els {
+		k, err := keyBytes(e.Key)
 		if err != nil {
-			return fmt.Errorf("map %s: %w", m.Name, err)
+			return fmt.Errorf("service %s: element %s: %w", e.Service, e.Key, err)
 		}
-		a.stats.Messages++
+		nels[i] = nftables.SetElement{Key: k}
+		if !del {
+			nels[i].VerdictData = verdictExpr(e.Verdict)
+		}
 	}
-	return nil
+	return a.sendElements(m, nels, func(i int) int { return elementBytes(24, els[i].Verdict.Goto) }, del)
 }
 
 func (a *Applier) chainRef(name string) *nftables.Chain {

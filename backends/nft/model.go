@@ -258,15 +258,17 @@ type Block struct {
 	Service model.ServiceKey
 	// Endpoints are the addresses and ports to DNAT to, in order.
 	Endpoints []netip.AddrPort
-	// Slot and Map are the block's place, set by the Tracker: its number
-	// among the family's blocks and the endpoint map holding it.
+	// Slot is the block's place, set by the Tracker: its number among
+	// the family's blocks.
 	Slot uint32
-	Map  string
 }
+
+// Map returns the name of the endpoint map holding the block.
+func (bl *Block) Map() string { return EndpointMap(bl.Family, bl.Slot/blocksPerMap) }
 
 // equalBlocks reports whether two blocks are the same.
 func equalBlocks(a, b *Block) bool {
-	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && a.Map == b.Map && slices.Equal(a.Endpoints, b.Endpoints)
+	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && slices.Equal(a.Endpoints, b.Endpoints)
 }
 
 // elements returns the intervals of the block in its endpoint map: the

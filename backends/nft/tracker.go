@@ -207,7 +207,7 @@ func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 			t.slotOf[bl.ID] = slot
 			t.useMap(bl.Family, slot, 1)
 		}
-		bl.Slot, bl.Map = slot, EndpointMap(bl.Family, slot/blocksPerMap)
+		bl.Slot = slot
 		byID[bl.ID] = bl
 		objs.Endpoints = append(objs.Endpoints, bl.elements()...)
 	}
@@ -215,7 +215,7 @@ func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 		for i, r := range c.Rules {
 			if dr, ok := r.(DNATMapRule); ok {
 				if bl := byID[dr.Block]; bl != nil {
-					dr.Slot, dr.Map = bl.Slot, bl.Map
+					dr.Slot, dr.Map = bl.Slot, bl.Map()
 					c.Rules[i] = dr
 				}
 			}
