@@ -243,15 +243,18 @@ func (f *Flags) nodeName() (string, error) {
 	return h, nil
 }
 
-// onceSink stops the run after the first Sync.
+// onceSink stops the run after the first successful Sync.
 type onceSink struct {
 	localsink.Sink
 	done func()
 }
 
-func (o *onceSink) Sync() {
-	o.Sink.Sync()
-	o.done()
+func (o *onceSink) Sync() error {
+	err := o.Sink.Sync()
+	if err == nil {
+		o.done()
+	}
+	return err
 }
 
 // IsUsageError reports whether err comes from the command line or the

@@ -56,43 +56,44 @@ func BenchmarkFullStateOneChange10k(b *testing.B) {
 	})
 	fs.Reset()
 	for _, se := range items {
-		fs.SetService(se.Service)
-		for _, ep := range se.Endpoints {
-			fs.SetEndpoint(se.Service.Key(), ep.Key(), ep)
-		}
+		fs.Update(se.Service.Key(), nil, se)
 	}
-	fs.Sync()
+	_ = fs.Sync()
 	if calls != 1 || count != benchServices {
 		b.Fatalf("setup: %d handler calls with %d services, want 1 with %d", calls, count, benchServices)
 	}
-	// Two versions of endpoint 0 of each service, made beforehand.
-	alt := make([][2]*model.Endpoint, len(items))
+	// Two versions of each service, endpoint 0 toggled, made beforehand.
+	versions := make([][2]*model.ServiceEndpoints, len(items))
 	for i, se := range items {
-		alt[i] = [2]*model.Endpoint{toggled(se.Endpoints[0]), se.Endpoints[0]}
+		eps := slices.Clone(se.Endpoints)
+		eps[0] = toggled(eps[0])
+		versions[i] = [2]*model.ServiceEndpoints{{Service: se.Service, Endpoints: eps}, se}
 	}
 
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		j := i % len(items)
-		ep := alt[j][(i/len(items))%2]
-		fs.SetEndpoint(items[j].Service.Key(), ep.Key(), ep)
+		prev, cur := versions[j][(i/len(items)+1)%2], versions[j][(i/len(items))%2]
+		fs.Update(items[j].Service.Key(), prev, cur)
 		calls = 0
-		fs.Sync()
+		_ = fs.Sync()
 		if calls != 1 || count != benchServices {
 			b.Fatalf("iteration %d: %d handler calls with %d services, want 1 with %d", i, calls, count, benchServices)
 		}
 	}
 }
 
-// BenchmarkDifferSetAll10kOneChange measures SetAll of a full state of
-// 10,000 services of 10 endpoints, one endpoint changed from the previous
-// one, into a Differ over a counting no-op sink.
-func BenchmarkDifferSetAll10kOneChange(b *testing.B) {
+// BenchmarkFeederSetAll10kOneChange measures SetAll and Sync of a full
+// state of 10,000 services of 10 endpoints, one endpoint changed from the
+// previous one, into a Feeder over a counting no-op sink.
+func BenchmarkFeederSetAll10kOneChange(b *testing.B) {
 	items := benchState()
 	sink := &countSink{}
-	d := localsink.NewDiffer(sink)
-	if n := d.SetAll(items); n != benchServices*(1+benchEndpointsPer) {
-		b.Fatalf("setup: %d calls, want %d", n, benchServices*(1+benchEndpointsPer))
+	f := localsink.NewFeeder(sink, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	f.SetAll(items)
+	if err := f.Sync(); err != nil || sink.updates != benchServices {
+		b.Fatalf("setup: %d Updates (%v), want %d", sink.updates, err, benchServices)
 	}
 	// Two versions of each service, endpoint 0 toggled, made beforehand.
 	alt := make([][2]*model.ServiceEndpoints, len(items))
@@ -107,14 +108,10 @@ func BenchmarkDifferSetAll10kOneChange(b *testing.B) {
 		j := i % len(items)
 		items[j] = alt[j][(i/len(items))%2]
 		before := *sink
-		n := d.SetAll(items)
-		if n != 1 || sink.setEndpoints != before.setEndpoints+1 {
-			b.Fatalf("iteration %d: SetAll returned %d with %d SetEndpoint, want exactly 1 SetEndpoint",
-				i, n, sink.setEndpoints-before.setEndpoints)
-		}
-		sink.setEndpoints--
-		if *sink != before {
-			b.Fatalf("iteration %d: calls other than one SetEndpoint: before %+v, after %+v", i, before, *sink)
+		f.SetAll(items)
+		_ = f.Sync()
+		if sink.updates != before.updates+1 || sink.syncs != before.syncs+1 || sink.resets != before.resets {
+			b.Fatalf("iteration %d: calls before %+v, after %+v; want one Update and one Sync", i, before, *sink)
 		}
 	}
 }

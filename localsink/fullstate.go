@@ -12,62 +12,69 @@ import (
 // modified afterwards, so a handler may keep them.
 type Handler func(items []*model.ServiceEndpoints)
 
-// FullState is a Sink that rebuilds the whole state and hands it to a
-// Handler on each Sync that changed something (and on the first Sync after a
-// Reset, even when the state is empty). Only the services that changed are
-// rebuilt; unchanged ones are handed over as the same pointers as before.
+// FullState is a Sink that hands the whole state to a Handler on each Sync
+// (which, by the Sink contract, only comes when something changed, and
+// after a Reset). Unchanged services are handed over as the same pointers
+// as before; the cost per round is one slice of pointers.
 type FullState struct {
-	*Store
-	handler Handler
-	keys    []model.ServiceKey // sorted keys of the services in the state
+	handler  Handler
+	services map[model.ServiceKey]*model.ServiceEndpoints
+	keys     []model.ServiceKey // sorted keys of services
 }
 
 var _ Sink = (*FullState)(nil)
 
 // NewFullState returns a FullState calling h.
 func NewFullState(h Handler) *FullState {
-	return &FullState{Store: NewStore(), handler: h}
+	return &FullState{handler: h, services: map[model.ServiceKey]*model.ServiceEndpoints{}}
 }
 
-// Sync implements Sink: it calls the handler when the state changed.
-func (f *FullState) Sync() {
-	changed, reset := f.Commit()
-	if len(changed) == 0 && !reset {
-		return
+// Reset implements Sink.
+func (f *FullState) Reset() {
+	clear(f.services)
+	f.keys = f.keys[:0]
+}
+
+// Update implements Sink.
+func (f *FullState) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	i, found := slices.BinarySearchFunc(f.keys, key, model.ServiceKey.Compare)
+	switch {
+	case cur != nil && !found:
+		f.keys = slices.Insert(f.keys, i, key)
+	case cur == nil && found:
+		f.keys = slices.Delete(f.keys, i, i+1)
 	}
-	for _, key := range changed {
-		i, found := slices.BinarySearchFunc(f.keys, key, model.ServiceKey.Compare)
-		switch present := f.Get(key) != nil; {
-		case present && !found:
-			f.keys = slices.Insert(f.keys, i, key)
-		case !present && found:
-			f.keys = slices.Delete(f.keys, i, i+1)
-		}
+	if cur == nil {
+		delete(f.services, key)
+	} else {
+		f.services[key] = cur
 	}
+}
+
+// Sync implements Sink: it calls the handler with the whole state.
+func (f *FullState) Sync() error {
 	f.handler(f.State())
+	return nil
 }
 
-// State returns the current state as of the last Sync.
+// State returns the current state: every service, in key order.
 func (f *FullState) State() []*model.ServiceEndpoints {
 	items := make([]*model.ServiceEndpoints, len(f.keys))
 	for i, key := range f.keys {
-		items[i] = f.Get(key)
+		items[i] = f.services[key]
 	}
 	return items
 }
 
 // FromFullState returns a Handler that feeds sink the difference between
-// successive full states: Reset and the whole state on the first call, then
-// only what changed, each call ending with Sync.
+// successive full states through a Feeder: Reset and the whole state on
+// the first call, then only what changed, each call a round. It has no
+// retry timer: a round the sink fails to apply is delivered again with the
+// next call.
 func FromFullState(sink Sink) Handler {
-	d := NewDiffer(sink)
-	first := true
+	f := NewFeeder(sink, FeederOptions{NoRetry: true})
 	return func(items []*model.ServiceEndpoints) {
-		if first {
-			d.Reset()
-			first = false
-		}
-		d.SetAll(items)
-		d.Sync()
+		f.SetAll(items)
+		_ = f.Sync() // the Feeder logs failures and keeps them pending
 	}
 }

@@ -8,50 +8,18 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/client/model"
-	"sigs.k8s.io/kpng/localsink"
 )
-
-// recSink is a Sink recording its calls as strings such as
-// "SetEndpoint ns/a 10.0.0.1".
-type recSink struct {
-	calls []string
-}
-
-var _ localsink.Sink = (*recSink)(nil)
-
-func (r *recSink) Reset() { r.calls = append(r.calls, "Reset") }
-func (r *recSink) SetService(svc *model.Service) {
-	r.calls = append(r.calls, "SetService "+svc.Key().String())
-}
-func (r *recSink) DeleteService(k model.ServiceKey) {
-	r.calls = append(r.calls, "DeleteService "+k.String())
-}
-func (r *recSink) SetEndpoint(k model.ServiceKey, key string, _ *model.Endpoint) {
-	r.calls = append(r.calls, "SetEndpoint "+k.String()+" "+key)
-}
-func (r *recSink) DeleteEndpoint(k model.ServiceKey, key string) {
-	r.calls = append(r.calls, "DeleteEndpoint "+k.String()+" "+key)
-}
-func (r *recSink) Sync() { r.calls = append(r.calls, "Sync") }
-
-// take returns the calls recorded since the previous take.
-func (r *recSink) take() []string {
-	c := r.calls
-	r.calls = nil
-	return c
-}
 
 // countSink is a no-op Sink counting its calls.
 type countSink struct {
-	resets, setServices, deleteServices, setEndpoints, deleteEndpoints, syncs int
+	resets, updates, syncs int
 }
 
-func (c *countSink) Reset()                                                { c.resets++ }
-func (c *countSink) SetService(*model.Service)                             { c.setServices++ }
-func (c *countSink) DeleteService(model.ServiceKey)                        { c.deleteServices++ }
-func (c *countSink) SetEndpoint(model.ServiceKey, string, *model.Endpoint) { c.setEndpoints++ }
-func (c *countSink) DeleteEndpoint(model.ServiceKey, string)               { c.deleteEndpoints++ }
-func (c *countSink) Sync()                                                 { c.syncs++ }
+func (c *countSink) Reset() { c.resets++ }
+func (c *countSink) Update(model.ServiceKey, *model.ServiceEndpoints, *model.ServiceEndpoints) {
+	c.updates++
+}
+func (c *countSink) Sync() error { c.syncs++; return nil }
 
 func key(ns, name string) model.ServiceKey { return model.ServiceKey{Namespace: ns, Name: name} }
 

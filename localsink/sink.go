@@ -1,42 +1,72 @@
-// Package localsink defines Sink, the incremental interface through which kpng
-// hands state changes to a backend, and adapters between it and the
-// full-state style (a callback receiving every service on each change).
+// Package localsink is the interface between kpng and a backend in the same
+// process: a Sink receives the state of the selected services one changed
+// service at a time, in rounds, and reports whether it applied each round.
+// The package also holds what sits on either side of that interface: the
+// Feeder that every kpng source uses to deliver rounds (it sends only what
+// changed and retries the rounds a sink failed to apply), the adapters
+// between a Sink and the full-state style (a callback receiving every
+// service), Tee, and EndpointChanges for backends that want per-endpoint
+// differences.
+//
+// # The contract
+//
+// Every kpng source (the Kubernetes watcher, the remote client, the file
+// input, the adapters of this package) keeps these rules, and
+// localsink/sinktest checks them:
+//
+//   - Calls come one at a time, never concurrently: a Sink needs no locking
+//     of its own against kpng (it may be called from more than one
+//     goroutine over its life, when a retry fires).
+//   - A round is an optional Reset, then Update calls, then Sync. Between
+//     two Syncs the state may be half-updated; it is meant to be applied on
+//     Sync.
+//   - Nothing is delivered before the source has its first complete state.
+//     The first round starts with Reset and carries that whole state
+//     (possibly empty: the first Sync always comes).
+//   - Reset means "forget everything": the Updates of the round describe
+//     the whole state from nothing, every one with a nil prev.
+//   - Update is called once per changed service in a round, in key order
+//     (namespace, then name). prev is the cur of the previous Update for
+//     that service (nil when there was none, or after Reset); cur is the
+//     new value, nil when the service is gone. prev and cur are never both
+//     nil and never the same pointer: an unchanged service is not
+//     delivered, and a round that changes nothing is not delivered at all,
+//     but for the first round, a round after Reset, and a retry.
+//   - cur's endpoints are sorted by address and unique (model.CompareEndpoints).
+//   - Values are never modified after delivery: a sink may keep them. What
+//     did not change is pointer-equal: cur.Service == prev.Service when the
+//     service itself did not change, and an unchanged endpoint is the same
+//     pointer in prev and cur. A backend can skip work by comparing pointers.
+//   - Sync returns nil when the data plane matches what the sink was given.
+//     An error means it does not (yet): the sink keeps the Updates it
+//     received, and the source calls Sync again, with the newer changes
+//     when there are some (the failed round merged with them) or alone,
+//     after a backoff or with its next round, whichever comes first. A sink
+//     that lost track of what it holds returns an error wrapping ErrResync:
+//     it then gets Reset and the whole state.
 package localsink
 
-import "sigs.k8s.io/kpng/client/model"
+import (
+	"errors"
 
-// Sink receives the state of the selected services as a stream of changes.
-//
-// Ordering guarantees, which every kpng source (the watcher, the adapters in
-// this package, remote streams) keeps:
-//
-//   - Calls come from one goroutine at a time; a Sink needs no locking of
-//     its own against kpng.
-//   - The first call is Reset. Reset may come again later; it means "forget
-//     everything": the calls that follow, up to the next Sync, describe the
-//     whole state from nothing.
-//   - Between two Syncs, the calls describe one consistent change. The state
-//     is only meant to be applied (rules programmed, traffic switched) on
-//     Sync; in between, it may be half-updated.
-//   - SetService for a service comes before any SetEndpoint for it, in the
-//     round where the service first appears.
-//   - When a service goes away, DeleteEndpoint is called for each of its
-//     endpoints before DeleteService.
-//   - Within a round, calls are grouped by service, services in key order;
-//     for one service, endpoint deletions come before endpoint sets.
-//   - Set* is only called when the value differs from the one last set for
-//     that key; values passed in are never modified afterwards.
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// Sink receives the state of the selected services in rounds (see the
+// package documentation for the contract every source keeps).
 type Sink interface {
-	// Reset drops the whole state.
+	// Reset drops the whole state: the Updates up to the next Sync
+	// describe it from nothing.
 	Reset()
-	// SetService creates or replaces a service.
-	SetService(svc *model.Service)
-	// DeleteService removes a service; its endpoints were deleted first.
-	DeleteService(svc model.ServiceKey)
-	// SetEndpoint creates or replaces the endpoint key of service svc.
-	SetEndpoint(svc model.ServiceKey, key string, ep *model.Endpoint)
-	// DeleteEndpoint removes the endpoint key of service svc.
-	DeleteEndpoint(svc model.ServiceKey, key string)
-	// Sync marks the end of a consistent change.
-	Sync()
+	// Update says that service key changed from prev to cur (prev nil:
+	// created; cur nil: deleted).
+	Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints)
+	// Sync ends the round: the sink applies it and says whether it could.
+	Sync() error
 }
+
+// ErrResync, wrapped in the error of a failed Sync, asks the source for a
+// Reset and the whole state in the next round, instead of the failed
+// round's services again: for a sink that cannot return to the state it
+// held before the round.
+var ErrResync = errors.New("needs the whole state again")

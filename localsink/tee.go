@@ -1,45 +1,63 @@
 package localsink
 
-import "sigs.k8s.io/kpng/client/model"
+import (
+	"errors"
+	"fmt"
+
+	"sigs.k8s.io/kpng/client/model"
+)
 
 // Tee returns a Sink that forwards every call to each of sinks, in order:
 // several backends fed by one source (rules and a health server, say).
-func Tee(sinks ...Sink) Sink { return tee(sinks) }
+//
+// Its Sync fails when any sink's does; the error names the sink. The retry
+// that follows reaches only the sinks that failed, with the newer changes
+// when there are some (every sink gets those).
+func Tee(sinks ...Sink) Sink {
+	t := &tee{branches: make([]teeBranch, len(sinks))}
+	for i, s := range sinks {
+		t.branches[i].sink = s
+	}
+	return t
+}
 
-type tee []Sink
+type tee struct{ branches []teeBranch }
 
-func (t tee) Reset() {
-	for _, s := range t {
-		s.Reset()
+// teeBranch is one sink of a tee: called says it got a Reset or an Update
+// in this round, failed that its last Sync failed; it needs a Sync when
+// either is true.
+type teeBranch struct {
+	sink           Sink
+	called, failed bool
+}
+
+func (t *tee) Reset() {
+	for i := range t.branches {
+		t.branches[i].called = true
+		t.branches[i].sink.Reset()
 	}
 }
 
-func (t tee) SetService(svc *model.Service) {
-	for _, s := range t {
-		s.SetService(svc)
+func (t *tee) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
+	for i := range t.branches {
+		t.branches[i].called = true
+		t.branches[i].sink.Update(key, prev, cur)
 	}
 }
 
-func (t tee) DeleteService(key model.ServiceKey) {
-	for _, s := range t {
-		s.DeleteService(key)
+func (t *tee) Sync() error {
+	var errs []error
+	for i := range t.branches {
+		b := &t.branches[i]
+		if !b.called && !b.failed {
+			continue // nothing new, and it applied what it has
+		}
+		b.called = false
+		err := b.sink.Sync()
+		b.failed = err != nil
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sink %d of %d: %w", i+1, len(t.branches), err))
+		}
 	}
-}
-
-func (t tee) SetEndpoint(svc model.ServiceKey, key string, ep *model.Endpoint) {
-	for _, s := range t {
-		s.SetEndpoint(svc, key, ep)
-	}
-}
-
-func (t tee) DeleteEndpoint(svc model.ServiceKey, key string) {
-	for _, s := range t {
-		s.DeleteEndpoint(svc, key)
-	}
-}
-
-func (t tee) Sync() {
-	for _, s := range t {
-		s.Sync()
-	}
+	return errors.Join(errs...)
 }

@@ -1,33 +1,49 @@
-package localsink
+package localsink_test
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
-// TestTee checks that every call reaches every sink, in order.
+// TestTee checks that every call reaches every sink in order, each seeing
+// a valid stream, and that the retry after one sink failed reaches only
+// that sink.
 func TestTee(t *testing.T) {
-	var got [][]*model.ServiceEndpoints
-	record := func(items []*model.ServiceEndpoints) { got = append(got, items) }
-	s := Tee(NewFullState(record), NewFullState(record))
-	svc := &model.Service{Namespace: "ns", Name: "a"}
-	ep := &model.Endpoint{IPs: model.IPSet{V4: []string{"10.1.0.1"}}, Ready: true}
-	s.Reset()
-	s.SetService(svc)
-	s.SetEndpoint(svc.Key(), "10.1.0.1", ep)
-	s.Sync()
-	s.DeleteEndpoint(svc.Key(), "10.1.0.1")
-	s.DeleteService(svc.Key())
-	s.Sync()
-	want := [][]*model.ServiceEndpoints{
-		{{Service: svc, Endpoints: []*model.Endpoint{ep}}},
-		{{Service: svc, Endpoints: []*model.Endpoint{ep}}},
-		{}, {},
+	first, second := sinktest.NewChecker(nil), sinktest.NewChecker(nil)
+	f, whole := newChecked(t, localsink.FeederOptions{MinRetry: 10 * time.Millisecond})
+	whole.Next = localsink.Tee(first, second)
+	a := svcEps(testService("ns", "a"), endpoints("10.0.0.1")...)
+	b := svcEps(testService("ns", "b"))
+
+	f.Update(key("ns", "a"), a)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
 	}
-	if diff := cmp.Diff(want, got, cmp.Comparer(func(x, y []*model.ServiceEndpoints) bool { return len(x) == len(y) && (len(x) == 0 || cmp.Equal(x, y)) })); diff != "" {
-		t.Errorf("calls (-want +got):\n%s", diff)
+	second.FailSyncs(errors.New("boom"))
+	f.Update(key("ns", "b"), b)
+	if err := f.Sync(); err == nil {
+		t.Fatalf("Sync with the second sink failing: %v, want an error", err)
+	}
+	whole.WaitSyncs(t, 3, 5*time.Second)
+	if diff := cmp.Diff([]string{"Reset", "Update ns/a service +10.0.0.1", "Sync", "Update ns/b service", "Sync"}, first.TakeCalls()); diff != "" {
+		t.Errorf("first sink (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"Reset", "Update ns/a service +10.0.0.1", "Sync", "Update ns/b service", "Sync failed", "Sync"}, second.TakeCalls()); diff != "" {
+		t.Errorf("second sink (-want +got):\n%s", diff)
+	}
+	for i, c := range []*sinktest.Checker{first, second} {
+		if err := c.Err(); err != nil {
+			t.Errorf("sink %d: contract broken: %v", i+1, err)
+		}
+		if diff := cmp.Diff([]*model.ServiceEndpoints{a, b}, c.State()); diff != "" {
+			t.Errorf("sink %d state (-want +got):\n%s", i+1, diff)
+		}
 	}
 }

@@ -173,15 +173,17 @@ func fanout(b *testing.B, services, backends, changes int) {
 	var lat []time.Duration
 	var bytesPer []int
 	for c := range changes {
-		se := state[(c*7919)%len(state)]
-		old := se.Endpoints[c%10]
-		changed := *old
-		changed.Ready = !old.Ready
-		se.Endpoints[c%10] = &changed
-		// What the watcher does for one endpoint change.
+		i := (c * 7919) % len(state)
+		se := state[i]
+		changed := *se.Endpoints[c%10]
+		changed.Ready = !changed.Ready
+		next := &model.ServiceEndpoints{Service: se.Service, Endpoints: slices.Clone(se.Endpoints)}
+		next.Endpoints[c%10] = &changed
+		state[i] = next
+		// What the watcher's Feeder does for one endpoint change.
 		t0 := time.Now()
-		hub.SetEndpoint(se.Service.Key(), changed.Key(), &changed)
-		hub.Sync()
+		hub.Update(se.Service.Key(), se, next)
+		_ = hub.Sync()
 		var last time.Time
 		for _, bk := range bks {
 			if at := bk.waitSyncs(b, 2+c); at.After(last) {

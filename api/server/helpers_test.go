@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 // testServer is a controller serving a hub on a listener.
@@ -61,90 +61,16 @@ func socketAddr(t *testing.T) string {
 	return "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
 }
 
-// recorder is a Sink recording calls, with a FullState for the state.
-type recorder struct {
-	mu    sync.Mutex
-	calls []string
-	full  *localsink.FullState
-	state []*model.ServiceEndpoints
-	syncs int
-}
-
-func newRecorder() *recorder {
-	r := &recorder{}
-	r.full = localsink.NewFullState(func(items []*model.ServiceEndpoints) { r.state = items })
-	return r
-}
-
-func (r *recorder) rec(s string) { r.mu.Lock(); r.calls = append(r.calls, s); r.mu.Unlock() }
-
-func (r *recorder) Reset() { r.rec("Reset"); r.mu.Lock(); r.full.Reset(); r.mu.Unlock() }
-func (r *recorder) SetService(s *model.Service) {
-	r.rec("SetService " + s.Key().String())
-	r.mu.Lock()
-	r.full.SetService(s)
-	r.mu.Unlock()
-}
-func (r *recorder) DeleteService(k model.ServiceKey) {
-	r.rec("DeleteService " + k.String())
-	r.mu.Lock()
-	r.full.DeleteService(k)
-	r.mu.Unlock()
-}
-func (r *recorder) SetEndpoint(k model.ServiceKey, key string, ep *model.Endpoint) {
-	r.rec("SetEndpoint " + k.String() + " " + key)
-	r.mu.Lock()
-	r.full.SetEndpoint(k, key, ep)
-	r.mu.Unlock()
-}
-func (r *recorder) DeleteEndpoint(k model.ServiceKey, key string) {
-	r.rec("DeleteEndpoint " + k.String() + " " + key)
-	r.mu.Lock()
-	r.full.DeleteEndpoint(k, key)
-	r.mu.Unlock()
-}
-func (r *recorder) Sync() {
-	r.rec("Sync")
-	r.mu.Lock()
-	r.syncs++
-	r.full.Sync()
-	r.mu.Unlock()
-}
-
-func (r *recorder) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c := r.calls
-	r.calls = nil
-	return c
-}
-
-// waitSyncs waits until the recorder has seen n Syncs.
-func (r *recorder) waitSyncs(t *testing.T, n int) {
+// runClient runs a remote client for node until the test ends, into a
+// contract checker (the test fails if the client breaks the contract).
+func runClient(t *testing.T, cfg remote.Config) *sinktest.Checker {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		r.mu.Lock()
-		got := r.syncs
-		r.mu.Unlock()
-		if got >= n {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %d syncs; calls %q", n, r.take())
+	return runClientInto(t, cfg, sinktest.NewChecker(nil))
 }
 
-func (r *recorder) current() []*model.ServiceEndpoints {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.state
-}
-
-// runClient runs a remote client for node until the test ends.
-func runClient(t *testing.T, cfg remote.Config) *recorder {
+// runClientInto is runClient into a given checker.
+func runClientInto(t *testing.T, cfg remote.Config, r *sinktest.Checker) *sinktest.Checker {
 	t.Helper()
-	r := newRecorder()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	if cfg.MinBackoff == 0 {
@@ -160,6 +86,9 @@ func runClient(t *testing.T, cfg remote.Config) *recorder {
 			}
 		case <-time.After(10 * time.Second):
 			t.Errorf("remote.Run did not return")
+		}
+		if err := r.Err(); err != nil {
+			t.Errorf("remote client broke the Sink contract:\n%v", err)
 		}
 	})
 	return r

@@ -17,12 +17,14 @@ import (
 // its own set of changed services and catches up at its own pace, seeing the
 // latest state (intermediate ones may be skipped for a slow subscriber).
 type Hub struct {
-	// store is the staging state, touched only by the feeding goroutine.
-	store *localsink.Store
+	// staged are the services changed in the round being fed, touched
+	// only by the feeding goroutine.
+	staged map[model.ServiceKey]*model.ServiceEndpoints
 
 	mu        sync.RWMutex
 	published map[model.ServiceKey]*model.ServiceEndpoints
 	synced    bool // a first state was published
+	reset     bool // the round being fed started with Reset
 	zones     map[string]string
 	subs      map[*subscription]struct{}
 	nodeViews bool
@@ -36,7 +38,7 @@ var _ localsink.Sink = (*Hub)(nil)
 // see the state exactly as fed.
 func NewHub(nodeViews bool) *Hub {
 	return &Hub{
-		store:     localsink.NewStore(),
+		staged:    map[model.ServiceKey]*model.ServiceEndpoints{},
 		published: map[model.ServiceKey]*model.ServiceEndpoints{},
 		zones:     map[string]string{},
 		subs:      map[*subscription]struct{}{},
@@ -44,40 +46,44 @@ func NewHub(nodeViews bool) *Hub {
 	}
 }
 
-// Reset implements localsink.Sink.
-func (h *Hub) Reset() { h.store.Reset() }
-
-// SetService implements localsink.Sink.
-func (h *Hub) SetService(svc *model.Service) { h.store.SetService(svc) }
-
-// DeleteService implements localsink.Sink.
-func (h *Hub) DeleteService(key model.ServiceKey) { h.store.DeleteService(key) }
-
-// SetEndpoint implements localsink.Sink.
-func (h *Hub) SetEndpoint(key model.ServiceKey, epKey string, ep *model.Endpoint) {
-	h.store.SetEndpoint(key, epKey, ep)
+// Reset implements localsink.Sink: the services published and not fed
+// again in this round are gone on Sync.
+func (h *Hub) Reset() {
+	clear(h.staged)
+	h.reset = true
 }
 
-// DeleteEndpoint implements localsink.Sink.
-func (h *Hub) DeleteEndpoint(key model.ServiceKey, epKey string) { h.store.DeleteEndpoint(key, epKey) }
+// Update implements localsink.Sink.
+func (h *Hub) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) { h.staged[key] = cur }
 
 // Sync implements localsink.Sink: it publishes the staged state and tells
 // every subscriber which services changed.
-func (h *Hub) Sync() {
-	keys, _ := h.store.Commit()
+func (h *Hub) Sync() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, key := range keys {
-		if se := h.store.Get(key); se != nil {
+	if h.reset {
+		for key := range h.published {
+			if _, ok := h.staged[key]; !ok {
+				h.staged[key] = nil
+			}
+		}
+		h.reset = false
+	}
+	keys := make([]model.ServiceKey, 0, len(h.staged))
+	for key, se := range h.staged {
+		keys = append(keys, key)
+		if se != nil {
 			h.published[key] = se
 		} else {
 			delete(h.published, key)
 		}
 	}
+	clear(h.staged)
 	h.synced = true
 	for sub := range h.subs {
 		sub.markDirty(keys)
 	}
+	return nil
 }
 
 // SetNodeZone records the zone of a node, for the topology hints of the

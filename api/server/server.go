@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -97,8 +98,9 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 
 // serve feeds one subscriber until ctx ends or sending fails.
 func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender) error {
-	d := localsink.NewDiffer(out)
-	first := true
+	// No retry timer: a failed send ends the stream.
+	f := localsink.NewFeeder(out, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -109,26 +111,20 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 		if !ok {
 			continue
 		}
-		if first {
-			d.Reset()
-		}
-		n := 0
 		for i, key := range keys {
-			n += d.Update(key, states[i])
+			f.Update(key, states[i])
 		}
-		if first || n > 0 {
-			d.Sync()
-		}
-		first = false
-		if out.err != nil {
-			return fmt.Errorf("send to backend: %w", out.err)
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("send to backend: %w", err)
 		}
 	}
 }
 
-// batchSender is a localsink.Sink that turns calls into Batch messages on a
-// stream: a batch is sent when full and at each Sync. The first error stops
-// all further sends.
+// batchSender is the sending edge of the wire format: a localsink.Sink that
+// turns each service's change into per-endpoint operations (which save
+// bytes when one endpoint of a large service changes) in Batch messages on
+// a stream. A batch is sent when full and at each Sync. The first error
+// stops all further sends and is returned by every later Sync.
 type batchSender struct {
 	stream grpc.ServerStreamingServer[kpngv1.Batch]
 	max    int
@@ -157,29 +153,36 @@ func (b *batchSender) flush() {
 	b.ops = nil
 }
 
+// Reset implements localsink.Sink.
 func (b *batchSender) Reset() { b.add(&kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}}) }
 
-func (b *batchSender) SetService(svc *model.Service) {
-	b.add(&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(svc)}})
+// Update implements localsink.Sink with the wire's operations: set_service
+// when the service is new or changed, delete_endpoint for the endpoints
+// gone, set_endpoint for the new and changed ones; for a deleted service,
+// delete_endpoint for each endpoint, then delete_service.
+func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
+	wireKey := kpngv1.FromServiceKey(key)
+	if cur != nil && (prev == nil || (prev.Service != cur.Service && !reflect.DeepEqual(prev.Service, cur.Service))) {
+		b.add(&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(cur.Service)}})
+	}
+	removed, set := localsink.EndpointChanges(prev, cur)
+	for _, ep := range removed {
+		b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Service: wireKey, Key: ep.Key()}}})
+	}
+	for _, ep := range set {
+		b.add(&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
+			Service: wireKey, Key: ep.Key(), Endpoint: kpngv1.FromEndpoint(ep),
+		}}})
+	}
+	if cur == nil {
+		b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: wireKey}})
+	}
 }
 
-func (b *batchSender) DeleteService(key model.ServiceKey) {
-	b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: kpngv1.FromServiceKey(key)}})
-}
-
-func (b *batchSender) SetEndpoint(key model.ServiceKey, epKey string, ep *model.Endpoint) {
-	b.add(&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
-		Service: kpngv1.FromServiceKey(key), Key: epKey, Endpoint: kpngv1.FromEndpoint(ep),
-	}}})
-}
-
-func (b *batchSender) DeleteEndpoint(key model.ServiceKey, epKey string) {
-	b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{
-		Service: kpngv1.FromServiceKey(key), Key: epKey,
-	}}})
-}
-
-func (b *batchSender) Sync() {
+// Sync implements localsink.Sink: it ends the round on the wire and sends
+// it, returning the stream's error.
+func (b *batchSender) Sync() error {
 	b.add(&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{}}})
 	b.flush()
+	return b.err
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 func localKeys(state []*model.ServiceEndpoints) []string {
@@ -37,18 +38,18 @@ func TestEachBackendSeesItsNode(t *testing.T) {
 	a := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a"})
 	b := runClient(t, remote.Config{Address: s.addr, NodeName: "node-b"})
 	c := runClient(t, remote.Config{Address: s.addr, NodeName: "node-c"})
-	for _, r := range []*recorder{a, b, c} {
-		r.waitSyncs(t, 1)
+	for _, r := range []*sinktest.Checker{a, b, c} {
+		r.WaitSyncs(t, 1, 20*time.Second)
 	}
 	for name, tc := range map[string]struct {
-		r    *recorder
+		r    *sinktest.Checker
 		want []string
 	}{"node-a": {a, []string{"a/10.0.0.1"}}, "node-b": {b, []string{"a/10.0.0.2"}}, "node-c": {c, nil}} {
-		if diff := cmp.Diff(tc.want, localKeys(tc.r.current())); diff != "" {
+		if diff := cmp.Diff(tc.want, localKeys(tc.r.State())); diff != "" {
 			t.Errorf("%s local endpoints (-want +got):\n%s", name, diff)
 		}
 	}
-	if diff := cmp.Diff([]string{"Reset", "SetService ns/a", "SetEndpoint ns/a 10.0.0.1", "SetEndpoint ns/a 10.0.0.2", "Sync"}, a.take()); diff != "" {
+	if diff := cmp.Diff([]string{"Reset", "Update ns/a service +10.0.0.1 +10.0.0.2", "Sync"}, a.TakeCalls()); diff != "" {
 		t.Errorf("first state calls (-want +got):\n%s", diff)
 	}
 }
@@ -173,16 +174,16 @@ func TestReconnectSendsOnlyTheDifference(t *testing.T) {
 	s := startServer(t, server.ListenConfig{Address: addr}, 0)
 	s.feed(state)
 	r := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
-	r.waitSyncs(t, 1)
-	r.take()
+	r.WaitSyncs(t, 1, 20*time.Second)
+	r.TakeCalls()
 
 	// The controller restarts; meanwhile one endpoint went away.
 	s.stop()
 	time.Sleep(300 * time.Millisecond)
 	s2 := startServer(t, server.ListenConfig{Address: addr}, 0)
 	s2.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a")), state[1]})
-	r.waitSyncs(t, 2)
-	if diff := cmp.Diff([]string{"DeleteEndpoint ns/a 10.0.0.2", "Sync"}, r.take()); diff != "" {
+	r.WaitSyncs(t, 2, 20*time.Second)
+	if diff := cmp.Diff([]string{"Update ns/a -10.0.0.2", "Sync"}, r.TakeCalls()); diff != "" {
 		t.Errorf("calls after the reconnection (-want +got):\n%s", diff)
 	}
 }
@@ -244,8 +245,8 @@ func TestTLSWithClientCertificates(t *testing.T) {
 	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"))})
 
 	good := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey})
-	good.waitSyncs(t, 1)
-	if diff := cmp.Diff([]string{"a/10.0.0.1"}, localKeys(good.current())); diff != "" {
+	good.WaitSyncs(t, 1, 20*time.Second)
+	if diff := cmp.Diff([]string{"a/10.0.0.1"}, localKeys(good.State())); diff != "" {
 		t.Errorf("TLS client state (-want +got):\n%s", diff)
 	}
 	// Without a client certificate, or without trusting the server's CA,
@@ -254,8 +255,8 @@ func TestTLSWithClientCertificates(t *testing.T) {
 	noCA := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCert: certs.clientCert, TLSKey: certs.clientKey})
 	plain := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", Insecure: true})
 	time.Sleep(time.Second)
-	for name, r := range map[string]*recorder{"no client cert": noCert, "unknown CA": noCA, "plain TCP": plain} {
-		if calls := r.take(); len(calls) != 0 {
+	for name, r := range map[string]*sinktest.Checker{"no client cert": noCert, "unknown CA": noCA, "plain TCP": plain} {
+		if calls := r.TakeCalls(); len(calls) != 0 {
 			t.Errorf("%s: received %q, want nothing", name, calls)
 		}
 	}
@@ -279,7 +280,7 @@ func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {
 	s.feed(state)
 
 	good := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
-	good.waitSyncs(t, 1)
+	good.WaitSyncs(t, 1, 20*time.Second)
 
 	// Garbage on the socket.
 	conn, err := net.Dial("unix", strings.TrimPrefix(addr, "unix://"))
@@ -308,8 +309,8 @@ func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {
 	// The good client still gets changes while the other one stalls.
 	state[0] = svc("ns", state[0].Service.Name, ep("10.200.0.1", "node-a"))
 	s.feed(state)
-	good.waitSyncs(t, 2)
-	if got := localKeys(good.current()); len(got) != 1 || !strings.HasSuffix(got[0], "10.200.0.1") {
+	good.WaitSyncs(t, 2, 20*time.Second)
+	if got := localKeys(good.State()); len(got) != 1 || !strings.HasSuffix(got[0], "10.200.0.1") {
 		t.Errorf("good client's local endpoints %v, want the new one", got)
 	}
 	// The stalled one is dropped after the send timeout.
@@ -318,5 +319,26 @@ func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {
 	}
 	if n := s.hub.Subscribers(); n != 1 {
 		t.Errorf("%d subscribers, want the stalled one dropped", n)
+	}
+}
+
+// TestRemoteClientRetriesFailedSync checks that when a remote backend's
+// Sync fails, the client calls it again after a backoff without waiting for
+// a change from the controller, and then delivers changes as usual.
+func TestRemoteClientRetriesFailedSync(t *testing.T) {
+	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	first := []*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"))}
+	s.feed(first)
+	r := sinktest.NewChecker(nil)
+	r.FailSyncs(fmt.Errorf("rules rejected"))
+	r2 := runClientInto(t, remote.Config{Address: s.addr, NodeName: "node-a"}, r)
+	r2.WaitSyncs(t, 2, 20*time.Second)
+	if diff := cmp.Diff([]string{"Reset", "Update ns/a service +10.0.0.1", "Sync failed", "Sync"}, r.TakeCalls()); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"), ep("10.0.0.2", "node-b"))})
+	r.WaitSyncs(t, 3, 20*time.Second)
+	if diff := cmp.Diff([]string{"Update ns/a +10.0.0.2", "Sync"}, r.TakeCalls()); diff != "" {
+		t.Errorf("calls after the retry (-want +got):\n%s", diff)
 	}
 }

@@ -33,11 +33,12 @@ type Config struct {
 }
 
 // Sink serves the health check node ports of the services it receives.
-// Call Close to stop serving. Its embedded Store takes the incremental
-// calls; Sync applies them.
+// Call Close to stop serving.
 type Sink struct {
-	*localsink.Store
 	cfg Config
+	// services are the services that ask for a health check, as of the
+	// last Update (touched only by the caller's goroutine).
+	services map[model.ServiceKey]*model.ServiceEndpoints
 
 	mu      sync.Mutex
 	ports   map[int32]*port
@@ -73,21 +74,38 @@ func New(cfg Config) *Sink {
 	if cfg.Listen == nil {
 		cfg.Listen = net.Listen
 	}
-	return &Sink{Store: localsink.NewStore(), cfg: cfg, ports: map[int32]*port{}}
+	return &Sink{cfg: cfg, services: map[model.ServiceKey]*model.ServiceEndpoints{}, ports: map[int32]*port{}}
+}
+
+var _ localsink.Sink = (*Sink)(nil)
+
+// Reset implements localsink.Sink.
+func (s *Sink) Reset() { clear(s.services) }
+
+// Update implements localsink.Sink: it keeps the services that ask for a
+// health check.
+func (s *Sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	if cur == nil || cur.Service.HealthCheckNodePort <= 0 || !cur.Service.ExternalTrafficToLocal {
+		delete(s.services, key)
+		return
+	}
+	s.services[key] = cur
 }
 
 // Sync implements localsink.Sink: it opens the ports of new health checks,
-// closes those of the health checks gone, and updates the answers.
-func (s *Sink) Sync() {
-	s.Store.Commit()
+// closes those of the health checks gone, and updates the answers. A port
+// that cannot be opened (taken by another program) is an error: the round
+// is delivered again later, and the port tried again; the other ports are
+// served meanwhile.
+func (s *Sink) Sync() error {
 	want := map[int32]answer{}
-	keys := s.Store.Keys()
+	keys := make([]model.ServiceKey, 0, len(s.services))
+	for key := range s.services {
+		keys = append(keys, key)
+	}
 	slices.SortFunc(keys, model.ServiceKey.Compare)
 	for _, key := range keys {
-		se := s.Store.Get(key)
-		if se == nil || se.Service == nil || se.Service.HealthCheckNodePort <= 0 || !se.Service.ExternalTrafficToLocal {
-			continue
-		}
+		se := s.services[key]
 		p := se.Service.HealthCheckNodePort
 		if p > 65535 {
 			klog.InfoS("Health check node port out of range: not served", "service", key, "field", "spec.healthCheckNodePort", "value", p)
@@ -109,8 +127,9 @@ func (s *Sink) Sync() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return
+		return nil
 	}
+	var errs []error
 	for p, pt := range s.ports {
 		if _, ok := want[p]; !ok {
 			s.stop(p, pt)
@@ -121,7 +140,7 @@ func (s *Sink) Sync() {
 		if pt == nil {
 			var err error
 			if pt, err = s.start(p); err != nil {
-				klog.ErrorS(err, "Cannot serve a health check node port", "service", a.Service, "port", p)
+				errs = append(errs, fmt.Errorf("service %s: %w", a.Service, err))
 				continue
 			}
 			s.ports[p] = pt
@@ -130,6 +149,7 @@ func (s *Sink) Sync() {
 		pt.state = a
 		pt.mu.Unlock()
 	}
+	return errors.Join(errs...)
 }
 
 // start listens on port p and serves it.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 // freePorts returns n TCP ports free on loopback.
@@ -70,6 +72,24 @@ func endpoint(ip string, local, ready bool) *model.Endpoint {
 	return &model.Endpoint{IPs: model.IPSet{V4: []string{ip}}, Local: local, Ready: ready, Serving: ready}
 }
 
+// feed returns a Feeder over s through a contract checker, as kpng feeds
+// a sink; the test fails at its end if the contract was broken.
+func feed(t *testing.T, s *Sink, opts localsink.FeederOptions) *localsink.Feeder {
+	c := sinktest.NewChecker(s)
+	f := localsink.NewFeeder(c, opts)
+	t.Cleanup(func() {
+		f.Close()
+		if err := c.Err(); err != nil {
+			t.Errorf("Sink contract broken:\n%v", err)
+		}
+	})
+	return f
+}
+
+func withEndpoints(svc *model.Service, eps ...*model.Endpoint) *model.ServiceEndpoints {
+	return &model.ServiceEndpoints{Service: svc, Endpoints: eps}
+}
+
 // TestHealthCheck follows one health check node port through a service's
 // life: served with the number of ready local endpoints (200), 503 without
 // any, a port conflict, the port closed when the service no longer needs
@@ -78,20 +98,22 @@ func TestHealthCheck(t *testing.T) {
 	ports := freePorts(t, 2)
 	s := New(Config{Listen: loopback})
 	defer s.Close()
+	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
 	lb := lbService("lb", ports[0], true)
 	key := lb.Key()
-	s.Reset()
-	s.SetService(lb)
-	s.SetEndpoint(key, "10.1.0.1", endpoint("10.1.0.1", true, true))
-	s.SetEndpoint(key, "10.1.0.2", endpoint("10.1.0.2", true, true))
-	s.SetEndpoint(key, "10.1.0.3", endpoint("10.1.0.3", false, true)) // other node
-	s.SetEndpoint(key, "10.1.0.4", endpoint("10.1.0.4", true, false)) // not ready
+	ep3 := endpoint("10.1.0.3", false, true) // other node
+	ep4 := endpoint("10.1.0.4", true, false) // not ready
 	// Same port, later in key order: not served.
 	dup := lbService("other", ports[0], true)
-	s.SetService(dup)
-	// Cluster policy: no health check even with a port.
-	s.SetService(lbService("cluster", ports[1], false))
-	s.Sync()
+	f.SetAll([]*model.ServiceEndpoints{
+		withEndpoints(lb, endpoint("10.1.0.1", true, true), endpoint("10.1.0.2", true, true), ep3, ep4),
+		withEndpoints(dup),
+		// Cluster policy: no health check even with a port.
+		withEndpoints(lbService("cluster", ports[1], false)),
+	})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
 
 	if code, b := get(t, ports[0]); code != http.StatusOK || b.LocalEndpoints != 2 || b.Service.Namespace != "default" || b.Service.Name != "lb" {
 		t.Errorf("two local ready endpoints: %d %+v, want 200 with 2 for default/lb", code, b)
@@ -103,18 +125,20 @@ func TestHealthCheck(t *testing.T) {
 		t.Errorf("ports %v, want [%d]", got, ports[0])
 	}
 
-	s.DeleteEndpoint(key, "10.1.0.1")
-	s.DeleteEndpoint(key, "10.1.0.2")
-	s.Sync()
+	f.Update(key, withEndpoints(lb, ep3, ep4))
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || b.LocalEndpoints != 0 {
 		t.Errorf("no local ready endpoint: %d %+v, want 503 with 0", code, b)
 	}
 
 	// The port moves: the old one closes, the new one opens.
-	moved := lbService("lb", ports[1], true)
-	s.DeleteService(dup.Key())
-	s.SetService(moved)
-	s.Sync()
+	f.Update(dup.Key(), nil)
+	f.Update(key, withEndpoints(lbService("lb", ports[1], true), ep3, ep4))
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	if code, _ := get(t, ports[0]); code != 0 {
 		t.Errorf("old port still answers %d", code)
 	}
@@ -126,14 +150,18 @@ func TestHealthCheck(t *testing.T) {
 	if code, _ := get(t, ports[1]); code != 0 {
 		t.Errorf("after Close, answered %d", code)
 	}
-	s.Sync() // harmless after Close
+	if err := s.Sync(); err != nil { // harmless after Close
+		t.Errorf("Sync after Close: %v", err)
+	}
 	if got := s.Ports(); len(got) != 0 {
 		t.Errorf("ports after Close: %v", got)
 	}
 }
 
-// TestHealthCheckListenError checks that a port that cannot be opened is
-// reported and retried at the next Sync, without affecting the others.
+// TestHealthCheckListenError checks that a port that cannot be opened
+// makes Sync fail with an error naming the service, that the other ports
+// are served meanwhile, and that kpng's retry opens it once it is free,
+// with no new round.
 func TestHealthCheckListenError(t *testing.T) {
 	ports := freePorts(t, 2)
 	busy, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
@@ -142,17 +170,24 @@ func TestHealthCheckListenError(t *testing.T) {
 	}
 	s := New(Config{Listen: loopback})
 	defer s.Close()
-	s.Reset()
-	s.SetService(lbService("a", ports[0], true))
-	s.SetService(lbService("b", ports[1], true))
-	s.Sync()
+	f := feed(t, s, localsink.FeederOptions{MinRetry: 50 * time.Millisecond, MaxRetry: 100 * time.Millisecond})
+	f.SetAll([]*model.ServiceEndpoints{withEndpoints(lbService("a", ports[0], true)), withEndpoints(lbService("b", ports[1], true))})
+	if err := f.Sync(); err == nil || !strings.Contains(err.Error(), "default/a") {
+		t.Errorf("Sync with a busy port: %v, want an error naming default/a", err)
+	}
 	if got := s.Ports(); len(got) != 1 || got[0] != ports[1] {
 		t.Errorf("ports %v, want only %d (the other is busy)", got, ports[1])
 	}
 	busy.Close()
-	s.Sync()
-	if got := s.Ports(); len(got) != 2 {
-		t.Errorf("ports %v after the port was freed, want both", got)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.Ports()) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("ports %v 10s after the port was freed, want both", s.Ports())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if f.Failed() {
+		t.Errorf("the retry that opened the port still reports a failure")
 	}
 	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || !strings.Contains(b.Service.Name, "a") {
 		t.Errorf("freed port: %d %+v", code, b)

@@ -55,21 +55,28 @@ func benchEndpoint(i, k int) *model.Endpoint {
 	return ep(benchEndpointIP(i, k).String(), false)
 }
 
+// benchServiceEndpoints returns bench service i with its endpoints.
+func benchServiceEndpoints(i int) *model.ServiceEndpoints {
+	se := &model.ServiceEndpoints{Service: benchService(i)}
+	for k := range benchEndpoints {
+		se.Endpoints = append(se.Endpoints, benchEndpoint(i, k))
+	}
+	return se
+}
+
 // feed sends services [from, to) with their endpoints to s.
-func feed(s localsink.Sink, from, to int) {
+func feed(s *benchSink, from, to int) {
 	for i := from; i < to; i++ {
-		sv := benchService(i)
-		s.SetService(sv)
-		for k := range benchEndpoints {
-			e := benchEndpoint(i, k)
-			s.SetEndpoint(sv.Key(), e.Key(), e)
-		}
+		se := benchServiceEndpoints(i)
+		s.set(se.Service.Key(), se)
 	}
 }
 
-// benchSink is a sink with the result of its last transaction.
+// benchSink is the nft sink called directly (no Feeder: the benchmarks
+// time the sink alone), with the result of its last transaction.
 type benchSink struct {
-	localsink.Sink
+	edits
+	sink localsink.Sink
 	tb   testing.TB
 	conn func(...nftables.ConnOption) (*nftables.Conn, error)
 	name string
@@ -85,9 +92,16 @@ func newBenchSink(tb testing.TB, ns *netns.NS, conn func(...nftables.ConnOption)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	bs.Sink = s
+	bs.sink = s
+	bs.edits = edits{state: map[model.ServiceKey]*model.ServiceEndpoints{}, apply: s.Update}
 	tb.Cleanup(func() { bs.cleanup() })
 	return bs
+}
+
+// Reset starts a round from nothing.
+func (bs *benchSink) Reset() {
+	clear(bs.state)
+	bs.sink.Reset()
 }
 
 func (bs *benchSink) cleanup() {
@@ -105,7 +119,7 @@ func (bs *benchSink) cleanup() {
 func (bs *benchSink) sync() SyncResult {
 	bs.tb.Helper()
 	bs.last = nil
-	bs.Sync()
+	_ = bs.sink.Sync()
 	if bs.last == nil {
 		bs.tb.Fatal("Sync sent no transaction")
 	}
@@ -162,9 +176,9 @@ func durationsMs(ds []time.Duration, q float64) float64 {
 // BenchmarkColdStart programs 10,000 services × 10 endpoints into an
 // empty namespace: each iteration is a new sink fed the whole state and
 // its first Sync (one transaction), after the previous table was removed.
-// ns/op is from the first SetService to the end of Sync. It checks the
+// ns/op is from the first Update to the end of Sync. It checks the
 // transaction's size and the elements in the kernel, and reports the
-// live heap of the sink holding the state (store, tracker and the model
+// live heap of the sink holding the state (tracker and the model
 // objects only it references).
 func BenchmarkColdStart(b *testing.B) {
 	for _, n := range []int{1000, 3000, 10000} {
@@ -253,7 +267,7 @@ func shrink(tb testing.TB, s *benchSink, from, to int) {
 	for start := from; start < to; start += growChunk {
 		end := min(start+growChunk, to)
 		for i := start; i < end; i++ {
-			s.DeleteService(benchService(i).Key())
+			s.deleteService(benchService(i).Key())
 		}
 		r := s.sync()
 		if r.Full || r.Stats.ChainsDeleted != end-start || r.Stats.ElementsDeleted != (end-start)*elementsPerBenchService {
@@ -314,9 +328,9 @@ func BenchmarkEndpointChange(b *testing.B) {
 				sv := benchService(svcIdx)
 				e := benchEndpoint(svcIdx, 3)
 				if i%2 == 0 {
-					s.DeleteEndpoint(sv.Key(), e.Key())
+					s.deleteEndpoint(sv.Key(), e.Key())
 				} else {
-					s.SetEndpoint(sv.Key(), e.Key(), e)
+					s.setEndpoint(sv.Key(), e)
 				}
 				start := time.Now()
 				r := s.sync()
@@ -368,12 +382,9 @@ func BenchmarkServiceAddDelete(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				idx := n + i%100
-				sv := benchService(idx)
-				s.SetService(sv)
-				for k := range benchEndpoints {
-					e := benchEndpoint(idx, k)
-					s.SetEndpoint(sv.Key(), e.Key(), e)
-				}
+				se := benchServiceEndpoints(idx)
+				sv := se.Service
+				s.set(sv.Key(), se)
 				start := time.Now()
 				r := s.sync()
 				adds = append(adds, time.Since(start))
@@ -385,7 +396,7 @@ func BenchmarkServiceAddDelete(b *testing.B) {
 				addMsgs = r.Stats.Messages - r.Stats.SetsAdded
 				sameSize(b, "service added", n, addMsgs)
 
-				s.DeleteService(sv.Key())
+				s.deleteService(sv.Key())
 				start = time.Now()
 				r = s.sync()
 				dels = append(dels, time.Since(start))
@@ -432,8 +443,8 @@ func BenchmarkFirstPacket(b *testing.B) {
 	podEp := ep(netns.PodV4.String(), true)
 
 	s.Reset()
-	s.SetService(measured)
-	s.SetEndpoint(measured.Key(), podEp.Key(), podEp)
+	s.setService(measured)
+	s.setEndpoint(measured.Key(), podEp)
 	// Its service map element, its one interval (start and end), the pod
 	// in the hairpin set.
 	if r := s.sync(); !r.Full || r.Stats.ElementsAdded != 4 {
@@ -649,8 +660,8 @@ func TestKernelLargeBalanceMap(t *testing.T) {
 			s.sync()
 			check("full sync", 1000)
 			e := ep("10.200.9.9", false)
-			se.Endpoints = append(se.Endpoints, e)
-			s.SetEndpoint(svc.Key(), e.Key(), e)
+			s.setEndpoint(svc.Key(), e)
+			se = s.state[svc.Key()] // check builds the rules of the new value
 			if r := s.sync(); r.Full {
 				t.Errorf("endpoint added: full sync")
 			}

@@ -61,7 +61,7 @@ func TestKernelConntrackEndpointReplaced(t *testing.T) {
 			b := kernelTopology(t)
 			s := newTestSink(t, b, "ct1")
 			if !cleanup {
-				s.Sink.(*sink).cfg.Conntrack = noConntrack
+				s.nft.cfg.Conntrack = noConntrack
 			}
 			web := udpWeb()
 			s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
@@ -74,10 +74,10 @@ func TestKernelConntrackEndpointReplaced(t *testing.T) {
 			}
 
 			for _, e := range podEndpoints(netns.PodID) {
-				s.DeleteEndpoint(web.Key(), e.Key())
+				s.deleteEndpoint(web.Key(), e.Key())
 			}
 			for _, e := range podEndpoints(netns.Pod2ID) {
-				s.SetEndpoint(web.Key(), e.Key(), e)
+				s.setEndpoint(web.Key(), e)
 			}
 			s.sync()
 			want := netns.Pod2ID
@@ -146,7 +146,7 @@ func TestKernelConntrackFirstEndpoints(t *testing.T) {
 					b.Node.AddRoute(webV6.String()+"/128", "dev", "vpod3")
 				}
 				if !cleanup {
-					s.Sink.(*sink).cfg.Conntrack = noConntrack
+					s.nft.cfg.Conntrack = noConntrack
 				}
 				s.setAll(tc.before...)
 				s.sync()
@@ -159,9 +159,9 @@ func TestKernelConntrackFirstEndpoints(t *testing.T) {
 
 				// A partial sync, as in a running proxier.
 				web := udpWeb()
-				s.SetService(web)
+				s.setService(web)
 				for _, e := range podEndpoints(netns.PodID) {
-					s.SetEndpoint(web.Key(), e.Key(), e)
+					s.setEndpoint(web.Key(), e)
 				}
 				if r := s.sync(); r.Full {
 					t.Fatalf("the endpoint's sync was full")

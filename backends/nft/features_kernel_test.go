@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/localsink"
 )
 
 // Addresses of the feature tests. The client routes everything outside its
@@ -27,7 +28,7 @@ var (
 // newOptionsSink is newTestSink with rule options.
 func newOptionsSink(t *testing.T, b *netns.BlogTopology, name string, opts Options) *testSink {
 	t.Helper()
-	return newConfigSink(t, b, Config{ServiceProxyName: name, Options: opts})
+	return newConfigSink(t, b, Config{ServiceProxyName: name, Options: opts}, localsink.FeederOptions{NoRetry: true})
 }
 
 // ask sends one TCP or UDP request and fails the test unless server
@@ -121,7 +122,7 @@ func TestKernelNodePortAndMasquerade(t *testing.T) {
 
 	// No endpoints: node ports are rejected.
 	for _, e := range localEndpoints(netns.PodID) {
-		s.DeleteEndpoint(web.Key(), e.Key())
+		s.deleteEndpoint(web.Key(), e.Key())
 	}
 	s.sync()
 	if _, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, 30080), netns.AskOptions{Timeout: time.Second}); err == nil || !isRefused(err) {
@@ -235,8 +236,8 @@ func TestKernelLocalPolicies(t *testing.T) {
 	// No local endpoint left: external traffic and int's cluster IPs are
 	// dropped, ext's cluster IPs still answer.
 	for _, e := range localEndpoints(netns.PodID) {
-		s.DeleteEndpoint(ext.Key(), e.Key())
-		s.DeleteEndpoint(intl.Key(), e.Key())
+		s.deleteEndpoint(ext.Key(), e.Key())
+		s.deleteEndpoint(intl.Key(), e.Key())
 	}
 	s.sync()
 	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(netns.ServiceV4, 80))
@@ -275,7 +276,7 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 	// Other ranges: the client is out, IPv6 in.
 	lb2 := *lb
 	lb2.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "fd00::/64"}
-	s.SetService(&lb2)
+	s.setService(&lb2)
 	if r := s.sync(); r.Full {
 		t.Errorf("a change of source ranges made a full sync")
 	}
@@ -285,7 +286,7 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 	// No ranges: open.
 	lb3 := *lb
 	lb3.LoadBalancerSourceRanges = nil
-	s.SetService(&lb3)
+	s.setService(&lb3)
 	s.sync()
 	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80), netns.PodID)
 	ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV6, 80), netns.PodID)
@@ -338,7 +339,7 @@ func TestKernelSessionAffinity(t *testing.T) {
 	// and the balance maps among endpoint chains), the endpoint maps come.
 	web2 := *web
 	web2.ClientIPAffinity = nil
-	s.SetService(&web2)
+	s.setService(&web2)
 	if r := s.sync(); r.Full || r.Stats.SetsDeleted != 16 || r.Stats.SetsAdded != 2 {
 		t.Errorf("affinity removed: %+v, want a partial sync deleting 16 sets (12 affinity sets: 3 endpoints, 2 families, 2 ports; 4 balance maps) and adding the 2 endpoint maps", r)
 	}
@@ -395,7 +396,7 @@ func TestKernelEndpointSelection(t *testing.T) {
 		if e.Key() == netns.Pod2V4.String() || e.Key() == netns.Pod2V6.String() {
 			ready := *e
 			ready.Ready, ready.Serving, ready.Terminating = true, true, false
-			s.SetEndpoint(term.Key(), ready.Key(), &ready)
+			s.setEndpoint(term.Key(), &ready)
 		}
 	}
 	s.sync()
@@ -468,7 +469,7 @@ func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 	roundTrip("after the restart")
 	// And after a partial sync that touches the service's chains.
 	e := podEndpoints(netns.Pod2ID)[0]
-	second.SetEndpoint(echo.Key(), e.Key(), e)
+	second.setEndpoint(echo.Key(), e)
 	second.sync()
 	roundTrip("after an endpoint was added")
 }
@@ -489,8 +490,8 @@ func TestKernelConflictReleased(t *testing.T) {
 	ext := netip.AddrPortFrom(netns.ServiceV4, 6000)
 	ask(t, b.Client, "tcp", ext, netns.PodID)
 
-	s.DeleteEndpoint(first.Key(), netns.PodV4.String())
-	s.DeleteService(first.Key())
+	s.deleteEndpoint(first.Key(), netns.PodV4.String())
+	s.deleteService(first.Key())
 	if r := s.sync(); len(r.Services) != 2 {
 		t.Errorf("the sync after first's deletion concerns %v, want first and second", r.Services)
 	}

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 // A third pod, added to the Blog topology by kernelTopology.
@@ -75,10 +76,62 @@ func connIn(tb testing.TB, ns *netns.NS) func(...nftables.ConnOption) (*nftables
 	return ConnInNetNS(nsFD(tb, ns))
 }
 
-// testSink is a sink in the node with the results of its syncs.
+// edits holds the services a test has given a sink and builds their new
+// values for each edit (a delivered value is never modified): apply
+// delivers each one.
+type edits struct {
+	state map[model.ServiceKey]*model.ServiceEndpoints
+	apply func(key model.ServiceKey, prev, cur *model.ServiceEndpoints)
+}
+
+// set gives service key its new state (nil: deleted).
+func (e *edits) set(key model.ServiceKey, se *model.ServiceEndpoints) {
+	prev := e.state[key]
+	if se == nil {
+		delete(e.state, key)
+	} else {
+		e.state[key] = se
+	}
+	e.apply(key, prev, se)
+}
+
+// setService replaces a service's Service, keeping its endpoints.
+func (e *edits) setService(svc *model.Service) {
+	var eps []*model.Endpoint
+	if old := e.state[svc.Key()]; old != nil {
+		eps = old.Endpoints
+	}
+	e.set(svc.Key(), &model.ServiceEndpoints{Service: svc, Endpoints: eps})
+}
+
+// setEndpoint adds or replaces an endpoint of service key.
+func (e *edits) setEndpoint(key model.ServiceKey, ep *model.Endpoint) {
+	old := e.state[key]
+	eps := slices.DeleteFunc(slices.Clone(old.Endpoints), func(x *model.Endpoint) bool { return x.Key() == ep.Key() })
+	eps = append(eps, ep)
+	slices.SortFunc(eps, model.CompareEndpoints)
+	e.set(key, &model.ServiceEndpoints{Service: old.Service, Endpoints: eps})
+}
+
+// deleteEndpoint removes the endpoint epKey of service key.
+func (e *edits) deleteEndpoint(key model.ServiceKey, epKey string) {
+	old := e.state[key]
+	eps := slices.DeleteFunc(slices.Clone(old.Endpoints), func(x *model.Endpoint) bool { return x.Key() == epKey })
+	e.set(key, &model.ServiceEndpoints{Service: old.Service, Endpoints: eps})
+}
+
+// deleteService removes a service.
+func (e *edits) deleteService(key model.ServiceKey) { e.set(key, nil) }
+
+// testSink is the nft sink in the node, fed as kpng feeds it (a
+// localsink.Feeder) through a contract checker, with the results of its
+// transactions.
 type testSink struct {
-	localsink.Sink
+	edits
+	nft     *sink // the sink under test, for its configuration
 	t       *testing.T
+	feeder  *localsink.Feeder
+	checker *sinktest.Checker
 	mu      sync.Mutex // guards results: retries report from a timer
 	results []SyncResult
 }
@@ -87,12 +140,12 @@ type testSink struct {
 // the table is removed when the test ends.
 func newTestSink(t *testing.T, b *netns.BlogTopology, name string) *testSink {
 	t.Helper()
-	return newConfigSink(t, b, Config{ServiceProxyName: name})
+	return newConfigSink(t, b, Config{ServiceProxyName: name}, localsink.FeederOptions{NoRetry: true})
 }
 
 // newConfigSink is newTestSink with more configuration (cfg's Conn and
-// AfterSync are set here).
-func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config) *testSink {
+// AfterSync are set here) and the Feeder's options.
+func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config, fopts localsink.FeederOptions) *testSink {
 	t.Helper()
 	ts := &testSink{t: t}
 	conn := connIn(t, b.Node)
@@ -110,8 +163,16 @@ func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config) *testSink {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts.Sink = s
+	ts.nft = s.(*sink)
+	ts.checker = sinktest.NewChecker(s)
+	ts.feeder = localsink.NewFeeder(ts.checker, fopts)
+	ts.edits = edits{state: map[model.ServiceKey]*model.ServiceEndpoints{},
+		apply: func(key model.ServiceKey, _, cur *model.ServiceEndpoints) { ts.feeder.Update(key, cur) }}
 	t.Cleanup(func() {
+		ts.feeder.Close()
+		if err := ts.checker.Err(); err != nil {
+			t.Errorf("Sink contract broken:\n%v", err)
+		}
 		c, err := conn()
 		if err == nil {
 			err = Cleanup(c, cfg.ServiceProxyName)
@@ -122,6 +183,10 @@ func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config) *testSink {
 	})
 	return ts
 }
+
+// trySync ends the round and returns the Sync error (nil also when
+// nothing changed, so nothing was sent).
+func (ts *testSink) trySync() error { return ts.feeder.Sync() }
 
 // allResults returns a copy of the results so far.
 func (ts *testSink) allResults() []SyncResult {
@@ -135,7 +200,7 @@ func (ts *testSink) allResults() []SyncResult {
 func (ts *testSink) sync() SyncResult {
 	ts.t.Helper()
 	n := len(ts.allResults())
-	ts.Sync()
+	_ = ts.feeder.Sync()
 	results := ts.allResults()
 	if len(results) != n+1 {
 		ts.t.Fatalf("Sync sent no transaction")
@@ -161,13 +226,12 @@ func restartSink(t *testing.T, b *netns.BlogTopology, name string, state ...*mod
 
 // setAll sends a whole state after a Reset.
 func (ts *testSink) setAll(items ...*model.ServiceEndpoints) {
-	ts.Reset()
+	clear(ts.state)
 	for _, se := range items {
-		ts.SetService(se.Service)
-		for _, e := range se.Endpoints {
-			ts.SetEndpoint(se.Service.Key(), e.Key(), e)
-		}
+		ts.state[se.Service.Key()] = se
 	}
+	ts.feeder.Reset()
+	ts.feeder.SetAll(items)
 }
 
 // podEndpoints returns the endpoints (one per address) of the given pods
@@ -300,7 +364,7 @@ func TestKernelClusterIP(t *testing.T) {
 
 	// Endpoint change: only pod remains.
 	for _, e := range podEndpoints(netns.Pod2ID, pod3ID) {
-		s.DeleteEndpoint(web.Key(), e.Key())
+		s.deleteEndpoint(web.Key(), e.Key())
 	}
 	if r := s.sync(); r.Full {
 		t.Errorf("endpoint change made a full sync: %+v", r)
@@ -315,7 +379,7 @@ func TestKernelClusterIP(t *testing.T) {
 
 	// No endpoints: refused at once.
 	for _, e := range podEndpoints(netns.PodID) {
-		s.DeleteEndpoint(web.Key(), e.Key())
+		s.deleteEndpoint(web.Key(), e.Key())
 	}
 	s.sync()
 	for _, addr := range []netip.Addr{webV4, webV6} {
@@ -333,16 +397,16 @@ func TestKernelClusterIP(t *testing.T) {
 
 	// Back to one endpoint, then delete the service.
 	for _, e := range podEndpoints(netns.PodID) {
-		s.SetEndpoint(web.Key(), e.Key(), e)
+		s.setEndpoint(web.Key(), e)
 	}
 	s.sync()
 	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(webV4, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
 		t.Fatalf("endpoint back: %v, %v", a, err)
 	}
 	for _, e := range podEndpoints(netns.PodID) {
-		s.DeleteEndpoint(web.Key(), e.Key())
+		s.deleteEndpoint(web.Key(), e.Key())
 	}
-	s.DeleteService(web.Key())
+	s.deleteService(web.Key())
 	s.sync()
 	listing = nftList(t, b.Node, "kpng-cip")
 	for _, gone := range []string{"default/web", "10.96.0.10", "fd00:10:96::10", "dnat ip to", "dnat ip6 to", "endpoints-v4", "endpoints-v6", "11.0.2.2"} {
@@ -424,7 +488,7 @@ func TestKernelPartialSyncSize(t *testing.T) {
 		full := s.sync()
 		target := items[n/2]
 		e := podEndpoints(netns.Pod2ID)[0]
-		s.SetEndpoint(target.Service.Key(), e.Key(), e)
+		s.setEndpoint(target.Service.Key(), e)
 		r := s.sync()
 		t.Logf("%d services: full sync %+v in %v; one endpoint added: %+v in %v", n, full.Stats, full.Duration, r.Stats, r.Duration)
 		if r.Full || len(r.Services) != 1 || r.Services[0] != target.Service.Key() {
@@ -456,15 +520,17 @@ func TestKernelPartialSyncSize(t *testing.T) {
 // retry, it is the full one.
 func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	b := kernelTopology(t)
-	s := newConfigSink(t, b, Config{ServiceProxyName: "recover", RetryInterval: 300 * time.Millisecond})
+	s := newConfigSink(t, b, Config{ServiceProxyName: "recover"}, localsink.FeederOptions{MinRetry: 300 * time.Millisecond})
 	web := webService()
 	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
 	s.sync()
 	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
 
 	e := podEndpoints(netns.Pod2ID)[0]
-	s.SetEndpoint(web.Key(), e.Key(), e)
-	s.Sync()
+	s.setEndpoint(web.Key(), e)
+	if err := s.trySync(); err == nil || !strings.Contains(err.Error(), "kpng-recover") {
+		t.Fatalf("Sync of a partial transaction on a missing table: %v, want an error naming the table", err)
+	}
 	results := s.allResults()
 	last := results[len(results)-1]
 	if last.Err == nil || last.Full {
@@ -477,8 +543,8 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 		t.Errorf("the rejected transaction left something:\n%s", out)
 	}
 
-	// No Sync: the retry timer rewrites the whole table, with the state
-	// of the failed round.
+	// No new round: kpng's retry calls Sync again, which rewrites the
+	// whole table with the state the sink was given.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		results = s.allResults()
@@ -498,12 +564,14 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 		t.Errorf("after the retry: %v, want pod and pod2", counts)
 	}
 
-	// A failure again, repaired by the next Sync before the retry: that
-	// Sync is full.
+	// A failure again, repaired by the next round before the retry: that
+	// round's Sync is full.
 	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
-	s.DeleteEndpoint(web.Key(), e.Key())
-	s.Sync()
-	s.SetEndpoint(web.Key(), e.Key(), e)
+	s.deleteEndpoint(web.Key(), e.Key())
+	if err := s.trySync(); err == nil {
+		t.Fatalf("Sync on a missing table succeeded")
+	}
+	s.setEndpoint(web.Key(), e)
 	if r := s.sync(); !r.Full {
 		t.Errorf("sync after a failure not full: %+v", r)
 	}
@@ -525,8 +593,11 @@ func TestKernelCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Reset()
-	s.SetService(webService())
-	s.Sync()
+	web := webService()
+	s.Update(web.Key(), nil, &model.ServiceEndpoints{Service: web})
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	if out := n.MustExec("nft", "list", "tables"); !strings.Contains(out, "table inet kpng-clean") {
 		t.Fatalf("no table after a sync:\n%s", out)
 	}
@@ -568,11 +639,11 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 		Service:   svc("default", "zmoved", ipset(movedIP.String()), tcp(80, 6000)),
 		Endpoints: podEndpoints(netns.Pod2ID)[:1],
 	}
-	s.DeleteService(items[0].Service.Key())
-	s.DeleteService(items[blocksPerMap].Service.Key())
-	s.SetService(moved.Service)
+	s.deleteService(items[0].Service.Key())
+	s.deleteService(items[blocksPerMap].Service.Key())
+	s.setService(moved.Service)
 	for _, e := range moved.Endpoints {
-		s.SetEndpoint(moved.Service.Key(), e.Key(), e)
+		s.setEndpoint(moved.Service.Key(), e)
 	}
 	r := s.sync()
 	if r.Full || r.Err != nil || r.Stats.SetsDeleted != 1 {
@@ -603,7 +674,7 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 
 	// Both pods on the reused slot, then the pod alone: elements only.
 	both := podEndpoints(netns.PodID)[:1]
-	s.SetEndpoint(moved.Service.Key(), both[0].Key(), both[0])
+	s.setEndpoint(moved.Service.Key(), both[0])
 	if r := s.sync(); r.Full || r.Err != nil || r.Stats.Rules != 0 || r.Stats.ChainsAdded+r.Stats.ChainsFlushed+r.Stats.ChainsDeleted != 0 {
 		t.Errorf("endpoint added: %+v, want elements only", r)
 	}
@@ -611,7 +682,7 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
 		t.Errorf("two endpoints on the reused slot: %v", counts)
 	}
-	s.DeleteEndpoint(moved.Service.Key(), moved.Endpoints[0].Key())
+	s.deleteEndpoint(moved.Service.Key(), moved.Endpoints[0].Key())
 	s.sync()
 	if counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(movedIP, 80), 10, podOnly); counts[netns.PodID] != 10 {
 		t.Errorf("pod2 removed: %v, want the pod only", counts)

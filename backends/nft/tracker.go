@@ -27,9 +27,10 @@ type Tracker struct {
 	// . port, whatever the map): when two services claim the same key, the
 	// first one keeps it.
 	owner map[string]model.ServiceKey
-	// losers are the services that lost a key to another one, and
-	// released says that a key was let go since the last LosersToRetry.
-	losers   map[model.ServiceKey]bool
+	// losers are the services that lost a key to another one, with their
+	// state; released says that a key was let go in the round, so Done
+	// gives the losers another chance.
+	losers   map[model.ServiceKey]*model.ServiceEndpoints
 	released bool
 
 	// blocks are the endpoint blocks by ID, endpoints the elements of
@@ -58,7 +59,7 @@ func NewTracker(opts Options) *Tracker {
 		sets:     diffstore.New[string](equalSets),
 		elements: diffstore.NewComparable[string, Element](),
 		owner:    map[string]model.ServiceKey{},
-		losers:   map[model.ServiceKey]bool{},
+		losers:   map[model.ServiceKey]*model.ServiceEndpoints{},
 
 		blocks:         diffstore.New[string](equalBlocks),
 		endpoints:      diffstore.NewComparable[uint64, EndpointElement](),
@@ -157,7 +158,7 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 		id, k := e.ID(), e.Key.String()
 		if o, ok := t.owner[k]; ok && o != key {
 			problems = append(problems, fmt.Errorf("service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
-			t.losers[key] = true
+			t.losers[key] = se
 			continue
 		}
 		if newElems[id] {
@@ -301,21 +302,18 @@ func replaceNamed[K cmp.Ordered, V any](store *diffstore.Store[K, V], old, curre
 	}
 }
 
-// LosersToRetry returns, once keys have been let go in the round, the
-// services that lost a key to another service (sorted): their owner may be
-// gone, so the caller should Update them again in the same round. It
-// returns nothing when no key was let go.
-func (t *Tracker) LosersToRetry() []model.ServiceKey {
+// retryLosers updates again, once keys have been let go in the round, the
+// services that lost a key to another service (in key order): the key's
+// owner may be gone. Their problems were reported when they lost.
+func (t *Tracker) retryLosers() {
 	if !t.released {
-		return nil
+		return
 	}
 	t.released = false
-	keys := make([]model.ServiceKey, 0, len(t.losers))
-	for k := range t.losers {
-		keys = append(keys, k)
+	keys := slices.SortedFunc(maps.Keys(t.losers), model.ServiceKey.Compare)
+	for _, k := range keys {
+		t.Update(k, t.losers[k])
 	}
-	slices.SortFunc(keys, model.ServiceKey.Compare)
-	return keys
 }
 
 // ServiceKeys returns the services held as of the last Done, sorted.
@@ -328,8 +326,11 @@ func (t *Tracker) ServiceKeys() []model.ServiceKey {
 	return keys
 }
 
-// Done ends a round and returns what changed since the previous one.
+// Done ends a round and returns what changed since the previous one. A
+// service that lost an address to another one gets it in the same round
+// when the other lets it go.
 func (t *Tracker) Done() Delta {
+	t.retryLosers()
 	return Delta{
 		Chains:    t.chains.DonePartial(),
 		Sets:      t.sets.DonePartial(),

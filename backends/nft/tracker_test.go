@@ -71,21 +71,11 @@ func TestTrackerConflictOwnership(t *testing.T) {
 	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Map != MapNoEndpoints(IPv4) || len(d.Elements.Deleted) != 1 {
 		t.Errorf("moving to the no-endpoint map: %+v", d.Elements)
 	}
-	if retry := tr.LosersToRetry(); len(retry) != 0 {
-		t.Errorf("no key let go, yet losers to retry: %v", retry)
-	}
+	// a goes: b did not change, and gets the key in the same round.
 	tr.Update(a.Service.Key(), nil)
-	// b did not change: the tracker says to retry it, as the sink does.
-	retry := tr.LosersToRetry()
-	if len(retry) != 1 || retry[0] != b.Service.Key() {
-		t.Fatalf("losers to retry after a let the key go: %v, want b", retry)
-	}
-	if problems := tr.Update(b.Service.Key(), b); len(problems) != 0 {
-		t.Errorf("a is gone, b should get the key: %v", problems)
-	}
-	tr.Done()
-	if retry := tr.LosersToRetry(); len(retry) != 0 {
-		t.Errorf("b won: nothing to retry, got %v", retry)
+	d = tr.Done()
+	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Service != b.Service.Key() {
+		t.Errorf("a let the key go: elements created %+v, want b's", d.Elements.Created)
 	}
 	rs := tr.Ruleset("t")
 	if len(rs.Elements) != 1 || rs.Elements[0].Service != b.Service.Key() {

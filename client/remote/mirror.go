@@ -2,23 +2,44 @@ package remote
 
 import (
 	"fmt"
+	"slices"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 )
 
-// mirror applies the controller's operations to a local Store, and on each
-// Sync passes the difference with what the sink holds to the sink. A Reset
-// from the controller (sent on every new stream) therefore costs the sink
-// nothing when the state did not change.
+// mirror is the receiving edge of the wire format: it applies the
+// controller's per-endpoint operations to whole services, and on each Sync
+// hands the services that changed to a Feeder, which delivers to the sink
+// only what differs from what it holds. A Reset from the controller (sent
+// on every new stream) therefore costs the sink nothing when the state did
+// not change. The Feeder lives across streams.
 type mirror struct {
-	store  *localsink.Store
-	differ *localsink.Differ
-	first  bool
+	feeder   *localsink.Feeder
+	services map[model.ServiceKey]*wireService
+	changed  map[model.ServiceKey]struct{}
 }
 
-func newMirror(sink localsink.Sink) *mirror {
-	return &mirror{store: localsink.NewStore(), differ: localsink.NewDiffer(sink), first: true}
+// wireService is a service as the operations built it.
+type wireService struct {
+	svc *model.Service
+	eps map[string]*model.Endpoint
+}
+
+func newMirror(feeder *localsink.Feeder) *mirror {
+	return &mirror{feeder: feeder, services: map[model.ServiceKey]*wireService{}, changed: map[model.ServiceKey]struct{}{}}
+}
+
+// entry returns the service key, created when missing, marked changed.
+func (m *mirror) entry(key model.ServiceKey) *wireService {
+	e := m.services[key]
+	if e == nil {
+		e = &wireService{eps: map[string]*model.Endpoint{}}
+		m.services[key] = e
+	}
+	m.changed[key] = struct{}{}
+	return e
 }
 
 // apply applies one operation; malformed ones are errors (the stream is
@@ -26,24 +47,35 @@ func newMirror(sink localsink.Sink) *mirror {
 func (m *mirror) apply(op *kpngv1.Op) error {
 	switch o := op.GetOp().(type) {
 	case *kpngv1.Op_Reset_:
-		m.store.Reset()
+		for key := range m.services {
+			m.changed[key] = struct{}{}
+		}
+		clear(m.services)
 	case *kpngv1.Op_SetService:
 		if o.SetService.GetName() == "" {
 			return fmt.Errorf("set_service without a name")
 		}
-		m.store.SetService(o.SetService.Model())
+		svc := o.SetService.Model()
+		m.entry(svc.Key()).svc = svc
 	case *kpngv1.Op_DeleteService:
-		m.store.DeleteService(o.DeleteService.Model())
+		key := o.DeleteService.Model()
+		if _, ok := m.services[key]; ok {
+			delete(m.services, key)
+			m.changed[key] = struct{}{}
+		}
 	case *kpngv1.Op_SetEndpoint:
 		if o.SetEndpoint.GetService() == nil || o.SetEndpoint.GetEndpoint() == nil {
 			return fmt.Errorf("set_endpoint without service or endpoint")
 		}
-		m.store.SetEndpoint(o.SetEndpoint.GetService().Model(), o.SetEndpoint.GetKey(), o.SetEndpoint.GetEndpoint().Model())
+		m.entry(o.SetEndpoint.GetService().Model()).eps[o.SetEndpoint.GetKey()] = o.SetEndpoint.GetEndpoint().Model()
 	case *kpngv1.Op_DeleteEndpoint:
 		if o.DeleteEndpoint.GetService() == nil {
 			return fmt.Errorf("delete_endpoint without service")
 		}
-		m.store.DeleteEndpoint(o.DeleteEndpoint.GetService().Model(), o.DeleteEndpoint.GetKey())
+		if e := m.services[o.DeleteEndpoint.GetService().Model()]; e != nil {
+			delete(e.eps, o.DeleteEndpoint.GetKey())
+			m.changed[o.DeleteEndpoint.GetService().Model()] = struct{}{}
+		}
 	case *kpngv1.Op_Sync:
 		m.sync()
 	default:
@@ -52,17 +84,25 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 	return nil
 }
 
+// sync ends a round: the services changed go to the feeder, rebuilt.
 func (m *mirror) sync() {
-	changed, _ := m.store.Commit()
-	if m.first {
-		m.differ.Reset()
+	for key := range m.changed {
+		var se *model.ServiceEndpoints
+		if e := m.services[key]; e != nil && e.svc != nil {
+			se = e.build()
+		}
+		m.feeder.Update(key, se)
 	}
-	n := 0
-	for _, key := range changed {
-		n += m.differ.Update(key, m.store.Get(key))
+	clear(m.changed)
+	_ = m.feeder.Sync() // the Feeder logs a failure and retries it
+}
+
+// build returns the service with its endpoints sorted by address.
+func (e *wireService) build() *model.ServiceEndpoints {
+	eps := make([]*model.Endpoint, 0, len(e.eps))
+	for _, ep := range e.eps {
+		eps = append(eps, ep)
 	}
-	if n > 0 || m.first {
-		m.differ.Sync()
-	}
-	m.first = false
+	slices.SortFunc(eps, model.CompareEndpoints)
+	return &model.ServiceEndpoints{Service: e.svc, Endpoints: eps}
 }

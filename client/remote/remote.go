@@ -46,6 +46,9 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the delay between reconnections
 	// (defaults 500ms and 30s).
 	MinBackoff, MaxBackoff time.Duration
+	// Observe, if set, receives the record of each round delivered to the
+	// sink (see localsink.FeederOptions).
+	Observe func(localsink.Round)
 }
 
 // DialOptions returns the gRPC dial target and options for c.
@@ -119,7 +122,9 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	if maxB <= 0 {
 		maxB = 30 * time.Second
 	}
-	m := newMirror(sink)
+	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe})
+	defer feeder.Close()
+	m := newMirror(feeder)
 	backoff := wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
 	for {
 		gotState, err := watchOnce(ctx, client, cfg.NodeName, m)

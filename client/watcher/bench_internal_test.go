@@ -144,25 +144,34 @@ func benchToggledSlice(s *discovery.EndpointSlice, j, rv int) *discovery.Endpoin
 	return next
 }
 
-// benchCountingSink counts the calls of the current round and records when Sync
-// was called.
+// benchCountingSink counts the calls of the current round and what they
+// change (services set or deleted, endpoints set or deleted, as
+// localsink.EndpointChanges tells), and records when Sync was called.
 type benchCountingSink struct {
 	resets, setServices, deleteServices, setEndpoints, deleteEndpoints, syncs int
 	lastEndpoint                                                              string
 	syncedAt                                                                  time.Time
 }
 
-func (c *benchCountingSink) Reset()                         { c.resets++ }
-func (c *benchCountingSink) SetService(*model.Service)      { c.setServices++ }
-func (c *benchCountingSink) DeleteService(model.ServiceKey) { c.deleteServices++ }
-func (c *benchCountingSink) SetEndpoint(svc model.ServiceKey, key string, _ *model.Endpoint) {
-	c.setEndpoints++
-	c.lastEndpoint = svc.String() + " " + key
+func (c *benchCountingSink) Reset() { c.resets++ }
+func (c *benchCountingSink) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
+	switch {
+	case cur == nil:
+		c.deleteServices++
+	case prev == nil || prev.Service != cur.Service:
+		c.setServices++
+	}
+	removed, set := localsink.EndpointChanges(prev, cur)
+	c.deleteEndpoints += len(removed)
+	c.setEndpoints += len(set)
+	if len(set) > 0 {
+		c.lastEndpoint = key.String() + " " + set[len(set)-1].Key()
+	}
 }
-func (c *benchCountingSink) DeleteEndpoint(model.ServiceKey, string) { c.deleteEndpoints++ }
-func (c *benchCountingSink) Sync() {
+func (c *benchCountingSink) Sync() error {
 	c.syncedAt = time.Now()
 	c.syncs++
+	return nil
 }
 
 func (c *benchCountingSink) String() string {
@@ -215,16 +224,16 @@ func benchHeapInUse() uint64 {
 // BenchmarkEventToIncrementalSink measures one endpoint change, from the
 // informer's update event (onSlice) to the incremental sink's Sync, with n
 // services of 10 endpoints held: the work of one round of Run, without the
-// MinSyncInterval coalescing wait. Each round must be exactly one
-// SetEndpoint and Sync.
+// MinSyncInterval coalescing wait. Each round must be exactly one Update
+// setting one endpoint, and Sync.
 func BenchmarkEventToIncrementalSink(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			base := benchHeapInUse()
 			w, sl := benchWatcher(b, n)
 			sink := &benchCountingSink{}
-			d := localsink.NewDiffer(sink)
-			d.Reset()
+			d := localsink.NewFeeder(sink, localsink.FeederOptions{NoRetry: true})
+			defer d.Close()
 			w.deliver(d)
 			if sink.setServices != n || sink.setEndpoints != n*benchEndpointsPerService || sink.syncs != 1 {
 				b.Fatalf("initial delivery: %s, want %d services and %d endpoints", sink, n, n*benchEndpointsPerService)
@@ -248,7 +257,7 @@ func BenchmarkEventToIncrementalSink(b *testing.B) {
 
 				want := fmt.Sprintf("%s/%s %s", next.Namespace, next.Labels[discovery.LabelServiceName], next.Endpoints[j].Addresses[0])
 				if sink.setEndpoints != 1 || sink.syncs != 1 || sink.resets+sink.setServices+sink.deleteServices+sink.deleteEndpoints != 0 || sink.lastEndpoint != want {
-					b.Fatalf("change %d: got %s (last SetEndpoint %q), want exactly SetEndpoint %q and Sync", i, sink, sink.lastEndpoint, want)
+					b.Fatalf("change %d: got %s (last SetEndpoint %q), want exactly one endpoint set, %q, and Sync", i, sink, sink.lastEndpoint, want)
 				}
 				sl[k] = next
 			}
@@ -268,8 +277,8 @@ func BenchmarkEventToFullStateCallback(b *testing.B) {
 			base := benchHeapInUse()
 			w, sl := benchWatcher(b, n)
 			h := &benchFullStateCounter{}
-			d := localsink.NewDiffer(localsink.NewFullState(h.handle))
-			d.Reset()
+			d := localsink.NewFeeder(localsink.NewFullState(h.handle), localsink.FeederOptions{NoRetry: true})
+			defer d.Close()
 			w.deliver(d)
 			if h.calls != 1 || h.items != n || h.endpoints != n*benchEndpointsPerService {
 				b.Fatalf("initial delivery: %d calls, %d items, %d endpoints; want 1, %d, %d", h.calls, h.items, h.endpoints, n, n*benchEndpointsPerService)
@@ -317,15 +326,15 @@ func BenchmarkInitialDeliver(b *testing.B) {
 					b.StopTimer()
 					benchMarkAllDirty(w)
 					sink := &benchCountingSink{}
-					d := localsink.NewDiffer(sink)
+					d := localsink.NewFeeder(sink, localsink.FeederOptions{NoRetry: true})
 					b.StartTimer()
 
-					d.Reset()
 					w.deliver(d)
+					d.Close()
 
 					if sink.resets != 1 || sink.setServices != n || sink.setEndpoints != n*benchEndpointsPerService ||
 						sink.syncs != 1 || sink.deleteServices+sink.deleteEndpoints != 0 {
-						b.Fatalf("got %s, want Reset, %d SetService, %d SetEndpoint, Sync", sink, n, n*benchEndpointsPerService)
+						b.Fatalf("got %s, want Reset, %d services and %d endpoints set, Sync", sink, n, n*benchEndpointsPerService)
 					}
 				}
 			})
@@ -335,11 +344,11 @@ func BenchmarkInitialDeliver(b *testing.B) {
 					b.StopTimer()
 					benchMarkAllDirty(w)
 					h := &benchFullStateCounter{}
-					d := localsink.NewDiffer(localsink.NewFullState(h.handle))
+					d := localsink.NewFeeder(localsink.NewFullState(h.handle), localsink.FeederOptions{NoRetry: true})
 					b.StartTimer()
 
-					d.Reset()
 					w.deliver(d)
+					d.Close()
 
 					if h.calls != 1 || h.items != n || h.endpoints != n*benchEndpointsPerService {
 						b.Fatalf("%d handler calls with %d items and %d endpoints; want 1 call with %d and %d",

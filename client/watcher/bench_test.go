@@ -190,45 +190,38 @@ func (s *realSink) Reset() {
 	s.full.Reset()
 }
 
-func (s *realSink) SetService(svc *model.Service) {
-	s.cur.others++
-	s.full.SetService(svc)
+func (s *realSink) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
+	removed, set := localsink.EndpointChanges(prev, cur)
+	s.cur.setEndpoints += len(set)
+	s.cur.others += len(removed)
+	if cur == nil || prev == nil || prev.Service != cur.Service {
+		s.cur.others++
+	}
+	if len(set) > 0 {
+		s.cur.lastEndpoint = key.String() + " " + set[len(set)-1].Key()
+	}
+	s.full.Update(key, prev, cur)
 }
 
-func (s *realSink) DeleteService(key model.ServiceKey) {
-	s.cur.others++
-	s.full.DeleteService(key)
-}
-
-func (s *realSink) SetEndpoint(key model.ServiceKey, epKey string, ep *model.Endpoint) {
-	s.cur.setEndpoints++
-	s.cur.lastEndpoint = key.String() + " " + epKey
-	s.full.SetEndpoint(key, epKey, ep)
-}
-
-func (s *realSink) DeleteEndpoint(key model.ServiceKey, epKey string) {
-	s.cur.others++
-	s.full.DeleteEndpoint(key, epKey)
-}
-
-func (s *realSink) Sync() {
+func (s *realSink) Sync() error {
 	now := time.Now()
 	first := s.firstSyncAt.IsZero()
 	if first {
 		s.firstSyncAt = now
 	}
-	s.full.Sync()
+	_ = s.full.Sync()
 	r := s.cur
 	r.syncAt, r.fullAt = now, s.lastFullAt
 	s.cur = realRound{}
 	if first {
 		close(s.firstState)
-		return
+		return nil
 	}
 	select {
 	case s.rounds <- r:
 	default: // nobody waits for that many rounds; drop
 	}
+	return nil
 }
 
 // BenchmarkWatcherRealAPIServer10k measures the watcher against the real
@@ -302,7 +295,7 @@ func BenchmarkWatcherRealAPIServer10k(b *testing.B) {
 	b.ReportMetric(realMillis(sink.completeAt.Sub(start)), "start-to-complete-state-ms")
 
 	// Memory holding the state: the informer caches, the watcher's maps,
-	// the Differ and the FullState (with its built state), plus the
+	// the Feeder and the FullState (with its built state), plus the
 	// watcher's client. RSS is the whole test process, after returning
 	// freed memory to the OS.
 	b.ReportMetric(float64(realHeap()-heapBase)/(1<<20), "heap-MiB")

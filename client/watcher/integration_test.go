@@ -19,66 +19,37 @@ import (
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 
-// recorder is a Sink that records the incremental calls it gets and, through
-// a FullState adapter, every full state.
+// recorder is a contract Checker that records the calls it gets and,
+// through a FullState adapter, every full state.
 type recorder struct {
+	*sinktest.Checker
 	mu     sync.Mutex
-	full   *localsink.FullState
 	states [][]*model.ServiceEndpoints
-	calls  []string
-	syncs  int
+	calls  []string // taken from the Checker, not yet from the test
 }
 
 func newRecorder() *recorder {
 	r := &recorder{}
-	r.full = localsink.NewFullState(func(items []*model.ServiceEndpoints) {
-		r.states = append(r.states, items) // called under r.mu, from Sync
-	})
+	r.Checker = sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+		r.mu.Lock()
+		r.states = append(r.states, items)
+		r.mu.Unlock()
+	}))
 	return r
-}
-
-func (r *recorder) record(call string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, call)
-}
-
-func (r *recorder) Reset() { r.record("Reset"); r.full.Reset() }
-func (r *recorder) SetService(s *model.Service) {
-	r.record("SetService " + s.Key().String())
-	r.full.SetService(s)
-}
-func (r *recorder) DeleteService(k model.ServiceKey) {
-	r.record("DeleteService " + k.String())
-	r.full.DeleteService(k)
-}
-func (r *recorder) SetEndpoint(k model.ServiceKey, key string, ep *model.Endpoint) {
-	r.record("SetEndpoint " + k.String() + " " + key)
-	r.full.SetEndpoint(k, key, ep)
-}
-func (r *recorder) DeleteEndpoint(k model.ServiceKey, key string) {
-	r.record("DeleteEndpoint " + k.String() + " " + key)
-	r.full.DeleteEndpoint(k, key)
-}
-func (r *recorder) Sync() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, "Sync")
-	r.syncs++
-	r.full.Sync()
 }
 
 // takeCalls returns and forgets the calls recorded so far.
 func (r *recorder) takeCalls() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := r.calls
+	c := append(r.calls, r.TakeCalls()...)
 	r.calls = nil
 	return c
 }
@@ -119,6 +90,7 @@ func (r *recorder) waitCalls(t *testing.T, want ...string) []string {
 	var got []string
 	for time.Now().Before(deadline) {
 		r.mu.Lock()
+		r.calls = append(r.calls, r.TakeCalls()...)
 		got = append([]string(nil), r.calls...)
 		r.mu.Unlock()
 		if len(got) > 0 && got[len(got)-1] == "Sync" && containsAll(got, want) {
@@ -220,6 +192,9 @@ func startWatcher(t *testing.T, cfg watcher.Config) *recorder {
 		case <-time.After(20 * time.Second):
 			t.Errorf("watcher.Run did not return after its context was cancelled")
 		}
+		if err := r.Err(); err != nil {
+			t.Errorf("the watcher broke the Sink contract:\n%v", err)
+		}
 	})
 	return r
 }
@@ -306,7 +281,7 @@ func TestUpdatesAndDeletionsPropagate(t *testing.T) {
 	sl := kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: "10.2.0.1", Node: "node-a"}, kubetest.EP{IP: "10.2.0.2", Node: "node-b"}))
 	key := ns + "/web"
 	r.waitFor(t, "two endpoints", hasEndpoints(ns, "web", "10.2.0.1", "10.2.0.2"))
-	r.waitCalls(t, "SetService "+key, "SetEndpoint "+key+" 10.2.0.1", "SetEndpoint "+key+" 10.2.0.2")
+	r.waitCalls(t, "Update "+key+" service +10.2.0.1 +10.2.0.2")
 
 	// One endpoint changes: exactly that endpoint is set again.
 	sl.Endpoints[1].Conditions.Ready = ptr(false)
@@ -315,21 +290,21 @@ func TestUpdatesAndDeletionsPropagate(t *testing.T) {
 		se := find(s, ns, "web")
 		return se != nil && len(se.Endpoints) == 2 && !se.Endpoints[1].Ready
 	})
-	if diff := cmp.Diff([]string{"SetEndpoint " + key + " 10.2.0.2", "Sync"}, r.takeCalls()); diff != "" {
+	if diff := cmp.Diff([]string{"Update " + key + " +10.2.0.2", "Sync"}, r.takeCalls()); diff != "" {
 		t.Errorf("calls for one endpoint change (-want +got):\n%s", diff)
 	}
 	if ep := find(st, ns, "web").Endpoints[0]; !ep.Local || ep.NodeName != "node-a" {
 		t.Errorf("endpoint on node-a: Local=%v NodeName=%q, want local", ep.Local, ep.NodeName)
 	}
 
-	// A service change without endpoint change: only SetService.
+	// A service change without endpoint change: only the service.
 	svc.Spec.Ports[0].Port = 81
 	kc.UpdateService(svc)
 	r.waitFor(t, "port 81", func(s []*model.ServiceEndpoints) bool {
 		se := find(s, ns, "web")
 		return se != nil && se.Service.Ports[0].Port == 81
 	})
-	if diff := cmp.Diff([]string{"SetService " + key, "Sync"}, r.takeCalls()); diff != "" {
+	if diff := cmp.Diff([]string{"Update " + key + " service", "Sync"}, r.takeCalls()); diff != "" {
 		t.Errorf("calls for a port change (-want +got):\n%s", diff)
 	}
 
@@ -337,15 +312,15 @@ func TestUpdatesAndDeletionsPropagate(t *testing.T) {
 	sl.Endpoints = sl.Endpoints[:1]
 	kc.UpdateSlice(sl)
 	r.waitFor(t, "one endpoint", hasEndpoints(ns, "web", "10.2.0.1"))
-	if diff := cmp.Diff([]string{"DeleteEndpoint " + key + " 10.2.0.2", "Sync"}, r.takeCalls()); diff != "" {
+	if diff := cmp.Diff([]string{"Update " + key + " -10.2.0.2", "Sync"}, r.takeCalls()); diff != "" {
 		t.Errorf("calls for an endpoint removal (-want +got):\n%s", diff)
 	}
 
 	// The service deleted (its slice stays, as it would until the
-	// garbage collector runs): everything goes, endpoints first.
+	// garbage collector runs): it goes with its endpoints.
 	kc.DeleteService(ns, "web")
 	r.waitFor(t, "service gone", absent(ns, "web"))
-	if diff := cmp.Diff([]string{"DeleteEndpoint " + key + " 10.2.0.1", "DeleteService " + key, "Sync"}, r.takeCalls()); diff != "" {
+	if diff := cmp.Diff([]string{"Update " + key + " deleted", "Sync"}, r.takeCalls()); diff != "" {
 		t.Errorf("calls for a service deletion (-want +got):\n%s", diff)
 	}
 }

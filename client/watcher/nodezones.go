@@ -8,7 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
@@ -28,7 +27,7 @@ func WatchNodeZones(ctx context.Context, client kubernetes.Interface, set func(n
 	inf := factory.Core().V1().Nodes().Informer()
 	zones := map[string]string{} // only touched by the informer's handler goroutine
 	update := func(obj any, deleted bool) {
-		n, ok := unwrapDeleted(obj).(*v1.Node)
+		n, ok := obj.(*v1.Node)
 		if !ok {
 			return
 		}
@@ -44,11 +43,7 @@ func WatchNodeZones(ctx context.Context, client kubernetes.Interface, set func(n
 		klog.V(4).InfoS("Node zone", "node", n.Name, "zone", zone)
 		set(n.Name, zone)
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { update(obj, false) },
-		UpdateFunc: func(_, obj any) { update(obj, false) },
-		DeleteFunc: func(obj any) { update(obj, true) },
-	}); err != nil {
+	if _, err := inf.AddEventHandler(handlers(update)); err != nil {
 		return fmt.Errorf("watch nodes: %w", err)
 	}
 	factory.Start(ctx.Done())

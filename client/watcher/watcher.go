@@ -65,6 +65,9 @@ type Config struct {
 	// coalesced until the interval has passed. Zero means
 	// DefaultMinSyncInterval.
 	MinSyncInterval time.Duration
+	// Observe, if set, receives the record of each round delivered to the
+	// sink (see localsink.FeederOptions).
+	Observe func(localsink.Round)
 }
 
 // Watcher follows the API server and feeds a Sink. Create it with New.
@@ -111,13 +114,15 @@ func New(cfg Config) (*Watcher, error) {
 // Selector returns the label selector used for Services and EndpointSlices.
 func (w *Watcher) Selector() string { return w.selector }
 
-// Run watches until ctx is done, feeding sink. Nothing reaches sink before
-// every informer has synced; the first delivery is Reset, the whole state,
-// then Sync. Run returns nil when ctx is cancelled, and only returns after
-// all its goroutines have stopped. A Watcher runs once.
+// Run watches until ctx is done, feeding sink through a localsink.Feeder.
+// Nothing reaches sink before every informer has synced; the first round is
+// Reset, the whole state, then Sync. A round the sink fails to apply is
+// synced again (with the next round, or after a backoff). Run returns nil
+// when ctx is cancelled, and only returns after all its goroutines have
+// stopped (a retry in progress included). A Watcher runs once.
 func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
-	if err := w.waitForAPI(ctx); err != nil {
-		return err
+	if !w.waitForAPI(ctx) {
+		return nil // ctx ended
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -138,20 +143,12 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	// wait until each handler (not just each informer's store) has seen
 	// it: the registrations' HasSynced say so.
 	var synced []cache.InformerSynced
-	reg, err := svcInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.onService(obj, false) },
-		UpdateFunc: func(_, obj any) { w.onService(obj, false) },
-		DeleteFunc: func(obj any) { w.onService(obj, true) },
-	})
+	reg, err := svcInformer.AddEventHandler(handlers(w.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
 	synced = append(synced, reg.HasSynced)
-	reg, err = sliceInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.onSlice(obj, false) },
-		UpdateFunc: func(_, obj any) { w.onSlice(obj, false) },
-		DeleteFunc: func(obj any) { w.onSlice(obj, true) },
-	})
+	reg, err = sliceInformer.AddEventHandler(handlers(w.onSlice))
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
@@ -164,11 +161,7 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 			}),
 			informers.WithTransform(strip))
 		nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
-		reg, err := nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { w.onNode(obj, false) },
-			UpdateFunc: func(_, obj any) { w.onNode(obj, false) },
-			DeleteFunc: func(obj any) { w.onNode(obj, true) },
-		})
+		reg, err := nodeInformer.AddEventHandler(handlers(w.onNode))
 		if err != nil {
 			return fmt.Errorf("watch node %s: %w", w.cfg.NodeName, err)
 		}
@@ -191,9 +184,9 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	}
 	klog.InfoS("Informers synced", "selector", w.selector)
 
-	d := localsink.NewDiffer(sink)
-	d.Reset()
-	w.deliver(d)
+	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: w.cfg.Observe})
+	defer feeder.Close()
+	w.deliver(feeder)
 	last := time.Now()
 	timer := time.NewTimer(0)
 	<-timer.C
@@ -213,27 +206,28 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 			}
 		}
 		last = time.Now()
-		w.deliver(d)
+		w.deliver(feeder)
 	}
 }
 
 // waitForAPI checks that the API server answers and lets us list services,
-// retrying with backoff and saying clearly what is wrong.
-func (w *Watcher) waitForAPI(ctx context.Context) error {
+// retrying with backoff and saying clearly what is wrong. It returns false
+// when ctx ends first.
+func (w *Watcher) waitForAPI(ctx context.Context) bool {
 	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
 	for {
 		_, err := w.cfg.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{LabelSelector: w.selector, Limit: 1})
 		if err == nil {
-			return nil
+			return true
 		}
 		if ctx.Err() != nil {
-			return nil
+			return false
 		}
 		delay := backoff.Step()
 		klog.ErrorS(err, "Cannot list services from the Kubernetes API server, retrying", "retryIn", delay.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
-			return nil
+			return false
 		case <-time.After(delay):
 		}
 	}
@@ -246,6 +240,17 @@ func (w *Watcher) signal() {
 	}
 }
 
+// handlers returns informer handlers calling on with each object added or
+// updated (deleted false) or deleted (deleted true, the object unwrapped
+// from a DeletedFinalStateUnknown when the informer missed the deletion).
+func handlers(on func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { on(obj, false) },
+		UpdateFunc: func(_, obj any) { on(obj, false) },
+		DeleteFunc: func(obj any) { on(unwrapDeleted(obj), true) },
+	}
+}
+
 func unwrapDeleted(obj any) any {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		return d.Obj
@@ -254,7 +259,7 @@ func unwrapDeleted(obj any) any {
 }
 
 func (w *Watcher) onService(obj any, deleted bool) {
-	svc, ok := unwrapDeleted(obj).(*v1.Service)
+	svc, ok := obj.(*v1.Service)
 	if !ok {
 		return
 	}
@@ -271,7 +276,7 @@ func (w *Watcher) onService(obj any, deleted bool) {
 }
 
 func (w *Watcher) onSlice(obj any, deleted bool) {
-	s, ok := unwrapDeleted(obj).(*discovery.EndpointSlice)
+	s, ok := obj.(*discovery.EndpointSlice)
 	if !ok {
 		return
 	}
@@ -304,7 +309,7 @@ func (w *Watcher) onSlice(obj any, deleted bool) {
 }
 
 func (w *Watcher) onNode(obj any, deleted bool) {
-	n, ok := unwrapDeleted(obj).(*v1.Node)
+	n, ok := obj.(*v1.Node)
 	if !ok {
 		return
 	}
@@ -351,13 +356,14 @@ func (w *Watcher) snapshot() ([]model.ServiceKey, map[model.ServiceKey]*model.Se
 	return keys, states
 }
 
-// deliver sends one round of changes to the sink, ending with Sync.
-func (w *Watcher) deliver(d *localsink.Differ) {
+// deliver hands the changed services to the feeder and ends the round (the
+// feeder delivers what differs from what the sink holds, and retries what
+// the sink fails to apply).
+func (w *Watcher) deliver(f *localsink.Feeder) {
 	keys, states := w.snapshot()
-	changes := 0
 	for _, key := range keys {
-		changes += d.Update(key, states[key])
+		f.Update(key, states[key])
 	}
-	klog.V(2).InfoS("Delivered state", "dirtyServices", len(keys), "changes", changes, "services", d.Len())
-	d.Sync()
+	err := f.Sync()
+	klog.V(2).InfoS("Delivered state", "dirtyServices", len(keys), "services", f.Len(), "failed", err != nil)
 }

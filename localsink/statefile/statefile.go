@@ -180,8 +180,10 @@ func canonical(s model.IPSet) (model.IPSet, error) {
 // the file every interval, until ctx ends. A file that cannot be read or is
 // malformed is logged and ignored: the sink keeps the last good state. The
 // first state is only delivered once the file has been read successfully.
+// A round the sink fails to apply is delivered again (localsink.Feeder).
 func Watch(ctx context.Context, path string, interval time.Duration, sink localsink.Sink) error {
-	handler := localsink.FromFullState(sink)
+	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{})
+	defer feeder.Close()
 	var last []byte
 	logged := ""
 	for {
@@ -190,7 +192,8 @@ func Watch(ctx context.Context, path string, interval time.Duration, sink locals
 			var items []*model.ServiceEndpoints
 			if items, err = Parse(data); err == nil {
 				klog.V(2).InfoS("Loaded state file", "path", path, "services", len(items))
-				handler(items)
+				feeder.SetAll(items)
+				_ = feeder.Sync() // logged by the Feeder, retried
 				last = data
 				logged = ""
 			} else {

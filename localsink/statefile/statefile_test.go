@@ -13,6 +13,7 @@ import (
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 func sample() []*model.ServiceEndpoints {
@@ -135,11 +136,13 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &stateSink{}
-	sink := localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+	// The checker between the file input and the full state checks the
+	// Sink contract.
+	sink := sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
 		rec.mu.Lock()
 		rec.states = append(rec.states, items)
 		rec.mu.Unlock()
-	})
+	}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Watch(ctx, path, 20*time.Millisecond, sink) }()
@@ -147,6 +150,9 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Watch: %v", err)
+		}
+		if err := sink.Err(); err != nil {
+			t.Errorf("the file input broke the Sink contract:\n%v", err)
 		}
 	}()
 	if diff := cmp.Diff(sample(), rec.last(t, 1)); diff != "" {

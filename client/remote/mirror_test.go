@@ -1,0 +1,98 @@
+package remote
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
+)
+
+func opReset() *kpngv1.Op { return &kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}} }
+func opSync() *kpngv1.Op  { return &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{}}} }
+func opSetService(name string) *kpngv1.Op {
+	return &kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns", Name: name, Type: "ClusterIP"}}}
+}
+func opDeleteService(name string) *kpngv1.Op {
+	return &kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: &kpngv1.ServiceKey{Namespace: "ns", Name: name}}}
+}
+func opSetEndpoint(svc, ip string) *kpngv1.Op {
+	return &kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
+		Service: &kpngv1.ServiceKey{Namespace: "ns", Name: svc}, Key: ip,
+		Endpoint: &kpngv1.Endpoint{Ips: &kpngv1.IPSet{V4: []string{ip}}, Ready: true},
+	}}}
+}
+func opDeleteEndpoint(svc, ip string) *kpngv1.Op {
+	return &kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Service: &kpngv1.ServiceKey{Namespace: "ns", Name: svc}, Key: ip}}}
+}
+
+// TestMirror checks the receiving edge of the wire: operations rebuilt into
+// whole services, each round delivered as the Sink contract says, a new
+// stream's Reset and unchanged state costing the sink nothing.
+func TestMirror(t *testing.T) {
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	m := newMirror(f)
+	rounds := []struct {
+		name string
+		ops  []*kpngv1.Op
+		want []string
+	}{
+		{"first state", []*kpngv1.Op{opReset(), opSetService("a"), opSetEndpoint("a", "10.0.0.2"), opSetEndpoint("a", "10.0.0.1"), opSetService("b"), opSync()},
+			[]string{"Reset", "Update ns/a service +10.0.0.1 +10.0.0.2", "Update ns/b service", "Sync"}},
+		{"one endpoint", []*kpngv1.Op{opDeleteEndpoint("a", "10.0.0.2"), opSync()},
+			[]string{"Update ns/a -10.0.0.2", "Sync"}},
+		{"endpoints before their service", []*kpngv1.Op{opSetEndpoint("c", "10.0.0.3"), opSync()}, nil},
+		{"then the service", []*kpngv1.Op{opSetService("c"), opSync()},
+			[]string{"Update ns/c service +10.0.0.3", "Sync"}},
+		{"a new stream with the same state: nothing", []*kpngv1.Op{opReset(), opSetService("a"), opSetEndpoint("a", "10.0.0.1"), opSetService("b"), opSetService("c"), opSetEndpoint("c", "10.0.0.3"), opSync()},
+			nil},
+		{"a new stream without b", []*kpngv1.Op{opReset(), opSetService("a"), opSetEndpoint("a", "10.0.0.1"), opSetService("c"), opSetEndpoint("c", "10.0.0.3"), opSync()},
+			[]string{"Update ns/b deleted", "Sync"}},
+		{"deleted", []*kpngv1.Op{opDeleteEndpoint("a", "10.0.0.1"), opDeleteService("a"), opSync()},
+			[]string{"Update ns/a deleted", "Sync"}},
+	}
+	for _, r := range rounds {
+		for _, op := range r.ops {
+			if err := m.apply(op); err != nil {
+				t.Fatalf("%s: %v", r.name, err)
+			}
+		}
+		if diff := cmp.Diff(r.want, c.TakeCalls()); diff != "" {
+			t.Errorf("%s: calls (-want +got):\n%s", r.name, diff)
+		}
+	}
+	if err := c.Err(); err != nil {
+		t.Errorf("contract broken:\n%v", err)
+	}
+	got := c.State()
+	if len(got) != 1 || got[0].Service.Key() != (model.ServiceKey{Namespace: "ns", Name: "c"}) {
+		t.Errorf("final state %v, want ns/c only", got)
+	}
+}
+
+// TestMirrorRejectsMalformedOps checks that malformed operations are
+// errors naming what is missing (the stream is then reopened), not panics.
+func TestMirrorRejectsMalformedOps(t *testing.T) {
+	f := localsink.NewFeeder(sinktest.NewChecker(nil), localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	m := newMirror(f)
+	for _, tc := range []struct {
+		op   *kpngv1.Op
+		want string
+	}{
+		{&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns"}}}, "without a name"},
+		{&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{Key: "10.0.0.1"}}}, "without service or endpoint"},
+		{&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Key: "10.0.0.1"}}}, "without service"},
+		{&kpngv1.Op{}, "unknown operation"},
+	} {
+		if err := m.apply(tc.op); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("apply(%v): %v, want an error containing %q", tc.op, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,402 @@
+package localsink
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// Defaults of FeederOptions.
+const (
+	// DefaultMinRetry is the delay before the first retry of a failed round.
+	DefaultMinRetry = time.Second
+	// DefaultMaxRetry bounds the delay between retries (it doubles after
+	// each failure).
+	DefaultMaxRetry = time.Minute
+)
+
+// FeederOptions configure a Feeder.
+type FeederOptions struct {
+	// NoRetry turns the retry timer off: a failed round is delivered again
+	// only with the next Sync (for a sink whose failure ends the feed, such
+	// as a network stream).
+	NoRetry bool
+	// MinRetry and MaxRetry bound the backoff between retries of a failed
+	// round (defaults DefaultMinRetry and DefaultMaxRetry).
+	MinRetry, MaxRetry time.Duration
+	// Observe, if set, is called after each round delivered to the sink,
+	// with its record, from the goroutine that delivered it (never
+	// concurrently).
+	Observe func(Round)
+}
+
+// Round is the record of one round delivered to a sink: what a metrics or
+// health layer needs.
+type Round struct {
+	// Start is when the delivery began, Duration how long it took, the
+	// sink's Sync included.
+	Start    time.Time
+	Duration time.Duration
+	// Reset is true when the round started with Reset (the whole state).
+	Reset bool
+	// Retry is true when the round was delivered by the retry timer, not
+	// by the source.
+	Retry bool
+	// Services is the number of Update calls; Endpoints the number of
+	// endpoints added, changed or removed in them (EndpointChanges).
+	Services, Endpoints int
+	// Err is the sink's Sync error (nil: applied).
+	Err error
+}
+
+// Feeder delivers a source's state to a Sink in rounds, keeping the Sink
+// contract: the source says what each service is now (Update, SetAll) and
+// ends a round with Sync; the Feeder calls the sink only for the services
+// that changed since what the sink holds, in key order, with their
+// previous value, unchanged parts pointer-equal. When the sink's Sync
+// fails, the Feeder calls it again, with the newer changes if any, with
+// the source's next Sync or after a backoff, whichever comes first
+// (ErrResync: Reset and the whole state).
+//
+// The source's calls may come from any goroutine, one at a time; retries
+// run on a timer, serialized with them. Close stops the retries. The
+// Feeder holds only pointers to the values it was given, so many Feeders
+// over one state cost little.
+type Feeder struct {
+	sink Sink
+	opts FeederOptions
+
+	mu sync.Mutex
+	// held is what the sink was given; pending the newer value of the
+	// services that differ or may differ from it (nil: gone).
+	held    map[model.ServiceKey]*model.ServiceEndpoints
+	pending map[model.ServiceKey]*model.ServiceEndpoints
+	// reset: the next round starts with Reset (first round, asked by the
+	// source or by the sink through ErrResync); failed: the sink's last
+	// Sync failed, so the next round has a Sync even with no Update.
+	reset, failed bool
+	// timer is the pending retry, backoff the delay of the next one.
+	// seen is SetAll's set of the keys given, kept between calls.
+	seen    map[model.ServiceKey]struct{}
+	timer   *time.Timer
+	retryIn time.Duration
+	backoff time.Duration
+	closed  bool
+}
+
+// NewFeeder returns a Feeder delivering to sink. Its first round starts
+// with Reset.
+func NewFeeder(sink Sink, opts FeederOptions) *Feeder {
+	if opts.MinRetry <= 0 {
+		opts.MinRetry = DefaultMinRetry
+	}
+	if opts.MaxRetry < opts.MinRetry {
+		opts.MaxRetry = max(DefaultMaxRetry, opts.MinRetry)
+	}
+	return &Feeder{
+		sink:    sink,
+		opts:    opts,
+		held:    map[model.ServiceKey]*model.ServiceEndpoints{},
+		pending: map[model.ServiceKey]*model.ServiceEndpoints{},
+		reset:   true,
+		backoff: opts.MinRetry,
+	}
+}
+
+// Reset makes the next round start with Reset and the whole state: the
+// services given since the last Sync, over those held.
+func (f *Feeder) Reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reset = true
+}
+
+// Update says that service key is now se (nil: gone). It is delivered on
+// the next Sync, if it differs from what the sink was given.
+func (f *Feeder) Update(key model.ServiceKey, se *model.ServiceEndpoints) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.update(key, se)
+}
+
+func (f *Feeder) update(key model.ServiceKey, se *model.ServiceEndpoints) {
+	if se != nil && se.Service == nil {
+		se = nil // endpoints without a service are no service
+	}
+	if _, ok := f.pending[key]; !ok && f.held[key] == se {
+		return // values are immutable: the same pointer is the same value
+	}
+	f.pending[key] = se
+}
+
+// SetAll says that items is the whole state: the services held and not in
+// items are gone. Unchanged services cost a pointer comparison.
+func (f *Feeder) SetAll(items []*model.ServiceEndpoints) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seen == nil {
+		f.seen = make(map[model.ServiceKey]struct{}, len(items))
+	}
+	seen := f.seen
+	defer clear(seen)
+	for _, se := range items {
+		if se == nil || se.Service == nil {
+			continue
+		}
+		key := se.Service.Key()
+		if _, dup := seen[key]; dup {
+			continue // the first wins
+		}
+		seen[key] = struct{}{}
+		f.update(key, se)
+	}
+	for key := range f.held {
+		if _, ok := seen[key]; !ok {
+			f.pending[key] = nil
+		}
+	}
+	for key := range f.pending {
+		if _, ok := seen[key]; !ok {
+			f.pending[key] = nil
+		}
+	}
+}
+
+// Len returns the number of services the sink holds, with those given
+// since the last Sync.
+func (f *Feeder) Len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := len(f.held)
+	for key, se := range f.pending {
+		_, held := f.held[key]
+		switch {
+		case se != nil && !held:
+			n++
+		case se == nil && held:
+			n--
+		}
+	}
+	return n
+}
+
+// Sync ends the source's round: it delivers what changed (nothing at all
+// when nothing did, but for a first round, a Reset or after a failure) and
+// returns the sink's Sync error. After an error, the sink's Sync is called
+// again with the next round, or by a retry after a backoff.
+func (f *Feeder) Sync() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return errors.New("feeder closed")
+	}
+	return f.deliver(false)
+}
+
+// Close stops the retries and waits for one in progress. The Feeder must
+// not be used afterwards.
+func (f *Feeder) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
+}
+
+// Pending returns the number of services given since the last Sync and
+// not yet delivered.
+func (f *Feeder) Pending() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.pending)
+}
+
+// Failed reports whether the sink's last Sync failed (a retry is due).
+func (f *Feeder) Failed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed
+}
+
+// deliver sends one round to the sink. f.mu is held.
+func (f *Feeder) deliver(retry bool) error {
+	reset := f.reset
+	keys := make([]model.ServiceKey, 0, len(f.pending))
+	if reset {
+		for key := range f.held {
+			if _, ok := f.pending[key]; !ok {
+				keys = append(keys, key)
+			}
+		}
+	}
+	for key := range f.pending {
+		keys = append(keys, key)
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+
+	rec := Round{Start: time.Now(), Reset: reset, Retry: retry}
+	if reset {
+		f.sink.Reset()
+	}
+	for _, key := range keys {
+		cur, ok := f.pending[key]
+		if !ok {
+			cur = f.held[key]
+		}
+		delete(f.pending, key)
+		var prev *model.ServiceEndpoints
+		if !reset {
+			prev = f.held[key]
+		}
+		cur = share(prev, normalize(cur))
+		if cur == nil {
+			delete(f.held, key)
+		} else {
+			f.held[key] = cur
+		}
+		if cur == prev {
+			continue // unchanged after all
+		}
+		f.sink.Update(key, prev, cur)
+		rec.Services++
+		rec.Endpoints += countEndpointChanges(prev, cur)
+	}
+	if len(keys) > 1024 {
+		// A Go map keeps its buckets: do not hold a whole state's worth
+		// of them for the few services of later rounds.
+		f.pending = map[model.ServiceKey]*model.ServiceEndpoints{}
+	}
+	if !reset && !f.failed && rec.Services == 0 {
+		return nil // nothing changed: no round
+	}
+	f.reset = false
+	rec.Err = f.sink.Sync()
+	rec.Duration = time.Since(rec.Start)
+	if rec.Err == nil {
+		f.failed = false
+		f.backoff = f.opts.MinRetry
+		if f.timer != nil {
+			f.timer.Stop()
+			f.timer = nil
+		}
+	} else {
+		f.failed = true
+		f.reset = errors.Is(rec.Err, ErrResync)
+		f.scheduleRetry()
+		klog.ErrorS(rec.Err, "Backend could not apply a round; it will be synced again",
+			"services", rec.Services, "reset", rec.Reset, "retry", rec.Retry, "resync", f.reset, "retryIn", f.nextRetry())
+	}
+	if f.opts.Observe != nil {
+		f.opts.Observe(rec)
+	}
+	return rec.Err
+}
+
+// nextRetry returns the delay of the scheduled retry (0 when none).
+func (f *Feeder) nextRetry() time.Duration {
+	if f.timer == nil {
+		return 0
+	}
+	return f.retryIn
+}
+
+// scheduleRetry arms the retry timer, backing off. f.mu is held.
+func (f *Feeder) scheduleRetry() {
+	if f.opts.NoRetry || f.closed {
+		return
+	}
+	if f.timer != nil {
+		f.timer.Stop()
+	}
+	delay := f.backoff
+	f.retryIn = delay
+	f.backoff = min(2*f.backoff, f.opts.MaxRetry)
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.closed || f.timer != t {
+			return
+		}
+		f.timer = nil
+		_ = f.deliver(true)
+	})
+	f.timer = t
+}
+
+// normalize returns se with its endpoints sorted by address and unique (se
+// itself when they already are).
+func normalize(se *model.ServiceEndpoints) *model.ServiceEndpoints {
+	if se == nil {
+		return nil
+	}
+	ordered := true
+	for i := 1; i < len(se.Endpoints); i++ {
+		if model.CompareEndpoints(se.Endpoints[i-1], se.Endpoints[i]) >= 0 {
+			ordered = false
+			break
+		}
+	}
+	if ordered {
+		return se
+	}
+	eps := slices.Clone(se.Endpoints)
+	slices.SortStableFunc(eps, model.CompareEndpoints)
+	eps = slices.CompactFunc(eps, func(a, b *model.Endpoint) bool { return model.CompareEndpoints(a, b) == 0 })
+	return &model.ServiceEndpoints{Service: se.Service, Endpoints: eps}
+}
+
+// share returns cur with what did not change since prev taken from prev:
+// prev itself when nothing changed, else cur with prev's Service and
+// endpoints where they are equal (a new value when any is taken; cur is
+// never modified).
+func share(prev, cur *model.ServiceEndpoints) *model.ServiceEndpoints {
+	if prev == nil || cur == nil || prev == cur {
+		return cur
+	}
+	svc := cur.Service
+	if svc != prev.Service && reflect.DeepEqual(svc, prev.Service) {
+		svc = prev.Service
+	}
+	var eps []*model.Endpoint // a copy of cur.Endpoints, once one is taken from prev
+	same := len(prev.Endpoints) == len(cur.Endpoints)
+	i := 0
+	for j, ep := range cur.Endpoints {
+		c := -1
+		for i < len(prev.Endpoints) {
+			if c = model.CompareEndpoints(prev.Endpoints[i], ep); c >= 0 {
+				break
+			}
+			i++
+		}
+		match := c == 0
+		switch {
+		case match && prev.Endpoints[i] == ep:
+		case match && reflect.DeepEqual(prev.Endpoints[i], ep):
+			if eps == nil {
+				eps = slices.Clone(cur.Endpoints)
+			}
+			eps[j] = prev.Endpoints[i]
+		default:
+			same = false
+		}
+	}
+	if same && svc == prev.Service {
+		return prev
+	}
+	if svc == cur.Service && eps == nil {
+		return cur
+	}
+	if eps == nil {
+		eps = cur.Endpoints
+	}
+	return &model.ServiceEndpoints{Service: svc, Endpoints: eps}
+}
