@@ -92,13 +92,18 @@ const (
 type Applier struct {
 	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
 	lasting *nftables.Conn // reused across transactions; nil until needed
-	conn    *nftables.Conn // of the transaction being built
 	table   *nftables.Table
-	stats   Stats
-	// sets are the named sets added in the transaction being built.
-	sets map[string]*nftables.Set
-	// balanceElements counts the elements of the balance maps added in
-	// the transaction being built (for the send buffer).
+}
+
+// txn is one transaction being built: its connection, what it sent so
+// far, and the named sets it added (for the IDs that its rules refer to).
+type txn struct {
+	table *nftables.Table
+	conn  *nftables.Conn
+	stats Stats
+	sets  map[string]*nftables.Set
+	// balanceElements counts the elements of the balance maps added (for
+	// the send buffer).
 	balanceElements int
 }
 
@@ -127,50 +132,47 @@ func (a *Applier) Close() {
 // new connection (a connection buffers its messages until Flush, so a
 // transaction abandoned halfway must not leave them behind for the next
 // one: end drops the connection on error).
-func (a *Applier) begin(messages, elements int) error {
-	a.stats = Stats{}
-	a.sets = map[string]*nftables.Set{}
-	a.balanceElements = 0
+func (a *Applier) begin(messages, elements int) (*txn, error) {
+	t := &txn{table: a.table, sets: map[string]*nftables.Set{}}
 	if messages <= lastingMessages && elements <= lastingElements {
 		if a.lasting == nil {
 			conn, err := a.newConn(nftables.AsLasting(), nftables.WithSockOptions(
 				receiveBuffer(receiveBufferFor(lastingMessages)),
 				sendBuffer(sendBufferFor(lastingMessages, lastingElements))))
 			if err != nil {
-				return fmt.Errorf("nftables connection: %w", err)
+				return nil, fmt.Errorf("nftables connection: %w", err)
 			}
 			a.lasting = conn
 		}
-		a.conn = a.lasting
-		return nil
+		t.conn = a.lasting
+		return t, nil
 	}
 	conn, err := a.newConn()
 	if err != nil {
-		return fmt.Errorf("nftables connection: %w", err)
+		return nil, fmt.Errorf("nftables connection: %w", err)
 	}
-	a.conn = conn
-	return nil
+	t.conn = conn
+	return t, nil
 }
 
-// flush sends the transaction built: on a connection of its own, with
-// socket buffers sized for it.
-func (a *Applier) flush() error {
-	if a.conn != a.lasting {
+// flush sends the transaction t: on a connection of its own, with socket
+// buffers sized for it.
+func (a *Applier) flush(t *txn) error {
+	if t.conn != a.lasting {
 		nftables.WithSockOptions(
-			receiveBuffer(receiveBufferFor(a.stats.Messages)),
-			sendBuffer(sendBufferFor(a.stats.Messages, a.stats.ElementsAdded+a.stats.ElementsDeleted+a.balanceElements)),
-		)(a.conn)
+			receiveBuffer(receiveBufferFor(t.stats.Messages)),
+			sendBuffer(sendBufferFor(t.stats.Messages, t.stats.ElementsAdded+t.stats.ElementsDeleted+t.balanceElements)),
+		)(t.conn)
 	}
-	return a.conn.Flush()
+	return t.conn.Flush()
 }
 
-// end ends the transaction; after an error, the lasting connection is
-// closed if it was used, with whatever the transaction left in it.
-func (a *Applier) end(err error) {
-	if err != nil && a.conn == a.lasting {
+// end ends the transaction t; after an error, the lasting connection is
+// closed if t used it, with whatever t left in it.
+func (a *Applier) end(t *txn, err error) {
+	if err != nil && t.conn == a.lasting {
 		a.Close()
 	}
-	a.conn = nil
 }
 
 // Full replaces the table with rs in one transaction: the table is added
@@ -187,93 +189,94 @@ func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
 	for _, st := range rs.Sets {
 		elements += len(st.Targets)
 	}
-	if err := a.begin(messages+elements/minElementsPerMessage, elements); err != nil {
+	t, err := a.begin(messages+elements/minElementsPerMessage, elements)
+	if err != nil {
 		return Stats{}, err
 	}
-	defer func() { a.end(err) }()
-	if err := a.full(rs); err != nil {
-		return a.stats, err
+	defer func() { a.end(t, err) }()
+	if err := t.full(rs); err != nil {
+		return t.stats, err
 	}
-	if err := a.flush(); err != nil {
-		return a.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
+	if err := a.flush(t); err != nil {
+		return t.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
 	}
-	return a.stats, nil
+	return t.stats, nil
 }
 
-func (a *Applier) full(rs *Ruleset) error {
-	c := a.conn
-	c.AddTable(a.table)
-	c.DelTable(a.table)
-	c.AddTable(a.table)
-	a.stats.Messages += 3
+func (t *txn) full(rs *Ruleset) error {
+	c := t.conn
+	c.AddTable(t.table)
+	c.DelTable(t.table)
+	c.AddTable(t.table)
+	t.stats.Messages += 3
 
 	maps := map[string]*nftables.Set{}
 	for _, f := range []Family{IPv4, IPv6} {
 		for _, k := range mapKinds {
 			name := k.name(f)
-			m := mapRef(a.table, f, name)
+			m := mapRef(t.table, f, name)
 			if err := c.AddSet(m, nil); err != nil {
 				return fmt.Errorf("map %s: %w", name, err)
 			}
-			a.stats.Messages++
+			t.stats.Messages++
 			maps[name] = m
 		}
 	}
 	var hairpin [2]*nftables.Set
 	for _, f := range []Family{IPv4, IPv6} {
-		hairpin[f] = hairpinSetRef(a.table, f)
+		hairpin[f] = hairpinSetRef(t.table, f)
 		if err := c.AddSet(hairpin[f], nil); err != nil {
 			return fmt.Errorf("set %s: %w", hairpin[f].Name, err)
 		}
-		a.stats.Messages++
+		t.stats.Messages++
 	}
-	if err := a.hairpinElements(rs.Hairpin, false); err != nil {
+	if err := t.hairpinElements(rs.Hairpin, false); err != nil {
 		return err
 	}
 
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
-		ch := a.addChain(lc.name)
+		ch := t.addChain(lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f Family, k mapKind, npm nodePortMatch) {
-			a.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
+			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
 		})
 	}
-	reject := a.addChain(ChainReject)
+	reject := t.addChain(ChainReject)
 	for _, r := range rejectRules() {
-		a.addRule(reject, r)
+		t.addRule(reject, r)
 	}
-	masq := a.addChain(ChainMasquerading)
+	masq := t.addChain(ChainMasquerading)
 	for _, f := range []Family{IPv4, IPv6} {
-		a.addRule(masq, hairpinExprs(f, rs.Options.mark(), hairpin[f]))
+		t.addRule(masq, hairpinExprs(f, rs.Options.mark(), hairpin[f]))
 	}
 	for _, r := range masqueradingRules(rs.Options.mark()) {
-		a.addRule(masq, r)
+		t.addRule(masq, r)
 	}
-	a.addRule(a.addChain(ChainMarkForMasquerade), markExprs(rs.Options.mark(), false))
+	t.addRule(t.addChain(ChainMarkForMasquerade), markExprs(rs.Options.mark(), false))
 	for _, bc := range baseChains {
-		ch := a.addBaseChain(bc)
-		a.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
+		ch := t.addBaseChain(bc)
+		t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
 	}
 
 	for _, ch := range rs.Chains {
-		a.addChain(ch.Name)
-		a.stats.ChainsAdded++
+		t.addChain(ch.Name)
+		t.stats.ChainsAdded++
 	}
 	// Sets after the chains their elements go to, before the rules that
 	// use them; endpoint map elements after the rules: the kernel checks
 	// a new element against each rule using its map (a short list), a new
 	// rule against each element of the map (a walk of its tree).
 	for _, st := range rs.Sets {
-		if err := a.addSet(st); err != nil {
+		if err := t.addSet(st); err != nil {
 			return err
 		}
 	}
 	for _, ch := range rs.Chains {
-		if err := a.addRules(ch); err != nil {
+		if err := t.addRules(ch); err != nil {
 			return err
 		}
 	}
-	if err := a.endpointElements(rs.Endpoints, false); err != nil {
+	if err := t.endpointElements(rs.Endpoints, false); err != nil {
 		return err
 	}
 	byMap := map[string][]Element{}
@@ -285,7 +288,7 @@ func (a *Applier) full(rs *Ruleset) error {
 		if m == nil {
 			return fmt.Errorf("element %s: no map %s", els[0].Key, name)
 		}
-		if err := a.setElements(m, els, false); err != nil {
+		if err := t.setElements(m, els, false); err != nil {
 			return err
 		}
 	}
@@ -319,54 +322,55 @@ func (a *Applier) Partial(d Delta) (stats Stats, err error) {
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
-	if err := a.begin(messages+elements/minElementsPerMessage, elements); err != nil {
+	t, err := a.begin(messages+elements/minElementsPerMessage, elements)
+	if err != nil {
 		return Stats{}, err
 	}
-	defer func() { a.end(err) }()
-	if err := a.partial(d); err != nil {
-		return a.stats, err
+	defer func() { a.end(t, err) }()
+	if err := t.partial(d); err != nil {
+		return t.stats, err
 	}
-	if err := a.flush(); err != nil {
-		return a.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, a.stats.Objects(), err)
+	if err := a.flush(t); err != nil {
+		return t.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, t.stats.Objects(), err)
 	}
-	return a.stats, nil
+	return t.stats, nil
 }
 
-func (a *Applier) partial(d Delta) error {
-	c := a.conn
+func (t *txn) partial(d Delta) error {
+	c := t.conn
 	for _, it := range d.Chains.Created {
-		a.addChain(it.Key)
-		a.stats.ChainsAdded++
+		t.addChain(it.Key)
+		t.stats.ChainsAdded++
 	}
 	// Sets after the chains their elements go to, before the rules that
 	// use them.
 	for _, it := range d.Sets.Created {
-		if err := a.addSet(it.Value); err != nil {
+		if err := t.addSet(it.Value); err != nil {
 			return err
 		}
 	}
 	// Endpoint map and hairpin elements: deleted and updated ones are
 	// removed, created and updated ones added.
-	if err := a.endpointElements(append(items(d.Endpoints.Deleted, true), items(d.Endpoints.Updated, true)...), true); err != nil {
+	if err := t.endpointElements(append(items(d.Endpoints.Deleted, true), items(d.Endpoints.Updated, true)...), true); err != nil {
 		return err
 	}
-	if err := a.endpointElements(append(items(d.Endpoints.Updated, false), items(d.Endpoints.Created, false)...), false); err != nil {
+	if err := t.endpointElements(append(items(d.Endpoints.Updated, false), items(d.Endpoints.Created, false)...), false); err != nil {
 		return err
 	}
-	if err := a.hairpinElements(d.Hairpin.Deleted, true); err != nil {
+	if err := t.hairpinElements(d.Hairpin.Deleted, true); err != nil {
 		return err
 	}
-	if err := a.hairpinElements(d.Hairpin.Created, false); err != nil {
+	if err := t.hairpinElements(d.Hairpin.Created, false); err != nil {
 		return err
 	}
 	for _, it := range d.Chains.Updated {
-		c.FlushChain(a.chainRef(it.Key))
-		a.stats.Messages++
-		a.stats.ChainsFlushed++
+		c.FlushChain(t.chainRef(it.Key))
+		t.stats.Messages++
+		t.stats.ChainsFlushed++
 	}
 	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated} {
 		for _, it := range items {
-			if err := a.addRules(it.Value); err != nil {
+			if err := t.addRules(it.Value); err != nil {
 				return err
 			}
 		}
@@ -375,31 +379,31 @@ func (a *Applier) partial(d Delta) error {
 	// Elements: deleted and updated ones are removed, created and updated
 	// ones added.
 	for _, del := range [][]diffstore.Item[string, Element]{d.Elements.Deleted, d.Elements.Updated} {
-		if err := a.elementGroups(del, true, func(it diffstore.Item[string, Element]) Element { return it.Prev }); err != nil {
+		if err := t.elementGroups(del, true, func(it diffstore.Item[string, Element]) Element { return it.Prev }); err != nil {
 			return err
 		}
 	}
 	for _, add := range [][]diffstore.Item[string, Element]{d.Elements.Updated, d.Elements.Created} {
-		if err := a.elementGroups(add, false, func(it diffstore.Item[string, Element]) Element { return it.Value }); err != nil {
+		if err := t.elementGroups(add, false, func(it diffstore.Item[string, Element]) Element { return it.Value }); err != nil {
 			return err
 		}
 	}
 
 	for _, it := range d.Chains.Deleted {
-		c.FlushChain(a.chainRef(it.Key))
-		a.stats.Messages++
+		c.FlushChain(t.chainRef(it.Key))
+		t.stats.Messages++
 	}
 	// Sets once the rules that used them are gone (flushed), before the
 	// chains their elements go to.
 	for _, it := range d.Sets.Deleted {
-		c.DelSet(&nftables.Set{Table: a.table, Name: it.Key})
-		a.stats.Messages++
-		a.stats.SetsDeleted++
+		c.DelSet(&nftables.Set{Table: t.table, Name: it.Key})
+		t.stats.Messages++
+		t.stats.SetsDeleted++
 	}
 	for _, it := range d.Chains.Deleted {
-		c.DelChain(a.chainRef(it.Key))
-		a.stats.Messages++
-		a.stats.ChainsDeleted++
+		c.DelChain(t.chainRef(it.Key))
+		t.stats.Messages++
+		t.stats.ChainsDeleted++
 	}
 	return nil
 }
@@ -418,7 +422,7 @@ func items[K cmp.Ordered, V any](its []diffstore.Item[K, V], prev bool) []V {
 
 // endpointElements adds (or deletes) the intervals els in their endpoint
 // maps, each as its start and end elements.
-func (a *Applier) endpointElements(els []EndpointElement, del bool) error {
+func (t *txn) endpointElements(els []EndpointElement, del bool) error {
 	byMap := map[string][]nftables.SetElement{}
 	var order []EndpointElement
 	for _, e := range els {
@@ -431,11 +435,11 @@ func (a *Applier) endpointElements(els []EndpointElement, del bool) error {
 	}
 	for _, first := range order {
 		name := first.Map()
-		m := endpointMapRef(a.table, first.Family, name)
-		if s := a.sets[name]; s != nil {
+		m := endpointMapRef(t.table, first.Family, name)
+		if s := t.sets[name]; s != nil {
 			m = s
 		}
-		if err := a.sendElements(m, byMap[name], func(int) int { return elementBytes(40, "") }, del); err != nil {
+		if err := t.sendElements(m, byMap[name], func(int) int { return elementBytes(40, "") }, del); err != nil {
 			return err
 		}
 	}
@@ -443,13 +447,13 @@ func (a *Applier) endpointElements(els []EndpointElement, del bool) error {
 }
 
 // hairpinElements adds (or deletes) addrs in the hairpin sets.
-func (a *Applier) hairpinElements(addrs []netip.Addr, del bool) error {
+func (t *txn) hairpinElements(addrs []netip.Addr, del bool) error {
 	var byFamily [2][]nftables.SetElement
 	for _, addr := range addrs {
 		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], hairpinElement(addr))
 	}
 	for _, f := range []Family{IPv4, IPv6} {
-		if err := a.sendElements(hairpinSetRef(a.table, f), byFamily[f], func(int) int { return elementBytes(32, "") }, del); err != nil {
+		if err := t.sendElements(hairpinSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(32, "") }, del); err != nil {
 			return err
 		}
 	}
@@ -458,21 +462,21 @@ func (a *Applier) hairpinElements(addrs []netip.Addr, del bool) error {
 
 // sendElements adds (or deletes) els in set m, in messages cut by
 // chunkEnd (size(i): an upper bound of the i-th element's encoded size).
-func (a *Applier) sendElements(m *nftables.Set, els []nftables.SetElement, size func(int) int, del bool) error {
+func (t *txn) sendElements(m *nftables.Set, els []nftables.SetElement, size func(int) int, del bool) error {
 	for start, end := 0, 0; start < len(els); start = end {
 		end = chunkEnd(start, len(els), size)
 		var err error
 		if del {
-			err = a.conn.SetDeleteElements(m, els[start:end])
-			a.stats.ElementsDeleted += end - start
+			err = t.conn.SetDeleteElements(m, els[start:end])
+			t.stats.ElementsDeleted += end - start
 		} else {
-			err = a.conn.SetAddElements(m, els[start:end])
-			a.stats.ElementsAdded += end - start
+			err = t.conn.SetAddElements(m, els[start:end])
+			t.stats.ElementsAdded += end - start
 		}
 		if err != nil {
 			return fmt.Errorf("set %s: %w", m.Name, err)
 		}
-		a.stats.Messages++
+		t.stats.Messages++
 	}
 	return nil
 }
@@ -480,32 +484,32 @@ func (a *Applier) sendElements(m *nftables.Set, els []nftables.SetElement, size 
 // addSet adds a named set (an endpoint map, a balance map with its
 // elements, or an affinity set), remembering it for the rules of the same
 // transaction that refer to it.
-func (a *Applier) addSet(st *Set) error {
-	ns := setRef(a.table, st)
-	if err := a.conn.AddSet(ns, nil); err != nil {
+func (t *txn) addSet(st *Set) error {
+	ns := setRef(t.table, st)
+	if err := t.conn.AddSet(ns, nil); err != nil {
 		return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
 	}
-	a.stats.Messages++
+	t.stats.Messages++
 	// A balance map's elements in messages of their own, cut so that one
 	// message's elements stay within a 16-bit netlink attribute (AddSet
 	// would put them all in one).
 	els := balanceElements(st.Targets)
-	a.balanceElements += len(els)
+	t.balanceElements += len(els)
 	size := func(i int) int { return elementBytes(4, st.Targets[i]) }
 	for start, end := 0, 0; start < len(els); start = end {
 		end = chunkEnd(start, len(els), size)
-		if err := a.conn.SetAddElements(ns, els[start:end]); err != nil {
+		if err := t.conn.SetAddElements(ns, els[start:end]); err != nil {
 			return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
 		}
-		a.stats.Messages++
+		t.stats.Messages++
 	}
-	a.sets[st.Name] = ns
-	a.stats.SetsAdded++
+	t.sets[st.Name] = ns
+	t.stats.SetsAdded++
 	return nil
 }
 
 // elementGroups adds or deletes the elements of items, one message per map.
-func (a *Applier) elementGroups(items []diffstore.Item[string, Element], del bool, pick func(diffstore.Item[string, Element]) Element) error {
+func (t *txn) elementGroups(items []diffstore.Item[string, Element], del bool, pick func(diffstore.Item[string, Element]) Element) error {
 	byMap := map[string][]Element{}
 	var order []string
 	for _, it := range items {
@@ -517,7 +521,7 @@ func (a *Applier) elementGroups(items []diffstore.Item[string, Element], del boo
 	}
 	for _, name := range order {
 		els := byMap[name]
-		if err := a.setElements(mapRef(a.table, els[0].Family, name), els, del); err != nil {
+		if err := t.setElements(mapRef(t.table, els[0].Family, name), els, del); err != nil {
 			return err
 		}
 	}
@@ -526,7 +530,7 @@ func (a *Applier) elementGroups(items []diffstore.Item[string, Element], del boo
 
 // setElements adds (or deletes) els in m, in messages of at most
 // elementsPerMessage elements and elementBytesPerMessage bytes.
-func (a *Applier) setElements(m *nftables.Set, els []Element, del bool) error {
+func (t *txn) setElements(m *nftables.Set, els []Element, del bool) error {
 	nels := make([]nftables.SetElement, len(els))
 	for i, e := range els {
 		k, err := keyBytes(e.Key)
@@ -538,19 +542,19 @@ func (a *Applier) setElements(m *nftables.Set, els []Element, del bool) error {
 			nels[i].VerdictData = verdictExpr(e.Verdict)
 		}
 	}
-	return a.sendElements(m, nels, func(i int) int { return elementBytes(24, els[i].Verdict.Goto) }, del)
+	return t.sendElements(m, nels, func(i int) int { return elementBytes(24, els[i].Verdict.Goto) }, del)
 }
 
-func (a *Applier) chainRef(name string) *nftables.Chain {
-	return &nftables.Chain{Name: name, Table: a.table}
+func (t *txn) chainRef(name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: t.table}
 }
 
-func (a *Applier) addChain(name string) *nftables.Chain {
-	a.stats.Messages++
-	return a.conn.AddChain(a.chainRef(name))
+func (t *txn) addChain(name string) *nftables.Chain {
+	t.stats.Messages++
+	return t.conn.AddChain(t.chainRef(name))
 }
 
-func (a *Applier) addBaseChain(bc baseChain) *nftables.Chain {
+func (t *txn) addBaseChain(bc baseChain) *nftables.Chain {
 	typ, hook := nftables.ChainTypeNAT, nftables.ChainHookPrerouting
 	if bc.typ == "filter" {
 		typ = nftables.ChainTypeFilter
@@ -566,10 +570,10 @@ func (a *Applier) addBaseChain(bc baseChain) *nftables.Chain {
 		hook = nftables.ChainHookPostrouting
 	}
 	policy := nftables.ChainPolicyAccept
-	a.stats.Messages++
-	return a.conn.AddChain(&nftables.Chain{
+	t.stats.Messages++
+	return t.conn.AddChain(&nftables.Chain{
 		Name:     bc.name,
-		Table:    a.table,
+		Table:    t.table,
 		Type:     typ,
 		Hooknum:  hook,
 		Priority: nftables.ChainPriorityRef(nftables.ChainPriority(bc.priority)),
@@ -577,21 +581,21 @@ func (a *Applier) addBaseChain(bc baseChain) *nftables.Chain {
 	})
 }
 
-func (a *Applier) addRule(ch *nftables.Chain, exprs []expr.Any) {
-	a.conn.AddRule(&nftables.Rule{Table: a.table, Chain: ch, Exprs: exprs})
-	a.stats.Messages++
-	a.stats.Rules++
+func (t *txn) addRule(ch *nftables.Chain, exprs []expr.Any) {
+	t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: ch, Exprs: exprs})
+	t.stats.Messages++
+	t.stats.Rules++
 }
 
 // addRules adds the rules of a service or endpoint chain.
-func (a *Applier) addRules(ch *Chain) error {
-	ref := a.chainRef(ch.Name)
+func (t *txn) addRules(ch *Chain) error {
+	ref := t.chainRef(ch.Name)
 	for _, r := range ch.Rules {
-		exprs, err := ruleExprs(r, a.sets)
+		exprs, err := r.exprs(t.sets)
 		if err != nil {
 			return fmt.Errorf("service %s: chain %s: %w", ch.Service, ch.Name, err)
 		}
-		a.addRule(ref, exprs)
+		t.addRule(ref, exprs)
 	}
 	return nil
 }

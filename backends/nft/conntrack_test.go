@@ -1,3 +1,5 @@
+//go:build linux
+
 package nft
 
 import (
@@ -5,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/diffstore"
@@ -192,16 +196,16 @@ func TestStaleFlows(t *testing.T) {
 // affinity bookkeeping): it is ignored.
 type otherRule struct{}
 
-func (otherRule) isRule()        {}
-func (otherRule) String() string { return "masquerade" }
+func (otherRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return nil, nil }
+func (otherRule) String() string                                     { return "masquerade" }
 
 // affinityRule stands for a future rule sending packets to endpoint
 // chains: implementing chainReferrer is enough for StaleFlows to follow it.
 type affinityRule struct{ target string }
 
-func (affinityRule) isRule()                      {}
-func (r affinityRule) String() string             { return "goto " + r.target }
-func (r affinityRule) referencedChains() []string { return []string{r.target} }
+func (affinityRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return nil, nil }
+func (r affinityRule) String() string                                   { return "goto " + r.target }
+func (r affinityRule) referencedChains() []string                       { return []string{r.target} }
 
 // TestStaleFlowsOtherMaps checks the assumptions StaleFlows documents on
 // a hand-made delta: a map keyed by protocol and port only (no address,

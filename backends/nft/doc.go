@@ -2,19 +2,26 @@
 // the services it receives into one nftables table, over netlink
 // (github.com/google/nftables), without the nft binary.
 //
-// The package has two layers:
+// The package (Linux only) has two layers:
 //
-//   - the rule model (model.go, build.go, tracker.go, text.go: pure Go, no
-//     netlink): from services and endpoints seen from this node, the tables,
-//     chains, verdict maps and map elements that implement them, and the
-//     minimal change between two states, rendered as nft-like text for
-//     golden-file tests;
-//   - the applier and the sink (Linux only): the first sync writes the whole
-//     table in one netlink transaction that atomically replaces any previous
-//     table of the same name; later syncs send only the chains and map
-//     elements that changed, in one transaction. A rejected transaction
-//     changes nothing (netlink batches are atomic) and makes the next sync a
-//     full one.
+//   - the rule model, pure Go with no netlink call: model.go (families, map
+//     names, the kinds of objects and rules), rules.go (options and the
+//     rule kinds of filtering, masquerading and affinity), names.go (table
+//     and chain names), build.go (a service seen from this node → its
+//     chains, maps and elements), slots.go and tracker.go (the objects of
+//     every service, endpoint blocks placed in the shared endpoint maps,
+//     and the minimal change between two rounds), text.go (the base chains
+//     and the nft-like text of a ruleset, for golden-file tests) and
+//     conntrack.go (the stale UDP flows a change leaves behind);
+//   - the kernel side: netlink.go (each rule's netlink expressions, a
+//     method of the Rule interface, so that a rule kind without them does
+//     not compile; set types and elements), applier.go (one transaction
+//     per call, built in a txn value: the whole table, which atomically
+//     replaces any previous table of the same name, or only what changed;
+//     a rejected transaction changes nothing), sockbuf.go, conntrack_linux.go
+//     and sink.go (the localsink.Sink: each Update goes to the tracker,
+//     each Sync is one transaction; a failure makes the next Sync a full
+//     one).
 //
 // The table layout is documented in docs/backends/nft.md. In short: one
 // table of family inet named "kpng-<service-proxy-name>"; NAT base chains

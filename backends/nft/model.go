@@ -1,3 +1,5 @@
+//go:build linux
+
 package nft
 
 import (
@@ -6,6 +8,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 
 	"sigs.k8s.io/kpng/client/model"
 )
@@ -153,7 +158,10 @@ func equalChains(a, b *Chain) bool {
 type Rule interface {
 	// String returns the rule in nft syntax.
 	String() string
-	isRule()
+	// exprs returns the rule's netlink expressions, what the kernel is
+	// sent; sets holds the sets added in the same transaction, for the
+	// IDs of those the rule refers to.
+	exprs(sets map[string]*nftables.Set) ([]expr.Any, error)
 }
 
 // BalanceRule sends a packet to one of Targets (endpoint chains), chosen
@@ -164,8 +172,6 @@ type BalanceRule struct {
 	Targets []string
 	Map     string
 }
-
-func (BalanceRule) isRule() {}
 
 // String implements Rule.
 func (r BalanceRule) String() string {
@@ -181,8 +187,6 @@ type DNATRule struct {
 	Proto model.Protocol
 	To    netip.AddrPort
 }
-
-func (DNATRule) isRule() {}
 
 // String implements Rule.
 func (r DNATRule) String() string {
@@ -336,8 +340,6 @@ type DNATMapRule struct {
 	Slot  uint32
 	Map   string
 }
-
-func (DNATMapRule) isRule() {}
 
 // String implements Rule.
 func (r DNATMapRule) String() string {

@@ -284,56 +284,68 @@ func gotoVerdict(chain string) expr.Any {
 	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}
 }
 
-// ruleExprs returns the expressions of one rule of a regular chain. sets
-// holds the sets added in the same transaction, for their IDs.
-func ruleExprs(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
-	switch r := r.(type) {
-	case BalanceRule:
-		return balanceExprs(r, sets)
-	case DNATRule:
-		return dnatExprs(r)
-	case DNATMapRule:
-		return dnatMapExprs(r, sets)
-	case MarkRule:
-		var exprs []expr.Any
-		if r.Dst.IsValid() {
-			exprs = addrMatchExprs(r.Family, false, netip.PrefixFrom(r.Dst, r.Dst.BitLen()), expr.CmpOpEq)
-		}
-		for _, p := range r.Except {
-			exprs = append(exprs, addrMatchExprs(r.Family, true, p, expr.CmpOpNeq)...)
-		}
-		return append(exprs, markVerdict()), nil
-	case SourceRule:
-		var exprs []expr.Any
-		if r.LocalSource {
-			exprs = []expr.Any{
-				&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
-			}
-		} else {
-			exprs = addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)
-		}
-		if r.Mark {
-			return append(exprs, markVerdict()), nil
-		}
-		return append(exprs, gotoVerdict(r.Goto)), nil
-	case AllowRule:
-		return append(addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictReturn}), nil
-	case DropRule:
-		return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, nil
-	case AffinityCheckRule:
-		return []expr.Any{
-			saddrPayload(r.Family),
-			&expr.Lookup{SourceRegister: reg1, SetName: r.Set, SetID: setID(sets, r.Set)},
-			gotoVerdict(r.Goto),
-		}, nil
-	case AffinityUpdateRule:
-		return []expr.Any{
-			saddrPayload(r.Family),
-			&expr.Dynset{SrcRegKey: reg1, SetName: r.Set, SetID: setID(sets, r.Set), Operation: unix.NFT_DYNSET_OP_UPDATE},
-		}, nil
+// The expressions of each kind of rule, what the kernel is sent: each Rule
+// says its own (a kind without them does not compile). sets holds the sets
+// added in the same transaction, for their IDs.
+
+func (r BalanceRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+	return balanceExprs(r, sets)
+}
+
+func (r DNATRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return dnatExprs(r) }
+
+func (r DNATMapRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+	return dnatMapExprs(r, sets)
+}
+
+func (r MarkRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+	var exprs []expr.Any
+	if r.Dst.IsValid() {
+		exprs = addrMatchExprs(r.Family, false, netip.PrefixFrom(r.Dst, r.Dst.BitLen()), expr.CmpOpEq)
 	}
-	return nil, fmt.Errorf("unknown rule type %T", r)
+	for _, p := range r.Except {
+		exprs = append(exprs, addrMatchExprs(r.Family, true, p, expr.CmpOpNeq)...)
+	}
+	return append(exprs, markVerdict()), nil
+}
+
+func (r SourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+	var exprs []expr.Any
+	if r.LocalSource {
+		exprs = []expr.Any{
+			&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+		}
+	} else {
+		exprs = addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)
+	}
+	if r.Mark {
+		return append(exprs, markVerdict()), nil
+	}
+	return append(exprs, gotoVerdict(r.Goto)), nil
+}
+
+func (r AllowRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+	return append(addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictReturn}), nil
+}
+
+func (DropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+	return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, nil
+}
+
+func (r AffinityCheckRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+	return []expr.Any{
+		saddrPayload(r.Family),
+		&expr.Lookup{SourceRegister: reg1, SetName: r.Set, SetID: setID(sets, r.Set)},
+		gotoVerdict(r.Goto),
+	}, nil
+}
+
+func (r AffinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+	return []expr.Any{
+		saddrPayload(r.Family),
+		&expr.Dynset{SrcRegKey: reg1, SetName: r.Set, SetID: setID(sets, r.Set), Operation: unix.NFT_DYNSET_OP_UPDATE},
+	}, nil
 }
 
 // saddrPayload loads the source address into register 1.

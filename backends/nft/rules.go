@@ -1,3 +1,5 @@
+//go:build linux
+
 package nft
 
 import (
@@ -125,8 +127,6 @@ type MarkRule struct {
 	Except []netip.Prefix
 }
 
-func (MarkRule) isRule() {}
-
 // String implements Rule.
 func (r MarkRule) String() string {
 	var b strings.Builder
@@ -150,8 +150,6 @@ type SourceRule struct {
 	Goto        string
 }
 
-func (SourceRule) isRule() {}
-
 // String implements Rule.
 func (r SourceRule) String() string {
 	match := "fib saddr type local"
@@ -174,8 +172,6 @@ type AllowRule struct {
 	Prefix netip.Prefix
 }
 
-func (AllowRule) isRule() {}
-
 // String implements Rule.
 func (r AllowRule) String() string {
 	return fmt.Sprintf("%s %s return", saddrText(r.Family), r.Prefix)
@@ -183,8 +179,6 @@ func (r AllowRule) String() string {
 
 // DropRule drops: the end of a firewall chain.
 type DropRule struct{}
-
-func (DropRule) isRule() {}
 
 // String implements Rule.
 func (DropRule) String() string { return "drop" }
@@ -198,8 +192,6 @@ type AffinityCheckRule struct {
 	Goto   string
 }
 
-func (AffinityCheckRule) isRule() {}
-
 // String implements Rule.
 func (r AffinityCheckRule) String() string {
 	return fmt.Sprintf("%s @%s goto %s", saddrText(r.Family), r.Set, r.Goto)
@@ -211,8 +203,6 @@ type AffinityUpdateRule struct {
 	Family Family
 	Set    string
 }
-
-func (AffinityUpdateRule) isRule() {}
 
 // String implements Rule.
 func (r AffinityUpdateRule) String() string {
