@@ -21,7 +21,8 @@ test: controlplane
 	KPNG_CONTROLPLANE_DIR="$$(bash hack/build-controlplane.sh | tail -n 1)" \
 		$(GO) test $(GOTEST_FLAGS) ./...
 
-## unit: the tests that need no control plane.
+## unit: the unit tests (-short): no control plane is built or started and
+## no network namespace is made; the tests that need them skip.
 unit:
 	$(GO) test -race -count=1 -short ./...
 

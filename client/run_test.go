@@ -23,6 +23,7 @@ var cp *controlplane.ControlPlane
 func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 
 func TestMainUsageErrors(t *testing.T) {
+	cp.Require(t)
 	t.Setenv("KUBECONFIG", "")
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	bad := filepath.Join(t.TempDir(), "kubeconfig")
@@ -59,6 +60,7 @@ func TestMainUsageErrors(t *testing.T) {
 }
 
 func TestMainOnceDeliversFirstState(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("once")

@@ -225,6 +225,7 @@ func checkNoLeak(t *testing.T) {
 }
 
 func TestSelectionByServiceProxyName(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	mine, other := kubetest.UniqueName("mine"), kubetest.UniqueName("other")
@@ -271,6 +272,7 @@ func TestSelectionByServiceProxyName(t *testing.T) {
 }
 
 func TestUpdatesAndDeletionsPropagate(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("upd")
@@ -328,6 +330,7 @@ func TestUpdatesAndDeletionsPropagate(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 func TestConditionsDualStackAndMultipleSlices(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("cond")
@@ -374,6 +377,7 @@ func TestConditionsDualStackAndMultipleSlices(t *testing.T) {
 }
 
 func TestSliceMovedBetweenServices(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("move")
@@ -392,6 +396,7 @@ func TestSliceMovedBetweenServices(t *testing.T) {
 }
 
 func TestNodeZoneDrivesHints(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("zone")
@@ -426,6 +431,7 @@ func TestNodeZoneDrivesHints(t *testing.T) {
 }
 
 func TestFirstStateIsComplete(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("first")
@@ -458,6 +464,7 @@ func TestFirstStateIsComplete(t *testing.T) {
 }
 
 func TestBurstsAreCoalesced(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("burst")
@@ -486,6 +493,7 @@ func TestBurstsAreCoalesced(t *testing.T) {
 }
 
 func TestAPIServerRestart(t *testing.T) {
+	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("restart")
@@ -516,6 +524,7 @@ func TestAPIServerRestart(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
+	cp.Require(t)
 	if _, err := watcher.New(watcher.Config{Client: cp.Client(), ServiceProxyName: "not a label value!"}); err == nil ||
 		!strings.Contains(err.Error(), "service-proxy-name") {
 		t.Errorf("New with an invalid service-proxy-name: error %v, want one naming service-proxy-name", err)

@@ -41,6 +41,7 @@ func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 // the Cluster traffic policy, as kube-proxy), then by nobody once the
 // Service is deleted; the table outlives kpng, and --cleanup removes it.
 func TestKubeToLocalNFT(t *testing.T) {
+	cp.Require(t)
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "nft")
 	b := netns.Blog(t)

@@ -126,6 +126,7 @@ func TestProgramWatchesAPIServer(t *testing.T) {
 // startControlPlane starts a kube-apiserver and etcd for one test.
 func startControlPlane(t *testing.T) *controlplane.ControlPlane {
 	t.Helper()
+	controlplane.SkipIfShort(t)
 	cp, err := controlplane.Start()
 	if err != nil {
 		t.Fatalf("test control plane: %v", err)

@@ -38,6 +38,7 @@ const patience = 30 * time.Second
 // configuration make kpng-callout exit with status 2 and one line on
 // stderr, before it runs anything.
 func TestUsageErrors(t *testing.T) {
+	cp.Require(t)
 	t.Setenv("KUBECONFIG", "")
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	kubeconfig := "--kubeconfig=" + cp.KubeconfigPath()
@@ -96,6 +97,7 @@ func TestHelp(t *testing.T) {
 // TestKpngCallout runs the kpng-callout binary against the test control
 // plane.
 func TestKpngCallout(t *testing.T) {
+	cp.Require(t)
 	bin := build(t)
 	t.Run("each state reaches the callout", func(t *testing.T) { testStates(t, bin) })
 	t.Run("the blog's CALLOUT=jq with --once", func(t *testing.T) { testBlogOnce(t, bin) })

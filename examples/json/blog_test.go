@@ -48,6 +48,7 @@ func jsonPrint(items []*client.ServiceEndpoints) {
 // blog's JSON (every field the blog shows, with the same value), and the
 // blog's jq expressions.
 func TestBlogExample(t *testing.T) {
+	cp.Require(t)
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 // state, sends SIGTERM (then, in a second run, SIGINT) and expects exit
 // status 0 promptly.
 func TestExitsCleanlyOnSignal(t *testing.T) {
+	cp.Require(t)
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ var cp *controlplane.ControlPlane
 func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 
 func TestManifestsAndLeastPrivilegeRBAC(t *testing.T) {
+	cp.Require(t)
 	ctx := context.Background()
 	for _, f := range []string{"kpng-example.yaml", "kpng-example-app.yaml", "kpng-example-endpointslices.yaml", "kpng-example-proxy.yaml"} {
 		if err := manifests.ApplyFile(ctx, cp.Client(), f); err != nil {

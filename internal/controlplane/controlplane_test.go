@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 const namespace = "controlplane-test"
 
 func TestObjectsSurviveAPIServerRestart(t *testing.T) {
+	cp.Require(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	client := cp.Client()
@@ -174,6 +175,7 @@ func checkObjects(ctx context.Context, t *testing.T, client kubernetes.Interface
 }
 
 func TestRESTConfigVerifiesTLS(t *testing.T) {
+	cp.Require(t)
 	config := cp.RESTConfig()
 	if config.Insecure || len(config.CAData) == 0 {
 		t.Errorf("RESTConfig does not verify the serving certificate (insecure=%v, %d bytes of CA)", config.Insecure, len(config.CAData))
@@ -186,6 +188,7 @@ func TestRESTConfigVerifiesTLS(t *testing.T) {
 }
 
 func TestStartFailureIncludesLog(t *testing.T) {
+	controlplane.SkipIfShort(t)
 	second, err := controlplane.Start(controlplane.WithLogf(t.Logf), controlplane.WithAPIServerArgs("--no-such-flag"))
 	if err == nil {
 		second.Stop()

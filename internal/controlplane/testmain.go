@@ -22,7 +22,9 @@ import (
 // stderr.
 //
 // If the control plane cannot be started, Main prints why and exits with
-// status 1: the tests fail rather than skip. SIGINT and SIGTERM stop the
+// status 1: the tests fail rather than skip. With -short (make unit),
+// Main starts nothing and leaves *cp nil: the tests that need the control
+// plane call cp.Require first, which skips them. SIGINT and SIGTERM stop the
 // control plane before exiting.
 //
 // A cold build of kube-apiserver takes minutes and counts against go test's
@@ -35,6 +37,12 @@ func Main(m *testing.M, cp **ControlPlane, opts ...Option) {
 func run(m *testing.M, cp **ControlPlane, opts []Option) int {
 	if !flag.Parsed() {
 		flag.Parse()
+	}
+	if testing.Short() {
+		// make unit: nothing is built or started; the tests that need
+		// the control plane skip (Require).
+		*cp = nil
+		return m.Run()
 	}
 	logf := func(format string, args ...any) {
 		if testing.Verbose() {
@@ -73,4 +81,23 @@ func run(m *testing.M, cp **ControlPlane, opts []Option) int {
 		}
 	}
 	return code
+}
+
+// Require skips the test when there is no control plane: under -short,
+// where Main starts none. Call it first in every test that uses one (a
+// nil *ControlPlane is valid here).
+func (c *ControlPlane) Require(tb testing.TB) {
+	tb.Helper()
+	if c == nil {
+		tb.Skip("needs the test control plane (etcd + kube-apiserver), which -short does not start: run make test")
+	}
+}
+
+// SkipIfShort skips a test that starts a control plane of its own, under
+// -short (make unit), which builds and starts none.
+func SkipIfShort(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("starts a test control plane (etcd + kube-apiserver), which -short does not: run make test")
+	}
 }

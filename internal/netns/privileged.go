@@ -26,9 +26,14 @@ var (
 // network namespaces: it must run as root, have the ip command and be
 // allowed to add a namespace (a container without CAP_SYS_ADMIN is not). The
 // probe runs once per process. With KPNG_REQUIRE_PRIVILEGED=1 in the
-// environment it fails t instead of skipping it.
+// environment it fails t instead of skipping it. Under -short (make unit)
+// it skips t whatever the privileges: real-traffic tests are integration
+// tests.
 func RequirePrivileged(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("real traffic in network namespaces: not run with -short (make test runs it)")
+	}
 	probeOnce.Do(func() { probeErr = probe(os.Geteuid()) })
 	require(t, probeErr, os.Getenv(RequireEnv))
 }

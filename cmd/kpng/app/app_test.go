@@ -98,6 +98,7 @@ func jsonBackend(t *testing.T, addr, node string) string {
 }
 
 func TestKubeToAPIServesSeveralBackends(t *testing.T) {
+	cp.Require(t)
 	setup(t)
 	sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
 	startKpng(t, nil, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
@@ -132,6 +133,7 @@ func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 }
 
 func TestToFileAndFileInputRoundTrip(t *testing.T) {
+	cp.Require(t)
 	setup(t)
 	dir := t.TempDir()
 	recorded := filepath.Join(dir, "state.yaml")
@@ -154,6 +156,7 @@ func TestToFileAndFileInputRoundTrip(t *testing.T) {
 }
 
 func TestToLocalJSON(t *testing.T) {
+	cp.Require(t)
 	setup(t)
 	var stdout testio.SyncBuffer
 	startKpng(t, &stdout, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
