@@ -1,0 +1,378 @@
+//go:build linux
+
+package conformance
+
+import (
+	"bufio"
+	"net"
+	"net/netip"
+	"time"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+var scenarios = []Scenario{
+	{Name: "cluster-ip", run: clusterIP},
+	{Name: "node-port", run: nodePort},
+	{Name: "external-ip", run: externalIP},
+	{Name: "headless-external-ip", run: headless},
+	{Name: "load-balancer-source-ranges", Needs: []Feature{SourceRanges}, run: sourceRanges},
+	{Name: "session-affinity", Needs: []Feature{SessionAffinity}, run: sessionAffinity},
+	{Name: "external-traffic-policy-local", run: externalLocal},
+	{Name: "internal-traffic-policy-local", run: internalLocal},
+	{Name: "reject-without-endpoints", run: reject},
+	{Name: "terminating-fallback", run: terminating},
+	{Name: "topology-hints", Needs: []Feature{TopologyHints}, run: topology},
+	{Name: "client-address", Needs: []Feature{ClientAddress}, run: clientAddress},
+	{Name: "masquerade", Needs: []Feature{Masquerade}, run: masquerade},
+	{Name: "endpoint-change", run: endpointChange},
+	{Name: "port-change", run: portChange},
+	{Name: "service-deleted", run: serviceDeleted},
+	{Name: "restart-keeps-connection", Needs: []Feature{KeepConnections}, run: restartKeeps},
+}
+
+// clusterIP: both families, TCP and UDP, from the client and from the node
+// itself, spread over every endpoint.
+func clusterIP(h *harness) {
+	h.apply(with(service("web"), endpoints(netns.PodID, netns.Pod2ID)...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		for _, network := range h.networks() {
+			h.spread(h.topo.Client, network, netip.AddrPortFrom(ip, 80), 20, netns.PodID, netns.Pod2ID)
+			h.ask(h.topo.Node, network, netip.AddrPortFrom(ip, 80), netns.PodID, netns.Pod2ID)
+		}
+	}
+}
+
+// nodePort: the node's addresses answer on the node port, loopback does
+// not (kube-proxy's default), another port is untouched.
+func nodePort(h *harness) {
+	svc := service("web")
+	svc.Type = "NodePort"
+	for _, p := range svc.Ports {
+		p.NodePort = 30080
+	}
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	for _, ip := range h.node.IPs {
+		for _, network := range h.networks() {
+			h.ask(h.topo.Client, network, netip.AddrPortFrom(ip, 30080), netns.PodID)
+		}
+	}
+	h.expectNoPod(h.topo.Node, "tcp", netip.MustParseAddrPort("127.0.0.1:30080"))
+	h.expectNoPod(h.topo.Client, "tcp", netip.AddrPortFrom(netns.NodeV4, 30081))
+}
+
+// externalIP: the blog's external IPs reach the endpoints.
+func externalIP(h *harness) {
+	svc := service("web")
+	svc.IPs.ExternalIPs = ipset(netns.ServiceV4, netns.ServiceV6)
+	h.apply(with(svc, endpoints(netns.PodID, netns.Pod2ID)...))
+	for _, ip := range families(netns.ServiceV4, netns.ServiceV6) {
+		for _, network := range h.networks() {
+			h.spread(h.topo.Client, network, netip.AddrPortFrom(ip, 80), 20, netns.PodID, netns.Pod2ID)
+		}
+	}
+}
+
+// headless: a headless service has no cluster IP, but its external IPs
+// are proxied (the blog's case).
+func headless(h *harness) {
+	svc := service("blog")
+	svc.IPs = model.ServiceIPs{Headless: true, ExternalIPs: ipset(netns.ServiceV4, netns.ServiceV6)}
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	for _, ip := range families(netns.ServiceV4, netns.ServiceV6) {
+		h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
+	}
+	h.expectNoPod(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80))
+}
+
+// sourceRanges: a load-balancer IP answers clients inside its source
+// ranges and drops the others.
+func sourceRanges(h *harness) {
+	svc := service("lb")
+	svc.Type = "LoadBalancer"
+	for i, p := range svc.Ports {
+		p.NodePort = int32(30090 + i)
+	}
+	svc.IPs.LoadBalancerIPs = ipset(lbV4, lbV6)
+	svc.LoadBalancerSourceRanges = []string{"10.0.0.0/24", "fd00::/64"} // the client's links
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	for _, ip := range families(lbV4, lbV6) {
+		h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
+	}
+	other := *svc
+	other.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "2001:db8:ffff::/48"}
+	h.apply(with(&other, endpoints(netns.PodID)...))
+	for _, ip := range families(lbV4, lbV6) {
+		h.expectDropped(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80))
+	}
+}
+
+// sessionAffinity: a client sticks to one endpoint, and the stickiness
+// expires after the timeout without traffic.
+func sessionAffinity(h *harness) {
+	svc := service("web")
+	svc.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 1}
+	h.apply(with(svc, endpoints(netns.PodID, netns.Pod2ID)...))
+	seen := map[string]bool{}
+	for round := range 8 {
+		if round > 0 {
+			time.Sleep(1500 * time.Millisecond) // the affinity expires
+		}
+		for _, ip := range families(clusterV4, clusterV6) {
+			for _, network := range h.networks() {
+				first := ""
+				for i := range 4 {
+					a := h.ask(h.topo.Client, network, netip.AddrPortFrom(ip, 80), netns.PodID, netns.Pod2ID)
+					if first == "" {
+						first = a.Server
+						if ip.Is4() && network == "tcp" {
+							seen[first] = true
+						}
+					} else if a.Server != first {
+						h.t.Errorf("round %d, %s %s: request %d went to %s, the first to %s: affinity not kept", round, network, ip, i, a.Server, first)
+					}
+				}
+			}
+		}
+	}
+	if len(seen) < 2 {
+		h.t.Errorf("in 8 rounds more than the timeout apart, the client always went to %v: affinity never expired", seen)
+	}
+}
+
+// externalLocal: externalTrafficPolicy Local sends external traffic only
+// to local endpoints, drops it without one, while pods and the node
+// itself still reach every endpoint (kube-proxy's short-circuits), and
+// cluster IPs are not affected.
+func externalLocal(h *harness) {
+	svc := service("web")
+	svc.Type = "NodePort"
+	svc.ExternalTrafficToLocal = true
+	for _, p := range svc.Ports {
+		p.NodePort = 30080
+	}
+	svc.IPs.ExternalIPs = ipset(netns.ServiceV4, netns.ServiceV6)
+	local := endpoints(netns.PodID)
+	other := remote(endpoints(netns.Pod2ID))
+	h.apply(with(svc, append(local, other...)...))
+	for _, ip := range append(h.node.IPs, netns.ServiceV4, netns.ServiceV6) {
+		port := uint16(80)
+		if ip == netns.NodeV4 || ip == netns.NodeV6 {
+			port = 30080
+		}
+		for range 5 {
+			h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, port), netns.PodID)
+		}
+	}
+	h.spread(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80), 20, netns.PodID, netns.Pod2ID)
+
+	// No local endpoint: external traffic is dropped; the node itself and
+	// the pods reach the remote endpoint.
+	h.apply(with(svc, other...))
+	for _, ip := range append(h.node.IPs, netns.ServiceV4, netns.ServiceV6) {
+		port := uint16(80)
+		if ip == netns.NodeV4 || ip == netns.NodeV6 {
+			port = 30080
+		}
+		h.expectDropped(h.topo.Client, "tcp", netip.AddrPortFrom(ip, port))
+	}
+	h.ask(h.topo.Node, "tcp", netip.AddrPortFrom(netns.ServiceV4, 80), netns.Pod2ID)
+	h.ask(h.topo.Pod, "tcp", netip.AddrPortFrom(netns.ServiceV4, 80), netns.Pod2ID)
+	h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80), netns.Pod2ID)
+}
+
+// internalLocal: internalTrafficPolicy Local sends cluster-IP traffic only
+// to local endpoints, and drops it without one.
+func internalLocal(h *harness) {
+	svc := service("web")
+	svc.InternalTrafficToLocal = true
+	h.apply(with(svc, append(endpoints(netns.PodID), remote(endpoints(netns.Pod2ID))...)...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		for range 5 {
+			h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
+		}
+	}
+	h.apply(with(svc, remote(endpoints(netns.Pod2ID))...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		h.expectDropped(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80))
+	}
+}
+
+// reject: a service without endpoints refuses connections (TCP reset,
+// ICMP port unreachable for UDP) rather than dropping them.
+func reject(h *harness) {
+	h.apply(with(service("web")))
+	for _, ip := range families(clusterV4, clusterV6) {
+		h.expectRefused(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80))
+		if _, ok := h.b.Unsupported[RejectUDP]; !ok && contains(h.networks(), "udp") {
+			h.expectRefused(h.topo.Client, "udp", netip.AddrPortFrom(ip, 80))
+		}
+	}
+}
+
+// terminating: without ready endpoints, serving terminating ones are used;
+// with one ready, only it.
+func terminating(h *harness) {
+	term := func(eps []*model.Endpoint) []*model.Endpoint {
+		for _, e := range eps {
+			e.Ready, e.Serving, e.Terminating = false, true, true
+		}
+		return eps
+	}
+	svc := service("web")
+	h.apply(with(svc, term(endpoints(netns.PodID, netns.Pod2ID))...))
+	h.spread(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80), 20, netns.PodID, netns.Pod2ID)
+	h.apply(with(svc, append(endpoints(netns.PodID), term(endpoints(netns.Pod2ID))...)...))
+	for range 10 {
+		h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80), netns.PodID)
+	}
+}
+
+// topology: when every ready endpoint has hints and some name this node's
+// zone, only those are used.
+func topology(h *harness) {
+	eps := endpoints(netns.PodID, netns.Pod2ID)
+	for _, e := range eps {
+		if e.IPs.All()[0] == netns.PodV4.String() || e.IPs.All()[0] == netns.PodV6.String() {
+			e.Hints = &model.Hints{Zones: []string{"zone-a"}, SameZone: true}
+		} else {
+			e.Hints = &model.Hints{Zones: []string{"zone-b"}}
+		}
+	}
+	h.apply(with(service("web"), eps...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		for range 10 {
+			h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
+		}
+	}
+}
+
+// clientAddress: the endpoint sees a pod's own address on cluster IPs,
+// and the client's on node ports with the Local policy.
+func clientAddress(h *harness) {
+	h.apply(with(service("web"), endpoints(netns.PodID)...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		if a := h.ask(h.topo.Pod2, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID); a.Remote.Addr() != podAddr(netns.Pod2ID, ip) {
+			h.t.Errorf("cluster IP %s from pod2: the pod saw %s, want pod2's %s", ip, a.Remote, podAddr(netns.Pod2ID, ip))
+		}
+	}
+	local := service("web")
+	local.Type, local.ExternalTrafficToLocal = "NodePort", true
+	for _, p := range local.Ports {
+		p.NodePort = 30080
+	}
+	h.apply(with(local, endpoints(netns.PodID)...))
+	for _, c := range []struct{ dst, client netip.Addr }{{netns.NodeV4, netns.ClientV4}, {netns.NodeV6, netns.ClientV6}} {
+		if a := h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(c.dst, 30080), netns.PodID); a.Remote.Addr() != c.client {
+			h.t.Errorf("node port %s with the Local policy: the pod saw %s, want the client's %s", c.dst, a.Remote, c.client)
+		}
+	}
+}
+
+// nodeSide is the node's address on the pods' links, per family: what a
+// pod sees of masqueraded traffic.
+func nodeSide(like netip.Addr) netip.Addr {
+	if like.Is4() {
+		return netns.GatewayV4
+	}
+	return netns.GatewayV6
+}
+
+// masquerade: off-cluster traffic to cluster IPs and external traffic with
+// the Cluster policy reach the endpoint from the node, and a pod reaching
+// itself through its service does not see its own address (hairpin).
+func masquerade(h *harness) {
+	svc := service("web")
+	svc.Type = "NodePort"
+	for _, p := range svc.Ports {
+		p.NodePort = 30080
+	}
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	for _, dst := range []netip.AddrPort{
+		netip.AddrPortFrom(netns.NodeV4, 30080), netip.AddrPortFrom(netns.NodeV6, 30080),
+		netip.AddrPortFrom(clusterV4, 80), netip.AddrPortFrom(clusterV6, 80),
+	} {
+		if a := h.ask(h.topo.Client, "tcp", dst, netns.PodID); a.Remote.Addr() != nodeSide(dst.Addr()) {
+			h.t.Errorf("%s from the off-cluster client: the pod saw %s, want the node's %s", dst, a.Remote, nodeSide(dst.Addr()))
+		}
+	}
+	for _, ip := range families(clusterV4, clusterV6) {
+		if a := h.ask(h.topo.Pod, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID); a.Remote.Addr() == podAddr(netns.PodID, ip) {
+			h.t.Errorf("hairpin via %s: the pod saw its own address %s, want the node's", ip, a.Remote)
+		}
+	}
+}
+
+// endpointChange: new connections follow an endpoint change.
+func endpointChange(h *harness) {
+	svc := service("web")
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80), netns.PodID)
+	h.apply(with(svc, endpoints(netns.Pod2ID)...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		for _, network := range h.networks() {
+			for range 5 {
+				h.ask(h.topo.Client, network, netip.AddrPortFrom(ip, 80), netns.Pod2ID)
+			}
+		}
+	}
+}
+
+// portChange: a service port changed answers on the new port only.
+func portChange(h *harness) {
+	svc := service("web")
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	moved := *svc
+	moved.Ports = []*model.PortMapping{{Name: "tcp", Protocol: model.TCP, Port: 81, TargetPort: 6000}}
+	h.apply(with(&moved, endpoints(netns.PodID)...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 81), netns.PodID)
+		h.expectNoPod(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80))
+	}
+}
+
+// serviceDeleted: a deleted service's addresses no longer reach its pods.
+func serviceDeleted(h *harness) {
+	svc := service("web")
+	svc.IPs.ExternalIPs = ipset(netns.ServiceV4, netns.ServiceV6)
+	h.apply(with(svc, endpoints(netns.PodID)...))
+	h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80), netns.PodID)
+	h.apply()
+	for _, ip := range []netip.Addr{clusterV4, clusterV6, netns.ServiceV4, netns.ServiceV6} {
+		h.expectNoPod(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80))
+	}
+}
+
+// restartKeeps: an open connection keeps carrying data across a restart
+// of the backend (a new process given the same state).
+func restartKeeps(h *harness) {
+	echoServer(h.t, h.topo.Pod, "9000")
+	echo := service("echo")
+	echo.Ports = []*model.PortMapping{{Protocol: model.TCP, Port: 90, TargetPort: 9000}}
+	h.apply(with(echo, endpoints(netns.PodID)...))
+	var c net.Conn
+	if err := h.topo.Client.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(clusterV4, 90).String(), 2*time.Second)
+		return err
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	roundTrip := func(msg string) {
+		h.t.Helper()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte(msg + "\n")); err != nil {
+			h.t.Fatalf("%s: write: %v", msg, err)
+		}
+		if got, err := r.ReadString('\n'); err != nil || got != "echo "+msg+"\n" {
+			h.t.Fatalf("%s: read %q, %v", msg, got, err)
+		}
+	}
+	roundTrip("before")
+	h.restart()
+	roundTrip("after the restart")
+	h.apply(with(echo, endpoints(netns.PodID, netns.Pod2ID)...))
+	roundTrip("after an endpoint was added")
+}

@@ -1,0 +1,132 @@
+//go:build linux
+
+package conformance
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// noAnswer is how long a request waits before it counts as unanswered.
+const noAnswer = 400 * time.Millisecond
+
+// networks returns the protocols a scenario sends: TCP, and UDP unless
+// the backend lacks it.
+func (h *harness) networks() []string {
+	if _, ok := h.b.Unsupported[UDP]; ok {
+		return []string{"tcp"}
+	}
+	return []string{"tcp", "udp"}
+}
+
+// ask sends one request from ns and fails the test unless one of servers
+// answers, on its own address and port 6000; it returns the answer.
+func (h *harness) ask(from *netns.NS, network string, dst netip.AddrPort, servers ...string) netns.Answer {
+	h.t.Helper()
+	a, err := from.Ask(network, dst, netns.AskOptions{})
+	if err != nil {
+		h.t.Errorf("%s %s from %s: %v, want an answer from %v", network, dst, from, err, servers)
+		return a
+	}
+	if !contains(servers, a.Server) {
+		h.t.Errorf("%s %s from %s: answered by %s, want one of %v", network, dst, from, a.Server, servers)
+		return a
+	}
+	if want := netip.AddrPortFrom(podAddr(a.Server, dst.Addr()), 6000); a.Local != want {
+		h.t.Errorf("%s %s from %s: %s answered on %s, want %s", network, dst, from, a.Server, a.Local, want)
+	}
+	return a
+}
+
+// spread sends n requests and fails the test unless every one of servers
+// answered at least once (and no other).
+func (h *harness) spread(from *netns.NS, network string, dst netip.AddrPort, n int, servers ...string) {
+	h.t.Helper()
+	seen := map[string]int{}
+	for range n {
+		seen[h.ask(from, network, dst, servers...).Server]++
+	}
+	for _, s := range servers {
+		if seen[s] == 0 {
+			h.t.Errorf("%s %s from %s: %d requests answered by %v, none by %s: not spread over every endpoint", network, dst, from, n, seen, s)
+		}
+	}
+}
+
+// expectDropped fails the test unless the request gets no answer at all
+// (not even a refusal).
+func (h *harness) expectDropped(from *netns.NS, network string, dst netip.AddrPort) {
+	h.t.Helper()
+	a, err := from.Ask(network, dst, netns.AskOptions{Timeout: noAnswer})
+	if err == nil || isRefused(err) {
+		h.t.Errorf("%s %s from %s: answer %v, error %v; want no answer (dropped)", network, dst, from, a.Server, err)
+	}
+}
+
+// expectRefused fails the test unless the request is refused (TCP reset,
+// ICMP port unreachable).
+func (h *harness) expectRefused(from *netns.NS, network string, dst netip.AddrPort) {
+	h.t.Helper()
+	a, err := from.Ask(network, dst, netns.AskOptions{Timeout: 2 * time.Second})
+	if !isRefused(err) {
+		h.t.Errorf("%s %s from %s: answer %q, error %v; want refused", network, dst, from, a.Server, err)
+	}
+}
+
+// expectNoPod fails the test if a pod answers.
+func (h *harness) expectNoPod(from *netns.NS, network string, dst netip.AddrPort) {
+	h.t.Helper()
+	if a, err := from.Ask(network, dst, netns.AskOptions{Timeout: noAnswer}); err == nil {
+		h.t.Errorf("%s %s from %s: answered by %s, want no pod to answer", network, dst, from, a.Server)
+	}
+}
+
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// echoServer serves, in ns on port, a TCP echo ("echo " + line) until the
+// test ends.
+func echoServer(t *testing.T, ns *netns.NS, port string) {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", ":"+port); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte("echo " + line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}

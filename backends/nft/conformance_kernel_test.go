@@ -1,0 +1,51 @@
+//go:build linux
+
+package nft
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"sigs.k8s.io/kpng/backends/conformance"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// TestConformance runs the whole conformance kit against the nft backend:
+// it declares no feature unsupported.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Backend{Name: "nft", Start: startConformance})
+}
+
+// startConformance builds the nft sink in the kit's node namespace, as
+// `kpng … to-local to-nft --netns` does; the table is removed when the
+// scenario ends.
+func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+	f, err := os.Open(node.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { f.Close() })
+	fd := int(f.Fd())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cfg := Config{
+		ServiceProxyName: "conformance",
+		Context:          ctx,
+		Conn:             ConnInNetNS(fd),
+		Conntrack: func() (*netlink.Handle, error) {
+			return netlink.NewHandleAt(vnetns.NsHandle(fd), unix.NETLINK_NETFILTER)
+		},
+		Options: Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
+	}
+	t.Cleanup(func() {
+		if c, err := ConnInNetNS(fd)(); err == nil {
+			_ = Cleanup(c, cfg.ServiceProxyName)
+		}
+	})
+	return NewSink(cfg)
+}
