@@ -28,10 +28,6 @@ type serviceObjects struct {
 	Hairpin []netip.Addr
 }
 
-// defaultAffinityTimeout is kube-proxy's default ClientIP affinity
-// timeout, used when the service gives none.
-const defaultAffinityTimeout = 10800 * time.Second
-
 // buildService computes the objects of one service as seen from this node
 // (the endpoints' Local and hints are already computed for it). Parts of
 // the service that cannot be programmed (unknown protocol, port out of
@@ -313,7 +309,7 @@ func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
 	ep := to.Addr().String() + "/" + strconv.Itoa(int(to.Port()))
 	name := endpointChainName(b.family, b.key, b.port, ep)
-	timeout := defaultAffinityTimeout
+	timeout := model.DefaultAffinityTimeoutSeconds * time.Second
 	if a := b.svc.ClientIPAffinity; a.TimeoutSeconds > 0 {
 		timeout = time.Duration(a.TimeoutSeconds) * time.Second
 	}

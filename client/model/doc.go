@@ -8,5 +8,7 @@
 // Fields may be added (always with omitempty or omitzero), never renamed.
 //
 // Values handed to a backend are never modified afterwards by kpng; treat them
-// as read-only, and copy them (see the Clone methods) before changing them.
+// as read-only: to change one, build a new value (a shallow copy of the
+// struct with new slices or maps where they differ), as
+// Node.ViewService does.
 package model

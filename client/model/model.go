@@ -149,9 +149,16 @@ type PortMapping struct {
 
 // ClientIPAffinity is sessionAffinity: ClientIP.
 type ClientIPAffinity struct {
-	// TimeoutSeconds is how long a client sticks to its endpoint.
+	// TimeoutSeconds is how long a client sticks to its endpoint; the
+	// watcher fills in DefaultAffinityTimeoutSeconds when the Service
+	// gives none.
 	TimeoutSeconds int32
 }
+
+// DefaultAffinityTimeoutSeconds is Kubernetes' default
+// sessionAffinityConfig.clientIP.timeoutSeconds (3 hours), for a ClientIP
+// affinity without a timeout.
+const DefaultAffinityTimeoutSeconds = 10800
 
 // Endpoint is one backend address of a service.
 type Endpoint struct {

@@ -12,10 +12,6 @@ import (
 	"sigs.k8s.io/kpng/client/model"
 )
 
-// defaultAffinityTimeout is Kubernetes' default sessionAffinityConfig
-// clientIP timeout (3 hours).
-const defaultAffinityTimeout = 10800
-
 // proxied reports whether a proxier has anything to do for svc. ExternalName
 // services are DNS aliases with nothing to load-balance, as in kube-proxy.
 func proxied(svc *v1.Service) bool {
@@ -91,7 +87,7 @@ func convertService(svc *v1.Service) *model.Service {
 	}
 
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
-		timeout := int32(defaultAffinityTimeout)
+		timeout := int32(model.DefaultAffinityTimeoutSeconds)
 		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
 			timeout = *c.ClientIP.TimeoutSeconds
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/manifests"
+	"sigs.k8s.io/kpng/internal/proc"
 	"sigs.k8s.io/kpng/internal/testio"
 )
 
@@ -321,7 +321,7 @@ wait`)
 	p.stop(t, sig)
 	for _, pid := range pids {
 		deadline := time.Now().Add(patience)
-		for alive(pid) {
+		for proc.Alive(pid) {
 			if time.Now().After(deadline) {
 				t.Errorf("callout process %d still runs after kpng-callout exited", pid)
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -464,18 +464,4 @@ func withoutCallout(env []string) []string {
 		}
 	}
 	return out
-}
-
-// alive reports whether a process exists and is not a zombie.
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); err != nil {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	fields := bytes.Fields(stat[i+1:])
-	return len(fields) == 0 || string(fields[0]) != "Z"
 }

@@ -42,6 +42,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"sigs.k8s.io/kpng/internal/proc"
 )
 
 const (
@@ -197,7 +199,7 @@ func removeAbandonedDirs(logf func(format string, args ...any)) {
 			continue // being created, or not ours
 		}
 		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err != nil || pid <= 0 || pid == os.Getpid() || processAlive(pid) {
+		if err != nil || pid <= 0 || pid == os.Getpid() || proc.Alive(pid) {
 			continue
 		}
 		if err := os.RemoveAll(dir); err == nil {

@@ -9,9 +9,3 @@ import "syscall"
 func sysProcAttr() *syscall.SysProcAttr {
 	return nil
 }
-
-// processAlive reports true: without a portable liveness check, directories
-// of other control planes are never cleaned up.
-func processAlive(pid int) bool {
-	return true
-}

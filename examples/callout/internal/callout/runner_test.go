@@ -19,6 +19,7 @@ import (
 
 	"k8s.io/klog/v2/textlogger"
 
+	"sigs.k8s.io/kpng/internal/proc"
 	"sigs.k8s.io/kpng/internal/testio"
 )
 
@@ -182,27 +183,13 @@ func goroutineCheck(t *testing.T) func() {
 	}
 }
 
-// alive reports whether a process exists and is not a zombie.
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); err != nil {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	fields := bytes.Fields(stat[i+1:])
-	return len(fields) == 0 || string(fields[0]) != "Z"
-}
-
 // expectGone fails the test unless the processes exit promptly (a killed
 // orphan is reaped by init asynchronously).
 func expectGone(t *testing.T, pids ...int) {
 	t.Helper()
 	deadline := time.Now().Add(patience)
 	for _, pid := range pids {
-		for alive(pid) {
+		for proc.Alive(pid) {
 			if time.Now().After(deadline) {
 				t.Errorf("process %d is still running", pid)
 				_ = syscall.Kill(pid, syscall.SIGKILL)

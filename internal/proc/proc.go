@@ -1,0 +1,3 @@
+// Package proc answers questions about other processes for kpng's tests
+// and test harnesses.
+package proc
