@@ -110,7 +110,9 @@ type txn struct {
 // NewApplier returns an Applier writing the inet table named table, on
 // connections from newConn, which must apply the options it is given
 // (nil means nftables.New, in the current network namespace). Close
-// releases its lasting connection.
+// releases its lasting connection. newConn is also the seam of the
+// unprivileged tests: a factory adding nftables.WithTestDial sees every
+// message without a kernel (applier_test.go).
 func NewApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), table string) *Applier {
 	if newConn == nil {
 		newConn = nftables.New
