@@ -74,13 +74,17 @@ type Feeder struct {
 
 	mu sync.Mutex
 	// held is what the sink was given; pending the newer value of the
-	// services that differ or may differ from it (nil: gone).
+	// services that differ or may differ from it (nil: gone), from the
+	// source's completed rounds; staged those of the source's round in
+	// progress, which a retry must not deliver half of.
 	held    map[model.ServiceKey]*model.ServiceEndpoints
 	pending map[model.ServiceKey]*model.ServiceEndpoints
+	staged  map[model.ServiceKey]*model.ServiceEndpoints
 	// reset: the next round starts with Reset (first round, asked by the
-	// source or by the sink through ErrResync); failed: the sink's last
-	// Sync failed, so the next round has a Sync even with no Update.
-	reset, failed bool
+	// sink through ErrResync); stagedReset: the source asked for one in
+	// its round in progress; failed: the sink's last Sync failed, so the
+	// next round has a Sync even with no Update.
+	reset, stagedReset, failed bool
 	// timer is the pending retry, backoff the delay of the next one.
 	// seen is SetAll's set of the keys given, kept between calls.
 	seen    map[model.ServiceKey]struct{}
@@ -104,6 +108,7 @@ func NewFeeder(sink Sink, opts FeederOptions) *Feeder {
 		opts:    opts,
 		held:    map[model.ServiceKey]*model.ServiceEndpoints{},
 		pending: map[model.ServiceKey]*model.ServiceEndpoints{},
+		staged:  map[model.ServiceKey]*model.ServiceEndpoints{},
 		reset:   true,
 		backoff: opts.MinRetry,
 	}
@@ -114,7 +119,7 @@ func NewFeeder(sink Sink, opts FeederOptions) *Feeder {
 func (f *Feeder) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.reset = true
+	f.stagedReset = true
 }
 
 // Update says that service key is now se (nil: gone). It is delivered on
@@ -129,10 +134,21 @@ func (f *Feeder) update(key model.ServiceKey, se *model.ServiceEndpoints) {
 	if se != nil && se.Service == nil {
 		se = nil // endpoints without a service are no service
 	}
-	if _, ok := f.pending[key]; !ok && f.held[key] == se {
+	if f.latest(key) == se {
 		return // values are immutable: the same pointer is the same value
 	}
-	f.pending[key] = se
+	f.staged[key] = se
+}
+
+// latest returns the newest value given for key: staged, pending or held.
+func (f *Feeder) latest(key model.ServiceKey) *model.ServiceEndpoints {
+	if se, ok := f.staged[key]; ok {
+		return se
+	}
+	if se, ok := f.pending[key]; ok {
+		return se
+	}
+	return f.held[key]
 }
 
 // SetAll says that items is the whole state: the services held and not in
@@ -156,14 +172,11 @@ func (f *Feeder) SetAll(items []*model.ServiceEndpoints) {
 		seen[key] = struct{}{}
 		f.update(key, se)
 	}
-	for key := range f.held {
-		if _, ok := seen[key]; !ok {
-			f.pending[key] = nil
-		}
-	}
-	for key := range f.pending {
-		if _, ok := seen[key]; !ok {
-			f.pending[key] = nil
+	for _, m := range []map[model.ServiceKey]*model.ServiceEndpoints{f.held, f.pending} {
+		for key := range m {
+			if _, ok := seen[key]; !ok {
+				f.staged[key] = nil
+			}
 		}
 	}
 }
@@ -174,13 +187,15 @@ func (f *Feeder) Len() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := len(f.held)
-	for key, se := range f.pending {
-		_, held := f.held[key]
-		switch {
-		case se != nil && !held:
-			n++
-		case se == nil && held:
-			n--
+	for _, m := range []map[model.ServiceKey]*model.ServiceEndpoints{f.pending, f.staged} {
+		for key := range m {
+			_, held := f.held[key]
+			switch se := f.latest(key); {
+			case se != nil && !held:
+				n++
+			case se == nil && held:
+				n--
+			}
 		}
 	}
 	return n
@@ -195,6 +210,14 @@ func (f *Feeder) Sync() error {
 	defer f.mu.Unlock()
 	if f.closed {
 		return errors.New("feeder closed")
+	}
+	// The source's round is complete: it joins what is pending.
+	for key, se := range f.staged {
+		f.pending[key] = se
+	}
+	clear(f.staged)
+	if f.stagedReset {
+		f.reset, f.stagedReset = true, false
 	}
 	return f.deliver(false)
 }
@@ -211,12 +234,17 @@ func (f *Feeder) Close() {
 	}
 }
 
-// Pending returns the number of services given since the last Sync and
-// not yet delivered.
+// Pending returns the number of services given and not yet delivered.
 func (f *Feeder) Pending() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.pending)
+	n := len(f.pending)
+	for key := range f.staged {
+		if _, ok := f.pending[key]; !ok {
+			n++
+		}
+	}
+	return n
 }
 
 // Failed reports whether the sink's last Sync failed (a retry is due).

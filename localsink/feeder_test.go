@@ -220,6 +220,28 @@ func TestFeederRetry(t *testing.T) {
 	}
 }
 
+// TestFeederRetryWaitsForTheSourcesRound checks that a retry firing while
+// the source is in the middle of a round delivers none of it: the
+// source's Updates go with its own Sync.
+func TestFeederRetryWaitsForTheSourcesRound(t *testing.T) {
+	f, c := newChecked(t, localsink.FeederOptions{MinRetry: 20 * time.Millisecond})
+	c.FailSyncs(errors.New("boom"))
+	f.Update(key("ns", "a"), svcEps(testService("ns", "a")))
+	_ = f.Sync()
+	f.Update(key("ns", "b"), svcEps(testService("ns", "b"))) // a round begins
+	c.WaitSyncs(t, 2, 5*time.Second)                         // the retry
+	time.Sleep(50 * time.Millisecond)
+	if diff := cmp.Diff([]string{"Reset", "Update ns/a service", "Sync failed", "Sync"}, c.TakeCalls()); diff != "" {
+		t.Errorf("calls up to the retry (-want +got):\n%s", diff)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"Update ns/b service", "Sync"}, c.TakeCalls()); diff != "" {
+		t.Errorf("the source's round (-want +got):\n%s", diff)
+	}
+}
+
 // TestFeederResync checks that a Sync failing with ErrResync gets Reset
 // and the whole state, newer changes included.
 func TestFeederResync(t *testing.T) {
