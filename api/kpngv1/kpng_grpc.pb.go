@@ -38,10 +38,14 @@ type ControllerClient interface {
 	// operation is Reset, then the whole state follows, then Sync. After that,
 	// each round of changes ends with Sync; a round may span several batches.
 	// A backend applies the state on Sync. A round that changes nothing for
-	// this node is not sent at all. The ordering guarantees are those of
-	// sigs.k8s.io/kpng/localsink.Sink: set_service before the service's
-	// endpoints when it first appears, a deleted service's endpoints deleted
-	// before it, set_* only for real changes.
+	// this node is not sent at all. Within a round, the operations of one
+	// service are together, services in key order: set_service when the
+	// service is new or changed (before its endpoints when it first
+	// appears), delete_endpoint for the endpoints gone, set_endpoint for
+	// the new and changed ones, and for a deleted service its endpoints'
+	// delete_endpoint then delete_service; set_* only for real changes.
+	// (This per-endpoint form saves bytes on the wire; the client library
+	// hands backends whole services: sigs.k8s.io/kpng/localsink.Sink.)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Batch], error)
 }
 
@@ -84,10 +88,14 @@ type ControllerServer interface {
 	// operation is Reset, then the whole state follows, then Sync. After that,
 	// each round of changes ends with Sync; a round may span several batches.
 	// A backend applies the state on Sync. A round that changes nothing for
-	// this node is not sent at all. The ordering guarantees are those of
-	// sigs.k8s.io/kpng/localsink.Sink: set_service before the service's
-	// endpoints when it first appears, a deleted service's endpoints deleted
-	// before it, set_* only for real changes.
+	// this node is not sent at all. Within a round, the operations of one
+	// service are together, services in key order: set_service when the
+	// service is new or changed (before its endpoints when it first
+	// appears), delete_endpoint for the endpoints gone, set_endpoint for
+	// the new and changed ones, and for a deleted service its endpoints'
+	// delete_endpoint then delete_service; set_* only for real changes.
+	// (This per-endpoint form saves bytes on the wire; the client library
+	// hands backends whole services: sigs.k8s.io/kpng/localsink.Sink.)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[Batch]) error
 	mustEmbedUnimplementedControllerServer()
 }
