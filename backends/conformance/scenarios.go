@@ -347,7 +347,7 @@ func serviceDeleted(h *harness) {
 // restartKeeps: an open connection keeps carrying data across a restart
 // of the backend (a new process given the same state).
 func restartKeeps(h *harness) {
-	echoServer(h.t, h.topo.Pod, "9000")
+	h.topo.Pod.ServeEcho(h.t, 9000)
 	echo := service("echo")
 	echo.Ports = []*model.PortMapping{{Protocol: model.TCP, Port: 90, TargetPort: 9000}}
 	h.apply(with(echo, endpoints(netns.PodID)...))

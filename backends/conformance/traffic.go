@@ -3,12 +3,9 @@
 package conformance
 
 import (
-	"bufio"
 	"errors"
-	"net"
 	"net/netip"
 	"syscall"
-	"testing"
 	"time"
 
 	"sigs.k8s.io/kpng/internal/netns"
@@ -97,36 +94,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// echoServer serves, in ns on port, a TCP echo ("echo " + line) until the
-// test ends.
-func echoServer(t *testing.T, ns *netns.NS, port string) {
-	t.Helper()
-	var ln net.Listener
-	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", ":"+port); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write([]byte("echo " + line)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
 }

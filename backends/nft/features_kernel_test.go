@@ -410,33 +410,7 @@ func TestKernelEndpointSelection(t *testing.T) {
 // table) and checks that the same connection still carries data both ways.
 func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 	b := kernelTopology(t)
-	// An echo server on the pod, port 9000.
-	var ln net.Listener
-	if err := b.Pod.Do(func() (err error) { ln, err = net.Listen("tcp", ":9000"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write([]byte("echo " + line)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	b.Pod.ServeEcho(t, 9000)
 	echo := svc("default", "echo", ipset(webV4.String()), tcp(90, 9000))
 	state := &model.ServiceEndpoints{Service: echo, Endpoints: podEndpoints(netns.PodID)[:1]}
 	first := newTestSink(t, b, "keep")

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -226,4 +227,37 @@ func (n *NS) Ask(network string, dst netip.AddrPort, opts AskOptions) (Answer, e
 		return Answer{}, fmt.Errorf("%s from %s to %s: %w", network, n.Name, dst, err)
 	}
 	return a, nil
+}
+
+// ServeEcho serves, in the namespace on TCP port, an echo that answers each
+// line with "echo " and the line, for as long as the connection lasts (to
+// check that an open connection keeps working), until t ends.
+func (n *NS) ServeEcho(t testing.TB, port uint16) {
+	t.Helper()
+	var ln net.Listener
+	if err := n.Do(func() (err error) { ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); return err }); err != nil {
+		t.Fatalf("echo server in %s: %v", n, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte("echo " + line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
 }
