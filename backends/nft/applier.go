@@ -102,9 +102,6 @@ type txn struct {
 	conn  *nftables.Conn
 	stats Stats
 	sets  map[string]*nftables.Set
-	// balanceElements counts the elements of the balance maps added (for
-	// the send buffer).
-	balanceElements int
 }
 
 // NewApplier returns an Applier writing the inet table named table, on
@@ -149,7 +146,12 @@ func (a *Applier) begin(messages, elements int) (*txn, error) {
 		t.conn = a.lasting
 		return t, nil
 	}
-	conn, err := a.newConn()
+	// A connection of its own, its socket buffers sized when it is made
+	// for the transaction's estimated size (an upper bound of what it
+	// sends).
+	conn, err := a.newConn(nftables.WithSockOptions(
+		receiveBuffer(receiveBufferFor(messages)),
+		sendBuffer(sendBufferFor(messages, elements))))
 	if err != nil {
 		return nil, fmt.Errorf("nftables connection: %w", err)
 	}
@@ -157,17 +159,8 @@ func (a *Applier) begin(messages, elements int) (*txn, error) {
 	return t, nil
 }
 
-// flush sends the transaction t: on a connection of its own, with socket
-// buffers sized for it.
-func (a *Applier) flush(t *txn) error {
-	if t.conn != a.lasting {
-		nftables.WithSockOptions(
-			receiveBuffer(receiveBufferFor(t.stats.Messages)),
-			sendBuffer(sendBufferFor(t.stats.Messages, t.stats.ElementsAdded+t.stats.ElementsDeleted+t.balanceElements)),
-		)(t.conn)
-	}
-	return t.conn.Flush()
-}
+// flush sends the transaction t.
+func (a *Applier) flush(t *txn) error { return t.conn.Flush() }
 
 // end ends the transaction t; after an error, the lasting connection is
 // closed if t used it, with whatever t left in it.
@@ -496,7 +489,6 @@ func (t *txn) addSet(st *Set) error {
 	// message's elements stay within a 16-bit netlink attribute (AddSet
 	// would put them all in one).
 	els := balanceElements(st.Targets)
-	t.balanceElements += len(els)
 	size := func(i int) int { return elementBytes(4, st.Targets[i]) }
 	for start, end := 0, 0; start < len(els); start = end {
 		end = chunkEnd(start, len(els), size)
