@@ -378,10 +378,7 @@ func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
 
 // familyAddrs returns the addresses of s of family f.
 func familyAddrs(s model.IPSet, f Family) []string {
-	if f == IPv6 {
-		return s.V6
-	}
-	return s.V4
+	return [2][]string{IPv4: s.V4, IPv6: s.V6}[f]
 }
 
 // familyEndpoints returns the endpoints whose address is of family f.

@@ -82,11 +82,7 @@ func DeleteStaleFlows(h *netlink.Handle, flows []StaleFlow) (uint, error) {
 		if len(ff) == 0 {
 			continue
 		}
-		family := netlink.InetFamily(unix.AF_INET)
-		if f == IPv6 {
-			family = unix.AF_INET6
-		}
-		n, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, family, ff)
+		n, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, f.info().conntrack, ff)
 		deleted += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("delete %s conntrack entries: %w", f, err))

@@ -25,12 +25,7 @@ const (
 )
 
 // String returns "ipv4" or "ipv6".
-func (f Family) String() string {
-	if f == IPv6 {
-		return "ipv6"
-	}
-	return "ipv4"
-}
+func (f Family) String() string { return f.info().name }
 
 // familyOf returns the family of a.
 func familyOf(a netip.Addr) Family {
@@ -190,11 +185,7 @@ type DNATRule struct {
 
 // String implements Rule.
 func (r DNATRule) String() string {
-	fam := "ip"
-	if r.To.Addr().Is6() {
-		fam = "ip6"
-	}
-	return fmt.Sprintf("meta l4proto %s dnat %s to %s", protoName(r.Proto), fam, r.To)
+	return fmt.Sprintf("meta l4proto %s dnat %s to %s", protoName(r.Proto), familyOf(r.To.Addr()).info().nft, r.To)
 }
 
 // Ruleset is the desired content of the table: its regular chains, named
@@ -343,9 +334,5 @@ type DNATMapRule struct {
 
 // String implements Rule.
 func (r DNATMapRule) String() string {
-	fam := "ip"
-	if r.Family == IPv6 {
-		fam = "ip6"
-	}
-	return fmt.Sprintf("meta l4proto %s dnat %s to %d . numgen random mod %d map @%s", protoName(r.Proto), fam, r.Slot, uint32(endpointModulus), r.Map)
+	return fmt.Sprintf("meta l4proto %s dnat %s to %d . numgen random mod %d map @%s", protoName(r.Proto), r.Family.info().nft, r.Slot, uint32(endpointModulus), r.Map)
 }

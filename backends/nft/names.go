@@ -30,12 +30,7 @@ func TableName(serviceProxyName string) string {
 }
 
 // familySuffix is "4" or "6".
-func familySuffix(f Family) string {
-	if f == IPv6 {
-		return "6"
-	}
-	return "4"
-}
+func familySuffix(f Family) string { return f.info().suffix }
 
 // protoName is the lower-case protocol name used in chain names and text.
 func protoName(p model.Protocol) string { return strings.ToLower(p.String()) }

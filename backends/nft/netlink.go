@@ -90,10 +90,8 @@ func endpointMapElements(e EndpointElement, del bool) [2]nftables.SetElement {
 // status dnat ip saddr . ip daddr @hairpin-vX meta mark set meta mark |
 // bit".
 func hairpinExprs(f Family, bit uint32, set *nftables.Set) []expr.Any {
-	nfproto, src, dst, alen, rdst := byte(unix.NFPROTO_IPV4), uint32(12), uint32(16), uint32(4), uint32(reg32HairpinDstV4)
-	if f == IPv6 {
-		nfproto, src, dst, alen, rdst = unix.NFPROTO_IPV6, 8, 24, 16, reg32HairpinDstV6
-	}
+	fi := f.info()
+	nfproto, src, dst, alen, rdst := fi.nfproto, fi.saddr, fi.daddr, fi.addrLen, fi.regHairpinDst
 	exprs := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nfproto}},
@@ -122,10 +120,7 @@ func dnatMapExprs(r DNATMapRule, sets map[string]*nftables.Set) ([]expr.Any, err
 	if r.Map == "" {
 		return nil, fmt.Errorf("block %s has no place in an endpoint map", r.Block)
 	}
-	fam, regPort := uint32(unix.NFPROTO_IPV4), uint32(reg32Endpoint+1)
-	if r.Family == IPv6 {
-		fam, regPort = unix.NFPROTO_IPV6, reg32Endpoint+4
-	}
+	fam, regPort := uint32(r.Family.info().nfproto), r.Family.info().regEndpointPort
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
@@ -147,12 +142,7 @@ func mapKeyType(f Family, nodePort bool) nftables.SetDatatype {
 }
 
 // addrType is the address type of a family.
-func addrType(f Family) nftables.SetDatatype {
-	if f == IPv6 {
-		return nftables.TypeIP6Addr
-	}
-	return nftables.TypeIPAddr
-}
+func addrType(f Family) nftables.SetDatatype { return f.info().setType }
 
 // mapRef returns the set object of one of the table's verdict maps.
 func mapRef(t *nftables.Table, f Family, name string) *nftables.Set {
@@ -195,10 +185,8 @@ func verdictExpr(v Verdict) *expr.Verdict {
 // "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
 // prefix] meta l4proto . th dport vmap @m".
 func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
-	nfproto, off, alen, rl4, rdp := byte(unix.NFPROTO_IPV4), uint32(16), uint32(4), uint32(reg32v4L4), uint32(reg32v4Dp)
-	if f == IPv6 {
-		nfproto, off, alen, rl4, rdp = unix.NFPROTO_IPV6, 24, 16, reg32v6L4, reg32v6Dp
-	}
+	fi := f.info()
+	nfproto, off, alen, rl4, rdp := fi.nfproto, fi.daddr, fi.addrLen, fi.regL4, fi.regDport
 	exprs := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nfproto}},
@@ -229,10 +217,7 @@ func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr
 // destination, saddr false) address of a packet of family f against p
 // with op (equal: inside p; not equal: outside p).
 func addrMatchExprs(f Family, saddr bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
-	off, alen := uint32(16), uint32(4)
-	if f == IPv6 {
-		off, alen = 24, 16
-	}
+	off, alen := f.info().daddr, f.info().addrLen
 	if saddr {
 		off -= alen
 	}
@@ -350,10 +335,7 @@ func (r AffinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, er
 
 // saddrPayload loads the source address into register 1.
 func saddrPayload(f Family) expr.Any {
-	if f == IPv6 {
-		return &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16}
-	}
-	return &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}
+	return &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: f.info().saddr, Len: f.info().addrLen}
 }
 
 // setID returns the ID of the set name if it was added in the current
@@ -403,10 +385,7 @@ func dnatExprs(r DNATRule) ([]expr.Any, error) {
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
 	}
-	fam := uint32(unix.NFPROTO_IPV4)
-	if r.To.Addr().Is6() {
-		fam = unix.NFPROTO_IPV6
-	}
+	fam := uint32(familyOf(r.To.Addr()).info().nfproto)
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},

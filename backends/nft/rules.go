@@ -111,12 +111,7 @@ func prefixText(ps []netip.Prefix) string {
 }
 
 // saddrText is "ip saddr" or "ip6 saddr".
-func saddrText(f Family) string {
-	if f == IPv6 {
-		return "ip6 saddr"
-	}
-	return "ip saddr"
-}
+func saddrText(f Family) string { return f.info().nft + " saddr" }
 
 // MarkRule asks for masquerading: "jump mark-for-masquerade", only for
 // packets to Dst when it is set (a cluster IP) and only for sources outside
@@ -244,11 +239,7 @@ func equalSets(a, b *Set) bool {
 // of an endpoint map given in els.
 func (s *Set) Text(els []EndpointElement) string {
 	if s.EndpointMap {
-		addr := "ipv4_addr"
-		if s.Family == IPv6 {
-			addr = "ipv6_addr"
-		}
-		text := fmt.Sprintf("map %s {\n\t\ttype integer . integer : %s . inet_service\n\t\tflags interval", s.Name, addr)
+		text := fmt.Sprintf("map %s {\n\t\ttype integer . integer : %s . inet_service\n\t\tflags interval", s.Name, s.Family.info().addrType)
 		var lines []string
 		for _, e := range els {
 			if e.Map() == s.Name {
@@ -267,9 +258,5 @@ func (s *Set) Text(els []EndpointElement) string {
 		}
 		return fmt.Sprintf("map %s {\n\t\ttype integer : verdict\n\t\tflags constant\n\t\telements = { %s }\n\t}", s.Name, strings.Join(els, ", "))
 	}
-	addr := "ipv4_addr"
-	if s.Family == IPv6 {
-		addr = "ipv6_addr"
-	}
-	return fmt.Sprintf("set %s {\n\t\ttype %s\n\t\tflags dynamic,timeout\n\t\ttimeout %ds\n\t}", s.Name, addr, int(s.Timeout/time.Second))
+	return fmt.Sprintf("set %s {\n\t\ttype %s\n\t\tflags dynamic,timeout\n\t\ttimeout %ds\n\t}", s.Name, s.Family.info().addrType, int(s.Timeout/time.Second))
 }

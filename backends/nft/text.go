@@ -75,10 +75,7 @@ type nodePortMatch struct {
 // (loopback excluded) when opts gives no prefix at all.
 func nodePortMatches(opts Options, f Family) []nodePortMatch {
 	if len(opts.NodePortAddresses) == 0 {
-		if f == IPv4 {
-			return []nodePortMatch{{NotPrefix: loopbackV4}}
-		}
-		return []nodePortMatch{{NotPrefix: loopbackV6}}
+		return []nodePortMatch{{NotPrefix: f.info().loopback}}
 	}
 	var out []nodePortMatch
 	for _, p := range prefixesOf(opts.NodePortAddresses, f) {
@@ -88,12 +85,7 @@ func nodePortMatches(opts Options, f Family) []nodePortMatch {
 }
 
 // daddrText is "ip daddr" or "ip6 daddr".
-func daddrText(f Family) string {
-	if f == IPv6 {
-		return "ip6 daddr"
-	}
-	return "ip daddr"
-}
+func daddrText(f Family) string { return f.info().nft + " daddr" }
 
 // lookupRuleText is the text of the rule looking up the map m of kind k
 // and family f (node-port maps: with the address match npm).
@@ -103,11 +95,7 @@ func lookupRuleText(f Family, k mapKind, npm nodePortMatch) string {
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
 	}
 	var b strings.Builder
-	if f == IPv6 {
-		b.WriteString("meta nfproto ipv6 ")
-	} else {
-		b.WriteString("meta nfproto ipv4 ")
-	}
+	b.WriteString("meta nfproto " + f.info().name + " ")
 	if npm.Prefix.IsValid() {
 		fmt.Fprintf(&b, "%s %s ", daddrText(f), npm.Prefix)
 	}
@@ -155,10 +143,7 @@ func (rs *Ruleset) Text() string {
 	for _, f := range []Family{IPv4, IPv6} {
 		for _, k := range mapKinds {
 			m := k.name(f)
-			typ := "ipv4_addr . inet_proto . inet_service"
-			if f == IPv6 {
-				typ = "ipv6_addr . inet_proto . inet_service"
-			}
+			typ := f.info().addrType + " . inet_proto . inet_service"
 			if k.nodePort {
 				typ = "inet_proto . inet_service"
 			}
@@ -176,10 +161,7 @@ func (rs *Ruleset) Text() string {
 		}
 	}
 	for _, f := range []Family{IPv4, IPv6} {
-		typ := "ipv4_addr . ipv4_addr"
-		if f == IPv6 {
-			typ = "ipv6_addr . ipv6_addr"
-		}
+		typ := f.info().addrType + " . " + f.info().addrType
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", MapHairpin(f), typ)
 		var els []string
 		for _, a := range rs.Hairpin {
