@@ -168,15 +168,25 @@ func TestHealthCheckListenError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer busy.Close()
 	s := New(Config{Listen: loopback})
 	defer s.Close()
 	f := feed(t, s, localsink.FeederOptions{MinRetry: 50 * time.Millisecond, MaxRetry: 100 * time.Millisecond})
-	f.SetAll([]*model.ServiceEndpoints{withEndpoints(lbService("a", ports[0], true)), withEndpoints(lbService("b", ports[1], true))})
-	if err := f.Sync(); err == nil || !strings.Contains(err.Error(), "default/a") {
-		t.Errorf("Sync with a busy port: %v, want an error naming default/a", err)
+	f.SetAll([]*model.ServiceEndpoints{
+		withEndpoints(lbService("a", ports[0], true)),
+		withEndpoints(lbService("b", ports[1], true), endpoint("10.1.0.1", true, true)),
+	})
+	err = f.Sync()
+	if err == nil || !strings.Contains(err.Error(), "default/a") || !strings.Contains(err.Error(), fmt.Sprint(ports[0])) {
+		t.Errorf("Sync with a busy port: %v, want an error naming default/a and port %d", err, ports[0])
+	} else if strings.Contains(err.Error(), "default/b") {
+		t.Errorf("Sync with a busy port: %v, names default/b, whose port is free", err)
 	}
 	if got := s.Ports(); len(got) != 1 || got[0] != ports[1] {
 		t.Errorf("ports %v, want only %d (the other is busy)", got, ports[1])
+	}
+	if code, b := get(t, ports[1]); code != http.StatusOK || b.Service.Name != "b" || b.LocalEndpoints != 1 {
+		t.Errorf("the free port while the other is busy: %d %+v, want 200 for default/b", code, b)
 	}
 	busy.Close()
 	deadline := time.Now().Add(10 * time.Second)
@@ -186,10 +196,63 @@ func TestHealthCheckListenError(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if f.Failed() {
-		t.Errorf("the retry that opened the port still reports a failure")
+	// The retry's Sync returns before the Feeder records its success.
+	for f.Failed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the retry that opened the port still reports a failure")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || !strings.Contains(b.Service.Name, "a") {
-		t.Errorf("freed port: %d %+v", code, b)
+	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || b.Service.Name != "a" {
+		t.Errorf("freed port: %d %+v, want 503 for default/a", code, b)
+	}
+	if code, b := get(t, ports[1]); code != http.StatusOK || b.Service.Name != "b" {
+		t.Errorf("the other port after the retry: %d %+v, want 200 for default/b", code, b)
+	}
+}
+
+// TestHealthCheckListenErrorNextSync drives the sink directly: while a
+// port is taken by another listener, every Sync fails naming the service
+// and the other port is served; once the blocker is gone, the next Sync,
+// with no Update, serves the port and succeeds.
+func TestHealthCheckListenErrorNextSync(t *testing.T) {
+	ports := freePorts(t, 2)
+	busy, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ports[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	s := New(Config{Listen: loopback})
+	defer s.Close()
+	a := withEndpoints(lbService("a", ports[0], true), endpoint("10.1.0.1", true, true))
+	z := withEndpoints(lbService("z", ports[1], true), endpoint("10.1.0.2", true, true), endpoint("10.1.0.3", true, true))
+	s.Reset()
+	s.Update(a.Service.Key(), nil, a)
+	s.Update(z.Service.Key(), nil, z)
+	for i := range 2 { // the round, then a Sync alone while still blocked
+		err := s.Sync()
+		if err == nil || !strings.Contains(err.Error(), "default/z") || strings.Contains(err.Error(), "default/a") {
+			t.Errorf("Sync %d with port %d busy: %v, want an error naming default/z only", i, ports[1], err)
+		}
+		if got := s.Ports(); len(got) != 1 || got[0] != ports[0] {
+			t.Errorf("Sync %d: ports %v, want [%d]", i, got, ports[0])
+		}
+		if code, b := get(t, ports[0]); code != http.StatusOK || b.Service.Name != "a" || b.LocalEndpoints != 1 {
+			t.Errorf("Sync %d: the free port: %d %+v, want 200 for default/a with 1", i, code, b)
+		}
+	}
+
+	busy.Close()
+	if err := s.Sync(); err != nil {
+		t.Fatalf("Sync after the port was freed: %v", err)
+	}
+	if got := s.Ports(); len(got) != 2 {
+		t.Errorf("ports %v after the port was freed, want both", got)
+	}
+	if code, b := get(t, ports[1]); code != http.StatusOK || b.Service.Name != "z" || b.LocalEndpoints != 2 {
+		t.Errorf("freed port: %d %+v, want 200 for default/z with 2", code, b)
+	}
+	if code, b := get(t, ports[0]); code != http.StatusOK || b.Service.Name != "a" {
+		t.Errorf("the other port: %d %+v, want 200 for default/a", code, b)
 	}
 }

@@ -360,8 +360,10 @@ func BenchmarkEndpointChange(b *testing.B) {
 			b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
 			b.ReportMetric(float64(sizes["endpoint added"].Messages), "add-messages")
 			b.ReportMetric(float64(sizes["endpoint removed"].Messages), "remove-messages")
-			// The sink holding n services: store, tracker, the model
-			// objects (only the sink references them) and the applier.
+			// The sink holding n services: tracker, the model objects
+			// (only the sink and the benchmark's map of the values given,
+			// which stands for the source's, reference them) and the
+			// applier.
 			b.ReportMetric(float64(heap)/(1<<20), "heap-MiB")
 			b.ReportMetric(float64(modelHeap)/(1<<20), "model-MiB")
 		})

@@ -299,41 +299,52 @@ func TestKernelSessionAffinity(t *testing.T) {
 	b := kernelTopology(t)
 	s := newOptionsSink(t, b, "aff", Options{})
 	web := svc("default", "web", ipset(webV4.String(), webV6.String()), tcp(80, 6000), udp(80, 6000))
-	web.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 1}
+	// Stickiness with a long timeout, so that a slow machine cannot let it
+	// expire in the middle of a burst.
+	web.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 30}
 	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID, netns.Pod2ID, pod3ID)})
 	s.sync()
+	for _, cip := range []netip.Addr{webV4, webV6} {
+		first := map[string]string{}
+		for i := range 8 {
+			network := []string{"tcp", "udp"}[i%2]
+			a, err := b.Client.Ask(network, netip.AddrPortFrom(cip, 80), netns.AskOptions{})
+			if err != nil {
+				t.Fatalf("%s %s: %v", network, cip, err)
+			}
+			if first[network] == "" {
+				first[network] = a.Server
+			}
+			if a.Server != first[network] {
+				t.Errorf("%s %s: request %d went to %s, the first to %s: affinity not kept", network, cip, i, a.Server, first[network])
+			}
+		}
+	}
+	if listing := nftList(t, b.Node, "kpng-aff"); !containsAll(listing, "flags dynamic,timeout", "timeout 30s", "update @aff4-", "update @aff6-", " @aff4-") {
+		t.Errorf("listing lacks the affinity sets and rules:\n%s", listing)
+	}
 
+	// Expiry with a 1 s timeout: one request per round, rounds further
+	// apart than the timeout.
+	short := *web
+	short.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 1}
+	s.setService(&short)
+	s.sync()
 	seen := map[string]bool{}
 	for round := range 8 {
 		if round > 0 {
 			time.Sleep(1500 * time.Millisecond) // the entries expire
 		}
-		for _, cip := range []netip.Addr{webV4, webV6} {
-			first := map[string]string{}
-			for i := range 8 {
-				network := []string{"tcp", "udp"}[i%2]
-				a, err := b.Client.Ask(network, netip.AddrPortFrom(cip, 80), netns.AskOptions{})
-				if err != nil {
-					t.Fatalf("round %d: %v", round, err)
-				}
-				if first[network] == "" {
-					first[network] = a.Server
-				}
-				if a.Server != first[network] {
-					t.Errorf("round %d, %s %s: request %d went to %s, the first to %s: affinity not kept", round, network, cip, i, a.Server, first[network])
-				}
-				if cip.Is4() {
-					seen[a.Server] = true
-				}
-			}
+		a, err := b.Client.Ask("tcp", netip.AddrPortFrom(webV4, 80), netns.AskOptions{})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
 		}
+		seen[a.Server] = true
 	}
 	if len(seen) < 2 {
-		t.Errorf("in 8 rounds separated by more than the timeout, the IPv4 client always went to %v: affinity never expired", seen)
+		t.Errorf("in 8 requests more than the timeout apart, the client always went to %v: affinity never expired", seen)
 	}
-	if listing := nftList(t, b.Node, "kpng-aff"); !containsAll(listing, "flags dynamic,timeout", "timeout 1s", "update @aff4-", "update @aff6-", " @aff4-") {
-		t.Errorf("listing lacks the affinity sets and rules:\n%s", listing)
-	}
+	web = &short
 
 	// Affinity off: the sets go away in a partial sync (the affinity sets
 	// and the balance maps among endpoint chains), the endpoint maps come.

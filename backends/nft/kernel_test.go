@@ -515,21 +515,30 @@ func TestKernelPartialSyncSize(t *testing.T) {
 
 // TestKernelRecoversFromRejectedTransaction removes the table behind the
 // sink's back: the next partial transaction is rejected by the kernel
-// (nothing applied, error reported), then the retry timer rewrites the
-// whole table without waiting for a Sync; when a Sync comes before the
-// retry, it is the full one.
+// (nothing applied), and Sync returns its error, naming the table. The
+// Feeder's retry then calls Sync alone (no Reset, no Update: the sink
+// kept the failed round), which writes the whole table, and traffic
+// reaches the endpoint of the failed round; when the source's next round
+// comes before the retry, that round's Sync is the full one.
 func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	b := kernelTopology(t)
-	s := newConfigSink(t, b, Config{ServiceProxyName: "recover"}, localsink.FeederOptions{MinRetry: 300 * time.Millisecond})
+	s := newConfigSink(t, b, Config{ServiceProxyName: "recover"}, localsink.FeederOptions{MinRetry: 200 * time.Millisecond, MaxRetry: 400 * time.Millisecond})
 	web := webService()
 	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
 	s.sync()
 	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
+	s.checker.TakeCalls()
 
 	e := podEndpoints(netns.Pod2ID)[0]
 	s.setEndpoint(web.Key(), e)
 	if err := s.trySync(); err == nil || !strings.Contains(err.Error(), "kpng-recover") {
 		t.Fatalf("Sync of a partial transaction on a missing table: %v, want an error naming the table", err)
+	}
+	if !s.feeder.Failed() {
+		t.Errorf("the Feeder does not know the round failed: no retry is due")
+	}
+	if calls, want := s.checker.TakeCalls(), []string{"Update default/web +" + e.Key(), "Sync failed"}; !slices.Equal(calls, want) {
+		t.Errorf("the failed round: calls %q, want %q", calls, want)
 	}
 	results := s.allResults()
 	last := results[len(results)-1]
@@ -543,14 +552,15 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 		t.Errorf("the rejected transaction left something:\n%s", out)
 	}
 
-	// No new round: kpng's retry calls Sync again, which rewrites the
-	// whole table with the state the sink was given.
+	// No new round: the Feeder's retry calls Sync again, alone, and the
+	// sink rewrites the whole table with the state it was given.
+	failed := len(results)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		results = s.allResults()
 		if r := results[len(results)-1]; r.Err == nil {
-			if !r.Full {
-				t.Errorf("retry not full: %+v", r)
+			if !r.Full || len(r.Services) != 1 || r.Services[0] != web.Key() {
+				t.Errorf("retry: %+v, want a full sync of %v", r, web.Key())
 			}
 			break
 		}
@@ -559,13 +569,23 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if n := len(results) - failed; n != 1 {
+		t.Errorf("%d transactions before the table was back, want 1 (the retry's)", n)
+	}
+	calls := s.checker.TakeCalls()
+	if len(calls) == 0 || calls[len(calls)-1] != "Sync" || slices.ContainsFunc(calls, func(c string) bool { return !strings.HasPrefix(c, "Sync") }) {
+		t.Errorf("the retry: calls %q, want Syncs alone, the last one successful", calls)
+	}
+	if s.feeder.Failed() {
+		t.Errorf("the Feeder still reports a failure after the successful retry")
+	}
 	counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(webV4, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
 	if counts[netns.PodID] == 0 || counts[netns.Pod2ID] == 0 {
 		t.Errorf("after the retry: %v, want pod and pod2", counts)
 	}
 
 	// A failure again, repaired by the next round before the retry: that
-	// round's Sync is full.
+	// round's Sync is full, with both rounds' changes.
 	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
 	s.deleteEndpoint(web.Key(), e.Key())
 	if err := s.trySync(); err == nil {
