@@ -172,7 +172,7 @@ func (f *Feeder) SetAll(items []*model.ServiceEndpoints) {
 		seen[key] = struct{}{}
 		f.update(key, se)
 	}
-	for _, m := range []map[model.ServiceKey]*model.ServiceEndpoints{f.held, f.pending} {
+	for _, m := range []map[model.ServiceKey]*model.ServiceEndpoints{f.held, f.pending, f.staged} {
 		for key := range m {
 			if _, ok := seen[key]; !ok {
 				f.staged[key] = nil

@@ -242,6 +242,21 @@ func TestFeederRetryWaitsForTheSourcesRound(t *testing.T) {
 	}
 }
 
+// TestFeederSetAllAfterUpdate checks that a full state drops a service
+// given by Update earlier in the same round.
+func TestFeederSetAllAfterUpdate(t *testing.T) {
+	f, c := newChecked(t, localsink.FeederOptions{NoRetry: true})
+	a, b := svcEps(testService("ns", "a")), svcEps(testService("ns", "b"))
+	f.Update(key("ns", "b"), b)
+	f.SetAll([]*model.ServiceEndpoints{a})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]*model.ServiceEndpoints{a}, c.State()); diff != "" {
+		t.Errorf("state (-want +got):\n%s", diff)
+	}
+}
+
 // TestFeederResync checks that a Sync failing with ErrResync gets Reset
 // and the whole state, newer changes included.
 func TestFeederResync(t *testing.T) {
