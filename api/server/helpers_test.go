@@ -71,25 +71,11 @@ func runClient(t *testing.T, cfg remote.Config) *sinktest.Checker {
 // runClientInto is runClient into a given checker.
 func runClientInto(t *testing.T, cfg remote.Config, r *sinktest.Checker) *sinktest.Checker {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	if cfg.MinBackoff == 0 {
 		cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 200*time.Millisecond
 	}
-	go func() { done <- remote.Run(ctx, cfg, r) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("remote.Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("remote.Run did not return")
-		}
-		if err := r.Err(); err != nil {
-			t.Errorf("remote client broke the Sink contract:\n%v", err)
-		}
+	sinktest.RunSource(t, "remote.Run", r, func(ctx context.Context, sink localsink.Sink) error {
+		return remote.Run(ctx, cfg, sink)
 	})
 	return r
 }

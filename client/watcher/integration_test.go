@@ -179,23 +179,7 @@ func startWatcher(t *testing.T, cfg watcher.Config) *recorder {
 		t.Cleanup(func() { checkNoLeak(t) })
 	}
 	r := newRecorder()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx, r) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("watcher.Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("watcher.Run did not return after its context was cancelled")
-		}
-		if err := r.Err(); err != nil {
-			t.Errorf("the watcher broke the Sink contract:\n%v", err)
-		}
-	})
+	sinktest.RunSource(t, "watcher.Run", r.Checker, w.Run)
 	return r
 }
 
