@@ -47,11 +47,7 @@ func clusterIP(h *harness) {
 // nodePort: the node's addresses answer on the node port, loopback does
 // not (kube-proxy's default), another port is untouched.
 func nodePort(h *harness) {
-	svc := service("web")
-	svc.Type = "NodePort"
-	for _, p := range svc.Ports {
-		p.NodePort = 30080
-	}
+	svc := nodePortService("web")
 	h.apply(with(svc, endpoints(netns.PodID)...))
 	for _, ip := range h.node.IPs {
 		for _, network := range h.networks() {
@@ -149,12 +145,8 @@ func sessionAffinity(h *harness) {
 // itself still reach every endpoint (kube-proxy's short-circuits), and
 // cluster IPs are not affected.
 func externalLocal(h *harness) {
-	svc := service("web")
-	svc.Type = "NodePort"
+	svc := nodePortService("web")
 	svc.ExternalTrafficToLocal = true
-	for _, p := range svc.Ports {
-		p.NodePort = 30080
-	}
 	svc.IPs.ExternalIPs = ipset(netns.ServiceV4, netns.ServiceV6)
 	local := endpoints(netns.PodID)
 	other := remote(endpoints(netns.Pod2ID))
@@ -260,11 +252,8 @@ func clientAddress(h *harness) {
 			h.t.Errorf("cluster IP %s from pod2: the pod saw %s, want pod2's %s", ip, a.Remote, podAddr(netns.Pod2ID, ip))
 		}
 	}
-	local := service("web")
-	local.Type, local.ExternalTrafficToLocal = "NodePort", true
-	for _, p := range local.Ports {
-		p.NodePort = 30080
-	}
+	local := nodePortService("web")
+	local.ExternalTrafficToLocal = true
 	h.apply(with(local, endpoints(netns.PodID)...))
 	for _, c := range []struct{ dst, client netip.Addr }{{netns.NodeV4, netns.ClientV4}, {netns.NodeV6, netns.ClientV6}} {
 		if a := h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(c.dst, 30080), netns.PodID); a.Remote.Addr() != c.client {
@@ -286,11 +275,7 @@ func nodeSide(like netip.Addr) netip.Addr {
 // the Cluster policy reach the endpoint from the node, and a pod reaching
 // itself through its service does not see its own address (hairpin).
 func masquerade(h *harness) {
-	svc := service("web")
-	svc.Type = "NodePort"
-	for _, p := range svc.Ports {
-		p.NodePort = 30080
-	}
+	svc := nodePortService("web")
 	h.apply(with(svc, endpoints(netns.PodID)...))
 	for _, dst := range []netip.AddrPort{
 		netip.AddrPortFrom(netns.NodeV4, 30080), netip.AddrPortFrom(netns.NodeV6, 30080),
@@ -378,4 +363,15 @@ func restartKeeps(h *harness) {
 	roundTrip("after the restart")
 	h.apply(with(echo, endpoints(netns.PodID, netns.Pod2ID)...))
 	roundTrip("after an endpoint was added")
+}
+
+// nodePortService returns service(name) of type NodePort, its ports on
+// node port 30080.
+func nodePortService(name string) *model.Service {
+	svc := service(name)
+	svc.Type = "NodePort"
+	for _, p := range svc.Ports {
+		p.NodePort = 30080
+	}
+	return svc
 }
