@@ -4,10 +4,12 @@
 //
 // The package (Linux only) has two layers:
 //
-//   - the rule model, pure Go with no netlink call: model.go (families, map
-//     names, the kinds of objects and rules), rules.go (options and the
-//     rule kinds of filtering, masquerading and affinity), names.go (table
-//     and chain names), build.go (a service seen from this node → its
+//   - the rule model, pure Go with no netlink call: layout.go (every
+//     object name and the table's fixed layout: base chains, hooks,
+//     priorities, kinds of maps), family.go (what differs between IPv4 and
+//     IPv6, in one table), model.go (the kinds of objects and rules),
+//     rules.go (options and the rule kinds of filtering, masquerading and
+//     affinity), build.go (a service seen from this node → its
 //     chains, maps and elements), slots.go and tracker.go (the objects of
 //     every service, endpoint blocks placed in the shared endpoint maps,
 //     and the minimal change between two rounds), text.go (the base chains

@@ -35,61 +35,6 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-// The names of the fixed objects of the table.
-const (
-	// ChainNATPrerouting and ChainNATOutput are the NAT base chains
-	// (priority dstnat) of incoming and locally generated traffic.
-	ChainNATPrerouting = "nat-prerouting"
-	ChainNATOutput     = "nat-output"
-	// ChainServices looks up the service maps; both NAT base chains jump
-	// to it.
-	ChainServices = "services"
-	// ChainFilterInput, ChainFilterForward and ChainFilterOutput are the
-	// filter base chains (priority filter - 10) where traffic to services
-	// without usable endpoints is rejected or dropped.
-	ChainFilterInput   = "filter-input"
-	ChainFilterForward = "filter-forward"
-	ChainFilterOutput  = "filter-output"
-	// ChainNoEndpoints looks up the no-endpoint maps; the filter base
-	// chains jump to it.
-	ChainNoEndpoints = "no-endpoint-services"
-	// ChainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
-	// otherwise.
-	ChainReject = "reject"
-)
-
-// MapServices returns the name of the verdict map of a family that sends
-// (daddr . l4proto . dport) to the chain of a service port:
-// "service-ips-v4" or "service-ips-v6".
-func MapServices(f Family) string { return "service-ips-v" + familySuffix(f) }
-
-// MapNoEndpoints returns the name of the verdict map of a family that
-// rejects or drops (daddr . l4proto . dport) of service ports without
-// usable endpoints: "no-endpoint-services-v4" or "...-v6".
-func MapNoEndpoints(f Family) string { return "no-endpoint-services-v" + familySuffix(f) }
-
-// MapNodePorts returns the name of the verdict map of a family that sends
-// (l4proto . dport) of packets to a local address to the chain of a
-// service's node port: "service-nodeports-v4" or "...-v6".
-func MapNodePorts(f Family) string { return "service-nodeports-v" + familySuffix(f) }
-
-// MapNoEndpointNodePorts returns the name of the verdict map of a family
-// that rejects or drops (l4proto . dport) of node ports without usable
-// endpoints: "no-endpoint-nodeports-v4" or "...-v6".
-func MapNoEndpointNodePorts(f Family) string { return "no-endpoint-nodeports-v" + familySuffix(f) }
-
-// MapFirewall returns the name of the verdict map of a family that sends
-// (daddr . l4proto . dport) of load-balancer IPs with
-// loadBalancerSourceRanges to the chain enforcing them, before DNAT:
-// "firewall-ips-v4" or "firewall-ips-v6".
-func MapFirewall(f Family) string { return "firewall-ips-v" + familySuffix(f) }
-
-// isNodePortMap reports whether the map m is keyed by protocol and port
-// only (no address).
-func isNodePortMap(m string) bool {
-	return strings.HasPrefix(m, "service-nodeports-") || strings.HasPrefix(m, "no-endpoint-nodeports-")
-}
-
 // Key is the key of a map element: destination address, protocol and
 // port of a service, or only protocol and port (Addr not valid) in the
 // node-port maps.
@@ -235,13 +180,6 @@ const endpointModulus = 0xFFFFFFFF
 // 10,000 blocks keeps both walks short.
 const blocksPerMap = 16
 
-// EndpointMap returns the name of the shard-th endpoint map of a family:
-// "endpoints-v4-0", "endpoints-v4-1", … Blocks 16·shard to 16·shard+15 of
-// the family are in it.
-func EndpointMap(f Family, shard uint32) string {
-	return fmt.Sprintf("endpoints-v%s-%d", familySuffix(f), shard)
-}
-
 // Block is the set of endpoints one service chain DNATs to (without
 // session affinity): a block of an endpoint map, keyed by the block's
 // slot and a random number. The chain's DNATMapRule draws the number;
@@ -312,12 +250,6 @@ func (e EndpointElement) String() string {
 // compareEndpointElements orders elements by family, slot and first key
 // (so by map too).
 func compareEndpointElements(a, b EndpointElement) int { return cmp.Compare(a.ID(), b.ID()) }
-
-// MapHairpin returns the name of the set of a family holding (endpoint .
-// endpoint) for every endpoint address: a DNATed packet whose source is
-// its destination is a pod reaching itself through a service, and is
-// masqueraded. "hairpin-v4" or "hairpin-v6".
-func MapHairpin(f Family) string { return "hairpin-v" + familySuffix(f) }
 
 // DNATMapRule DNATs to an endpoint of a block drawn at random:
 // "meta l4proto tcp dnat ip to 7 . numgen random mod 4294967295 map

@@ -8,61 +8,6 @@ import (
 	"strings"
 )
 
-// baseChain describes one of the fixed base chains of the table.
-type baseChain struct {
-	name     string
-	typ      string // "nat" or "filter"
-	hook     string
-	priority int32
-	jump     string
-}
-
-// Priorities of the base chains: dstnat - 10 for the load-balancer
-// firewall (before DNAT), dstnat (-100) for DNAT, filter - 10 for the
-// reject/drop chains (as kube-proxy: before the usual filter chains) and
-// srcnat (100) for masquerading.
-const (
-	priorityFirewall int32 = -110
-	priorityDstNAT   int32 = -100
-	priorityFilter   int32 = -10
-	prioritySrcNAT   int32 = 100
-)
-
-// baseChains are the table's base chains, in the order they are created.
-var baseChains = []baseChain{
-	{ChainFilterPrerouting, "filter", "prerouting", priorityFirewall, ChainFirewallCheck},
-	{ChainFilterOutputPreDNAT, "filter", "output", priorityFirewall, ChainFirewallCheck},
-	{ChainNATPrerouting, "nat", "prerouting", priorityDstNAT, ChainServices},
-	{ChainNATOutput, "nat", "output", priorityDstNAT, ChainServices},
-	{ChainFilterInput, "filter", "input", priorityFilter, ChainNoEndpoints},
-	{ChainFilterForward, "filter", "forward", priorityFilter, ChainNoEndpoints},
-	{ChainFilterOutput, "filter", "output", priorityFilter, ChainNoEndpoints},
-	{ChainNATPostrouting, "nat", "postrouting", prioritySrcNAT, ChainMasquerading},
-}
-
-// mapKind describes one kind of verdict map: one map per family.
-type mapKind struct {
-	name     func(Family) string
-	nodePort bool // keyed by protocol . port only
-}
-
-// mapKinds are the kinds of verdict maps of the table.
-var mapKinds = []mapKind{
-	{MapServices, false},
-	{MapNoEndpoints, false},
-	{MapNodePorts, true},
-	{MapNoEndpointNodePorts, true},
-	{MapFirewall, false},
-}
-
-// loopbackV4 and loopbackV6 are excluded from node ports by default:
-// packets to loopback addresses cannot be DNATed to another host (as
-// kube-proxy's nftables mode, which does not serve node ports there).
-var (
-	loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
-	loopbackV6 = netip.MustParsePrefix("::1/128")
-)
-
 // nodePortMatch is the address match of one node-port lookup rule: the
 // destination is local and, if set, inside Prefix, or not inside
 // NotPrefix.

@@ -1,0 +1,214 @@
+//go:build linux
+
+package nft
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// This file holds every name of the table's objects and its fixed layout:
+// the base chains with their hooks and priorities, the kinds of verdict
+// maps, and how the names of per-service chains and sets are made
+// (docs/backends/nft.md has the same in prose).
+
+// The names of the fixed objects of the table.
+const (
+	// ChainNATPrerouting and ChainNATOutput are the NAT base chains
+	// (priority dstnat) of incoming and locally generated traffic.
+	ChainNATPrerouting = "nat-prerouting"
+	ChainNATOutput     = "nat-output"
+	// ChainServices looks up the service maps; both NAT base chains jump
+	// to it.
+	ChainServices = "services"
+	// ChainFilterInput, ChainFilterForward and ChainFilterOutput are the
+	// filter base chains (priority filter - 10) where traffic to services
+	// without usable endpoints is rejected or dropped.
+	ChainFilterInput   = "filter-input"
+	ChainFilterForward = "filter-forward"
+	ChainFilterOutput  = "filter-output"
+	// ChainNoEndpoints looks up the no-endpoint maps; the filter base
+	// chains jump to it.
+	ChainNoEndpoints = "no-endpoint-services"
+	// ChainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
+	// otherwise.
+	ChainReject = "reject"
+)
+
+// MapServices returns the name of the verdict map of a family that sends
+// (daddr . l4proto . dport) to the chain of a service port:
+// "service-ips-v4" or "service-ips-v6".
+func MapServices(f Family) string { return "service-ips-v" + familySuffix(f) }
+
+// MapNoEndpoints returns the name of the verdict map of a family that
+// rejects or drops (daddr . l4proto . dport) of service ports without
+// usable endpoints: "no-endpoint-services-v4" or "...-v6".
+func MapNoEndpoints(f Family) string { return "no-endpoint-services-v" + familySuffix(f) }
+
+// MapNodePorts returns the name of the verdict map of a family that sends
+// (l4proto . dport) of packets to a local address to the chain of a
+// service's node port: "service-nodeports-v4" or "...-v6".
+func MapNodePorts(f Family) string { return "service-nodeports-v" + familySuffix(f) }
+
+// MapNoEndpointNodePorts returns the name of the verdict map of a family
+// that rejects or drops (l4proto . dport) of node ports without usable
+// endpoints: "no-endpoint-nodeports-v4" or "...-v6".
+func MapNoEndpointNodePorts(f Family) string { return "no-endpoint-nodeports-v" + familySuffix(f) }
+
+// MapFirewall returns the name of the verdict map of a family that sends
+// (daddr . l4proto . dport) of load-balancer IPs with
+// loadBalancerSourceRanges to the chain enforcing them, before DNAT:
+// "firewall-ips-v4" or "firewall-ips-v6".
+func MapFirewall(f Family) string { return "firewall-ips-v" + familySuffix(f) }
+
+// isNodePortMap reports whether the map m is keyed by protocol and port
+// only (no address).
+func isNodePortMap(m string) bool {
+	return strings.HasPrefix(m, "service-nodeports-") || strings.HasPrefix(m, "no-endpoint-nodeports-")
+}
+
+// EndpointMap returns the name of the shard-th endpoint map of a family:
+// "endpoints-v4-0", "endpoints-v4-1", … Blocks 16·shard to 16·shard+15 of
+// the family are in it.
+func EndpointMap(f Family, shard uint32) string {
+	return fmt.Sprintf("endpoints-v%s-%d", familySuffix(f), shard)
+}
+
+// MapHairpin returns the name of the set of a family holding (endpoint .
+// endpoint) for every endpoint address: a DNATed packet whose source is
+// its destination is a pod reaching itself through a service, and is
+// masqueraded. "hairpin-v4" or "hairpin-v6".
+func MapHairpin(f Family) string { return "hairpin-v" + familySuffix(f) }
+
+// baseChain describes one of the fixed base chains of the table.
+type baseChain struct {
+	name     string
+	typ      string // "nat" or "filter"
+	hook     string
+	priority int32
+	jump     string
+}
+
+// Priorities of the base chains: dstnat - 10 for the load-balancer
+// firewall (before DNAT), dstnat (-100) for DNAT, filter - 10 for the
+// reject/drop chains (as kube-proxy: before the usual filter chains) and
+// srcnat (100) for masquerading.
+const (
+	priorityFirewall int32 = -110
+	priorityDstNAT   int32 = -100
+	priorityFilter   int32 = -10
+	prioritySrcNAT   int32 = 100
+)
+
+// baseChains are the table's base chains, in the order they are created.
+var baseChains = []baseChain{
+	{ChainFilterPrerouting, "filter", "prerouting", priorityFirewall, ChainFirewallCheck},
+	{ChainFilterOutputPreDNAT, "filter", "output", priorityFirewall, ChainFirewallCheck},
+	{ChainNATPrerouting, "nat", "prerouting", priorityDstNAT, ChainServices},
+	{ChainNATOutput, "nat", "output", priorityDstNAT, ChainServices},
+	{ChainFilterInput, "filter", "input", priorityFilter, ChainNoEndpoints},
+	{ChainFilterForward, "filter", "forward", priorityFilter, ChainNoEndpoints},
+	{ChainFilterOutput, "filter", "output", priorityFilter, ChainNoEndpoints},
+	{ChainNATPostrouting, "nat", "postrouting", prioritySrcNAT, ChainMasquerading},
+}
+
+// mapKind describes one kind of verdict map: one map per family.
+type mapKind struct {
+	name     func(Family) string
+	nodePort bool // keyed by protocol . port only
+}
+
+// mapKinds are the kinds of verdict maps of the table.
+var mapKinds = []mapKind{
+	{MapServices, false},
+	{MapNoEndpoints, false},
+	{MapNodePorts, true},
+	{MapNoEndpointNodePorts, true},
+	{MapFirewall, false},
+}
+
+// loopbackV4 and loopbackV6 are excluded from node ports by default:
+// packets to loopback addresses cannot be DNATed to another host (as
+// kube-proxy's nftables mode, which does not serve node ports there).
+var (
+	loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
+	loopbackV6 = netip.MustParsePrefix("::1/128")
+)
+
+// maxNameLen is the longest object name the kernel accepts
+// (NFT_NAME_MAXLEN is 256 bytes including the final NUL).
+const maxNameLen = 255
+
+// hashLen is the number of base32 characters of the identity hash in a
+// chain name: 8 characters, 40 bits.
+const hashLen = 8
+
+// TableName returns the name of the table of the proxier named
+// serviceProxyName: "kpng-<serviceProxyName>", or "kpng" for an empty name
+// (the proxier of the services without a service-proxy-name label).
+func TableName(serviceProxyName string) string {
+	if serviceProxyName == "" {
+		return "kpng"
+	}
+	return "kpng-" + serviceProxyName
+}
+
+// familySuffix is "4" or "6".
+func familySuffix(f Family) string { return f.info().suffix }
+
+// protoName is the lower-case protocol name used in chain names and text.
+func protoName(p model.Protocol) string { return strings.ToLower(p.String()) }
+
+// portID is "<namespace>/<name>/<protocol>/<port>": the identity of a
+// service port (a Service cannot have two ports with the same protocol and
+// port number, and namespaces and names cannot contain "/").
+func portID(svc model.ServiceKey, p *model.PortMapping) string {
+	return svc.Namespace + "/" + svc.Name + "/" + protoName(p.Protocol) + "/" + strconv.Itoa(int(p.Port))
+}
+
+// chainName builds a deterministic, collision-free chain name:
+// "<prefix>-<HASH>-<readable>", where HASH is the first 8 characters of the
+// base32 SHA-256 of prefix and readable, and readable is the object's full
+// identity. The readable part makes names unique by construction; it is
+// only cut, from its end, when the name would exceed the kernel's limit, and
+// the hash (computed before the cut) then keeps names apart.
+func chainName(prefix, readable string) string {
+	sum := sha256.Sum256([]byte(prefix + "\x00" + readable))
+	h := base32.StdEncoding.EncodeToString(sum[:])[:hashLen]
+	name := prefix + "-" + h + "-" + readable
+	if len(name) > maxNameLen {
+		name = name[:maxNameLen]
+	}
+	return name
+}
+
+// serviceChainName names the chain choosing among the endpoints of a
+// service port for one family: "svc4-HASH-ns/name/tcp/80" for cluster IP
+// traffic, "ext4-HASH-..." for external traffic when it uses other
+// endpoints (externalTrafficPolicy: Local).
+func serviceChainName(kind string, f Family, svc model.ServiceKey, p *model.PortMapping) string {
+	return chainName(kind+familySuffix(f), portID(svc, p))
+}
+
+// endpointChainName names the chain DNATing a service port to one
+// endpoint: "ep4-HASH-ns/name/tcp/80__10.1.2.3/8080".
+func endpointChainName(f Family, svc model.ServiceKey, p *model.PortMapping, to string) string {
+	return chainName("ep"+familySuffix(f), portID(svc, p)+"__"+to)
+}
+
+// balanceMapName names the verdict map choosing among the endpoint chains
+// targets of a service port's chain of the given kind: "bal4-" and a hash
+// (80 bits) of the chain's identity and of the targets, so that other
+// targets make another map. The name is short on purpose: the kernel
+// looks a table's sets up by name in a list, comparing whole names; the
+// service chain that uses the map has the readable name.
+func balanceMapName(f Family, kind string, svc model.ServiceKey, p *model.PortMapping, targets []string) string {
+	sum := sha256.Sum256([]byte(kind + "/" + portID(svc, p) + "\x00" + strings.Join(targets, "\x00")))
+	return "bal" + familySuffix(f) + "-" + base32.StdEncoding.EncodeToString(sum[:])[:16]
+}
