@@ -12,7 +12,8 @@ import (
 //
 // Its Sync fails when any sink's does; the error names the sink. The retry
 // that follows reaches only the sinks that failed, with the newer changes
-// when there are some (every sink gets those).
+// when there are some (every sink gets those). A sink that asks for the
+// whole state (ErrResync) gets it with a Reset, and so do the others.
 func Tee(sinks ...Sink) Sink {
 	t := &tee{branches: make([]teeBranch, len(sinks))}
 	for i, s := range sinks {
