@@ -1,0 +1,242 @@
+//go:build linux
+
+package userspace
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// linuxPlatform holds the service addresses on a dummy interface, over
+// netlink, in the proxier's network namespace.
+type linuxPlatform struct {
+	h    *netlink.Handle
+	link netlink.Link
+	// target and orig are the proxier's network namespace and the one
+	// to come back to; nil without Config.NetNS.
+	target, orig *os.File
+}
+
+// newPlatform opens the network namespace of cfg, creates the interface
+// when it is missing, brings it up and removes the addresses a previous
+// run left on it.
+func newPlatform(cfg Config, opts Options) (platform, error) {
+	p := &linuxPlatform{}
+	ns := vnetns.None()
+	if cfg.NetNS != "" {
+		var err error
+		if p.target, err = os.Open(cfg.NetNS); err != nil {
+			return nil, fmt.Errorf("network namespace: %w", err)
+		}
+		if p.orig, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+			p.close()
+			return nil, fmt.Errorf("current network namespace: %w", err)
+		}
+		ns = vnetns.NsHandle(p.target.Fd())
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		p.close()
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	p.h = h
+	if p.link, err = ensureDummy(h, opts.Interface); err != nil {
+		p.close()
+		return nil, err
+	}
+	if err := p.flush(); err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// ensureDummy returns the interface name, creating it when it is missing
+// as a dummy interface or, on a kernel without the dummy driver, as a
+// bridge without ports (which holds local addresses the same way), and
+// brings it up.
+func ensureDummy(h *netlink.Handle, name string) (netlink.Link, error) {
+	link, err := h.LinkByName(name)
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		if err := addDummy(h, name); err != nil {
+			return nil, err
+		}
+		link, err = h.LinkByName(name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("interface %s: %w", name, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("bring interface %s up: %w", name, err)
+	}
+	return link, nil
+}
+
+// addDummy creates the interface name: a dummy interface, or a bridge
+// without ports when the kernel has no dummy driver.
+func addDummy(h *netlink.Handle, name string) error {
+	attrs := netlink.LinkAttrs{Name: name}
+	err := h.LinkAdd(&netlink.Dummy{LinkAttrs: attrs})
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		klog.InfoS("No dummy interface driver in this kernel: using a bridge without ports", "interface", name)
+		err = h.LinkAdd(&netlink.Bridge{LinkAttrs: attrs})
+	}
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("create interface %s: %w", name, err)
+	}
+	return nil
+}
+
+// flush removes the interface's addresses but its link-local ones.
+func (p *linuxPlatform) flush() error {
+	addrs, err := p.h.AddrList(p.link, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list the addresses of %s: %w", p.link.Attrs().Name, err)
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if err := p.h.AddrDel(p.link, &a); err != nil {
+			return fmt.Errorf("remove %s from %s: %w", a.IPNet, p.link.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// hostAddr is a as a netlink address of one host, without duplicate
+// address detection (which would keep an IPv6 address unusable for a
+// second or so).
+func hostAddr(a netip.Addr) *netlink.Addr {
+	bits := a.BitLen()
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, bits)}}
+	if a.Is6() {
+		na.Flags = unix.IFA_F_NODAD
+	}
+	return na
+}
+
+func (p *linuxPlatform) addAddress(a netip.Addr) error {
+	if err := p.h.AddrReplace(p.link, hostAddr(a)); err != nil {
+		return fmt.Errorf("add %s to %s: %w", a, p.link.Attrs().Name, err)
+	}
+	return nil
+}
+
+func (p *linuxPlatform) removeAddress(a netip.Addr) error {
+	if err := p.h.AddrDel(p.link, hostAddr(a)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("remove %s from %s: %w", a, p.link.Attrs().Name, err)
+	}
+	return nil
+}
+
+func (p *linuxPlatform) nodeAddresses() ([]netip.Addr, error) {
+	addrs, err := p.h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list the node's addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if a.LinkIndex == p.link.Attrs().Index {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && usableNodeAddress(ip.Unmap()) {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}
+
+// in runs fn on a thread in the proxier's network namespace. When the
+// thread cannot be brought back, it stays locked, so that the Go runtime
+// ends it rather than reuse it in the wrong namespace.
+func (p *linuxPlatform) in(fn func() error) error {
+	if p.target == nil {
+		return fn()
+	}
+	runtime.LockOSThread()
+	if err := unix.Setns(int(p.target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter network namespace: %w", err)
+	}
+	err := fn()
+	if berr := unix.Setns(int(p.orig.Fd()), unix.CLONE_NEWNET); berr != nil {
+		return errors.Join(err, fmt.Errorf("leave network namespace: %w", berr))
+	}
+	runtime.UnlockOSThread()
+	return err
+}
+
+func (p *linuxPlatform) close() error {
+	if p.h != nil {
+		p.h.Close()
+	}
+	for _, f := range []*os.File{p.target, p.orig} {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+	return nil
+}
+
+// cleanup removes the proxier's interface, and with it its addresses.
+func cleanup(cfg Config, opts Options) error {
+	ns := vnetns.None()
+	if cfg.NetNS != "" {
+		f, err := os.Open(cfg.NetNS)
+		if err != nil {
+			return fmt.Errorf("network namespace: %w", err)
+		}
+		defer f.Close()
+		ns = vnetns.NsHandle(f.Fd())
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(opts.Interface)
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("interface %s: %w", opts.Interface, err)
+	}
+	if !madeByKpng(h, link) {
+		return fmt.Errorf("interface %s is a %s, not the dummy interface (or bridge without ports) kpng creates: left alone", opts.Interface, link.Type())
+	}
+	if err := h.LinkDel(link); err != nil {
+		return fmt.Errorf("remove interface %s: %w", opts.Interface, err)
+	}
+	return nil
+}
+
+// madeByKpng reports whether link is of a kind kpng creates: a dummy
+// interface, or a bridge without ports.
+func madeByKpng(h *netlink.Handle, link netlink.Link) bool {
+	switch link.(type) {
+	case *netlink.Dummy:
+		return true
+	case *netlink.Bridge:
+		links, err := h.LinkList()
+		if err != nil {
+			return false
+		}
+		for _, l := range links {
+			if l.Attrs().MasterIndex == link.Attrs().Index {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}

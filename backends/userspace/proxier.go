@@ -1,0 +1,338 @@
+package userspace
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Proxier is the userspace proxier: a localsink.Sink that listens on the
+// addresses and ports of the services it receives and copies each
+// connection or UDP flow to an endpoint. Sink calls come from one
+// goroutine at a time (the localsink contract); Close may come from any.
+type Proxier struct {
+	cfg  Config
+	opts Options
+	plat platform
+	sock sockets
+	node node
+	// local holds the node's own addresses and the service addresses
+	// the proxier holds: a client there is the node itself.
+	local atomic.Pointer[map[netip.Addr]struct{}]
+	wg    sync.WaitGroup
+
+	// What the Sink calls change (one goroutine at a time).
+	services map[model.ServiceKey]*model.ServiceEndpoints
+	dirty    map[model.ServiceKey]bool
+	reset    bool
+	// planned are the frontends each service wants; owners, which
+	// service has each frontend (the first to claim it); losers, the
+	// services that wanted a frontend another one has, tried again at
+	// every Sync.
+	planned map[model.ServiceKey]map[frontendKey]*route
+	owners  map[frontendKey]model.ServiceKey
+	losers  map[model.ServiceKey]bool
+	limits  map[model.ServiceKey]*limiter
+	// addrRefs counts the frontends of each held address; unbound are
+	// the frontends whose socket or address could not be set up, tried
+	// again at every Sync.
+	addrRefs map[netip.Addr]int
+	unbound  map[frontendKey]bool
+
+	mu        sync.Mutex // guards frontends and closed against Close
+	frontends map[frontendKey]*frontend
+	closed    bool
+}
+
+var _ localsink.Sink = (*Proxier)(nil)
+
+// New returns a proxier that serves nothing until its first Sync. On Linux
+// it creates its dummy interface when missing and clears the addresses a
+// previous run left on it.
+func New(cfg Config) (*Proxier, error) {
+	opts := cfg.Options.withDefaults(cfg.ServiceProxyName)
+	plat, err := newPlatform(cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
+	}
+	p := &Proxier{
+		cfg: cfg, opts: opts, plat: plat, sock: sockets{plat},
+		services: map[model.ServiceKey]*model.ServiceEndpoints{}, dirty: map[model.ServiceKey]bool{},
+		planned: map[model.ServiceKey]map[frontendKey]*route{}, owners: map[frontendKey]model.ServiceKey{},
+		losers: map[model.ServiceKey]bool{}, limits: map[model.ServiceKey]*limiter{},
+		addrRefs: map[netip.Addr]int{}, unbound: map[frontendKey]bool{}, frontends: map[frontendKey]*frontend{},
+	}
+	ips := opts.NodeIPs
+	if len(ips) == 0 {
+		if ips, err = plat.nodeAddresses(); err != nil {
+			_ = plat.close()
+			return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
+		}
+	}
+	p.node = node{ips: ips, clusterCIDRs: opts.ClusterCIDRs}
+	for _, a := range ips {
+		if len(opts.NodePortAddresses) == 0 || inAny(opts.NodePortAddresses, a) {
+			p.node.nodePortAddrs = append(p.node.nodePortAddrs, a)
+		}
+	}
+	p.updateLocal()
+	if cfg.Context != nil {
+		go func() { <-cfg.Context.Done(); p.Close() }()
+	}
+	klog.InfoS("Userspace proxier ready", "serviceProxyName", cfg.ServiceProxyName, "interface", opts.Interface, "nodePortAddresses", p.node.nodePortAddrs)
+	return p, nil
+}
+
+// Cleanup removes what a proxier of cfg leaves behind after it stops: on
+// Linux its dummy interface and the service addresses on it; on Windows
+// the service addresses on its interface.
+func Cleanup(cfg Config) error {
+	return cleanup(cfg, cfg.Options.withDefaults(cfg.ServiceProxyName))
+}
+
+// Reset implements localsink.Sink.
+func (p *Proxier) Reset() {
+	p.reset = true
+	clear(p.services)
+}
+
+// Update implements localsink.Sink.
+func (p *Proxier) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	if cur == nil {
+		delete(p.services, key)
+	} else {
+		p.services[key] = cur
+	}
+	p.dirty[key] = true
+}
+
+// Sync implements localsink.Sink: it replans the services changed since
+// the last Sync and the services that lost a frontend to another, and
+// opens, updates or closes their frontends. An endpoint change only
+// replaces the routes of the service's frontends; open connections keep
+// their endpoint. Problems in a service (a bad port, an address another
+// service has) are logged and the rest is served; a socket or address
+// that cannot be set up (taken by another program) fails the Sync, and is
+// tried again at the next one, the other frontends being served
+// meanwhile.
+func (p *Proxier) Sync() error {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil
+	}
+	start := time.Now()
+	keys := slices.Collect(maps.Keys(p.dirty))
+	if p.reset {
+		keys = append(keys, slices.Collect(maps.Keys(p.planned))...)
+		p.reset = false
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	keys = slices.Compact(keys)
+	clear(p.dirty)
+	var errs []error
+	changed := 0
+	for _, key := range keys {
+		changed += p.replan(key, &errs)
+	}
+	// A frontend let go of in this round goes to the first service that
+	// wanted it.
+	losers := slices.Collect(maps.Keys(p.losers))
+	slices.SortFunc(losers, model.ServiceKey.Compare)
+	for _, key := range losers {
+		changed += p.claim(key, p.planned[key], &errs)
+	}
+	for k := range p.unbound {
+		p.bind(k, &errs)
+	}
+	if changed > 0 {
+		p.updateLocal()
+	}
+	klog.V(2).InfoS("Userspace proxier synced", "services", len(keys), "frontendsChanged", changed, "frontends", len(p.frontends), "unbound", len(p.unbound), "duration", time.Since(start))
+	return errors.Join(errs...)
+}
+
+// replan plans service key again, releases the frontends it no longer
+// wants and claims the others; it returns how many frontends changed.
+func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
+	var want map[frontendKey]*route
+	if se := p.services[key]; se != nil && se.Service != nil {
+		var problems []error
+		want, problems = plan(se, p.node)
+		for _, err := range problems {
+			klog.ErrorS(err, "Service not fully proxied")
+		}
+	}
+	changed := 0
+	for k := range p.planned[key] {
+		if _, ok := want[k]; !ok && p.owners[k] == key {
+			p.release(k)
+			changed++
+		}
+	}
+	if len(want) == 0 {
+		delete(p.planned, key)
+		delete(p.losers, key)
+		delete(p.limits, key)
+		return changed
+	}
+	p.planned[key] = want
+	return changed + p.claim(key, want, errs)
+}
+
+// claim gives service key the frontends of want that are free or its
+// own; it returns how many frontends changed.
+func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs *[]error) int {
+	delete(p.losers, key)
+	lim := p.limits[key]
+	if lim == nil {
+		lim = &limiter{max: int64(p.opts.MaxConnectionsPerService)}
+		p.limits[key] = lim
+	}
+	changed := 0
+	for _, k := range sortedKeys(want) {
+		r := want[k]
+		if owner, ok := p.owners[k]; ok && owner != key {
+			if !p.losers[key] {
+				klog.ErrorS(nil, "Address and port already used by another service: not proxied until it lets go", "service", key, "port", r.port, "frontend", k, "usedBy", owner)
+			}
+			p.losers[key] = true
+			continue
+		}
+		f := p.frontends[k]
+		if f != nil && f.route.Load().equal(r) && !p.unbound[k] {
+			continue
+		}
+		changed++
+		if f == nil {
+			f = &frontend{key: k, p: p, limit: lim}
+			f.route.Store(r)
+			p.owners[k] = key
+			p.mu.Lock()
+			p.frontends[k] = f
+			f.closed = p.closed // Close came meanwhile: never listen
+			p.mu.Unlock()
+			if r.kind.holdsAddress() {
+				p.addrRefs[k.addr.Addr()]++
+			}
+		}
+		f.route.Store(r)
+		p.bind(k, errs)
+	}
+	return changed
+}
+
+// bind makes sure the frontend k has its address and, when its route
+// listens, its socket; on failure it stays in unbound.
+func (p *Proxier) bind(k frontendKey, errs *[]error) {
+	f := p.frontends[k]
+	if f == nil {
+		delete(p.unbound, k)
+		return
+	}
+	r := f.route.Load()
+	if r.kind.holdsAddress() {
+		if err := p.plat.addAddress(k.addr.Addr()); err != nil {
+			p.unbound[k] = true
+			*errs = append(*errs, fmt.Errorf("service %s port %q: %w", r.service, r.port, err))
+			return
+		}
+	}
+	if err := f.setRoute(r); err != nil {
+		p.unbound[k] = true
+		*errs = append(*errs, err)
+		return
+	}
+	delete(p.unbound, k)
+}
+
+// release closes frontend k and takes its address off when no other
+// frontend uses it.
+func (p *Proxier) release(k frontendKey) {
+	p.mu.Lock()
+	f := p.frontends[k]
+	delete(p.frontends, k)
+	p.mu.Unlock()
+	delete(p.owners, k)
+	delete(p.unbound, k)
+	if f == nil {
+		return
+	}
+	f.close()
+	if !f.route.Load().kind.holdsAddress() {
+		return
+	}
+	a := k.addr.Addr()
+	if p.addrRefs[a]--; p.addrRefs[a] > 0 {
+		return
+	}
+	delete(p.addrRefs, a)
+	if err := p.plat.removeAddress(a); err != nil {
+		klog.ErrorS(err, "Service address not removed", "address", a)
+	}
+}
+
+// updateLocal recomputes the node's own addresses: its interfaces' and
+// the service addresses held.
+func (p *Proxier) updateLocal() {
+	m := make(map[netip.Addr]struct{}, len(p.node.ips)+len(p.addrRefs))
+	for _, a := range p.node.ips {
+		m[a] = struct{}{}
+	}
+	for a := range p.addrRefs {
+		m[a] = struct{}{}
+	}
+	p.local.Store(&m)
+}
+
+// isLocal reports whether a is an address of this node.
+func (p *Proxier) isLocal(a netip.Addr) bool {
+	if a.IsLoopback() {
+		return true
+	}
+	_, ok := (*p.local.Load())[a]
+	return ok
+}
+
+// Close stops every frontend, closes every connection and flow, and waits
+// for their goroutines. The addresses stay on the interface (traffic to
+// them is refused by the kernel); Cleanup removes them.
+func (p *Proxier) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	fs := slices.Collect(maps.Values(p.frontends))
+	p.mu.Unlock()
+	for _, f := range fs {
+		f.close()
+	}
+	p.wg.Wait()
+	_ = p.plat.close()
+}
+
+// sortedKeys returns the keys of m in a stable order (protocol, address,
+// port), so that conflicts and logs come out the same every time.
+func sortedKeys(m map[frontendKey]*route) []frontendKey {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b frontendKey) int {
+		if a.proto != b.proto {
+			return int(a.proto) - int(b.proto)
+		}
+		return a.addr.Compare(b.addr)
+	})
+	return keys
+}
