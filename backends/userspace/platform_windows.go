@@ -78,6 +78,7 @@ func cleanup(cfg Config, opts Options) error {
 	}
 	return nil
 }
+
 // interfaceAddresses lists, through the standard library, the usable
 // unicast addresses of every interface but skip.
 func interfaceAddresses(skip string) ([]netip.Addr, error) {
