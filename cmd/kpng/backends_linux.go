@@ -7,10 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"runtime"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -25,7 +23,7 @@ import (
 )
 
 // platformBackends are the Linux-only backends.
-func platformBackends() []app.Backend { return []app.Backend{nftBackend()} }
+func platformBackends() []app.Backend { return []app.Backend{nftBackend(), userspaceBackend()} }
 
 // nftBackend is `to-local to-nft`: the nftables backend (backends/nft).
 func nftBackend() app.Backend {
@@ -48,13 +46,13 @@ func nftBackend() app.Backend {
 					cfg.ServiceProxyName = *name
 				}
 				var err error
-				if cfg.Options.ClusterCIDRs, err = parseCIDRs("--cluster-cidr", *clusterCIDRs); err != nil {
+				if cfg.Options.ClusterCIDRs, err = parseCIDRs("to-nft --cluster-cidr", *clusterCIDRs); err != nil {
 					return nil, err
 				}
-				if cfg.Options.NodePortAddresses, err = parseCIDRs("--nodeport-addresses", *nodePortAddrs); err != nil {
+				if cfg.Options.NodePortAddresses, err = parseCIDRs("to-nft --nodeport-addresses", *nodePortAddrs); err != nil {
 					return nil, err
 				}
-				if cfg.Options.NodeIPs, err = parseIPs("--node-ip", *nodeIPs); err != nil {
+				if cfg.Options.NodeIPs, err = parseIPs("to-nft --node-ip", *nodeIPs); err != nil {
 					return nil, err
 				}
 				if *masqBit < 0 || *masqBit > 31 {
@@ -111,6 +109,20 @@ func cleanupTable(cfg nft.Config) error {
 	return app.ErrBackendDone
 }
 
+// netnsListen returns a function listening in the network namespace at
+// path (kept open until ctx ends); nil for an empty path (net.Listen).
+func netnsListen(ctx context.Context, path string) (func(network, address string) (net.Listener, error), error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--netns: %w", err)
+	}
+	go func() { <-ctx.Done(); f.Close() }()
+	return listenIn(vnetns.NsHandle(f.Fd())), nil
+}
+
 // listenIn returns a function listening in the network namespace ns (the
 // handle stays owned by the caller).
 func listenIn(ns vnetns.NsHandle) func(network, address string) (net.Listener, error) {
@@ -134,46 +146,4 @@ func listenIn(ns vnetns.NsHandle) func(network, address string) (net.Listener, e
 		r := <-done
 		return r.ln, r.err
 	}
-}
-
-// parseIPs parses a comma-separated list of addresses given to flag.
-func parseIPs(flag, list string) ([]netip.Addr, error) {
-	return parseList(list, func(s string) (netip.Addr, error) {
-		a, err := netip.ParseAddr(s)
-		if err != nil || a.Zone() != "" {
-			return a, app.Usagef("to-nft %s: %q is not an IP address", flag, s)
-		}
-		return a.Unmap(), nil
-	})
-}
-
-// parseCIDRs parses a comma-separated list of CIDRs given to flag.
-func parseCIDRs(flag, list string) ([]netip.Prefix, error) {
-	return parseList(list, func(s string) (netip.Prefix, error) {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return p, app.Usagef("to-nft %s: %q is not a CIDR", flag, s)
-		}
-		if p != p.Masked() {
-			return p, app.Usagef("to-nft %s: %q has host bits set (did you mean %s?)", flag, s, p.Masked())
-		}
-		return p, nil
-	})
-}
-
-// parseList parses the non-empty items of a comma-separated list with
-// parse.
-func parseList[T any](list string, parse func(string) (T, error)) ([]T, error) {
-	var out []T
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		v, err := parse(s)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, nil
 }

@@ -2,7 +2,20 @@
 
 package main
 
-import "sigs.k8s.io/kpng/cmd/kpng/app"
+import (
+	"context"
+	"net"
 
-// platformBackends are the backends only some systems have: none here.
-func platformBackends() []app.Backend { return nil }
+	"sigs.k8s.io/kpng/cmd/kpng/app"
+)
+
+// platformBackends are the backends of this system: userspace.
+func platformBackends() []app.Backend { return []app.Backend{userspaceBackend()} }
+
+// netnsListen fails for a path: network namespaces are Linux's.
+func netnsListen(_ context.Context, path string) (func(network, address string) (net.Listener, error), error) {
+	if path == "" {
+		return nil, nil
+	}
+	return nil, app.Usagef("--netns %q: network namespaces exist on Linux only", path)
+}

@@ -12,21 +12,18 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/e2e"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/netns"
-	"sigs.k8s.io/kpng/internal/testio"
 )
 
 var cp *controlplane.ControlPlane
@@ -50,60 +47,15 @@ func TestKubeToLocalNFT(t *testing.T) {
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("nft")
 
-	svc := kubetest.Service(ns, "web", name, func(s *v1.Service) {
-		p := v1.IPFamilyPolicyRequireDualStack
-		s.Spec.IPFamilyPolicy = &p
-		s.Spec.ExternalIPs = []string{netns.ServiceV4.String(), netns.ServiceV6.String()}
-		s.Spec.Ports = nil
-		for _, port := range netns.BlogPorts {
-			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{
-					Name: portName(proto, port), Protocol: proto, Port: int32(port), TargetPort: intstr.FromInt32(int32(port)),
-				})
-			}
-		}
-	})
-	svc = kc.CreateService(svc)
-	slices := map[string]*discovery.EndpointSlice{}
-	for _, ip := range []netip.Addr{netns.PodV4, netns.PodV6} {
-		s := kubetest.Slice(svc, "web-v"+family(ip), kubetest.EP{IP: ip.String(), Node: "node-a"})
-		s.Ports = nil
-		for _, port := range netns.BlogPorts {
-			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-				n, pr, po := portName(proto, port), proto, int32(port)
-				s.Ports = append(s.Ports, discovery.EndpointPort{Name: &n, Protocol: &pr, Port: &po})
-			}
-		}
-		slices[family(ip)] = kc.CreateSlice(s)
-	}
+	blog := e2e.CreateBlogService(kc, ns, name)
 
-	bin := filepath.Join(t.TempDir(), "kpng")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build kpng: %v\n%s", err, out)
-	}
-	var output testio.SyncBuffer
-	cmd := exec.Command(bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
+	bin := e2e.Build(t, "cmd/kpng")
+	kpng := e2e.Start(t, bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
 		"--node-name=node-a", "to-local", "to-nft", "--netns="+b.Node.Path())
-	cmd.Stdout, cmd.Stderr = &output, &output
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("kpng output:\n%s", output.String())
-		}
-	})
 
-	waitAnswer(t, b, netns.PodID)
+	e2e.WaitAnswer(t, b, netns.PodID)
 	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
-	checkLoadBalancerLocal(t, b, kc, ns, name)
+	checkLoadBalancerLocal(t, b, kc, ns, name, true)
 	// One UDP flow (one source port, one conntrack entry in the node) per
 	// family, kept across the move: kpng must delete its entry, in the
 	// node's namespace, for it to follow the endpoint.
@@ -116,12 +68,8 @@ func TestKubeToLocalNFT(t *testing.T) {
 	}
 
 	// The endpoint moves to the second pod.
-	for fam, ip := range map[string]netip.Addr{"4": netns.Pod2V4, "6": netns.Pod2V6} {
-		s := slices[fam]
-		s.Endpoints[0].Addresses = []string{ip.String()}
-		slices[fam] = kc.UpdateSlice(s)
-	}
-	waitAnswer(t, b, netns.Pod2ID)
+	blog.MoveEndpoints(netns.Pod2V4, netns.Pod2V6)
+	e2e.WaitAnswer(t, b, netns.Pod2ID)
 	b.ExpectMasqueradedService(t, b.Client, netns.Pod2ID)
 	// kpng deletes the entries right after the transaction that moved the
 	// endpoint, which waitAnswer may have seen first: the flow may still
@@ -160,18 +108,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 	}
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		stopped = true
-		if err != nil {
-			t.Errorf("kpng after SIGTERM: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Errorf("kpng still running 20s after SIGTERM")
-	}
+	kpng.Stop(t)
 
 	// The rules outlive the process (a restart must not blackhole
 	// traffic); --cleanup removes them and exits without watching.
@@ -198,45 +135,13 @@ func TestKubeToLocalNFT(t *testing.T) {
 	}
 }
 
-func portName(proto v1.Protocol, port uint16) string {
-	return fmt.Sprintf("%s-%d", strings.ToLower(string(proto)), port)
-}
-
-func family(ip netip.Addr) string {
-	if ip.Is4() {
-		return "4"
-	}
-	return "6"
-}
-
-// waitAnswer waits until TCP to both external IPs on the first port is
-// answered by server.
-func waitAnswer(t *testing.T, b *netns.BlogTopology, server string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var last string
-	for time.Now().Before(deadline) {
-		ok := true
-		last = ""
-		for _, svc := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
-			a, err := b.Client.Ask("tcp", netip.AddrPortFrom(svc, netns.BlogPorts[0]), netns.AskOptions{Timeout: 300 * time.Millisecond})
-			ok = ok && err == nil && a.Server == server
-			last += fmt.Sprintf("%s: %q %v; ", svc, a, err)
-		}
-		if ok {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("service not answered by %s within 30s: %s", server, last)
-}
-
 // checkLoadBalancerLocal creates a LoadBalancer Service with
 // externalTrafficPolicy: Local whose endpoint is the pod on this node, and
 // checks, from the client, its node port (answered by the pod, which sees
 // the client's address) and its health check node port (200 with one
-// local endpoint), as served by kpng to-nft.
-func checkLoadBalancerLocal(t *testing.T, b *netns.BlogTopology, kc kubetest.Client, ns, proxyName string) {
+// local endpoint). keepsClient says whether the pod must see the client's
+// address (a kernel backend) or not (a userspace proxy).
+func checkLoadBalancerLocal(t *testing.T, b *netns.BlogTopology, kc kubetest.Client, ns, proxyName string, keepsClient bool) {
 	t.Helper()
 	lb := kc.CreateService(kubetest.Service(ns, "lb", proxyName, func(s *v1.Service) {
 		s.Spec.Type = v1.ServiceTypeLoadBalancer
@@ -257,8 +162,8 @@ func checkLoadBalancerLocal(t *testing.T, b *netns.BlogTopology, kc kubetest.Cli
 		code, body, herr := httpGet(b.Client, health)
 		last = fmt.Sprintf("node port: %v %v; health check: %d %q %v", a, err, code, body, herr)
 		if err == nil && a.Server == netns.PodID && code == 200 {
-			if a.Remote.Addr() != netns.ClientV4 {
-				t.Errorf("node port with the Local policy: the pod saw %s, want the client's address", a.Remote)
+			if (a.Remote.Addr() == netns.ClientV4) != keepsClient {
+				t.Errorf("node port with the Local policy: the pod saw %s; the client is %s, kept: %v", a.Remote, netns.ClientV4, keepsClient)
 			}
 			if !strings.Contains(body, `"localEndpoints":1`) || !strings.Contains(body, `"name":"lb"`) {
 				t.Errorf("health check body %q", body)

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"flag"
+
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/backends/healthcheck"
+	"sigs.k8s.io/kpng/backends/userspace"
+	"sigs.k8s.io/kpng/cmd/kpng/app"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// userspaceBackend is `to-local to-userspace`: the userspace proxier
+// (backends/userspace), on Linux and Windows.
+func userspaceBackend() app.Backend {
+	return app.Backend{
+		Name: "to-userspace",
+		Help: "proxy in userspace: hold the service addresses on an interface, listen on them and copy each connection to an endpoint",
+		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
+			var opts userspace.Options
+			opts.BindFlags(fs)
+			name := fs.String("name", "", "the proxier's name, in its interface's default name (default: the kube input's --service-proxy-name)")
+			netnsPath := fs.String("netns", "", "proxy in this network namespace (a path such as /run/netns/x) instead of the current one (Linux)")
+			cleanup := fs.Bool("cleanup", false, "remove the interface and its addresses (Linux), or the addresses (Windows), and exit")
+			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
+			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
+				if err := opts.Validate(); err != nil {
+					return nil, app.Usagef("to-userspace %v", err)
+				}
+				cfg := userspace.Config{ServiceProxyName: env.ServiceProxyName, NetNS: *netnsPath, Context: ctx, Options: opts}
+				if *name != "" {
+					cfg.ServiceProxyName = *name
+				}
+				if *cleanup {
+					if err := userspace.Cleanup(cfg); err != nil {
+						return nil, err
+					}
+					klog.InfoS("Removed the userspace proxier's addresses", "serviceProxyName", cfg.ServiceProxyName)
+					return nil, app.ErrBackendDone
+				}
+				listen, err := netnsListen(ctx, *netnsPath)
+				if err != nil {
+					return nil, err
+				}
+				p, err := userspace.New(cfg)
+				if err != nil {
+					return nil, err
+				}
+				if !*healthChecks {
+					return p, nil
+				}
+				hc := healthcheck.New(healthcheck.Config{Listen: listen})
+				go func() { <-ctx.Done(); hc.Close() }()
+				return localsink.Tee(p, hc), nil
+			}
+		},
+	}
+}
