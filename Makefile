@@ -9,7 +9,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo test unit controlplane lint bench build generate check-generate
+.PHONY: demo test unit controlplane lint cross bench build generate check-generate
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -30,11 +30,21 @@ unit:
 controlplane:
 	bash hack/build-controlplane.sh >/dev/null
 
-## lint: gofmt, go vet and staticcheck.
-lint:
+## lint: gofmt, go vet and staticcheck, then the cross builds.
+lint: cross
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+## cross: build and vet for the other systems a proxier runs on: Windows
+## (the userspace backend, kpng, kpng-userspace) and arm64.
+CROSS_TARGETS ?= windows/amd64 windows/arm64 linux/arm64
+cross:
+	@for t in $(CROSS_TARGETS); do \
+		echo "cross: $$t"; \
+		GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) build ./... || exit 1; \
+		GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) vet ./backends/userspace/ ./cmd/... ./examples/userspace/ ./client/... ./localsink/... || exit 1; \
+	done
 
 ## bench: the benchmarks recorded in docs/benchmarks.md.
 bench: controlplane
