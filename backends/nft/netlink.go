@@ -91,17 +91,14 @@ func endpointMapElements(e EndpointElement, del bool) [2]nftables.SetElement {
 // bit".
 func hairpinExprs(f Family, bit uint32, set *nftables.Set) []expr.Any {
 	fi := f.info()
-	nfproto, src, dst, alen, rdst := fi.nfproto, fi.saddr, fi.daddr, fi.addrLen, fi.regHairpinDst
-	exprs := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nfproto}},
+	src, dst, alen, rdst := fi.saddr, fi.daddr, fi.addrLen, fi.regHairpinDst
+	exprs := append(nfprotoExprs(f),
 		&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: src, Len: alen},
 		&expr.Payload{DestRegister: rdst, Base: expr.PayloadBaseNetworkHeader, Offset: dst, Len: alen},
-		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
-	}
+		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
 	return append(exprs, markExprs(bit, false)...)
 }
 
@@ -186,11 +183,8 @@ func verdictExpr(v Verdict) *expr.Verdict {
 // prefix] meta l4proto . th dport vmap @m".
 func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	fi := f.info()
-	nfproto, off, alen, rl4, rdp := fi.nfproto, fi.daddr, fi.addrLen, fi.regL4, fi.regDport
-	exprs := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{nfproto}},
-	}
+	off, alen, rl4, rdp := fi.daddr, fi.addrLen, fi.regL4, fi.regDport
+	exprs := nfprotoExprs(f)
 	if !k.nodePort {
 		exprs = append(exprs,
 			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
@@ -211,6 +205,19 @@ func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr
 			&expr.Payload{DestRegister: reg32NodePortDp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 	}
 	return append(exprs, &expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
+}
+
+// nfprotoExprs returns "meta nfproto ipvX": the check of the family that
+// nft itself puts before a match on an address in an inet table, and
+// that lets `nft list` print the match as "ip saddr …" rather than as a
+// raw payload ("@nh,96,32 …"). Every rule matching an address starts
+// with it, also in the chains only one family's packets reach, so that the
+// kernel's listing reads as the rule's String.
+func nfprotoExprs(f Family) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{f.info().nfproto}},
+	}
 }
 
 // addrMatchExprs returns the expressions matching the source (or
@@ -285,8 +292,11 @@ func (r DNATMapRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 
 func (r MarkRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	var exprs []expr.Any
+	if r.Dst.IsValid() || len(r.Except) > 0 {
+		exprs = nfprotoExprs(r.Family)
+	}
 	if r.Dst.IsValid() {
-		exprs = addrMatchExprs(r.Family, false, netip.PrefixFrom(r.Dst, r.Dst.BitLen()), expr.CmpOpEq)
+		exprs = append(exprs, addrMatchExprs(r.Family, false, netip.PrefixFrom(r.Dst, r.Dst.BitLen()), expr.CmpOpEq)...)
 	}
 	for _, p := range r.Except {
 		exprs = append(exprs, addrMatchExprs(r.Family, true, p, expr.CmpOpNeq)...)
@@ -302,7 +312,7 @@ func (r SourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 		}
 	} else {
-		exprs = addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)
+		exprs = append(nfprotoExprs(r.Family), addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)...)
 	}
 	if r.Mark {
 		return append(exprs, markVerdict()), nil
@@ -311,7 +321,8 @@ func (r SourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 }
 
 func (r AllowRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
-	return append(addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictReturn}), nil
+	exprs := append(nfprotoExprs(r.Family), addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)...)
+	return append(exprs, &expr.Verdict{Kind: expr.VerdictReturn}), nil
 }
 
 func (DropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
@@ -319,18 +330,18 @@ func (DropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 }
 
 func (r AffinityCheckRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
-	return []expr.Any{
+	return append(nfprotoExprs(r.Family),
 		saddrPayload(r.Family),
 		&expr.Lookup{SourceRegister: reg1, SetName: r.Set, SetID: setID(sets, r.Set)},
 		gotoVerdict(r.Goto),
-	}, nil
+	), nil
 }
 
 func (r AffinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
-	return []expr.Any{
+	return append(nfprotoExprs(r.Family),
 		saddrPayload(r.Family),
 		&expr.Dynset{SrcRegKey: reg1, SetName: r.Set, SetID: setID(sets, r.Set), Operation: unix.NFT_DYNSET_OP_UPDATE},
-	}, nil
+	), nil
 }
 
 // saddrPayload loads the source address into register 1.
