@@ -122,11 +122,40 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 			// Both on other nodes; IPv6 has none at all (reject).
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)},
 		}},
+		// Every rule kind in both families (TestKernelListingMatchesText
+		// checks that some case covers each): session affinity with a
+		// Local policy and local endpoints (affinity check and update,
+		// balance map and single goto, DNAT, source rules), source
+		// ranges containing a node IP (allow, drop), cluster CIDRs
+		// (masquerade marks with exceptions), and services without
+		// endpoints (reject) or without local ones (drop).
+		"every-rule-kind": everyRuleKind(),
 		"problems": {
 			{Service: svc("default", "bad", ipset("10.96.2.1"), &model.PortMapping{Protocol: 9, Port: 80, TargetPort: 80}, tcp(70000, 80), tcp(81, 81))},
 			// Same cluster IP and port as default/bad: the first one keeps it.
 			{Service: svc("default", "dup", ipset("10.96.2.1"), tcp(81, 82)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
 		},
+	}
+}
+
+// everyRuleKind is the state of the golden case "every-rule-kind".
+func everyRuleKind() []*model.ServiceEndpoints {
+	sticky := svc("default", "sticky", ipset("10.96.3.1", "fd00:10:96::3:1"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30081})
+	sticky.Type = "LoadBalancer"
+	sticky.IPs.LoadBalancerIPs = ipset("192.0.2.91", "2001:db8::91")
+	sticky.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "203.0.113.7/32", "2001:db8:1::/64", "2001:db8:2::7/128"}
+	sticky.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 90}
+	sticky.ExternalTrafficToLocal = true
+	plain := svc("default", "plain", ipset("10.96.3.2", "fd00:10:96::3:2"), udp(53, 5353))
+	plain.IPs.ExternalIPs = ipset("192.0.2.92", "2001:db8::92")
+	remote := svc("default", "remote-only", ipset("10.96.3.3", "fd00:10:96::3:3"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30083})
+	remote.Type = "NodePort"
+	remote.ExternalTrafficToLocal = true
+	return []*model.ServiceEndpoints{
+		{Service: sticky, Endpoints: []*model.Endpoint{ep("10.1.0.2", true), ep("10.1.0.3", false), ep("fd00:1::2", true), ep("fd00:1::3", false)}},
+		{Service: plain, Endpoints: []*model.Endpoint{ep("10.1.0.4", false), ep("fd00:1::4", false)}},
+		{Service: remote, Endpoints: []*model.Endpoint{ep("10.1.0.5", false), ep("fd00:1::5", false)}},
+		{Service: svc("default", "empty", ipset("10.96.3.4", "fd00:10:96::3:4"), tcp(80, 8080))},
 	}
 }
 
@@ -142,6 +171,11 @@ var goldenOptions = map[string]Options{
 	// IP is allowed as a source too.
 	"nodeport-lb-firewall":           {MasqueradeAll: true, NodeIPs: []netip.Addr{netip.MustParseAddr("198.51.100.9"), netip.MustParseAddr("fd00::9")}},
 	"local-policy-no-local-endpoint": {ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}},
+	"every-rule-kind": {
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("10.2.0.0/16"),
+			netip.MustParsePrefix("fd00:1::/64"), netip.MustParsePrefix("fd00:2::/64")},
+		NodeIPs: []netip.Addr{netip.MustParseAddr("198.51.100.9"), netip.MustParseAddr("2001:db8:1::9")},
+	},
 }
 
 // goldenText is the ruleset of items built with opts, followed by its

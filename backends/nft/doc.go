@@ -12,8 +12,11 @@
 //     affinity), build.go (a service seen from this node → its
 //     chains, maps and elements), slots.go and tracker.go (the objects of
 //     every service, endpoint blocks placed in the shared endpoint maps,
-//     and the minimal change between two rounds), text.go (the base chains
-//     and the nft-like text of a ruleset, for golden-file tests) and
+//     and the minimal change between two rounds), text.go (the fixed
+//     chains and the text of a ruleset in nft syntax, for golden-file
+//     tests; each rule's text is its String, and a kernel test checks
+//     that the kernel's own listing of a programmed ruleset reads the
+//     same, so that the text and the netlink expressions cannot drift) and
 //     conntrack.go (the stale UDP flows a change leaves behind);
 //   - the kernel side: netlink.go (each rule's netlink expressions, a
 //     method of the Rule interface, so that a rule kind without them does

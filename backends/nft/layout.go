@@ -106,6 +106,43 @@ const (
 	prioritySrcNAT   int32 = 100
 )
 
+// standardPriorities are nft's names of priorities, in the order nft
+// tries them, with the one hook a NAT name is written on (empty: any).
+var standardPriorities = []struct {
+	name  string
+	value int32
+	hook  string
+}{
+	{"raw", -300, ""},
+	{"mangle", -150, ""},
+	{"dstnat", -100, "prerouting"},
+	{"filter", 0, ""},
+	{"security", 50, ""},
+	{"srcnat", 100, "postrouting"},
+}
+
+// priorityText writes the priority p of a base chain on hook as nft
+// (1.0.6) lists it: the first standard name usable on the hook within 10
+// of p ("dstnat", "filter - 10"), else the number (dstnat on the output
+// hook is "-100": nft writes dstnat only on prerouting). The kernel test
+// TestKernelListingMatchesText checks it for every base chain.
+func priorityText(p int32, hook string) string {
+	for _, sp := range standardPriorities {
+		if sp.hook != "" && sp.hook != hook {
+			continue
+		}
+		switch off := p - sp.value; {
+		case off == 0:
+			return sp.name
+		case off > 0 && off <= 10:
+			return fmt.Sprintf("%s + %d", sp.name, off)
+		case off < 0 && off >= -10:
+			return fmt.Sprintf("%s - %d", sp.name, -off)
+		}
+	}
+	return strconv.Itoa(int(p))
+}
+
 // baseChains are the table's base chains, in the order they are created.
 var baseChains = []baseChain{
 	{ChainFilterPrerouting, "filter", "prerouting", priorityFirewall, ChainFirewallCheck},

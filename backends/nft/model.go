@@ -93,10 +93,12 @@ func equalChains(a, b *Chain) bool {
 	return a.Name == b.Name && slices.EqualFunc(a.Rules, b.Rules, func(x, y Rule) bool { return x.String() == y.String() })
 }
 
-// Rule is one rule of a service or endpoint chain: a BalanceRule or a
-// DNATRule.
+// Rule is one rule of a service, endpoint or firewall chain (BalanceRule,
+// DNATRule, DNATMapRule, MarkRule, SourceRule, AllowRule, DropRule,
+// AffinityCheckRule, AffinityUpdateRule).
 type Rule interface {
-	// String returns the rule in nft syntax.
+	// String returns the rule in nft syntax, as `nft list` prints the
+	// rule exprs programs (TestKernelListingMatchesText checks it).
 	String() string
 	// exprs returns the rule's netlink expressions, what the kernel is
 	// sent; sets holds the sets added in the same transaction, for the
@@ -242,9 +244,16 @@ func (e EndpointElement) ID() uint64 {
 	return uint64(e.Family)<<63 | uint64(e.Slot&(1<<31-1))<<32 | uint64(e.From)
 }
 
-// String returns the element in nft syntax: "7 . 0-429496728 : 10.1.0.2 . 8080".
+// String returns the element in nft syntax, as nft prints it: the key is
+// one 8-byte integer, slot·2^32 + the random number, so slot 7's interval
+// [0, 429496729) is "30064771072-30494267800 : 10.1.0.2 . 8080" (an
+// interval of one number is that number alone).
 func (e EndpointElement) String() string {
-	return fmt.Sprintf("%d . %d-%d : %s . %d", e.Slot, e.From, e.To-1, e.Target.Addr(), e.Target.Port())
+	from, last := uint64(e.Slot)<<32|uint64(e.From), uint64(e.Slot)<<32|uint64(e.To-1)
+	if from == last {
+		return fmt.Sprintf("%d : %s . %d", from, e.Target.Addr(), e.Target.Port())
+	}
+	return fmt.Sprintf("%d-%d : %s . %d", from, last, e.Target.Addr(), e.Target.Port())
 }
 
 // compareEndpointElements orders elements by family, slot and first key

@@ -375,6 +375,7 @@ func setRef(t *nftables.Table, s *Set) *nftables.Set {
 		Dynamic:    true,
 		HasTimeout: true,
 		Timeout:    s.Timeout,
+		Size:       affinitySetSize,
 	}
 }
 

@@ -98,16 +98,13 @@ func prefixesOf(ps []netip.Prefix, f Family) []netip.Prefix {
 	return out
 }
 
-// prefixText joins prefixes the way nft writes them: "a" or "{ a, b }".
-func prefixText(ps []netip.Prefix) string {
-	if len(ps) == 1 {
-		return ps[0].String()
+// prefixText writes a prefix as nft does: "10.0.0.0/8", or the address
+// alone for a single address ("10.0.0.1", not "10.0.0.1/32").
+func prefixText(p netip.Prefix) string {
+	if p.IsSingleIP() {
+		return p.Addr().String()
 	}
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.String()
-	}
-	return "{ " + strings.Join(s, ", ") + " }"
+	return p.String()
 }
 
 // saddrText is "ip saddr" or "ip6 saddr".
@@ -115,7 +112,8 @@ func saddrText(f Family) string { return f.info().nft + " saddr" }
 
 // MarkRule asks for masquerading: "jump mark-for-masquerade", only for
 // packets to Dst when it is set (a cluster IP) and only for sources outside
-// Except when it is set (a family's cluster CIDRs).
+// Except when it is set (a family's cluster CIDRs): one "ip saddr != P"
+// match per prefix.
 type MarkRule struct {
 	Family Family
 	Dst    netip.Addr
@@ -128,8 +126,8 @@ func (r MarkRule) String() string {
 	if r.Dst.IsValid() {
 		fmt.Fprintf(&b, "%s %s ", daddrText(r.Family), r.Dst)
 	}
-	if len(r.Except) > 0 {
-		fmt.Fprintf(&b, "%s != %s ", saddrText(r.Family), prefixText(r.Except))
+	for _, p := range r.Except {
+		fmt.Fprintf(&b, "%s != %s ", saddrText(r.Family), prefixText(p))
 	}
 	return b.String() + "jump " + ChainMarkForMasquerade
 }
@@ -149,10 +147,7 @@ type SourceRule struct {
 func (r SourceRule) String() string {
 	match := "fib saddr type local"
 	if !r.LocalSource {
-		match = saddrText(r.Family) + " " + r.Prefix.String()
-		if r.Prefix.IsSingleIP() {
-			match = saddrText(r.Family) + " " + r.Prefix.Addr().String()
-		}
+		match = saddrText(r.Family) + " " + prefixText(r.Prefix)
 	}
 	if r.Mark {
 		return match + " jump " + ChainMarkForMasquerade
@@ -169,7 +164,7 @@ type AllowRule struct {
 
 // String implements Rule.
 func (r AllowRule) String() string {
-	return fmt.Sprintf("%s %s return", saddrText(r.Family), r.Prefix)
+	return fmt.Sprintf("%s %s return", saddrText(r.Family), prefixText(r.Prefix))
 }
 
 // DropRule drops: the end of a firewall chain.
@@ -235,11 +230,16 @@ func equalSets(a, b *Set) bool {
 	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
+// affinitySetSize is the number of clients an affinity set holds at most:
+// the kernel's default for a set that packets add to, given explicitly so
+// that the text says it.
+const affinitySetSize = 65535
+
 // Text returns the set's declaration in nft syntax, with the elements
 // of an endpoint map given in els.
 func (s *Set) Text(els []EndpointElement) string {
 	if s.EndpointMap {
-		text := fmt.Sprintf("map %s {\n\t\ttype integer . integer : %s . inet_service\n\t\tflags interval", s.Name, s.Family.info().addrType)
+		text := fmt.Sprintf("map %s {\n\t\ttype integer : %s . inet_service\n\t\tflags interval", s.Name, s.Family.info().addrType)
 		var lines []string
 		for _, e := range els {
 			if e.Map() == s.Name {
@@ -258,5 +258,25 @@ func (s *Set) Text(els []EndpointElement) string {
 		}
 		return fmt.Sprintf("map %s {\n\t\ttype integer : verdict\n\t\tflags constant\n\t\telements = { %s }\n\t}", s.Name, strings.Join(els, ", "))
 	}
-	return fmt.Sprintf("set %s {\n\t\ttype %s\n\t\tflags dynamic,timeout\n\t\ttimeout %ds\n\t}", s.Name, s.Family.info().addrType, int(s.Timeout/time.Second))
+	return fmt.Sprintf("set %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n\t\ttimeout %s\n\t}", s.Name, s.Family.info().addrType, affinitySetSize, durationText(s.Timeout))
+}
+
+// durationText writes d as nft does: days, hours, minutes, seconds and
+// milliseconds, each only if not zero ("3h", "1m30s").
+func durationText(d time.Duration) string {
+	ms := d.Milliseconds()
+	var b strings.Builder
+	for _, u := range []struct {
+		ms   int64
+		name string
+	}{{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}, {1, "ms"}} {
+		if n := ms / u.ms; n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.name)
+			ms -= n * u.ms
+		}
+	}
+	if b.Len() == 0 {
+		return "0s"
+	}
+	return b.String()
 }

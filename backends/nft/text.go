@@ -33,20 +33,21 @@ func nodePortMatches(opts Options, f Family) []nodePortMatch {
 func daddrText(f Family) string { return f.info().nft + " daddr" }
 
 // lookupRuleText is the text of the rule looking up the map m of kind k
-// and family f (node-port maps: with the address match npm).
+// and family f (node-port maps: with the address match npm). The rule
+// starts with "meta nfproto ipvX" (lookupExprs), which nft writes as part
+// of the "ip daddr" match that follows it.
 func lookupRuleText(f Family, k mapKind, npm nodePortMatch) string {
 	m := k.name(f)
 	if !k.nodePort {
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
 	}
 	var b strings.Builder
-	b.WriteString("meta nfproto " + f.info().name + " ")
 	if npm.Prefix.IsValid() {
-		fmt.Fprintf(&b, "%s %s ", daddrText(f), npm.Prefix)
+		fmt.Fprintf(&b, "%s %s ", daddrText(f), prefixText(npm.Prefix))
 	}
 	b.WriteString("fib daddr type local ")
 	if npm.NotPrefix.IsValid() {
-		fmt.Fprintf(&b, "%s != %s ", daddrText(f), npm.NotPrefix)
+		fmt.Fprintf(&b, "%s != %s ", daddrText(f), prefixText(npm.NotPrefix))
 	}
 	fmt.Fprintf(&b, "meta l4proto . th dport vmap @%s", m)
 	return b.String()
@@ -80,8 +81,12 @@ func lookupRules(opts Options, kinds []mapKind, fn func(Family, mapKind, nodePor
 	}
 }
 
-// Text renders the ruleset in nft's syntax (close to what `nft list table`
-// prints, with elements one per line), for reading and golden files.
+// Text renders the ruleset in nft's syntax, for reading and golden files:
+// each chain, set and map as `nft list table` prints it once the ruleset is
+// programmed, which TestKernelListingMatchesText checks against the
+// kernel (but for the order of the objects, elements one per line and in
+// the ruleset's order, and the three spellings of nft that the test
+// normalizes: listingNormalizations).
 func (rs *Ruleset) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", rs.Table)
@@ -123,7 +128,7 @@ func (rs *Ruleset) Text() string {
 		fmt.Fprintf(&b, "\t%s\n\n", s.Text(rs.Endpoints))
 	}
 	for _, c := range baseChains {
-		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %d; policy accept;\n\t\tjump %s\n\t}\n\n", c.name, c.typ, c.hook, c.priority, c.jump)
+		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n\t\tjump %s\n\t}\n\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook), c.jump)
 	}
 	for _, lc := range lookupChains {
 		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
@@ -132,7 +137,9 @@ func (rs *Ruleset) Text() string {
 		})
 		b.WriteString("\t}\n\n")
 	}
-	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject with icmpx port-unreachable\n\t}\n\n", ChainReject)
+	// "reject" alone is ICMP(v6) port unreachable, what nft prints for
+	// "reject with icmpx port-unreachable" in an inet table.
+	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject\n\t}\n\n", ChainReject)
 	mark := rs.Options.mark()
 	fmt.Fprintf(&b, "\tchain %s {\n", ChainMasquerading)
 	for _, f := range []Family{IPv4, IPv6} {

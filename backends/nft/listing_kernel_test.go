@@ -1,0 +1,311 @@
+//go:build linux
+
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"maps"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// TestKernelListingMatchesText programs the ruleset of each golden case
+// (build_test.go: together they hold every rule kind in both families,
+// which the test checks first) into a table of its own in a network
+// namespace, and compares what `nft list table` prints with Ruleset.Text,
+// object by object: the rules the kernel holds (sent as each rule's exprs)
+// must read as the rules' String, so the two renderings cannot drift.
+//
+// Compared: the same chains, sets and maps on both sides; for each chain
+// its declaration (type, hook, priority, policy) and its rules, in order;
+// for each set and map its declaration (type, size, flags, timeout) and
+// its elements, as a sorted list. Lines are compared after the
+// normalizations of listingNormalizations and nothing else: whitespace,
+// and three spellings of nft 1.0.6 for values it has no type information
+// about. The order of the objects in the listing and the layout of
+// elements (nft puts several on a line, in its own order) are not
+// compared: nft chooses them.
+//
+// Not compared, because the kernel does not hold them: the elements of the
+// dynamic affinity sets (packets add them, Text has none) and the
+// "# problem:" lines of the golden files.
+func TestKernelListingMatchesText(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	checkCoverage(t)
+	ns := netns.New(t, "listing")
+	cases := goldenCases()
+	for _, name := range slices.Sorted(maps.Keys(cases)) {
+		t.Run(name, func(t *testing.T) {
+			rs, _ := Build("kpng-"+name, goldenOptions[name], cases[name])
+			a := NewApplier(connIn(t, ns), rs.Table)
+			defer a.Close()
+			if _, err := a.Full(rs); err != nil {
+				t.Fatalf("program table %s: %v", rs.Table, err)
+			}
+			want, err := parseListing(rs.Text(), false)
+			if err != nil {
+				t.Fatalf("Text: %v", err)
+			}
+			listing := nftList(t, ns, rs.Table)
+			got, err := parseListing(listing, true)
+			if err != nil {
+				t.Fatalf("nft list table: %v\n%s", err, listing)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("table %s: the kernel's listing differs from Text (-Text +kernel, after normalization):\n%s", rs.Table, diff)
+			}
+		})
+	}
+}
+
+// listingNormalizations rewrite the kernel's listing where nft 1.0.6
+// spells something differently from the nft syntax Text writes (applied
+// to the lines of the objects whose kind and name start with scope).
+var listingNormalizations = []struct {
+	why   string
+	scope string
+	re    *regexp.Regexp
+	repl  func(match string) string
+}{
+	{
+		why:   "the slot of an endpoint-map key is loaded as a plain 4-byte value (DNATMapRule), which nft has no type for: it prints 0x7 [invalid type] for 7",
+		scope: "chain ",
+		re:    regexp.MustCompile(`0x[0-9a-f]+ \[invalid type\]`),
+		repl: func(m string) string {
+			n, _ := strconv.ParseUint(strings.TrimPrefix(strings.Fields(m)[0], "0x"), 16, 64)
+			return strconv.FormatUint(n, 10)
+		},
+	},
+	{
+		why:   "an integer key (endpoint maps, balance maps) is listed as type 0 without nft's own user data (nft -j says integer)",
+		scope: "map ",
+		re:    regexp.MustCompile(`^type 0 :`),
+		repl:  func(string) string { return "type integer :" },
+	},
+	{
+		why:   "a balance map's key is in host byte order (numgen's result), which nft reads as big-endian: 1 is 16777216 on a little-endian host",
+		scope: "map bal",
+		re:    regexp.MustCompile(`^\d+ :`),
+		repl: func(m string) string {
+			n, _ := strconv.ParseUint(strings.Fields(m)[0], 10, 32)
+			host := binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, uint32(n)))
+			return fmt.Sprintf("%d :", host)
+		},
+	},
+}
+
+// listedObject is one chain, set or map of a listing.
+type listedObject struct {
+	// Decl are the declaration lines: type, hook, priority, flags, size,
+	// timeout.
+	Decl []string
+	// Rules are the rules of a chain, in order.
+	Rules []string
+	// Elements are the elements of a set or map, sorted.
+	Elements []string
+}
+
+var spaces = regexp.MustCompile(`\s+`)
+
+// parseListing parses a table in nft syntax (Text, or nft list table
+// with kernel set: then normalized) into its objects by kind and name
+// ("chain services", "map service-ips-v4").
+func parseListing(text string, kernel bool) (map[string]*listedObject, error) {
+	objs := map[string]*listedObject{}
+	var name string
+	var cur *listedObject
+	var elements *strings.Builder // while inside "elements = { ... }"
+	for i, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(spaces.ReplaceAllString(line, " "))
+		switch {
+		case line == "" || strings.HasPrefix(line, "# problem:"):
+		case elements != nil:
+			elements.WriteString(" " + line)
+			if strings.HasSuffix(line, "}") {
+				cur.Elements = splitElements(elements.String())
+				elements = nil
+			}
+		case strings.HasPrefix(line, "table "), line == "}" && cur == nil:
+		case line == "}":
+			cur = nil
+		case cur == nil:
+			kind, rest, _ := strings.Cut(line, " ")
+			if (kind != "chain" && kind != "set" && kind != "map") || !strings.HasSuffix(rest, " {") {
+				return nil, fmt.Errorf("line %d: %q: not a chain, set or map", i+1, line)
+			}
+			name = kind + " " + strings.TrimSuffix(rest, " {")
+			if objs[name] != nil {
+				return nil, fmt.Errorf("line %d: %s twice", i+1, name)
+			}
+			cur = &listedObject{}
+			objs[name] = cur
+		case strings.HasPrefix(line, "elements = {"):
+			elements = &strings.Builder{}
+			elements.WriteString(line)
+			if strings.HasSuffix(line, "}") {
+				cur.Elements = splitElements(elements.String())
+				elements = nil
+			}
+		case strings.HasPrefix(name, "chain ") && !strings.HasPrefix(line, "type "):
+			cur.Rules = append(cur.Rules, line)
+		default:
+			cur.Decl = append(cur.Decl, line)
+		}
+	}
+	if cur != nil || elements != nil {
+		return nil, fmt.Errorf("unterminated %s", name)
+	}
+	for name, o := range objs {
+		if kernel {
+			for _, lines := range [][]string{o.Decl, o.Rules, o.Elements} {
+				for i := range lines {
+					lines[i] = normalize(name, lines[i])
+				}
+			}
+		}
+		sort.Strings(o.Elements)
+	}
+	return objs, nil
+}
+
+// splitElements returns the elements of "elements = { a, b }".
+func splitElements(s string) []string {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "elements = {"), "}")
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// normalize applies listingNormalizations to a line of the object name.
+func normalize(name, line string) string {
+	for _, n := range listingNormalizations {
+		if strings.HasPrefix(name, n.scope) {
+			line = n.re.ReplaceAllStringFunc(line, n.repl)
+		}
+	}
+	return line
+}
+
+// checkCoverage fails the test unless the golden cases hold, in each
+// family, every rule kind (every type of the package with an exprs
+// method), every kind of named set (endpoint map, balance map, affinity
+// set), the three kinds of verdicts of the lookup maps (a chain, reject,
+// drop) and hairpin elements.
+func checkCoverage(t *testing.T) {
+	t.Helper()
+	kinds, err := ruleKinds(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kinds) == 0 {
+		t.Fatal("no rule kinds found")
+	}
+	var want []string
+	for _, f := range []string{"4", "6"} {
+		for _, k := range kinds {
+			want = append(want, k+" in family "+f)
+		}
+		for _, k := range []string{"endpoint map", "balance map", "affinity set", "verdict goto chain", "verdict goto reject", "verdict drop", "hairpin element"} {
+			want = append(want, k+" in family "+f)
+		}
+	}
+	have := map[string]bool{}
+	for name, items := range goldenCases() {
+		rs, _ := Build("t", goldenOptions[name], items)
+		for _, c := range rs.Chains {
+			f := chainFamily(c.Name)
+			for _, r := range c.Rules {
+				have[reflect.TypeOf(r).Name()+" in family "+f] = true
+			}
+		}
+		for _, s := range rs.Sets {
+			kind := "affinity set"
+			switch {
+			case s.EndpointMap:
+				kind = "endpoint map"
+			case len(s.Targets) > 0:
+				kind = "balance map"
+			}
+			have[kind+" in family "+familySuffix(s.Family)] = true
+		}
+		for _, e := range rs.Elements {
+			kind := "verdict goto chain"
+			switch e.Verdict.Goto {
+			case "":
+				kind = "verdict drop"
+			case ChainReject:
+				kind = "verdict goto reject"
+			}
+			have[kind+" in family "+familySuffix(e.Family)] = true
+		}
+		for _, a := range rs.Hairpin {
+			have["hairpin element in family "+familySuffix(familyOf(a))] = true
+		}
+	}
+	for _, w := range want {
+		if !have[w] {
+			t.Errorf("no golden case has a %s: add one (build_test.go), so that its text is checked against the kernel", w)
+		}
+	}
+}
+
+// chainFamily returns "4" or "6", the family of a service or endpoint
+// chain, from its name ("svc4-…", "ep6-…").
+func chainFamily(name string) string {
+	prefix, _, _ := strings.Cut(name, "-")
+	return prefix[len(prefix)-1:]
+}
+
+// ruleKinds returns the names of the types of the package in dir (test
+// files aside) that have an exprs method: the kinds of Rule.
+func ruleKinds(dir string) ([]string, error) {
+	fset := token.NewFileSet()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var kinds []string
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, e.Name(), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv == nil || fn.Name.Name != "exprs" {
+				continue
+			}
+			typ := fn.Recv.List[0].Type
+			if star, ok := typ.(*ast.StarExpr); ok {
+				typ = star.X
+			}
+			if id, ok := typ.(*ast.Ident); ok {
+				kinds = append(kinds, id.Name)
+			}
+		}
+	}
+	slices.Sort(kinds)
+	return kinds, nil
+}
