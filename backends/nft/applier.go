@@ -81,7 +81,7 @@ const (
 	lastingElements = 8192
 )
 
-// Applier writes rulesets and deltas into one nftables table, each call
+// applier writes rulesets and deltas into one nftables table, each call
 // one netlink transaction. It is not safe for concurrent use.
 //
 // Small transactions (partial syncs) go through one lasting netlink
@@ -89,7 +89,7 @@ const (
 // for the kernel (4 to 25 ms measured with strace, the process idle
 // meanwhile), many times the cost of a one-endpoint change. The connection is dropped after
 // any error, so that nothing of a failed transaction stays in it.
-type Applier struct {
+type applier struct {
 	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
 	lasting *nftables.Conn // reused across transactions; nil until needed
 	table   *nftables.Table
@@ -104,22 +104,22 @@ type txn struct {
 	sets  map[string]*nftables.Set
 }
 
-// NewApplier returns an Applier writing the inet table named table, on
+// newApplier returns an applier writing the inet table named table, on
 // connections from newConn, which must apply the options it is given
 // (nil means nftables.New, in the current network namespace). Close
 // releases its lasting connection. newConn is also the seam of the
 // unprivileged tests: a factory adding nftables.WithTestDial sees every
 // message without a kernel (applier_test.go).
-func NewApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), table string) *Applier {
+func newApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), table string) *applier {
 	if newConn == nil {
 		newConn = nftables.New
 	}
-	return &Applier{newConn: newConn, table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
+	return &applier{newConn: newConn, table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
 }
 
-// Close closes the lasting connection, if one is open. The Applier may
+// Close closes the lasting connection, if one is open. The applier may
 // still be used: it opens another one when needed.
-func (a *Applier) Close() {
+func (a *applier) Close() {
 	if a.lasting != nil {
 		_ = a.lasting.CloseLasting()
 		a.lasting = nil
@@ -131,7 +131,7 @@ func (a *Applier) Close() {
 // new connection (a connection buffers its messages until Flush, so a
 // transaction abandoned halfway must not leave them behind for the next
 // one: end drops the connection on error).
-func (a *Applier) begin(messages, elements int) (*txn, error) {
+func (a *applier) begin(messages, elements int) (*txn, error) {
 	t := &txn{table: a.table, sets: map[string]*nftables.Set{}}
 	if messages <= lastingMessages && elements <= lastingElements {
 		if a.lasting == nil {
@@ -160,11 +160,11 @@ func (a *Applier) begin(messages, elements int) (*txn, error) {
 }
 
 // flush sends the transaction t.
-func (a *Applier) flush(t *txn) error { return t.conn.Flush() }
+func (a *applier) flush(t *txn) error { return t.conn.Flush() }
 
 // end ends the transaction t; after an error, the lasting connection is
 // closed if t used it, with whatever t left in it.
-func (a *Applier) end(t *txn, err error) {
+func (a *applier) end(t *txn, err error) {
 	if err != nil && t.conn == a.lasting {
 		a.Close()
 	}
@@ -174,7 +174,7 @@ func (a *Applier) end(t *txn, err error) {
 // (so that deleting it cannot fail), deleted and built again in the same
 // batch, so that packets see either the old table or the new one, never
 // none. On error nothing changed.
-func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
+func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	// Each set: its declaration and a message of its elements at least.
 	messages := 100 + 2*len(rs.Sets)
 	for _, c := range rs.Chains {
@@ -198,7 +198,7 @@ func (a *Applier) Full(rs *Ruleset) (stats Stats, err error) {
 	return t.stats, nil
 }
 
-func (t *txn) full(rs *Ruleset) error {
+func (t *txn) full(rs *ruleset) error {
 	c := t.conn
 	c.AddTable(t.table)
 	c.DelTable(t.table)
@@ -206,7 +206,7 @@ func (t *txn) full(rs *Ruleset) error {
 	t.stats.Messages += 3
 
 	maps := map[string]*nftables.Set{}
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		for _, k := range mapKinds {
 			name := k.name(f)
 			m := mapRef(t.table, f, name)
@@ -218,7 +218,7 @@ func (t *txn) full(rs *Ruleset) error {
 		}
 	}
 	var hairpin [2]*nftables.Set
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		hairpin[f] = hairpinSetRef(t.table, f)
 		if err := c.AddSet(hairpin[f], nil); err != nil {
 			return fmt.Errorf("set %s: %w", hairpin[f].Name, err)
@@ -232,22 +232,22 @@ func (t *txn) full(rs *Ruleset) error {
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
 		ch := t.addChain(lc.name)
-		lookupRules(rs.Options, lc.kinds, func(f Family, k mapKind, npm nodePortMatch) {
+		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
 			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
 		})
 	}
-	reject := t.addChain(ChainReject)
+	reject := t.addChain(chainReject)
 	for _, r := range rejectRules() {
 		t.addRule(reject, r)
 	}
-	masq := t.addChain(ChainMasquerading)
-	for _, f := range []Family{IPv4, IPv6} {
+	masq := t.addChain(chainMasquerading)
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		t.addRule(masq, hairpinExprs(f, rs.Options.mark(), hairpin[f]))
 	}
 	for _, r := range masqueradingRules(rs.Options.mark()) {
 		t.addRule(masq, r)
 	}
-	t.addRule(t.addChain(ChainMarkForMasquerade), markExprs(rs.Options.mark(), false))
+	t.addRule(t.addChain(chainMarkForMasquerade), markExprs(rs.Options.mark(), false))
 	for _, bc := range baseChains {
 		ch := t.addBaseChain(bc)
 		t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
@@ -274,7 +274,7 @@ func (t *txn) full(rs *Ruleset) error {
 	if err := t.endpointElements(rs.Endpoints, false); err != nil {
 		return err
 	}
-	byMap := map[string][]Element{}
+	byMap := map[string][]mapElement{}
 	for _, e := range rs.Elements {
 		byMap[e.Map] = append(byMap[e.Map], e)
 	}
@@ -296,17 +296,17 @@ func (t *txn) full(rs *Ruleset) error {
 // rules added; verdict map elements are deleted and added; deleted chains are
 // flushed, then deleted sets deleted, then deleted chains deleted (each
 // after everything that referenced it is gone). On error nothing changed.
-func (a *Applier) Partial(d Delta) (stats Stats, err error) {
+func (a *applier) Partial(d delta) (stats Stats, err error) {
 	// The fixed maps and sets: a deletion and an addition each at most,
 	// then each endpoint map touched and each set: two messages each.
 	messages := 40 + 2*d.Sets.Len() + 2*d.Chains.Len()
-	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated} {
+	for _, items := range [][]diffstore.Item[string, *regularChain]{d.Chains.Created, d.Chains.Updated} {
 		for _, it := range items {
 			messages += len(it.Value.Rules)
 		}
 	}
 	touched := map[string]bool{}
-	for _, items := range [][]diffstore.Item[uint64, EndpointElement]{d.Endpoints.Created, d.Endpoints.Updated, d.Endpoints.Deleted} {
+	for _, items := range [][]diffstore.Item[uint64, endpointElement]{d.Endpoints.Created, d.Endpoints.Updated, d.Endpoints.Deleted} {
 		for _, it := range items {
 			touched[it.Value.Map()] = true
 			touched[it.Prev.Map()] = true
@@ -331,7 +331,7 @@ func (a *Applier) Partial(d Delta) (stats Stats, err error) {
 	return t.stats, nil
 }
 
-func (t *txn) partial(d Delta) error {
+func (t *txn) partial(d delta) error {
 	c := t.conn
 	for _, it := range d.Chains.Created {
 		t.addChain(it.Key)
@@ -363,7 +363,7 @@ func (t *txn) partial(d Delta) error {
 		t.stats.Messages++
 		t.stats.ChainsFlushed++
 	}
-	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated} {
+	for _, items := range [][]diffstore.Item[string, *regularChain]{d.Chains.Created, d.Chains.Updated} {
 		for _, it := range items {
 			if err := t.addRules(it.Value); err != nil {
 				return err
@@ -373,13 +373,13 @@ func (t *txn) partial(d Delta) error {
 
 	// Elements: deleted and updated ones are removed, created and updated
 	// ones added.
-	for _, del := range [][]diffstore.Item[string, Element]{d.Elements.Deleted, d.Elements.Updated} {
-		if err := t.elementGroups(del, true, func(it diffstore.Item[string, Element]) Element { return it.Prev }); err != nil {
+	for _, del := range [][]diffstore.Item[string, mapElement]{d.Elements.Deleted, d.Elements.Updated} {
+		if err := t.elementGroups(del, true, func(it diffstore.Item[string, mapElement]) mapElement { return it.Prev }); err != nil {
 			return err
 		}
 	}
-	for _, add := range [][]diffstore.Item[string, Element]{d.Elements.Updated, d.Elements.Created} {
-		if err := t.elementGroups(add, false, func(it diffstore.Item[string, Element]) Element { return it.Value }); err != nil {
+	for _, add := range [][]diffstore.Item[string, mapElement]{d.Elements.Updated, d.Elements.Created} {
+		if err := t.elementGroups(add, false, func(it diffstore.Item[string, mapElement]) mapElement { return it.Value }); err != nil {
 			return err
 		}
 	}
@@ -417,9 +417,9 @@ func items[K cmp.Ordered, V any](its []diffstore.Item[K, V], prev bool) []V {
 
 // endpointElements adds (or deletes) the intervals els in their endpoint
 // maps, each as its start and end elements.
-func (t *txn) endpointElements(els []EndpointElement, del bool) error {
+func (t *txn) endpointElements(els []endpointElement, del bool) error {
 	byMap := map[string][]nftables.SetElement{}
-	var order []EndpointElement
+	var order []endpointElement
 	for _, e := range els {
 		name := e.Map()
 		if _, ok := byMap[name]; !ok {
@@ -447,7 +447,7 @@ func (t *txn) hairpinElements(addrs []netip.Addr, del bool) error {
 	for _, addr := range addrs {
 		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], hairpinElement(addr))
 	}
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		if err := t.sendElements(hairpinSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(32, "") }, del); err != nil {
 			return err
 		}
@@ -479,7 +479,7 @@ func (t *txn) sendElements(m *nftables.Set, els []nftables.SetElement, size func
 // addSet adds a named set (an endpoint map, a balance map with its
 // elements, or an affinity set), remembering it for the rules of the same
 // transaction that refer to it.
-func (t *txn) addSet(st *Set) error {
+func (t *txn) addSet(st *namedSet) error {
 	ns := setRef(t.table, st)
 	if err := t.conn.AddSet(ns, nil); err != nil {
 		return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
@@ -503,8 +503,8 @@ func (t *txn) addSet(st *Set) error {
 }
 
 // elementGroups adds or deletes the elements of items, one message per map.
-func (t *txn) elementGroups(items []diffstore.Item[string, Element], del bool, pick func(diffstore.Item[string, Element]) Element) error {
-	byMap := map[string][]Element{}
+func (t *txn) elementGroups(items []diffstore.Item[string, mapElement], del bool, pick func(diffstore.Item[string, mapElement]) mapElement) error {
+	byMap := map[string][]mapElement{}
 	var order []string
 	for _, it := range items {
 		e := pick(it)
@@ -524,7 +524,7 @@ func (t *txn) elementGroups(items []diffstore.Item[string, Element], del bool, p
 
 // setElements adds (or deletes) els in m, in messages of at most
 // elementsPerMessage elements and elementBytesPerMessage bytes.
-func (t *txn) setElements(m *nftables.Set, els []Element, del bool) error {
+func (t *txn) setElements(m *nftables.Set, els []mapElement, del bool) error {
 	nels := make([]nftables.SetElement, len(els))
 	for i, e := range els {
 		k, err := keyBytes(e.Key)
@@ -582,7 +582,7 @@ func (t *txn) addRule(ch *nftables.Chain, exprs []expr.Any) {
 }
 
 // addRules adds the rules of a service or endpoint chain.
-func (t *txn) addRules(ch *Chain) error {
+func (t *txn) addRules(ch *regularChain) error {
 	ref := t.chainRef(ch.Name)
 	for _, r := range ch.Rules {
 		exprs, err := r.exprs(t.sets)

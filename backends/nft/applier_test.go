@@ -70,9 +70,9 @@ func msgTypeName(t netlink.HeaderType) string {
 // as many as Stats says.
 func TestApplierMessages(t *testing.T) {
 	newConn, take := recordingConns()
-	a := NewApplier(newConn, "kpng-unit")
+	a := newApplier(newConn, "kpng-unit")
 	defer a.Close()
-	tr := NewTracker(Options{})
+	tr := newTracker(Options{})
 	web := svc("default", "web", ipset("10.96.0.10", "fd00:10:96::10"), tcp(80, 6000))
 	eps := []*model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false)}
 	tr.Update(web.Key(), &model.ServiceEndpoints{Service: web, Endpoints: eps})

@@ -150,7 +150,7 @@ const elementsPerBenchService = 1 + 3*benchEndpoints
 // (google/nftables's GetSetElements reads only the first part of a dump).
 func kernelElements(tb testing.TB, ns *netns.NS, name string) int {
 	tb.Helper()
-	out, _, err := ns.Exec(nil, "nft", "list", "map", "inet", TableName(name), MapServices(IPv4))
+	out, _, err := ns.Exec(nil, "nft", "list", "map", "inet", TableName(name), mapServices(ipv4))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -534,7 +534,7 @@ func BenchmarkFirstPacket(b *testing.B) {
 // each iteration adds (or deletes) one drop element in
 // no-endpoint-services-v4 (no revalidation of the table), in its own
 // transaction, on a new connection per transaction (socket opened in the
-// namespace, buffers set, closed after the transaction: what the Applier
+// namespace, buffers set, closed after the transaction: what the applier
 // did before) or on one lasting connection (what it does for partial
 // syncs). The difference is the kernel's close of a netlink socket that
 // sent nftables messages.
@@ -542,8 +542,8 @@ func BenchmarkElementOnlyChange(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			s, node := programmed(b, n)
-			m := mapRef(&nftables.Table{Name: TableName(s.name), Family: nftables.TableFamilyINet}, IPv4, MapNoEndpoints(IPv4))
-			k, err := keyBytes(Key{Addr: netip.MustParseAddr("10.99.0.1"), Proto: model.TCP, Port: 80})
+			m := mapRef(&nftables.Table{Name: TableName(s.name), Family: nftables.TableFamilyINet}, ipv4, mapNoEndpoints(ipv4))
+			k, err := keyBytes(mapKey{Addr: netip.MustParseAddr("10.99.0.1"), Proto: model.TCP, Port: 80})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -568,7 +568,7 @@ func BenchmarkElementOnlyChange(b *testing.B) {
 							}
 							nftables.WithSockOptions(receiveBuffer(receiveBufferFor(1)), sendBuffer(sendBufferFor(1, 1)))(c)
 						}
-						el := []nftables.SetElement{{Key: k, VerdictData: verdictExpr(Verdict{})}}
+						el := []nftables.SetElement{{Key: k, VerdictData: verdictExpr(verdict{})}}
 						if i%2 == 0 {
 							err = c.SetAddElements(m, el)
 						} else {
@@ -639,7 +639,7 @@ func TestKernelLargeBalanceMap(t *testing.T) {
 			}
 			check := func(when string, want int) {
 				t.Helper()
-				rs, _ := Build(TableName("bigmap"), Options{}, []*model.ServiceEndpoints{se})
+				rs, _ := buildRuleset(TableName("bigmap"), Options{}, []*model.ServiceEndpoints{se})
 				var m, pattern string
 				for _, st := range rs.Sets {
 					if st.EndpointMap || len(st.Targets) > 0 {

@@ -16,13 +16,13 @@ import (
 // serviceObjects are the chains, sets and map elements that implement one
 // service.
 type serviceObjects struct {
-	Chains   []*Chain
-	Sets     []*Set
-	Elements []Element
+	Chains   []*regularChain
+	Sets     []*namedSet
+	Elements []mapElement
 	// Blocks are the endpoint blocks of the service's chains, and
-	// Endpoints their elements (once the Tracker has placed them).
-	Blocks    []*Block
-	Endpoints []EndpointElement
+	// Endpoints their elements (once the tracker has placed them).
+	Blocks    []*block
+	Endpoints []endpointElement
 	// Hairpin are the addresses of the service's endpoints (a pod may
 	// reach itself through the service), without repeats.
 	Hairpin []netip.Addr
@@ -71,7 +71,7 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
 			nodePort = 0
 		}
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []ipFamily{ipv4, ipv6} {
 			var clusterIPs []string
 			if !svc.IPs.Headless {
 				clusterIPs = familyAddrs(svc.IPs.ClusterIPs, f)
@@ -94,19 +94,19 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 			// --masquerade-all / --cluster-cidr): only for packets to the
 			// cluster IPs, not for those the Local-policy short-circuits
 			// send through the same chain.
-			var clusterMasq []Rule
+			var clusterMasq []rule
 			if cidrs := prefixesOf(opts.ClusterCIDRs, f); opts.MasqueradeAll || len(cidrs) > 0 {
 				if opts.MasqueradeAll {
 					cidrs = nil
 				}
 				for _, a := range clusterIPs {
 					if addr, err := netip.ParseAddr(a); err == nil && familyOf(addr.Unmap()) == f {
-						clusterMasq = append(clusterMasq, MarkRule{Family: f, Dst: addr.Unmap(), Except: cidrs})
+						clusterMasq = append(clusterMasq, markRule{Family: f, Dst: addr.Unmap(), Except: cidrs})
 					}
 				}
 			}
 			clusterTarget := b.target("svc", clusterMasq, internal, iv)
-			b.elements(MapServices(f), MapNoEndpoints(f), "clusterIPs", clusterIPs, 0, clusterTarget, iv)
+			b.elements(mapServices(f), mapNoEndpoints(f), "clusterIPs", clusterIPs, 0, clusterTarget, iv)
 			if len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
 				continue
 			}
@@ -122,12 +122,12 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 				// endpoints; what it leaves is not DNATed and meets the
 				// drop element in the filter hooks.
 				b.elements(forward, blocked, field, addrs, nodePort, target, endpoints.Forward)
-				b.elements(forward, blocked, field, addrs, nodePort, Verdict{}, endpoints.Drop)
+				b.elements(forward, blocked, field, addrs, nodePort, verdict{}, endpoints.Drop)
 			}
-			add(MapServices(f), MapNoEndpoints(f), "externalIPs", externalIPs, 0)
-			add(MapServices(f), MapNoEndpoints(f), "loadBalancer ingress IPs", lbIPs, 0)
+			add(mapServices(f), mapNoEndpoints(f), "externalIPs", externalIPs, 0)
+			add(mapServices(f), mapNoEndpoints(f), "loadBalancer ingress IPs", lbIPs, 0)
 			if hasNodePort {
-				add(MapNodePorts(f), MapNoEndpointNodePorts(f), "nodePort", []string{""}, uint16(nodePort))
+				add(mapNodePorts(f), mapNoEndpointNodePorts(f), "nodePort", []string{""}, uint16(nodePort))
 			}
 			// As kube-proxy: the ranges of this family restrict its
 			// load-balancer IPs; without any, they are open.
@@ -171,7 +171,7 @@ type portBuilder struct {
 	svc      *model.Service
 	key      model.ServiceKey
 	port     *model.PortMapping
-	family   Family
+	family   ipFamily
 	opts     Options
 	objs     *serviceObjects
 	epChains map[string]bool
@@ -184,12 +184,12 @@ type portBuilder struct {
 // The chain DNATs to a block of an endpoint map; with session affinity, it
 // goes to endpoint chains through a balance map instead, after the
 // affinity checks.
-func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v endpoints.Verdict) Verdict {
+func (b *portBuilder) target(kind string, first []rule, eps []*model.Endpoint, v endpoints.Verdict) verdict {
 	switch v {
 	case endpoints.Reject:
-		return Verdict{Goto: ChainReject}
+		return verdict{Goto: chainReject}
 	case endpoints.Drop:
-		return Verdict{}
+		return verdict{}
 	}
 	var tos []netip.AddrPort
 	for _, ep := range eps {
@@ -199,30 +199,30 @@ func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v
 	}
 	if len(tos) == 0 {
 		// Every endpoint was unusable (reported): as if there were none.
-		return Verdict{Goto: ChainReject}
+		return verdict{Goto: chainReject}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
 	rules := slices.Clip(first)
 	if b.svc.ClientIPAffinity == nil {
 		id := kind + familySuffix(b.family) + "/" + portID(b.key, b.port)
-		b.objs.Blocks = append(b.objs.Blocks, &Block{ID: id, Family: b.family, Service: b.key, Endpoints: tos})
-		rules = append(rules, DNATMapRule{Family: b.family, Proto: b.port.Protocol, Block: id})
+		b.objs.Blocks = append(b.objs.Blocks, &block{ID: id, Family: b.family, Service: b.key, Endpoints: tos})
+		rules = append(rules, dnatMapRule{Family: b.family, Proto: b.port.Protocol, Block: id})
 	} else {
 		var targets []string
 		for _, to := range tos {
 			name, set := b.endpointChain(to)
 			targets = append(targets, name)
-			rules = append(rules, AffinityCheckRule{Family: b.family, Set: set, Goto: name})
+			rules = append(rules, affinityCheckRule{Family: b.family, Set: set, Goto: name})
 		}
-		balance := BalanceRule{Targets: targets}
+		balance := balanceRule{Targets: targets}
 		if len(targets) > 1 {
 			balance.Map = balanceMapName(b.family, kind, b.key, b.port, targets)
-			b.objs.Sets = append(b.objs.Sets, &Set{Name: balance.Map, Family: b.family, Targets: targets, Service: b.key})
+			b.objs.Sets = append(b.objs.Sets, &namedSet{Name: balance.Map, Family: b.family, Targets: targets, Service: b.key})
 		}
 		rules = append(rules, balance)
 	}
-	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
-	return Verdict{Goto: name}
+	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: rules})
+	return verdict{Goto: name}
 }
 
 // externalTarget returns the verdict for external traffic (external IPs,
@@ -233,17 +233,17 @@ func (b *portBuilder) target(kind string, first []Rule, eps []*model.Endpoint, v
 // the cluster endpoints, which they could reach anyway. alsoDrop reports a
 // Local-policy chain without local endpoints: it only holds those
 // short-circuits, and the rest of the traffic must be dropped.
-func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Verdict, internal []*model.Endpoint, iv endpoints.Verdict, clusterTarget Verdict, clusterMasq []Rule, cluster []*model.Endpoint) (target Verdict, alsoDrop bool) {
+func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Verdict, internal []*model.Endpoint, iv endpoints.Verdict, clusterTarget verdict, clusterMasq []rule, cluster []*model.Endpoint) (target verdict, alsoDrop bool) {
 	f := b.family
 	if !b.svc.ExternalTrafficToLocal {
 		if ev != endpoints.Forward {
 			return b.target("ext", nil, nil, ev), false
 		}
-		first := []Rule{MarkRule{Family: f}}
-		if iv == endpoints.Forward && clusterTarget.Goto != ChainReject && slices.Equal(external, internal) {
+		first := []rule{markRule{Family: f}}
+		if iv == endpoints.Forward && clusterTarget.Goto != chainReject && slices.Equal(external, internal) {
 			name := serviceChainName("ext", f, b.key, b.port)
-			b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: append(first, BalanceRule{Targets: []string{clusterTarget.Goto}})})
-			return Verdict{Goto: name}, false
+			b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: append(first, balanceRule{Targets: []string{clusterTarget.Goto}})})
+			return verdict{Goto: name}, false
 		}
 		return b.target("ext", first, external, ev), false
 	}
@@ -254,31 +254,31 @@ func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Ve
 	// internalTrafficPolicy: Local makes that one local only.
 	clusterChain := ""
 	switch {
-	case !b.svc.InternalTrafficToLocal && iv == endpoints.Forward && clusterTarget.Goto != ChainReject:
+	case !b.svc.InternalTrafficToLocal && iv == endpoints.Forward && clusterTarget.Goto != chainReject:
 		clusterChain = clusterTarget.Goto
 	case b.svc.InternalTrafficToLocal && len(cluster) > 0:
-		if v := b.target("clu", clusterMasq, cluster, endpoints.Forward); v.Goto != ChainReject {
+		if v := b.target("clu", clusterMasq, cluster, endpoints.Forward); v.Goto != chainReject {
 			clusterChain = v.Goto
 		}
 	}
-	var first []Rule
+	var first []rule
 	if clusterChain != "" {
 		for _, cidr := range prefixesOf(b.opts.ClusterCIDRs, f) {
-			first = append(first, SourceRule{Family: f, Prefix: cidr, Goto: clusterChain})
+			first = append(first, sourceRule{Family: f, Prefix: cidr, Goto: clusterChain})
 		}
 		first = append(first,
-			SourceRule{Family: f, LocalSource: true, Mark: true},
-			SourceRule{Family: f, LocalSource: true, Goto: clusterChain})
+			sourceRule{Family: f, LocalSource: true, Mark: true},
+			sourceRule{Family: f, LocalSource: true, Goto: clusterChain})
 	}
 	if ev == endpoints.Forward {
 		return b.target("ext", first, external, ev), false
 	}
 	if len(first) == 0 {
-		return Verdict{}, false
+		return verdict{}, false
 	}
 	name := serviceChainName("ext", f, b.key, b.port)
-	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: first})
-	return Verdict{Goto: name}, true
+	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: first})
+	return verdict{Goto: name}, true
 }
 
 // endpointAddr returns the address (of the builder's family) and target
@@ -316,10 +316,10 @@ func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
 	set := chainName("aff"+familySuffix(b.family), portID(b.key, b.port)+"__"+ep+"__"+strconv.Itoa(int(timeout/time.Second))+"s")
 	if !b.epChains[name] {
 		b.epChains[name] = true
-		b.objs.Sets = append(b.objs.Sets, &Set{Name: set, Family: b.family, Timeout: timeout, Service: b.key})
-		b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: []Rule{
-			AffinityUpdateRule{Family: b.family, Set: set},
-			DNATRule{Proto: b.port.Protocol, To: to},
+		b.objs.Sets = append(b.objs.Sets, &namedSet{Name: set, Family: b.family, Timeout: timeout, Service: b.key})
+		b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: []rule{
+			affinityUpdateRule{Family: b.family, Set: set},
+			dnatRule{Proto: b.port.Protocol, To: to},
 		}})
 	}
 	return name, set
@@ -329,13 +329,13 @@ func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
 // to target: in the map forward when forwarding, in the map blocked
 // otherwise. field names the addresses in problems. An empty address is a node port: the key is the protocol and
 // nodePort.
-func (b *portBuilder) elements(forward, blocked, field string, addrs []string, nodePort uint16, target Verdict, v endpoints.Verdict) {
+func (b *portBuilder) elements(forward, blocked, field string, addrs []string, nodePort uint16, target verdict, v endpoints.Verdict) {
 	m := forward
-	if v != endpoints.Forward || target.Goto == ChainReject || target.Goto == "" {
+	if v != endpoints.Forward || target.Goto == chainReject || target.Goto == "" {
 		m = blocked
 	}
 	for _, a := range addrs {
-		k := Key{Proto: b.port.Protocol, Port: uint16(b.port.Port)}
+		k := mapKey{Proto: b.port.Protocol, Port: uint16(b.port.Port)}
 		if a == "" {
 			k.Port = nodePort
 		} else {
@@ -346,7 +346,7 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 			}
 			k.Addr = addr.Unmap()
 		}
-		b.objs.Elements = append(b.objs.Elements, Element{Map: m, Family: b.family, Key: k, Verdict: target, Service: b.key})
+		b.objs.Elements = append(b.objs.Elements, mapElement{Map: m, Family: b.family, Key: k, Verdict: target, Service: b.key})
 	}
 }
 
@@ -356,10 +356,10 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 // node IP), and the elements sending those IPs to it.
 func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
 	name := serviceChainName("fw", b.family, b.key, b.port)
-	var rules []Rule
+	var rules []rule
 	fromNode := false
 	for _, p := range allowed {
-		rules = append(rules, AllowRule{Family: b.family, Prefix: p})
+		rules = append(rules, allowRule{Family: b.family, Prefix: p})
 		for _, ip := range b.opts.NodeIPs {
 			fromNode = fromNode || p.Contains(ip.Unmap())
 		}
@@ -367,22 +367,22 @@ func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
 	if fromNode {
 		for _, a := range lbIPs {
 			if addr, err := netip.ParseAddr(a); err == nil && familyOf(addr.Unmap()) == b.family {
-				rules = append(rules, AllowRule{Family: b.family, Prefix: netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())})
+				rules = append(rules, allowRule{Family: b.family, Prefix: netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())})
 			}
 		}
 	}
-	rules = append(rules, DropRule{})
-	b.objs.Chains = append(b.objs.Chains, &Chain{Name: name, Service: b.key, Rules: rules})
-	b.elements(MapFirewall(b.family), MapFirewall(b.family), "loadBalancer ingress IPs", lbIPs, 0, Verdict{Goto: name}, endpoints.Forward)
+	rules = append(rules, dropRule{})
+	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: rules})
+	b.elements(mapFirewall(b.family), mapFirewall(b.family), "loadBalancer ingress IPs", lbIPs, 0, verdict{Goto: name}, endpoints.Forward)
 }
 
 // familyAddrs returns the addresses of s of family f.
-func familyAddrs(s model.IPSet, f Family) []string {
-	return [2][]string{IPv4: s.V4, IPv6: s.V6}[f]
+func familyAddrs(s model.IPSet, f ipFamily) []string {
+	return [2][]string{ipv4: s.V4, ipv6: s.V6}[f]
 }
 
 // familyEndpoints returns the endpoints whose address is of family f.
-func familyEndpoints(eps []*model.Endpoint, f Family) []*model.Endpoint {
+func familyEndpoints(eps []*model.Endpoint, f ipFamily) []*model.Endpoint {
 	var out []*model.Endpoint
 	for _, ep := range eps {
 		if ep != nil && len(familyAddrs(ep.IPs, f)) > 0 {

@@ -181,7 +181,7 @@ var goldenOptions = map[string]Options{
 // goldenText is the ruleset of items built with opts, followed by its
 // problems.
 func goldenText(opts Options, items []*model.ServiceEndpoints) string {
-	rs, problems := Build(TableName("test"), opts, items)
+	rs, problems := buildRuleset(TableName("test"), opts, items)
 	var b strings.Builder
 	b.WriteString(rs.Text())
 	for _, p := range problems {
@@ -226,7 +226,7 @@ func TestBuildOddInput(t *testing.T) {
 		{Service: nil},
 		{Service: weird, Endpoints: []*model.Endpoint{nil, {}, ep("10.1.0.2", true), {IPs: model.IPSet{V4: []string{"fd00::1"}}, Ready: true}}},
 	}
-	rs, problems := Build("t", Options{}, items)
+	rs, problems := buildRuleset("t", Options{}, items)
 	if len(problems) == 0 {
 		t.Errorf("no problems reported for %s", rs.Text())
 	}

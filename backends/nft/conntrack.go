@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/kpng/diffstore"
 )
 
-// StaleFlow selects UDP conntrack entries that a round of changes made
+// staleFlow selects UDP conntrack entries that a round of changes made
 // stale: UDP has no connection teardown, so an entry keeps sending a
 // client's flow where its first packet went (to an endpoint, or nowhere)
 // until it expires, whatever the rules say since.
@@ -23,8 +23,8 @@ import (
 // Dst's port, and its reply source is Endpoint — or, when Endpoint is
 // not valid, its reply source is its original destination (the entry was
 // not DNATed).
-type StaleFlow struct {
-	Family Family
+type staleFlow struct {
+	Family ipFamily
 	// Proto is the protocol of the entries (UDP).
 	Proto model.Protocol
 	// Dst is the service address and port (the map element's key).
@@ -39,7 +39,7 @@ type StaleFlow struct {
 
 // String returns the flow as "udp 10.96.0.10:53 -> 10.1.0.2:5353" (or
 // "... not DNATed").
-func (f StaleFlow) String() string {
+func (f staleFlow) String() string {
 	dst := f.Dst.String()
 	if !f.Dst.Addr().IsValid() {
 		dst = fmt.Sprintf("*:%d", f.Dst.Port())
@@ -52,7 +52,7 @@ func (f StaleFlow) String() string {
 
 // compareStaleFlows orders flows by family, protocol, destination and
 // endpoint (flows without an endpoint first).
-func compareStaleFlows(a, b StaleFlow) int {
+func compareStaleFlows(a, b staleFlow) int {
 	return cmp.Or(
 		cmp.Compare(a.Family, b.Family),
 		cmp.Compare(a.Proto, b.Proto),
@@ -62,20 +62,20 @@ func compareStaleFlows(a, b StaleFlow) int {
 }
 
 // StaleFlows returns the UDP conntrack entries that the round which
-// produced d (the Delta of the last Done) made stale, sorted; nil when
+// produced d (the delta of the last Done) made stale, sorted; nil when
 // there are none. Call it right after Done: it reads the tracker's
 // current state, which with d gives the state before the round.
 //
 // For every map element key (address . protocol . port) of a service the
 // round touched, with protocol UDP, it compares the endpoints the key led
-// to before and after the round — the To of the UDP DNATRules of the
+// to before and after the round — the To of the UDP dnatRules of the
 // chains reachable from the element's verdict:
-//   - each endpoint the key no longer leads to gives a StaleFlow with that
+//   - each endpoint the key no longer leads to gives a staleFlow with that
 //     Endpoint (an endpoint removed from the service port; the whole
 //     service port or address removed);
 //   - a key that led to no endpoint before (no element: new service or
 //     address; or an element that rejected or dropped, as those of the
-//     no-endpoint maps) and leads to some now gives a StaleFlow without
+//     no-endpoint maps) and leads to some now gives a staleFlow without
 //     Endpoint: its entries that were not DNATed.
 //
 // It relies only on these assumptions, whatever the maps are: an element's
@@ -83,11 +83,11 @@ func compareStaleFlows(a, b StaleFlow) int {
 // (an invalid address for keys that match any address, such as node
 // ports); an element's verdict is a goto to a chain of the table or a
 // verdict that does not DNAT; chains send packets to other chains only
-// through rules implementing chainReferrer (BalanceRule does); and the
-// DNAT of a service port to an endpoint is a DNATRule or a DNATMapRule (the
+// through rules implementing chainReferrer (balanceRule does); and the
+// DNAT of a service port to an endpoint is a dnatRule or a dnatMapRule (the
 // endpoints of its block), whatever other rules (masquerade, affinity) share
 // its chain.
-func (t *Tracker) StaleFlows(d Delta) []StaleFlow {
+func (t *tracker) StaleFlows(d delta) []staleFlow {
 	return staleFlows(d, func(key model.ServiceKey) serviceObjects { return t.services[key] })
 }
 
@@ -100,11 +100,11 @@ type chainReferrer interface {
 }
 
 // referencedChains implements chainReferrer.
-func (r BalanceRule) referencedChains() []string { return r.Targets }
+func (r balanceRule) referencedChains() []string { return r.Targets }
 
 // referencedChains implements chainReferrer: the chain a matching source
 // goes to (none when the rule only marks for masquerading).
-func (r SourceRule) referencedChains() []string {
+func (r sourceRule) referencedChains() []string {
 	if r.Mark || r.Goto == "" {
 		return nil
 	}
@@ -112,19 +112,19 @@ func (r SourceRule) referencedChains() []string {
 }
 
 // referencedChains implements chainReferrer.
-func (r AffinityCheckRule) referencedChains() []string { return []string{r.Goto} }
+func (r affinityCheckRule) referencedChains() []string { return []string{r.Goto} }
 
 // staleFlows is StaleFlows given the current objects of each service.
-func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleFlow {
+func staleFlows(d delta, current func(model.ServiceKey) serviceObjects) []staleFlow {
 	services := d.Services()
 	if len(services) == 0 {
 		return nil
 	}
 	// The state after the round, restricted to the services it touched
 	// (an element or chain can only change with its service)...
-	nowChains := map[string]*Chain{}
-	nowElems := map[string]Element{}
-	nowBlocks := map[string]*Block{}
+	nowChains := map[string]*regularChain{}
+	nowElems := map[string]mapElement{}
+	nowBlocks := map[string]*block{}
 	for _, key := range services {
 		objs := current(key)
 		for _, c := range objs.Chains {
@@ -144,18 +144,18 @@ func staleFlows(d Delta, current func(model.ServiceKey) serviceObjects) []StaleF
 
 	before := endpointsByKey(prevElems, prevChains, prevBlocks)
 	after := endpointsByKey(nowElems, nowChains, nowBlocks)
-	var flows []StaleFlow
+	var flows []staleFlow
 	for k, eps := range before {
 		now := after[k]
 		for ep := range eps {
 			if !now[ep] {
-				flows = append(flows, StaleFlow{Family: k.family, Proto: k.key.Proto, Dst: keyDst(k.key), Endpoint: ep})
+				flows = append(flows, staleFlow{Family: k.family, Proto: k.key.Proto, Dst: keyDst(k.key), Endpoint: ep})
 			}
 		}
 	}
 	for k, eps := range after {
 		if len(eps) > 0 && len(before[k]) == 0 {
-			flows = append(flows, StaleFlow{Family: k.family, Proto: k.key.Proto, Dst: keyDst(k.key)})
+			flows = append(flows, staleFlow{Family: k.family, Proto: k.key.Proto, Dst: keyDst(k.key)})
 		}
 	}
 	slices.SortFunc(flows, compareStaleFlows)
@@ -181,17 +181,17 @@ func beforeRound[V any](now map[string]V, ch diffstore.Changes[string, V]) map[s
 // familyKey is an element key in one family: node-port keys (no address)
 // are the same in both families, their endpoints are not.
 type familyKey struct {
-	family Family
-	key    Key
+	family ipFamily
+	key    mapKey
 }
 
 // keyDst returns the address and port of an element key.
-func keyDst(k Key) netip.AddrPort { return netip.AddrPortFrom(k.Addr, k.Port) }
+func keyDst(k mapKey) netip.AddrPort { return netip.AddrPortFrom(k.Addr, k.Port) }
 
 // endpointsByKey returns, for every UDP element key of elems and its
 // family, the endpoints of the UDP DNAT rules reachable from its elements (a
 // key may have elements in several maps).
-func endpointsByKey(elems map[string]Element, chains map[string]*Chain, blocks map[string]*Block) map[familyKey]map[netip.AddrPort]bool {
+func endpointsByKey(elems map[string]mapElement, chains map[string]*regularChain, blocks map[string]*block) map[familyKey]map[netip.AddrPort]bool {
 	out := map[familyKey]map[netip.AddrPort]bool{}
 	memo := map[string]map[netip.AddrPort]bool{}
 	for _, e := range elems {
@@ -211,11 +211,11 @@ func endpointsByKey(elems map[string]Element, chains map[string]*Chain, blocks m
 	return out
 }
 
-// reachableEndpoints returns the endpoints of the UDP DNATRules and
-// DNATMapRules (their blocks' endpoints) of the chains reachable from the
+// reachableEndpoints returns the endpoints of the UDP dnatRules and
+// dnatMapRules (their blocks' endpoints) of the chains reachable from the
 // chain named start (none if it is not in chains: the reject chain, drop,
 // a chain of another service).
-func reachableEndpoints(start string, chains map[string]*Chain, blocks map[string]*Block, memo map[string]map[netip.AddrPort]bool) map[netip.AddrPort]bool {
+func reachableEndpoints(start string, chains map[string]*regularChain, blocks map[string]*block, memo map[string]map[netip.AddrPort]bool) map[netip.AddrPort]bool {
 	if eps, ok := memo[start]; ok {
 		return eps
 	}
@@ -230,11 +230,11 @@ func reachableEndpoints(start string, chains map[string]*Chain, blocks map[strin
 		seen[name] = true
 		for _, r := range c.Rules {
 			switch r := r.(type) {
-			case DNATRule:
+			case dnatRule:
 				if r.Proto == model.UDP {
 					eps[r.To] = true
 				}
-			case DNATMapRule:
+			case dnatMapRule:
 				if bl := blocks[r.Block]; bl != nil && r.Proto == model.UDP {
 					for _, ep := range bl.Endpoints {
 						eps[ep] = true

@@ -28,13 +28,13 @@ type flowKey struct {
 }
 
 // flowFilter is a netlink.CustomConntrackFilter matching the entries of a
-// set of StaleFlows of one family, in O(1) per entry whatever the number
+// set of staleFlows of one family, in O(1) per entry whatever the number
 // of flows.
 type flowFilter map[flowKey]bool
 
 // newFlowFilter returns the filter of the flows of family f; it is empty
 // when there are none.
-func newFlowFilter(flows []StaleFlow, f Family) flowFilter {
+func newFlowFilter(flows []staleFlow, f ipFamily) flowFilter {
 	ff := flowFilter{}
 	for _, fl := range flows {
 		proto, ok := l4proto(fl.Proto)
@@ -71,13 +71,13 @@ func addrPort(ip net.IP, port uint16) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(a.Unmap(), port), true
 }
 
-// DeleteStaleFlows deletes the conntrack entries matching flows through
+// deleteStaleFlows deletes the conntrack entries matching flows through
 // h (one dump of the conntrack table per family that has flows) and
 // returns how many it deleted.
-func DeleteStaleFlows(h *netlink.Handle, flows []StaleFlow) (uint, error) {
+func deleteStaleFlows(h *netlink.Handle, flows []staleFlow) (uint, error) {
 	var deleted uint
 	var errs []error
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		ff := newFlowFilter(flows, f)
 		if len(ff) == 0 {
 			continue
@@ -128,7 +128,7 @@ func (s *sink) flushStaleFlows() {
 		return
 	}
 	defer h.Close()
-	deleted, err := DeleteStaleFlows(h, flows)
+	deleted, err := deleteStaleFlows(h, flows)
 	if err != nil {
 		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted)
 	}

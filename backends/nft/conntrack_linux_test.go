@@ -24,13 +24,13 @@ func ctFlow(proto uint8, src, dst, reply string) *netlink.ConntrackFlow {
 }
 
 func TestFlowFilter(t *testing.T) {
-	flows := []StaleFlow{
+	flows := []staleFlow{
 		staleTo("10.96.0.10:53", "10.1.0.2:5353"),
 		staleUnNATed("10.96.0.20:80"),
 		staleTo("[fd00::10]:53", "[fd01::2]:5353"),
-		{Family: IPv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.3:53")},
+		{Family: ipv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.3:53")},
 	}
-	v4, v6 := newFlowFilter(flows, IPv4), newFlowFilter(flows, IPv6)
+	v4, v6 := newFlowFilter(flows, ipv4), newFlowFilter(flows, ipv6)
 	for _, tc := range []struct {
 		name   string
 		filter flowFilter

@@ -14,16 +14,16 @@ import (
 	"sigs.k8s.io/kpng/diffstore"
 )
 
-// staleTo is the StaleFlow of UDP entries to dst DNATed to endpoint.
-func staleTo(dst, endpoint string) StaleFlow {
+// staleTo is the staleFlow of UDP entries to dst DNATed to endpoint.
+func staleTo(dst, endpoint string) staleFlow {
 	d, e := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(endpoint)
-	return StaleFlow{Family: familyOf(d.Addr()), Proto: model.UDP, Dst: d, Endpoint: e}
+	return staleFlow{Family: familyOf(d.Addr()), Proto: model.UDP, Dst: d, Endpoint: e}
 }
 
-// staleUnNATed is the StaleFlow of the un-DNATed UDP entries to dst.
-func staleUnNATed(dst string) StaleFlow {
+// staleUnNATed is the staleFlow of the un-DNATed UDP entries to dst.
+func staleUnNATed(dst string) staleFlow {
 	d := netip.MustParseAddrPort(dst)
-	return StaleFlow{Family: familyOf(d.Addr()), Proto: model.UDP, Dst: d}
+	return staleFlow{Family: familyOf(d.Addr()), Proto: model.UDP, Dst: d}
 }
 
 func withEndpoints(s *model.Service, eps ...*model.Endpoint) *model.ServiceEndpoints {
@@ -33,8 +33,8 @@ func withEndpoints(s *model.Service, eps ...*model.Endpoint) *model.ServiceEndpo
 // roundFlows runs a tracker through the state before, then changes it to
 // after (services absent from after are deleted) and returns the stale
 // flows of that second round.
-func roundFlows(before, after []*model.ServiceEndpoints) []StaleFlow {
-	tr := NewTracker(Options{})
+func roundFlows(before, after []*model.ServiceEndpoints) []staleFlow {
+	tr := newTracker(Options{})
 	for _, se := range before {
 		tr.Update(se.Service.Key(), se)
 	}
@@ -83,18 +83,18 @@ func TestStaleFlows(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		before, after []*model.ServiceEndpoints
-		want          []StaleFlow
+		want          []staleFlow
 	}{{
 		name:   "endpoint replaced",
 		before: []*model.ServiceEndpoints{withEndpoints(dns(), ep("10.1.0.2", false))},
 		after:  []*model.ServiceEndpoints{withEndpoints(dns(), ep("10.1.0.3", false))},
 		// The TCP port's change needs no cleanup.
-		want: []StaleFlow{staleTo("10.96.0.10:53", "10.1.0.2:5353")},
+		want: []staleFlow{staleTo("10.96.0.10:53", "10.1.0.2:5353")},
 	}, {
 		name:   "one endpoint of two removed, both families",
 		before: []*model.ServiceEndpoints{withEndpoints(dual(), ep("10.1.0.2", false), ep("10.1.0.3", false), ep("fd01::2", false))},
 		after:  []*model.ServiceEndpoints{withEndpoints(dual(), ep("10.1.0.3", false))},
-		want:   []StaleFlow{staleTo("10.96.0.20:80", "10.1.0.2:8080"), staleTo("[fd00::20]:80", "[fd01::2]:8080")},
+		want:   []staleFlow{staleTo("10.96.0.20:80", "10.1.0.2:8080"), staleTo("[fd00::20]:80", "[fd01::2]:8080")},
 	}, {
 		name:   "endpoint added",
 		before: []*model.ServiceEndpoints{withEndpoints(dns(), ep("10.1.0.2", false))},
@@ -103,16 +103,16 @@ func TestStaleFlows(t *testing.T) {
 		name:   "last endpoint removed: the element moves to the no-endpoint map",
 		before: []*model.ServiceEndpoints{withEndpoints(dns(), ep("10.1.0.2", false))},
 		after:  []*model.ServiceEndpoints{withEndpoints(dns())},
-		want:   []StaleFlow{staleTo("10.96.0.10:53", "10.1.0.2:5353")},
+		want:   []staleFlow{staleTo("10.96.0.10:53", "10.1.0.2:5353")},
 	}, {
 		name:   "first endpoint: the element moves from the no-endpoint map",
 		before: []*model.ServiceEndpoints{withEndpoints(withExternal(dns(), "192.0.2.10"))},
 		after:  []*model.ServiceEndpoints{withEndpoints(withExternal(dns(), "192.0.2.10"), ep("10.1.0.2", false))},
-		want:   []StaleFlow{staleUnNATed("10.96.0.10:53"), staleUnNATed("192.0.2.10:53")},
+		want:   []staleFlow{staleUnNATed("10.96.0.10:53"), staleUnNATed("192.0.2.10:53")},
 	}, {
 		name:  "new service with endpoints",
 		after: []*model.ServiceEndpoints{withEndpoints(dual(), ep("10.1.0.2", false), ep("fd01::2", false))},
-		want:  []StaleFlow{staleUnNATed("10.96.0.20:80"), staleUnNATed("[fd00::20]:80")},
+		want:  []staleFlow{staleUnNATed("10.96.0.20:80"), staleUnNATed("[fd00::20]:80")},
 	}, {
 		name:   "new service without endpoints",
 		before: nil,
@@ -120,7 +120,7 @@ func TestStaleFlows(t *testing.T) {
 	}, {
 		name:   "service deleted",
 		before: []*model.ServiceEndpoints{withEndpoints(withExternal(dns(), "192.0.2.10"), ep("10.1.0.2", false), ep("10.1.0.3", false))},
-		want: []StaleFlow{
+		want: []staleFlow{
 			staleTo("10.96.0.10:53", "10.1.0.2:5353"), staleTo("10.96.0.10:53", "10.1.0.3:5353"),
 			staleTo("192.0.2.10:53", "10.1.0.2:5353"), staleTo("192.0.2.10:53", "10.1.0.3:5353"),
 		},
@@ -128,12 +128,12 @@ func TestStaleFlows(t *testing.T) {
 		name:   "external IP added, another removed",
 		before: []*model.ServiceEndpoints{withEndpoints(withExternal(dns(), "192.0.2.10"), ep("10.1.0.2", false))},
 		after:  []*model.ServiceEndpoints{withEndpoints(withExternal(dns(), "192.0.2.11"), ep("10.1.0.2", false))},
-		want:   []StaleFlow{staleTo("192.0.2.10:53", "10.1.0.2:5353"), staleUnNATed("192.0.2.11:53")},
+		want:   []staleFlow{staleTo("192.0.2.10:53", "10.1.0.2:5353"), staleUnNATed("192.0.2.11:53")},
 	}, {
 		name:   "named target port moved",
 		before: []*model.ServiceEndpoints{withEndpoints(named(), withPort(ep("10.1.0.2", false), 8443))},
 		after:  []*model.ServiceEndpoints{withEndpoints(named(), withPort(ep("10.1.0.2", false), 9443))},
-		want:   []StaleFlow{staleTo("10.96.0.30:443", "10.1.0.2:8443")},
+		want:   []staleFlow{staleTo("10.96.0.30:443", "10.1.0.2:8443")},
 	}, {
 		name:   "TCP only",
 		before: []*model.ServiceEndpoints{withEndpoints(tcpOnly(), ep("10.1.0.2", false))},
@@ -161,8 +161,8 @@ func TestStaleFlows(t *testing.T) {
 		name:   "node port endpoint replaced",
 		before: []*model.ServiceEndpoints{withEndpoints(nodePort(), ep("10.1.0.2", false))},
 		after:  []*model.ServiceEndpoints{withEndpoints(nodePort(), ep("10.1.0.3", false))},
-		want: []StaleFlow{
-			{Family: IPv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.2:5353")},
+		want: []staleFlow{
+			{Family: ipv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.2:5353")},
 			staleTo("10.96.0.60:53", "10.1.0.2:5353"),
 		},
 	}, {
@@ -178,8 +178,8 @@ func TestStaleFlows(t *testing.T) {
 			s.IPs.ClusterIPs = ipset("10.96.0.60", "fd00::60")
 			return s
 		}(), ep("10.1.0.2", false))},
-		want: []StaleFlow{
-			{Family: IPv6, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("[fd01::2]:5353")},
+		want: []staleFlow{
+			{Family: ipv6, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("[fd01::2]:5353")},
 			staleTo("[fd00::60]:53", "[fd01::2]:5353"),
 		},
 	}} {
@@ -209,23 +209,23 @@ func (r affinityRule) referencedChains() []string                       { return
 
 // TestStaleFlowsOtherMaps checks the assumptions StaleFlows documents on
 // a hand-made delta: a map keyed by protocol and port only (no address,
-// as node ports), endpoint chains with other rules besides their DNATRule,
+// as node ports), endpoint chains with other rules besides their dnatRule,
 // and a rule kind implementing chainReferrer.
 func TestStaleFlowsOtherMaps(t *testing.T) {
 	key := model.ServiceKey{Namespace: "default", Name: "np"}
-	nodePort := Key{Proto: model.UDP, Port: 30053}
+	nodePort := mapKey{Proto: model.UDP, Port: 30053}
 	ep1, ep2 := netip.MustParseAddrPort("10.1.0.2:53"), netip.MustParseAddrPort("10.1.0.3:53")
-	epChain := func(name string, to netip.AddrPort) *Chain {
-		return &Chain{Name: name, Service: key, Rules: []Rule{otherRule{}, DNATRule{Proto: model.UDP, To: to}}}
+	epChain := func(name string, to netip.AddrPort) *regularChain {
+		return &regularChain{Name: name, Service: key, Rules: []rule{otherRule{}, dnatRule{Proto: model.UDP, To: to}}}
 	}
-	prevSvc := &Chain{Name: "np4", Service: key, Rules: []Rule{affinityRule{target: "ep-1"}, BalanceRule{Targets: []string{"ep-1"}}}}
-	nowSvc := &Chain{Name: "np4", Service: key, Rules: []Rule{affinityRule{target: "ep-2"}, BalanceRule{Targets: []string{"ep-2"}}}}
-	elem := Element{Map: "node-ports-v4", Family: IPv4, Key: nodePort, Verdict: Verdict{Goto: "np4"}, Service: key}
-	now := serviceObjects{Chains: []*Chain{nowSvc, epChain("ep-2", ep2)}, Elements: []Element{elem}}
-	d := Delta{Chains: diffstore.Changes[string, *Chain]{
-		Created: []diffstore.Item[string, *Chain]{{Key: "ep-2", Value: now.Chains[1]}},
-		Updated: []diffstore.Item[string, *Chain]{{Key: "np4", Value: nowSvc, Prev: prevSvc}},
-		Deleted: []diffstore.Item[string, *Chain]{{Key: "ep-1", Value: epChain("ep-1", ep1), Prev: epChain("ep-1", ep1)}},
+	prevSvc := &regularChain{Name: "np4", Service: key, Rules: []rule{affinityRule{target: "ep-1"}, balanceRule{Targets: []string{"ep-1"}}}}
+	nowSvc := &regularChain{Name: "np4", Service: key, Rules: []rule{affinityRule{target: "ep-2"}, balanceRule{Targets: []string{"ep-2"}}}}
+	elem := mapElement{Map: "node-ports-v4", Family: ipv4, Key: nodePort, Verdict: verdict{Goto: "np4"}, Service: key}
+	now := serviceObjects{Chains: []*regularChain{nowSvc, epChain("ep-2", ep2)}, Elements: []mapElement{elem}}
+	d := delta{Chains: diffstore.Changes[string, *regularChain]{
+		Created: []diffstore.Item[string, *regularChain]{{Key: "ep-2", Value: now.Chains[1]}},
+		Updated: []diffstore.Item[string, *regularChain]{{Key: "np4", Value: nowSvc, Prev: prevSvc}},
+		Deleted: []diffstore.Item[string, *regularChain]{{Key: "ep-1", Value: epChain("ep-1", ep1), Prev: epChain("ep-1", ep1)}},
 	}}
 	got := staleFlows(d, func(k model.ServiceKey) serviceObjects {
 		if k != key {
@@ -233,7 +233,7 @@ func TestStaleFlowsOtherMaps(t *testing.T) {
 		}
 		return now
 	})
-	want := []StaleFlow{{Family: IPv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: ep1}}
+	want := []staleFlow{{Family: ipv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: ep1}}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
 		t.Errorf("StaleFlows (-want +got):\n%s", diff)
 	}

@@ -2,6 +2,11 @@
 // the services it receives into one nftables table, over netlink
 // (github.com/google/nftables), without the nft binary.
 //
+// Its API is small: NewSink with a Config (and its rule Options), Cleanup
+// to remove a proxier's table, ConnInNetNS to work in another network
+// namespace, and TableName; SyncResult and Stats describe each
+// transaction to Config.AfterSync. Everything else is unexported.
+//
 // The package (Linux only) has two layers:
 //
 //   - the rule model, pure Go with no netlink call: layout.go (every
@@ -19,7 +24,7 @@
 //     same, so that the text and the netlink expressions cannot drift) and
 //     conntrack.go (the stale UDP flows a change leaves behind);
 //   - the kernel side: netlink.go (each rule's netlink expressions, a
-//     method of the Rule interface, so that a rule kind without them does
+//     method of the rule interface, so that a rule kind without them does
 //     not compile; set types and elements), applier.go (one transaction
 //     per call, built in a txn value: the whole table, which atomically
 //     replaces any previous table of the same name, or only what changed;

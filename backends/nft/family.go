@@ -38,16 +38,16 @@ type familyInfo struct {
 	loopback netip.Prefix
 }
 
-// families are the two families' facts, indexed by Family.
+// families are the two families' facts, indexed by ipFamily.
 var families = [2]familyInfo{
-	IPv4: {
+	ipv4: {
 		name: "ipv4", suffix: "4", nft: "ip", addrType: "ipv4_addr",
 		setType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4, conntrack: unix.AF_INET,
 		addrLen: 4, saddr: 12, daddr: 16,
 		regL4: reg32v4L4, regDport: reg32v4Dp, regHairpinDst: reg32HairpinDstV4, regEndpointPort: reg32Endpoint + 1,
 		loopback: loopbackV4,
 	},
-	IPv6: {
+	ipv6: {
 		name: "ipv6", suffix: "6", nft: "ip6", addrType: "ipv6_addr",
 		setType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6, conntrack: unix.AF_INET6,
 		addrLen: 16, saddr: 8, daddr: 24,
@@ -57,4 +57,4 @@ var families = [2]familyInfo{
 }
 
 // info returns the facts of family f.
-func (f Family) info() *familyInfo { return &families[f] }
+func (f ipFamily) info() *familyInfo { return &families[f] }

@@ -648,7 +648,7 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 	if r := s.sync(); !r.Full || r.Err != nil {
 		t.Fatalf("first sync: %+v", r)
 	}
-	if listing := nftList(t, b.Node, "kpng-blocks"); !containsAll(listing, "map "+EndpointMap(IPv4, 0)+" ", "map "+EndpointMap(IPv4, 1)+" ") {
+	if listing := nftList(t, b.Node, "kpng-blocks"); !containsAll(listing, "map "+endpointMapName(ipv4, 0)+" ", "map "+endpointMapName(ipv4, 1)+" ") {
 		t.Fatalf("want two endpoint maps:\n%s", listing)
 	}
 
@@ -671,7 +671,7 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 	}
 	listing := nftList(t, b.Node, "kpng-blocks")
 	// Slot 0's one interval (nft prints the 8-byte keys as one number).
-	if strings.Contains(listing, EndpointMap(IPv4, 1)) || !strings.Contains(listing, "0-4294967294 : "+netns.Pod2V4.String()+" . 6000") {
+	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, "0-4294967294 : "+netns.Pod2V4.String()+" . 6000") {
 		t.Errorf("want the second endpoint map gone and slot 0 reused by pod2:\n%s", listing)
 	}
 	pod2Only := map[string]uint16{netns.Pod2ID: 6000}

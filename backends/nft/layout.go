@@ -20,52 +20,52 @@ import (
 
 // The names of the fixed objects of the table.
 const (
-	// ChainNATPrerouting and ChainNATOutput are the NAT base chains
+	// chainNATPrerouting and chainNATOutput are the NAT base chains
 	// (priority dstnat) of incoming and locally generated traffic.
-	ChainNATPrerouting = "nat-prerouting"
-	ChainNATOutput     = "nat-output"
-	// ChainServices looks up the service maps; both NAT base chains jump
+	chainNATPrerouting = "nat-prerouting"
+	chainNATOutput     = "nat-output"
+	// chainServices looks up the service maps; both NAT base chains jump
 	// to it.
-	ChainServices = "services"
-	// ChainFilterInput, ChainFilterForward and ChainFilterOutput are the
+	chainServices = "services"
+	// chainFilterInput, chainFilterForward and chainFilterOutput are the
 	// filter base chains (priority filter - 10) where traffic to services
 	// without usable endpoints is rejected or dropped.
-	ChainFilterInput   = "filter-input"
-	ChainFilterForward = "filter-forward"
-	ChainFilterOutput  = "filter-output"
-	// ChainNoEndpoints looks up the no-endpoint maps; the filter base
+	chainFilterInput   = "filter-input"
+	chainFilterForward = "filter-forward"
+	chainFilterOutput  = "filter-output"
+	// chainNoEndpoints looks up the no-endpoint maps; the filter base
 	// chains jump to it.
-	ChainNoEndpoints = "no-endpoint-services"
-	// ChainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
+	chainNoEndpoints = "no-endpoint-services"
+	// chainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
 	// otherwise.
-	ChainReject = "reject"
+	chainReject = "reject"
 )
 
-// MapServices returns the name of the verdict map of a family that sends
+// mapServices returns the name of the verdict map of a family that sends
 // (daddr . l4proto . dport) to the chain of a service port:
 // "service-ips-v4" or "service-ips-v6".
-func MapServices(f Family) string { return "service-ips-v" + familySuffix(f) }
+func mapServices(f ipFamily) string { return "service-ips-v" + familySuffix(f) }
 
-// MapNoEndpoints returns the name of the verdict map of a family that
+// mapNoEndpoints returns the name of the verdict map of a family that
 // rejects or drops (daddr . l4proto . dport) of service ports without
 // usable endpoints: "no-endpoint-services-v4" or "...-v6".
-func MapNoEndpoints(f Family) string { return "no-endpoint-services-v" + familySuffix(f) }
+func mapNoEndpoints(f ipFamily) string { return "no-endpoint-services-v" + familySuffix(f) }
 
-// MapNodePorts returns the name of the verdict map of a family that sends
+// mapNodePorts returns the name of the verdict map of a family that sends
 // (l4proto . dport) of packets to a local address to the chain of a
 // service's node port: "service-nodeports-v4" or "...-v6".
-func MapNodePorts(f Family) string { return "service-nodeports-v" + familySuffix(f) }
+func mapNodePorts(f ipFamily) string { return "service-nodeports-v" + familySuffix(f) }
 
-// MapNoEndpointNodePorts returns the name of the verdict map of a family
+// mapNoEndpointNodePorts returns the name of the verdict map of a family
 // that rejects or drops (l4proto . dport) of node ports without usable
 // endpoints: "no-endpoint-nodeports-v4" or "...-v6".
-func MapNoEndpointNodePorts(f Family) string { return "no-endpoint-nodeports-v" + familySuffix(f) }
+func mapNoEndpointNodePorts(f ipFamily) string { return "no-endpoint-nodeports-v" + familySuffix(f) }
 
-// MapFirewall returns the name of the verdict map of a family that sends
+// mapFirewall returns the name of the verdict map of a family that sends
 // (daddr . l4proto . dport) of load-balancer IPs with
 // loadBalancerSourceRanges to the chain enforcing them, before DNAT:
 // "firewall-ips-v4" or "firewall-ips-v6".
-func MapFirewall(f Family) string { return "firewall-ips-v" + familySuffix(f) }
+func mapFirewall(f ipFamily) string { return "firewall-ips-v" + familySuffix(f) }
 
 // isNodePortMap reports whether the map m is keyed by protocol and port
 // only (no address).
@@ -73,18 +73,18 @@ func isNodePortMap(m string) bool {
 	return strings.HasPrefix(m, "service-nodeports-") || strings.HasPrefix(m, "no-endpoint-nodeports-")
 }
 
-// EndpointMap returns the name of the shard-th endpoint map of a family:
+// endpointMapName returns the name of the shard-th endpoint map of a family:
 // "endpoints-v4-0", "endpoints-v4-1", … Blocks 16·shard to 16·shard+15 of
 // the family are in it.
-func EndpointMap(f Family, shard uint32) string {
+func endpointMapName(f ipFamily, shard uint32) string {
 	return fmt.Sprintf("endpoints-v%s-%d", familySuffix(f), shard)
 }
 
-// MapHairpin returns the name of the set of a family holding (endpoint .
+// mapHairpin returns the name of the set of a family holding (endpoint .
 // endpoint) for every endpoint address: a DNATed packet whose source is
 // its destination is a pod reaching itself through a service, and is
 // masqueraded. "hairpin-v4" or "hairpin-v6".
-func MapHairpin(f Family) string { return "hairpin-v" + familySuffix(f) }
+func mapHairpin(f ipFamily) string { return "hairpin-v" + familySuffix(f) }
 
 // baseChain describes one of the fixed base chains of the table.
 type baseChain struct {
@@ -145,29 +145,29 @@ func priorityText(p int32, hook string) string {
 
 // baseChains are the table's base chains, in the order they are created.
 var baseChains = []baseChain{
-	{ChainFilterPrerouting, "filter", "prerouting", priorityFirewall, ChainFirewallCheck},
-	{ChainFilterOutputPreDNAT, "filter", "output", priorityFirewall, ChainFirewallCheck},
-	{ChainNATPrerouting, "nat", "prerouting", priorityDstNAT, ChainServices},
-	{ChainNATOutput, "nat", "output", priorityDstNAT, ChainServices},
-	{ChainFilterInput, "filter", "input", priorityFilter, ChainNoEndpoints},
-	{ChainFilterForward, "filter", "forward", priorityFilter, ChainNoEndpoints},
-	{ChainFilterOutput, "filter", "output", priorityFilter, ChainNoEndpoints},
-	{ChainNATPostrouting, "nat", "postrouting", prioritySrcNAT, ChainMasquerading},
+	{chainFilterPrerouting, "filter", "prerouting", priorityFirewall, chainFirewallCheck},
+	{chainFilterOutputPreDNAT, "filter", "output", priorityFirewall, chainFirewallCheck},
+	{chainNATPrerouting, "nat", "prerouting", priorityDstNAT, chainServices},
+	{chainNATOutput, "nat", "output", priorityDstNAT, chainServices},
+	{chainFilterInput, "filter", "input", priorityFilter, chainNoEndpoints},
+	{chainFilterForward, "filter", "forward", priorityFilter, chainNoEndpoints},
+	{chainFilterOutput, "filter", "output", priorityFilter, chainNoEndpoints},
+	{chainNATPostrouting, "nat", "postrouting", prioritySrcNAT, chainMasquerading},
 }
 
 // mapKind describes one kind of verdict map: one map per family.
 type mapKind struct {
-	name     func(Family) string
+	name     func(ipFamily) string
 	nodePort bool // keyed by protocol . port only
 }
 
 // mapKinds are the kinds of verdict maps of the table.
 var mapKinds = []mapKind{
-	{MapServices, false},
-	{MapNoEndpoints, false},
-	{MapNodePorts, true},
-	{MapNoEndpointNodePorts, true},
-	{MapFirewall, false},
+	{mapServices, false},
+	{mapNoEndpoints, false},
+	{mapNodePorts, true},
+	{mapNoEndpointNodePorts, true},
+	{mapFirewall, false},
 }
 
 // loopbackV4 and loopbackV6 are excluded from node ports by default:
@@ -197,7 +197,7 @@ func TableName(serviceProxyName string) string {
 }
 
 // familySuffix is "4" or "6".
-func familySuffix(f Family) string { return f.info().suffix }
+func familySuffix(f ipFamily) string { return f.info().suffix }
 
 // protoName is the lower-case protocol name used in chain names and text.
 func protoName(p model.Protocol) string { return strings.ToLower(p.String()) }
@@ -229,13 +229,13 @@ func chainName(prefix, readable string) string {
 // service port for one family: "svc4-HASH-ns/name/tcp/80" for cluster IP
 // traffic, "ext4-HASH-..." for external traffic when it uses other
 // endpoints (externalTrafficPolicy: Local).
-func serviceChainName(kind string, f Family, svc model.ServiceKey, p *model.PortMapping) string {
+func serviceChainName(kind string, f ipFamily, svc model.ServiceKey, p *model.PortMapping) string {
 	return chainName(kind+familySuffix(f), portID(svc, p))
 }
 
 // endpointChainName names the chain DNATing a service port to one
 // endpoint: "ep4-HASH-ns/name/tcp/80__10.1.2.3/8080".
-func endpointChainName(f Family, svc model.ServiceKey, p *model.PortMapping, to string) string {
+func endpointChainName(f ipFamily, svc model.ServiceKey, p *model.PortMapping, to string) string {
 	return chainName("ep"+familySuffix(f), portID(svc, p)+"__"+to)
 }
 
@@ -245,7 +245,7 @@ func endpointChainName(f Family, svc model.ServiceKey, p *model.PortMapping, to 
 // targets make another map. The name is short on purpose: the kernel
 // looks a table's sets up by name in a list, comparing whole names; the
 // service chain that uses the map has the readable name.
-func balanceMapName(f Family, kind string, svc model.ServiceKey, p *model.PortMapping, targets []string) string {
+func balanceMapName(f ipFamily, kind string, svc model.ServiceKey, p *model.PortMapping, targets []string) string {
 	sum := sha256.Sum256([]byte(kind + "/" + portID(svc, p) + "\x00" + strings.Join(targets, "\x00")))
 	return "bal" + familySuffix(f) + "-" + base32.StdEncoding.EncodeToString(sum[:])[:16]
 }

@@ -26,7 +26,7 @@ import (
 // TestKernelListingMatchesText programs the ruleset of each golden case
 // (build_test.go: together they hold every rule kind in both families,
 // which the test checks first) into a table of its own in a network
-// namespace, and compares what `nft list table` prints with Ruleset.Text,
+// namespace, and compares what `nft list table` prints with ruleset.Text,
 // object by object: the rules the kernel holds (sent as each rule's exprs)
 // must read as the rules' String, so the two renderings cannot drift.
 //
@@ -51,8 +51,8 @@ func TestKernelListingMatchesText(t *testing.T) {
 	cases := goldenCases()
 	for _, name := range slices.Sorted(maps.Keys(cases)) {
 		t.Run(name, func(t *testing.T) {
-			rs, _ := Build("kpng-"+name, goldenOptions[name], cases[name])
-			a := NewApplier(connIn(t, ns), rs.Table)
+			rs, _ := buildRuleset("kpng-"+name, goldenOptions[name], cases[name])
+			a := newApplier(connIn(t, ns), rs.Table)
 			defer a.Close()
 			if _, err := a.Full(rs); err != nil {
 				t.Fatalf("program table %s: %v", rs.Table, err)
@@ -83,7 +83,7 @@ var listingNormalizations = []struct {
 	repl  func(match string) string
 }{
 	{
-		why:   "the slot of an endpoint-map key is loaded as a plain 4-byte value (DNATMapRule), which nft has no type for: it prints 0x7 [invalid type] for 7",
+		why:   "the slot of an endpoint-map key is loaded as a plain 4-byte value (dnatMapRule), which nft has no type for: it prints 0x7 [invalid type] for 7",
 		scope: "chain ",
 		re:    regexp.MustCompile(`0x[0-9a-f]+ \[invalid type\]`),
 		repl: func(m string) string {
@@ -230,7 +230,7 @@ func checkCoverage(t *testing.T) {
 	}
 	have := map[string]bool{}
 	for name, items := range goldenCases() {
-		rs, _ := Build("t", goldenOptions[name], items)
+		rs, _ := buildRuleset("t", goldenOptions[name], items)
 		for _, c := range rs.Chains {
 			f := chainFamily(c.Name)
 			for _, r := range c.Rules {
@@ -252,7 +252,7 @@ func checkCoverage(t *testing.T) {
 			switch e.Verdict.Goto {
 			case "":
 				kind = "verdict drop"
-			case ChainReject:
+			case chainReject:
 				kind = "verdict goto reject"
 			}
 			have[kind+" in family "+familySuffix(e.Family)] = true
@@ -276,7 +276,7 @@ func chainFamily(name string) string {
 }
 
 // ruleKinds returns the names of the types of the package in dir (test
-// files aside) that have an exprs method: the kinds of Rule.
+// files aside) that have an exprs method: the kinds of rule.
 func ruleKinds(dir string) ([]string, error) {
 	fset := token.NewFileSet()
 	entries, err := os.ReadDir(dir)

@@ -47,7 +47,7 @@ var endpointMapKey = func() nftables.SetDatatype {
 }()
 
 // endpointMapRef returns the set object of an endpoint map of family f.
-func endpointMapRef(t *nftables.Table, f Family, name string) *nftables.Set {
+func endpointMapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
 	return &nftables.Set{
 		Table:    t,
 		Name:     name,
@@ -59,10 +59,10 @@ func endpointMapRef(t *nftables.Table, f Family, name string) *nftables.Set {
 }
 
 // hairpinSetRef returns the set object of the hairpin set of family f.
-func hairpinSetRef(t *nftables.Table, f Family) *nftables.Set {
+func hairpinSetRef(t *nftables.Table, f ipFamily) *nftables.Set {
 	return &nftables.Set{
 		Table:         t,
-		Name:          MapHairpin(f),
+		Name:          mapHairpin(f),
 		Concatenation: true,
 		KeyType:       nftables.MustConcatSetType(addrType(f), addrType(f)),
 	}
@@ -76,7 +76,7 @@ func hairpinElement(a netip.Addr) nftables.SetElement {
 // endpointMapElements returns the two kernel elements of an interval of an
 // endpoint map: its start (slot . From, with the endpoint unless del) and
 // its end (slot . To, flagged as such).
-func endpointMapElements(e EndpointElement, del bool) [2]nftables.SetElement {
+func endpointMapElements(e endpointElement, del bool) [2]nftables.SetElement {
 	start := nftables.SetElement{Key: binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, e.Slot), e.From)}
 	if !del {
 		start.Val = binary.BigEndian.AppendUint16(e.Target.Addr().AsSlice(), e.Target.Port())
@@ -89,7 +89,7 @@ func endpointMapElements(e EndpointElement, del bool) [2]nftables.SetElement {
 // hairpinExprs returns, for the masquerading chain, "meta nfproto ipvX ct
 // status dnat ip saddr . ip daddr @hairpin-vX meta mark set meta mark |
 // bit".
-func hairpinExprs(f Family, bit uint32, set *nftables.Set) []expr.Any {
+func hairpinExprs(f ipFamily, bit uint32, set *nftables.Set) []expr.Any {
 	fi := f.info()
 	src, dst, alen, rdst := fi.saddr, fi.daddr, fi.addrLen, fi.regHairpinDst
 	exprs := append(nfprotoExprs(f),
@@ -106,10 +106,10 @@ func hairpinExprs(f Family, bit uint32, set *nftables.Set) []expr.Any {
 // (IPS_DST_NAT).
 const ipsDstNAT = 1 << 5
 
-// dnatMapExprs returns the expressions of a DNATMapRule: the protocol
+// dnatMapExprs returns the expressions of a dnatMapRule: the protocol
 // match, then slot . hton(numgen random mod endpointModulus) looked up in
 // the block's endpoint map, and the DNAT to the address and port found.
-func dnatMapExprs(r DNATMapRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
+func dnatMapExprs(r dnatMapRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 	proto, ok := l4proto(r.Proto)
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
@@ -131,7 +131,7 @@ func dnatMapExprs(r DNATMapRule, sets map[string]*nftables.Set) ([]expr.Any, err
 
 // mapKeyType returns the key type of the maps of a family: address .
 // protocol . port, or protocol . port for node-port maps.
-func mapKeyType(f Family, nodePort bool) nftables.SetDatatype {
+func mapKeyType(f ipFamily, nodePort bool) nftables.SetDatatype {
 	if nodePort {
 		return nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
 	}
@@ -139,10 +139,10 @@ func mapKeyType(f Family, nodePort bool) nftables.SetDatatype {
 }
 
 // addrType is the address type of a family.
-func addrType(f Family) nftables.SetDatatype { return f.info().setType }
+func addrType(f ipFamily) nftables.SetDatatype { return f.info().setType }
 
 // mapRef returns the set object of one of the table's verdict maps.
-func mapRef(t *nftables.Table, f Family, name string) *nftables.Set {
+func mapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
 	return &nftables.Set{
 		Table:         t,
 		Name:          name,
@@ -155,7 +155,7 @@ func mapRef(t *nftables.Table, f Family, name string) *nftables.Set {
 
 // keyBytes encodes a map key as the kernel stores concatenations: each
 // field padded to 4 bytes, in network byte order.
-func keyBytes(k Key) ([]byte, error) {
+func keyBytes(k mapKey) ([]byte, error) {
 	proto, ok := l4proto(k.Proto)
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", k.Proto)
@@ -170,7 +170,7 @@ func keyBytes(k Key) ([]byte, error) {
 }
 
 // verdictExpr returns the verdict of a map element.
-func verdictExpr(v Verdict) *expr.Verdict {
+func verdictExpr(v verdict) *expr.Verdict {
 	if v.Goto == "" {
 		return &expr.Verdict{Kind: expr.VerdictDrop}
 	}
@@ -181,7 +181,7 @@ func verdictExpr(v Verdict) *expr.Verdict {
 // "ip[6] daddr . meta l4proto . th dport vmap @m", or for a node-port map
 // "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
 // prefix] meta l4proto . th dport vmap @m".
-func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
+func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, fi.regL4, fi.regDport
 	exprs := nfprotoExprs(f)
@@ -213,7 +213,7 @@ func lookupExprs(f Family, k mapKind, npm nodePortMatch, m *nftables.Set) []expr
 // raw payload ("@nh,96,32 …"). Every rule matching an address starts
 // with it, also in the chains only one family's packets reach, so that the
 // kernel's listing reads as the rule's String.
-func nfprotoExprs(f Family) []expr.Any {
+func nfprotoExprs(f ipFamily) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{f.info().nfproto}},
@@ -223,7 +223,7 @@ func nfprotoExprs(f Family) []expr.Any {
 // addrMatchExprs returns the expressions matching the source (or
 // destination, saddr false) address of a packet of family f against p
 // with op (equal: inside p; not equal: outside p).
-func addrMatchExprs(f Family, saddr bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
+func addrMatchExprs(f ipFamily, saddr bool, p netip.Prefix, op expr.CmpOp) []expr.Any {
 	off, alen := f.info().daddr, f.info().addrLen
 	if saddr {
 		off -= alen
@@ -268,7 +268,7 @@ func masqueradingRules(bit uint32) [][]expr.Any {
 
 // markVerdict is "jump mark-for-masquerade".
 func markVerdict() expr.Any {
-	return &expr.Verdict{Kind: expr.VerdictJump, Chain: ChainMarkForMasquerade}
+	return &expr.Verdict{Kind: expr.VerdictJump, Chain: chainMarkForMasquerade}
 }
 
 // gotoVerdict is "goto chain".
@@ -276,21 +276,21 @@ func gotoVerdict(chain string) expr.Any {
 	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}
 }
 
-// The expressions of each kind of rule, what the kernel is sent: each Rule
+// The expressions of each kind of rule, what the kernel is sent: each rule
 // says its own (a kind without them does not compile). sets holds the sets
 // added in the same transaction, for their IDs.
 
-func (r BalanceRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+func (r balanceRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 	return balanceExprs(r, sets)
 }
 
-func (r DNATRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return dnatExprs(r) }
+func (r dnatRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return dnatExprs(r) }
 
-func (r DNATMapRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+func (r dnatMapRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 	return dnatMapExprs(r, sets)
 }
 
-func (r MarkRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+func (r markRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	var exprs []expr.Any
 	if r.Dst.IsValid() || len(r.Except) > 0 {
 		exprs = nfprotoExprs(r.Family)
@@ -304,7 +304,7 @@ func (r MarkRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	return append(exprs, markVerdict()), nil
 }
 
-func (r SourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+func (r sourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	var exprs []expr.Any
 	if r.LocalSource {
 		exprs = []expr.Any{
@@ -320,16 +320,16 @@ func (r SourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	return append(exprs, gotoVerdict(r.Goto)), nil
 }
 
-func (r AllowRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+func (r allowRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	exprs := append(nfprotoExprs(r.Family), addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)...)
 	return append(exprs, &expr.Verdict{Kind: expr.VerdictReturn}), nil
 }
 
-func (DropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
+func (dropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	return []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, nil
 }
 
-func (r AffinityCheckRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+func (r affinityCheckRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 	return append(nfprotoExprs(r.Family),
 		saddrPayload(r.Family),
 		&expr.Lookup{SourceRegister: reg1, SetName: r.Set, SetID: setID(sets, r.Set)},
@@ -337,7 +337,7 @@ func (r AffinityCheckRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, err
 	), nil
 }
 
-func (r AffinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
+func (r affinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 	return append(nfprotoExprs(r.Family),
 		saddrPayload(r.Family),
 		&expr.Dynset{SrcRegKey: reg1, SetName: r.Set, SetID: setID(sets, r.Set), Operation: unix.NFT_DYNSET_OP_UPDATE},
@@ -345,7 +345,7 @@ func (r AffinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, er
 }
 
 // saddrPayload loads the source address into register 1.
-func saddrPayload(f Family) expr.Any {
+func saddrPayload(f ipFamily) expr.Any {
 	return &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: f.info().saddr, Len: f.info().addrLen}
 }
 
@@ -358,10 +358,10 @@ func setID(sets map[string]*nftables.Set, name string) uint32 {
 	return 0
 }
 
-// setRef returns the set object of a Set: an interval map of endpoints
+// setRef returns the set object of a namedSet: an interval map of endpoints
 // for an endpoint map, a constant verdict map keyed by integers for a
 // balance map, a dynamic address set with a timeout for an affinity set.
-func setRef(t *nftables.Table, s *Set) *nftables.Set {
+func setRef(t *nftables.Table, s *namedSet) *nftables.Set {
 	if s.EndpointMap {
 		return endpointMapRef(t, s.Family, s.Name)
 	}
@@ -391,8 +391,8 @@ func rejectRules() [][]expr.Any {
 	}
 }
 
-// dnatExprs returns the expressions of a DNATRule.
-func dnatExprs(r DNATRule) ([]expr.Any, error) {
+// dnatExprs returns the expressions of a dnatRule.
+func dnatExprs(r dnatRule) ([]expr.Any, error) {
 	proto, ok := l4proto(r.Proto)
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
@@ -407,10 +407,10 @@ func dnatExprs(r DNATRule) ([]expr.Any, error) {
 	}, nil
 }
 
-// balanceExprs returns the expressions of a BalanceRule: "goto target",
+// balanceExprs returns the expressions of a balanceRule: "goto target",
 // or "numgen random mod N vmap @map" (sets: the sets added in the same
 // transaction, for their IDs).
-func balanceExprs(r BalanceRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
+func balanceExprs(r balanceRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 	switch {
 	case len(r.Targets) == 0:
 		return nil, fmt.Errorf("balance rule without targets")

@@ -14,22 +14,22 @@ import (
 
 // The fixed chains of masquerading and load-balancer firewalls.
 const (
-	// ChainNATPostrouting is the NAT base chain (priority srcnat) that
-	// jumps to ChainMasquerading.
-	ChainNATPostrouting = "nat-postrouting"
-	// ChainMasquerading masquerades the packets carrying the masquerade
+	// chainNATPostrouting is the NAT base chain (priority srcnat) that
+	// jumps to chainMasquerading.
+	chainNATPostrouting = "nat-postrouting"
+	// chainMasquerading masquerades the packets carrying the masquerade
 	// mark bit, and clears the bit.
-	ChainMasquerading = "masquerading"
-	// ChainMarkForMasquerade sets the masquerade mark bit.
-	ChainMarkForMasquerade = "mark-for-masquerade"
-	// ChainFilterPrerouting and ChainFilterOutputPreDNAT are the filter
+	chainMasquerading = "masquerading"
+	// chainMarkForMasquerade sets the masquerade mark bit.
+	chainMarkForMasquerade = "mark-for-masquerade"
+	// chainFilterPrerouting and chainFilterOutputPreDNAT are the filter
 	// base chains (priority dstnat - 10: before DNAT) that jump to
-	// ChainFirewallCheck.
-	ChainFilterPrerouting    = "filter-prerouting"
-	ChainFilterOutputPreDNAT = "filter-output-firewall"
-	// ChainFirewallCheck looks up the firewall maps: load-balancer IPs
+	// chainFirewallCheck.
+	chainFilterPrerouting    = "filter-prerouting"
+	chainFilterOutputPreDNAT = "filter-output-firewall"
+	// chainFirewallCheck looks up the firewall maps: load-balancer IPs
 	// with loadBalancerSourceRanges.
-	ChainFirewallCheck = "firewall-check"
+	chainFirewallCheck = "firewall-check"
 )
 
 // DefaultMasqueradeMark is the packet mark bit used when Options does not
@@ -88,7 +88,7 @@ func (o Options) Validate() error {
 }
 
 // prefixesOf returns the prefixes of family f.
-func prefixesOf(ps []netip.Prefix, f Family) []netip.Prefix {
+func prefixesOf(ps []netip.Prefix, f ipFamily) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range ps {
 		if familyOf(p.Addr()) == f {
@@ -108,20 +108,20 @@ func prefixText(p netip.Prefix) string {
 }
 
 // saddrText is "ip saddr" or "ip6 saddr".
-func saddrText(f Family) string { return f.info().nft + " saddr" }
+func saddrText(f ipFamily) string { return f.info().nft + " saddr" }
 
-// MarkRule asks for masquerading: "jump mark-for-masquerade", only for
+// markRule asks for masquerading: "jump mark-for-masquerade", only for
 // packets to Dst when it is set (a cluster IP) and only for sources outside
 // Except when it is set (a family's cluster CIDRs): one "ip saddr != P"
 // match per prefix.
-type MarkRule struct {
-	Family Family
+type markRule struct {
+	Family ipFamily
 	Dst    netip.Addr
 	Except []netip.Prefix
 }
 
-// String implements Rule.
-func (r MarkRule) String() string {
+// String implements rule.
+func (r markRule) String() string {
 	var b strings.Builder
 	if r.Dst.IsValid() {
 		fmt.Fprintf(&b, "%s %s ", daddrText(r.Family), r.Dst)
@@ -129,80 +129,80 @@ func (r MarkRule) String() string {
 	for _, p := range r.Except {
 		fmt.Fprintf(&b, "%s != %s ", saddrText(r.Family), prefixText(p))
 	}
-	return b.String() + "jump " + ChainMarkForMasquerade
+	return b.String() + "jump " + chainMarkForMasquerade
 }
 
-// SourceRule matches the source address: inside Prefix (a single address
+// sourceRule matches the source address: inside Prefix (a single address
 // for hairpin traffic) or, with LocalSource, a local address of the node;
 // then jumps to mark-for-masquerade (Mark) or goes to Goto.
-type SourceRule struct {
-	Family      Family
+type sourceRule struct {
+	Family      ipFamily
 	Prefix      netip.Prefix
 	LocalSource bool
 	Mark        bool
 	Goto        string
 }
 
-// String implements Rule.
-func (r SourceRule) String() string {
+// String implements rule.
+func (r sourceRule) String() string {
 	match := "fib saddr type local"
 	if !r.LocalSource {
 		match = saddrText(r.Family) + " " + prefixText(r.Prefix)
 	}
 	if r.Mark {
-		return match + " jump " + ChainMarkForMasquerade
+		return match + " jump " + chainMarkForMasquerade
 	}
 	return match + " goto " + r.Goto
 }
 
-// AllowRule lets a source prefix through a firewall chain:
+// allowRule lets a source prefix through a firewall chain:
 // "ip saddr 192.0.2.0/24 return".
-type AllowRule struct {
-	Family Family
+type allowRule struct {
+	Family ipFamily
 	Prefix netip.Prefix
 }
 
-// String implements Rule.
-func (r AllowRule) String() string {
+// String implements rule.
+func (r allowRule) String() string {
 	return fmt.Sprintf("%s %s return", saddrText(r.Family), prefixText(r.Prefix))
 }
 
-// DropRule drops: the end of a firewall chain.
-type DropRule struct{}
+// dropRule drops: the end of a firewall chain.
+type dropRule struct{}
 
-// String implements Rule.
-func (DropRule) String() string { return "drop" }
+// String implements rule.
+func (dropRule) String() string { return "drop" }
 
-// AffinityCheckRule sends a client that used an endpoint recently (its
+// affinityCheckRule sends a client that used an endpoint recently (its
 // address is in the endpoint's affinity set) to it again:
 // "ip saddr @aff4-… goto ep4-…".
-type AffinityCheckRule struct {
-	Family Family
+type affinityCheckRule struct {
+	Family ipFamily
 	Set    string
 	Goto   string
 }
 
-// String implements Rule.
-func (r AffinityCheckRule) String() string {
+// String implements rule.
+func (r affinityCheckRule) String() string {
 	return fmt.Sprintf("%s @%s goto %s", saddrText(r.Family), r.Set, r.Goto)
 }
 
-// AffinityUpdateRule records (or refreshes) the client in an endpoint's
+// affinityUpdateRule records (or refreshes) the client in an endpoint's
 // affinity set: "update @aff4-… { ip saddr }".
-type AffinityUpdateRule struct {
-	Family Family
+type affinityUpdateRule struct {
+	Family ipFamily
 	Set    string
 }
 
-// String implements Rule.
-func (r AffinityUpdateRule) String() string {
+// String implements rule.
+func (r affinityUpdateRule) String() string {
 	return fmt.Sprintf("update @%s { %s }", r.Set, saddrText(r.Family))
 }
 
-// Set is a named set or map of the table, of one of three kinds:
+// namedSet is a named set or map of the table, of one of three kinds:
 //
 //   - an endpoint map (EndpointMap): blocks of endpoints, shared by up to
-//     blocksPerMap service chains, its elements in Ruleset.Endpoints; the
+//     blocksPerMap service chains, its elements in ruleset.Endpoints; the
 //     set is not owned by a service and lives as long as one of its blocks;
 //   - an affinity set (Targets empty): the client addresses that used one
 //     endpoint of a service port with session affinity, each expiring after
@@ -216,9 +216,9 @@ func (r AffinityUpdateRule) String() string {
 // timeout, a hash of the targets), so that such a set never changes: a new
 // content is a new set, and the rules referring to it change in the same
 // transaction. An endpoint map's elements change in place.
-type Set struct {
+type namedSet struct {
 	Name        string
-	Family      Family
+	Family      ipFamily
 	EndpointMap bool
 	Timeout     time.Duration
 	Targets     []string
@@ -226,7 +226,7 @@ type Set struct {
 }
 
 // equalSets reports whether two sets are the same.
-func equalSets(a, b *Set) bool {
+func equalSets(a, b *namedSet) bool {
 	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
@@ -237,7 +237,7 @@ const affinitySetSize = 65535
 
 // Text returns the set's declaration in nft syntax, with the elements
 // of an endpoint map given in els.
-func (s *Set) Text(els []EndpointElement) string {
+func (s *namedSet) Text(els []endpointElement) string {
 	if s.EndpointMap {
 		text := fmt.Sprintf("map %s {\n\t\ttype integer : %s . inet_service\n\t\tflags interval", s.Name, s.Family.info().addrType)
 		var lines []string

@@ -28,9 +28,11 @@ type Config struct {
 	// namespace (to work in another one, pass a function calling
 	// nftables.New with nftables.WithNetNSFd(fd) and the options).
 	Conn func(...nftables.ConnOption) (*nftables.Conn, error)
-	// Conntrack returns a new netlink handle for deleting stale UDP
-	// conntrack entries after the transactions (see StaleFlows); the
-	// sink closes it after use. nil means
+	// Conntrack returns a new netlink handle for deleting, after a
+	// transaction, the UDP conntrack entries it made stale (flows DNATed
+	// to an endpoint a service no longer uses, or not DNATed while it
+	// had none, which would otherwise keep their old path); the sink
+	// closes it after use. nil means
 	// netlink.NewHandle(unix.NETLINK_NETFILTER), in the current network
 	// namespace: set it with Conn when working in another one
 	// (netlink.NewHandleAt).
@@ -66,14 +68,14 @@ type sink struct {
 	mu       sync.Mutex
 	cfg      Config
 	table    string
-	tracker  *Tracker
-	applier  *Applier
+	tracker  *tracker
+	applier  *applier
 	needFull bool
 	// changed counts the Updates of the round (for logs).
 	changed int
 	// staleFlows are the conntrack entries to delete after the next
 	// successful transaction.
-	staleFlows []StaleFlow
+	staleFlows []staleFlow
 }
 
 // NewSink returns a localsink.Sink that programs the services it receives
@@ -88,7 +90,7 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 	s := &sink{
 		cfg:      cfg,
 		table:    TableName(cfg.ServiceProxyName),
-		tracker:  NewTracker(cfg.Options),
+		tracker:  newTracker(cfg.Options),
 		needFull: true,
 	}
 	if s.cfg.Context == nil {
@@ -97,7 +99,7 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 	if err := cfg.Options.Validate(); err != nil {
 		return nil, fmt.Errorf("nftables backend: %w", err)
 	}
-	s.applier = NewApplier(cfg.Conn, s.table)
+	s.applier = newApplier(cfg.Conn, s.table)
 	conn, err := s.applier.newConn()
 	if err != nil {
 		return nil, fmt.Errorf("nftables backend: %w", err)
@@ -117,7 +119,7 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 // nothing, services in key order (on a conflict, the first service keeps
 // the address).
 func (s *sink) Reset() {
-	s.tracker = NewTracker(s.cfg.Options)
+	s.tracker = newTracker(s.cfg.Options)
 	s.needFull = true
 }
 

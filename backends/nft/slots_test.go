@@ -31,7 +31,7 @@ func TestSlotsLowestFirst(t *testing.T) {
 // one number.
 func TestBlockIntervals(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 10, 1000} {
-		bl := &Block{Family: IPv6, Slot: 7}
+		bl := &block{Family: ipv6, Slot: 7}
 		for i := range n {
 			bl.Endpoints = append(bl.Endpoints, benchEndpointIPPort(i))
 		}
@@ -44,7 +44,7 @@ func TestBlockIntervals(t *testing.T) {
 			if i > 0 && e.From != els[i-1].To {
 				t.Fatalf("n=%d: interval %d starts at %d, the previous one ends at %d", n, i, e.From, els[i-1].To)
 			}
-			if e.Target != bl.Endpoints[i] || e.Slot != 7 || e.Family != IPv6 {
+			if e.Target != bl.Endpoints[i] || e.Slot != 7 || e.Family != ipv6 {
 				t.Fatalf("n=%d: interval %d: %+v", n, i, e)
 			}
 			lo, hi = min(lo, e.To-e.From), max(hi, e.To-e.From)

@@ -18,7 +18,7 @@ type nodePortMatch struct {
 // nodePortMatches returns the node-port lookup rules of a family: one per
 // node-port address prefix of the family, or one for every local address
 // (loopback excluded) when opts gives no prefix at all.
-func nodePortMatches(opts Options, f Family) []nodePortMatch {
+func nodePortMatches(opts Options, f ipFamily) []nodePortMatch {
 	if len(opts.NodePortAddresses) == 0 {
 		return []nodePortMatch{{NotPrefix: f.info().loopback}}
 	}
@@ -30,13 +30,13 @@ func nodePortMatches(opts Options, f Family) []nodePortMatch {
 }
 
 // daddrText is "ip daddr" or "ip6 daddr".
-func daddrText(f Family) string { return f.info().nft + " daddr" }
+func daddrText(f ipFamily) string { return f.info().nft + " daddr" }
 
 // lookupRuleText is the text of the rule looking up the map m of kind k
 // and family f (node-port maps: with the address match npm). The rule
 // starts with "meta nfproto ipvX" (lookupExprs), which nft writes as part
 // of the "ip daddr" match that follows it.
-func lookupRuleText(f Family, k mapKind, npm nodePortMatch) string {
+func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch) string {
 	m := k.name(f)
 	if !k.nodePort {
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
@@ -59,17 +59,17 @@ var lookupChains = []struct {
 	name  string
 	kinds []mapKind
 }{
-	{ChainServices, []mapKind{mapKinds[0], mapKinds[2]}},
-	{ChainNoEndpoints, []mapKind{mapKinds[1], mapKinds[3]}},
-	{ChainFirewallCheck, []mapKind{mapKinds[4]}},
+	{chainServices, []mapKind{mapKinds[0], mapKinds[2]}},
+	{chainNoEndpoints, []mapKind{mapKinds[1], mapKinds[3]}},
+	{chainFirewallCheck, []mapKind{mapKinds[4]}},
 }
 
 // lookupRules calls fn for each lookup rule of a lookup chain's kinds, in
 // order: for each kind, IPv4 then IPv6, and for node-port kinds one rule
 // per address match.
-func lookupRules(opts Options, kinds []mapKind, fn func(Family, mapKind, nodePortMatch)) {
+func lookupRules(opts Options, kinds []mapKind, fn func(ipFamily, mapKind, nodePortMatch)) {
 	for _, k := range kinds {
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []ipFamily{ipv4, ipv6} {
 			if !k.nodePort {
 				fn(f, k, nodePortMatch{})
 				continue
@@ -87,10 +87,10 @@ func lookupRules(opts Options, kinds []mapKind, fn func(Family, mapKind, nodePor
 // kernel (but for the order of the objects, elements one per line and in
 // the ruleset's order, and the three spellings of nft that the test
 // normalizes: listingNormalizations).
-func (rs *Ruleset) Text() string {
+func (rs *ruleset) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", rs.Table)
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		for _, k := range mapKinds {
 			m := k.name(f)
 			typ := f.info().addrType + " . inet_proto . inet_service"
@@ -110,9 +110,9 @@ func (rs *Ruleset) Text() string {
 			b.WriteString("\t}\n\n")
 		}
 	}
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []ipFamily{ipv4, ipv6} {
 		typ := f.info().addrType + " . " + f.info().addrType
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", MapHairpin(f), typ)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", mapHairpin(f), typ)
 		var els []string
 		for _, a := range rs.Hairpin {
 			if familyOf(a) == f {
@@ -132,21 +132,21 @@ func (rs *Ruleset) Text() string {
 	}
 	for _, lc := range lookupChains {
 		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
-		lookupRules(rs.Options, lc.kinds, func(f Family, k mapKind, npm nodePortMatch) {
+		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
 			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm))
 		})
 		b.WriteString("\t}\n\n")
 	}
 	// "reject" alone is ICMP(v6) port unreachable, what nft prints for
 	// "reject with icmpx port-unreachable" in an inet table.
-	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject\n\t}\n\n", ChainReject)
+	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject\n\t}\n\n", chainReject)
 	mark := rs.Options.mark()
-	fmt.Fprintf(&b, "\tchain %s {\n", ChainMasquerading)
-	for _, f := range []Family{IPv4, IPv6} {
-		fmt.Fprintf(&b, "\t\tct status dnat %s . %s @%s meta mark set meta mark | 0x%08x\n", saddrText(f), daddrText(f), MapHairpin(f), mark)
+	fmt.Fprintf(&b, "\tchain %s {\n", chainMasquerading)
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		fmt.Fprintf(&b, "\t\tct status dnat %s . %s @%s meta mark set meta mark | 0x%08x\n", saddrText(f), daddrText(f), mapHairpin(f), mark)
 	}
 	fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x == 0x00000000 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n\n", mark, mark)
-	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark set meta mark | 0x%08x\n\t}\n", ChainMarkForMasquerade, mark)
+	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark set meta mark | 0x%08x\n\t}\n", chainMarkForMasquerade, mark)
 	for _, c := range rs.Chains {
 		fmt.Fprintf(&b, "\n\tchain %s {\n", c.Name)
 		for _, r := range c.Rules {

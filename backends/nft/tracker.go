@@ -14,17 +14,17 @@ import (
 	"sigs.k8s.io/kpng/diffstore"
 )
 
-// Tracker holds the desired objects of every service and computes, round
+// tracker holds the desired objects of every service and computes, round
 // after round, the minimal change to the table: the chains and map
 // elements created, updated and deleted. It is pure Go (no netlink); the
-// applier turns its output into a transaction. A Tracker is not safe for
+// applier turns its output into a transaction. A tracker is not safe for
 // concurrent use.
-type Tracker struct {
+type tracker struct {
 	opts     Options
 	services map[model.ServiceKey]serviceObjects
-	chains   *diffstore.Store[string, *Chain]
-	sets     *diffstore.Store[string, *Set]
-	elements *diffstore.Store[string, Element]
+	chains   *diffstore.Store[string, *regularChain]
+	sets     *diffstore.Store[string, *namedSet]
+	elements *diffstore.Store[string, mapElement]
 	// owner is the service owning each element key (address . protocol
 	// . port, whatever the map): when two services claim the same key, the
 	// first one keeps it.
@@ -39,8 +39,8 @@ type Tracker struct {
 	// the endpoint maps, placed by slot: slotOf the slot of each block,
 	// free the slots of each family, mapBlocks the number of blocks in
 	// each endpoint map (a map exists while it holds one).
-	blocks    *diffstore.Store[string, *Block]
-	endpoints *diffstore.Store[uint64, EndpointElement]
+	blocks    *diffstore.Store[string, *block]
+	endpoints *diffstore.Store[uint64, endpointElement]
 	slotOf    map[string]uint32
 	free      [2]slots
 	mapBlocks map[string]int
@@ -52,19 +52,19 @@ type Tracker struct {
 	hairpinTouched map[netip.Addr]bool
 }
 
-// NewTracker returns an empty Tracker building rules with opts.
-func NewTracker(opts Options) *Tracker {
-	return &Tracker{
+// newTracker returns an empty tracker building rules with opts.
+func newTracker(opts Options) *tracker {
+	return &tracker{
 		opts:     opts,
 		services: map[model.ServiceKey]serviceObjects{},
 		chains:   diffstore.New[string](equalChains),
 		sets:     diffstore.New[string](equalSets),
-		elements: diffstore.NewComparable[string, Element](),
+		elements: diffstore.NewComparable[string, mapElement](),
 		owner:    map[string]model.ServiceKey{},
 		losers:   map[model.ServiceKey]*model.ServiceEndpoints{},
 
 		blocks:         diffstore.New[string](equalBlocks),
-		endpoints:      diffstore.NewComparable[uint64, EndpointElement](),
+		endpoints:      diffstore.NewComparable[uint64, endpointElement](),
 		slotOf:         map[string]uint32{},
 		mapBlocks:      map[string]int{},
 		hairpinRefs:    map[netip.Addr]int{},
@@ -73,38 +73,38 @@ func NewTracker(opts Options) *Tracker {
 	}
 }
 
-// Delta is the change of one round. Sets are never updated: a set's name
+// delta is the change of one round. Sets are never updated: a set's name
 // says all of its content, and an endpoint map's elements are in
 // Endpoints.
-type Delta struct {
-	Chains    diffstore.Changes[string, *Chain]
-	Sets      diffstore.Changes[string, *Set]
-	Elements  diffstore.Changes[string, Element]
-	Endpoints diffstore.Changes[uint64, EndpointElement]
-	Hairpin   AddrChanges
+type delta struct {
+	Chains    diffstore.Changes[string, *regularChain]
+	Sets      diffstore.Changes[string, *namedSet]
+	Elements  diffstore.Changes[string, mapElement]
+	Endpoints diffstore.Changes[uint64, endpointElement]
+	Hairpin   addrChanges
 	// Blocks are the endpoint blocks changed (their elements are in
 	// Endpoints): what the conntrack cleanup compares.
-	Blocks diffstore.Changes[string, *Block]
+	Blocks diffstore.Changes[string, *block]
 }
 
-// AddrChanges are the addresses added to and deleted from the hairpin
+// addrChanges are the addresses added to and deleted from the hairpin
 // sets in a round, sorted.
-type AddrChanges struct {
+type addrChanges struct {
 	Created, Deleted []netip.Addr
 }
 
 // Len returns the number of addresses changed.
-func (c AddrChanges) Len() int { return len(c.Created) + len(c.Deleted) }
+func (c addrChanges) Len() int { return len(c.Created) + len(c.Deleted) }
 
 // Len returns the number of objects changed in the table.
-func (d Delta) Len() int {
+func (d delta) Len() int {
 	return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() + d.Endpoints.Len() + d.Hairpin.Len()
 }
 
 // Services returns the services the change concerns, sorted (for logs).
-func (d Delta) Services() []model.ServiceKey {
+func (d delta) Services() []model.ServiceKey {
 	var keys []model.ServiceKey
-	for _, items := range [][]diffstore.Item[string, *Chain]{d.Chains.Created, d.Chains.Updated, d.Chains.Deleted} {
+	for _, items := range [][]diffstore.Item[string, *regularChain]{d.Chains.Created, d.Chains.Updated, d.Chains.Deleted} {
 		for _, it := range items {
 			c := it.Value
 			if c == nil {
@@ -115,14 +115,14 @@ func (d Delta) Services() []model.ServiceKey {
 			}
 		}
 	}
-	for _, items := range [][]diffstore.Item[string, Element]{d.Elements.Created, d.Elements.Updated, d.Elements.Deleted} {
+	for _, items := range [][]diffstore.Item[string, mapElement]{d.Elements.Created, d.Elements.Updated, d.Elements.Deleted} {
 		for _, it := range items {
 			keys = append(keys, it.Value.Service, it.Prev.Service)
 		}
 	}
-	for _, items := range [][]diffstore.Item[string, *Block]{d.Blocks.Created, d.Blocks.Updated, d.Blocks.Deleted} {
+	for _, items := range [][]diffstore.Item[string, *block]{d.Blocks.Created, d.Blocks.Updated, d.Blocks.Deleted} {
 		for _, it := range items {
-			for _, bl := range []*Block{it.Value, it.Prev} {
+			for _, bl := range []*block{it.Value, it.Prev} {
 				if bl != nil {
 					keys = append(keys, bl.Service)
 				}
@@ -140,7 +140,7 @@ func (d Delta) Services() []model.ServiceKey {
 // Update sets the state of the service key to se (nil: the service is
 // gone) for the current round, and returns the problems that kept parts of
 // it out of the table. Call Done to end the round.
-func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []error {
+func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []error {
 	var objs serviceObjects
 	var problems []error
 	if se != nil && se.Service != nil {
@@ -150,8 +150,8 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 
 	t.placeBlocks(&objs, old)
 	t.countHairpin(old.Hairpin, objs.Hairpin)
-	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *Set) string { return s.Name })
-	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *Chain) string { return c.Name })
+	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *namedSet) string { return s.Name })
+	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *regularChain) string { return c.Name })
 
 	newElems, newKeys := map[string]bool{}, map[string]bool{}
 	kept := objs.Elements[:0:0]
@@ -192,12 +192,12 @@ func (t *Tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 }
 
 // placeBlocks gives the blocks of objs their slots (those they had in old,
-// or new ones), fills the DNATMapRules of objs' chains with them, sets the
+// or new ones), fills the dnatMapRules of objs' chains with them, sets the
 // blocks and their elements in the stores, and releases the slots of the
 // blocks of old that objs lacks (adding and deleting endpoint maps as they
 // get their first block or lose their last).
-func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
-	byID := make(map[string]*Block, len(objs.Blocks))
+func (t *tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
+	byID := make(map[string]*block, len(objs.Blocks))
 	blocks := objs.Blocks[:0:0]
 	for _, bl := range objs.Blocks {
 		if byID[bl.ID] != nil {
@@ -216,7 +216,7 @@ func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 	}
 	for _, c := range objs.Chains {
 		for i, r := range c.Rules {
-			if dr, ok := r.(DNATMapRule); ok {
+			if dr, ok := r.(dnatMapRule); ok {
 				if bl := byID[dr.Block]; bl != nil {
 					dr.Slot, dr.Map = bl.Slot, bl.Map()
 					c.Rules[i] = dr
@@ -233,19 +233,19 @@ func (t *Tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 			t.useMap(bl.Family, slot, -1)
 		}
 	}
-	replaceNamed(t.blocks, old.Blocks, objs.Blocks, func(bl *Block) string { return bl.ID })
-	replaceNamed(t.endpoints, old.Endpoints, objs.Endpoints, EndpointElement.ID)
+	replaceNamed(t.blocks, old.Blocks, objs.Blocks, func(bl *block) string { return bl.ID })
+	replaceNamed(t.endpoints, old.Endpoints, objs.Endpoints, endpointElement.ID)
 }
 
 // useMap counts one block more (delta 1) or less (-1) in the endpoint map
 // of slot, adding or deleting the map when it gets its first block or
 // loses its last.
-func (t *Tracker) useMap(f Family, slot uint32, delta int) {
-	name := EndpointMap(f, slot/blocksPerMap)
+func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
+	name := endpointMapName(f, slot/blocksPerMap)
 	t.mapBlocks[name] += delta
 	switch n := t.mapBlocks[name]; {
 	case n == 1 && delta > 0:
-		t.sets.Set(name, &Set{Name: name, Family: f, EndpointMap: true})
+		t.sets.Set(name, &namedSet{Name: name, Family: f, EndpointMap: true})
 	case n == 0:
 		delete(t.mapBlocks, name)
 		t.sets.Delete(name)
@@ -255,7 +255,7 @@ func (t *Tracker) useMap(f Family, slot uint32, delta int) {
 // countHairpin counts the hairpin addresses of a service: those of now,
 // not those of old, adding an address to the hairpin sets with its first
 // service and deleting it with its last.
-func (t *Tracker) countHairpin(old, now []netip.Addr) {
+func (t *tracker) countHairpin(old, now []netip.Addr) {
 	for _, a := range now {
 		if t.hairpinRefs[a]++; t.hairpinRefs[a] == 1 {
 			t.hairpinTouched[a] = true
@@ -271,8 +271,8 @@ func (t *Tracker) countHairpin(old, now []netip.Addr) {
 
 // hairpinDone ends a round of the hairpin sets: the addresses whose count
 // went to or from 0, and are (or are no longer) in the sets.
-func (t *Tracker) hairpinDone() AddrChanges {
-	var ch AddrChanges
+func (t *tracker) hairpinDone() addrChanges {
+	var ch addrChanges
 	for a := range t.hairpinTouched {
 		switch now := t.hairpinRefs[a] > 0; {
 		case now && !t.hairpin[a]:
@@ -307,7 +307,7 @@ func replaceNamed[K cmp.Ordered, V any](store *diffstore.Store[K, V], old, curre
 // retryLosers updates again, once keys have been let go in the round, the
 // services that lost a key to another service (in key order): the key's
 // owner may be gone. Their problems were reported when they lost.
-func (t *Tracker) retryLosers() {
+func (t *tracker) retryLosers() {
 	if !t.released {
 		return
 	}
@@ -319,7 +319,7 @@ func (t *Tracker) retryLosers() {
 }
 
 // ServiceKeys returns the services held as of the last Done, sorted.
-func (t *Tracker) ServiceKeys() []model.ServiceKey {
+func (t *tracker) ServiceKeys() []model.ServiceKey {
 	keys := make([]model.ServiceKey, 0, len(t.services))
 	for k := range t.services {
 		keys = append(keys, k)
@@ -331,9 +331,9 @@ func (t *Tracker) ServiceKeys() []model.ServiceKey {
 // Done ends a round and returns what changed since the previous one. A
 // service that lost an address to another one gets it in the same round
 // when the other lets it go.
-func (t *Tracker) Done() Delta {
+func (t *tracker) Done() delta {
 	t.retryLosers()
-	return Delta{
+	return delta{
 		Chains:    t.chains.DonePartial(),
 		Sets:      t.sets.DonePartial(),
 		Elements:  t.elements.DonePartial(),
@@ -345,25 +345,25 @@ func (t *Tracker) Done() Delta {
 
 // Ruleset returns the whole desired content of the table as of the last
 // Done, sorted.
-func (t *Tracker) Ruleset(table string) *Ruleset {
-	rs := &Ruleset{Table: table, Options: t.opts}
-	t.chains.Each(func(_ string, c *Chain) { rs.Chains = append(rs.Chains, c) })
-	slices.SortFunc(rs.Chains, func(a, b *Chain) int { return strings.Compare(a.Name, b.Name) })
-	t.sets.Each(func(_ string, st *Set) { rs.Sets = append(rs.Sets, st) })
-	slices.SortFunc(rs.Sets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
-	t.elements.Each(func(_ string, e Element) { rs.Elements = append(rs.Elements, e) })
+func (t *tracker) Ruleset(table string) *ruleset {
+	rs := &ruleset{Table: table, Options: t.opts}
+	t.chains.Each(func(_ string, c *regularChain) { rs.Chains = append(rs.Chains, c) })
+	slices.SortFunc(rs.Chains, func(a, b *regularChain) int { return strings.Compare(a.Name, b.Name) })
+	t.sets.Each(func(_ string, st *namedSet) { rs.Sets = append(rs.Sets, st) })
+	slices.SortFunc(rs.Sets, func(a, b *namedSet) int { return strings.Compare(a.Name, b.Name) })
+	t.elements.Each(func(_ string, e mapElement) { rs.Elements = append(rs.Elements, e) })
 	sortElements(rs.Elements)
-	t.endpoints.Each(func(_ uint64, e EndpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
+	t.endpoints.Each(func(_ uint64, e endpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
 	slices.SortFunc(rs.Endpoints, compareEndpointElements)
 	rs.Hairpin = slices.SortedFunc(maps.Keys(t.hairpin), netip.Addr.Compare)
 	return rs
 }
 
-// Build computes the ruleset of a whole state built with opts (services in
+// buildRuleset computes the ruleset of a whole state built with opts (services in
 // the given order: on conflicts, the first service keeps the address),
 // with the problems found.
-func Build(table string, opts Options, items []*model.ServiceEndpoints) (*Ruleset, []error) {
-	t := NewTracker(opts)
+func buildRuleset(table string, opts Options, items []*model.ServiceEndpoints) (*ruleset, []error) {
+	t := newTracker(opts)
 	var problems []error
 	for _, se := range items {
 		if se == nil || se.Service == nil {

@@ -15,7 +15,7 @@ import (
 // (the block's intervals, the hairpin set), and that deleting the service
 // removes exactly its objects.
 func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
-	tr := NewTracker(Options{})
+	tr := newTracker(Options{})
 	var items []*model.ServiceEndpoints
 	for i := range 100 {
 		se := &model.ServiceEndpoints{
@@ -55,7 +55,7 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 // address, protocol and port keeps it, including when it moves between
 // maps, and that the key is free again once its owner lets it go.
 func TestTrackerConflictOwnership(t *testing.T) {
-	tr := NewTracker(Options{})
+	tr := newTracker(Options{})
 	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
 	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.1"), tcp(80, 81)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
 	tr.Update(a.Service.Key(), a)
@@ -70,7 +70,7 @@ func TestTrackerConflictOwnership(t *testing.T) {
 		t.Errorf("a still owns the key, want a conflict for b: %v", problems)
 	}
 	d := tr.Done()
-	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Map != MapNoEndpoints(IPv4) || len(d.Elements.Deleted) != 1 {
+	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Map != mapNoEndpoints(ipv4) || len(d.Elements.Deleted) != 1 {
 		t.Errorf("moving to the no-endpoint map: %+v", d.Elements)
 	}
 	// a goes: b did not change, and gets the key in the same round.
@@ -90,16 +90,16 @@ func TestTrackerConflictOwnership(t *testing.T) {
 func TestChainNames(t *testing.T) {
 	k := model.ServiceKey{Namespace: "ns", Name: "web"}
 	p := tcp(80, 8080)
-	n := serviceChainName("svc", IPv4, k, p)
-	if n != serviceChainName("svc", IPv4, k, p) || !strings.HasPrefix(n, "svc4-") || !strings.HasSuffix(n, "-ns/web/tcp/80") {
+	n := serviceChainName("svc", ipv4, k, p)
+	if n != serviceChainName("svc", ipv4, k, p) || !strings.HasPrefix(n, "svc4-") || !strings.HasSuffix(n, "-ns/web/tcp/80") {
 		t.Errorf("service chain name %q", n)
 	}
 	seen := map[string]bool{}
 	for _, name := range []string{
-		n, serviceChainName("svc", IPv6, k, p), serviceChainName("ext", IPv4, k, p),
-		serviceChainName("svc", IPv4, k, udp(80, 8080)), serviceChainName("svc", IPv4, k, tcp(81, 8080)),
-		serviceChainName("svc", IPv4, model.ServiceKey{Namespace: "ns", Name: "web2"}, p),
-		endpointChainName(IPv4, k, p, "10.1.0.2/8080"), endpointChainName(IPv4, k, p, "10.1.0.2/8081"),
+		n, serviceChainName("svc", ipv6, k, p), serviceChainName("ext", ipv4, k, p),
+		serviceChainName("svc", ipv4, k, udp(80, 8080)), serviceChainName("svc", ipv4, k, tcp(81, 8080)),
+		serviceChainName("svc", ipv4, model.ServiceKey{Namespace: "ns", Name: "web2"}, p),
+		endpointChainName(ipv4, k, p, "10.1.0.2/8080"), endpointChainName(ipv4, k, p, "10.1.0.2/8081"),
 	} {
 		if seen[name] {
 			t.Errorf("duplicate chain name %q", name)
@@ -107,8 +107,8 @@ func TestChainNames(t *testing.T) {
 		seen[name] = true
 	}
 	long := model.ServiceKey{Namespace: strings.Repeat("n", 63), Name: strings.Repeat("s", 63)}
-	a := endpointChainName(IPv6, long, p, strings.Repeat("f", 200)+"/1")
-	b := endpointChainName(IPv6, long, p, strings.Repeat("f", 200)+"/2")
+	a := endpointChainName(ipv6, long, p, strings.Repeat("f", 200)+"/1")
+	b := endpointChainName(ipv6, long, p, strings.Repeat("f", 200)+"/2")
 	if len(a) > maxNameLen || len(b) > maxNameLen || a == b {
 		t.Errorf("long names: %d and %d bytes, equal %v", len(a), len(b), a == b)
 	}
@@ -119,7 +119,7 @@ func TestChainNames(t *testing.T) {
 // one block, with a problem for the second port, and that deleting it
 // releases its slot once: another service keeps its own slot and map.
 func TestTrackerDuplicatePort(t *testing.T) {
-	tr := NewTracker(Options{})
+	tr := newTracker(Options{})
 	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.2"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
 	dupPorts := svc("ns", "a", ipset("10.96.0.1"), tcp(80, 8080), tcp(80, 8080))
 	dupPorts.Ports[1].Name = "again"
