@@ -1,7 +1,9 @@
 package kpngv1
 
 import (
+	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 
 	"sigs.k8s.io/kpng/client/model"
@@ -46,7 +48,7 @@ func FromService(s *model.Service) *Service {
 		ExternalTrafficToLocal:   s.ExternalTrafficToLocal,
 		InternalTrafficToLocal:   s.InternalTrafficToLocal,
 		HealthCheckNodePort:      s.HealthCheckNodePort,
-		LoadBalancerSourceRanges: s.LoadBalancerSourceRanges,
+		LoadBalancerSourceRanges: cidrStrings(s.LoadBalancerSourceRanges),
 		TrafficDistribution:      s.TrafficDistribution,
 	}
 	for _, p := range s.Ports {
@@ -65,8 +67,14 @@ func FromService(s *model.Service) *Service {
 	return out
 }
 
-// Model returns the model service.
-func (s *Service) Model() *model.Service {
+// Model returns the model service. The wire carries source ranges as
+// strings: one that is not a CIDR is an error naming the service and the
+// field (a kpng controller never sends one: it parsed them).
+func (s *Service) Model() (*model.Service, error) {
+	ranges, bad := model.ParseCIDRs(s.GetLoadBalancerSourceRanges()...)
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("service %s/%s: load_balancer_source_ranges: %q is not a usable CIDR", s.GetNamespace(), s.GetName(), bad[0])
+	}
 	out := &model.Service{
 		Namespace: s.GetNamespace(),
 		Name:      s.GetName(),
@@ -81,7 +89,7 @@ func (s *Service) Model() *model.Service {
 		ExternalTrafficToLocal:   s.GetExternalTrafficToLocal(),
 		InternalTrafficToLocal:   s.GetInternalTrafficToLocal(),
 		HealthCheckNodePort:      s.GetHealthCheckNodePort(),
-		LoadBalancerSourceRanges: nonEmpty(s.GetLoadBalancerSourceRanges()),
+		LoadBalancerSourceRanges: ranges,
 		TrafficDistribution:      s.GetTrafficDistribution(),
 	}
 	for _, p := range s.GetPorts() {
@@ -96,6 +104,18 @@ func (s *Service) Model() *model.Service {
 	}
 	if a := s.GetClientIpAffinity(); a != nil {
 		out.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: a.GetTimeoutSeconds()}
+	}
+	return out, nil
+}
+
+// cidrStrings returns the prefixes as text (nil when empty).
+func cidrStrings(ps []netip.Prefix) []string {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
 	}
 	return out
 }

@@ -1,9 +1,12 @@
 package kpngv1
 
 import (
+	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/protobuf/proto"
 
 	"sigs.k8s.io/kpng/client/model"
@@ -28,7 +31,7 @@ func TestConversionRoundTrip(t *testing.T) {
 			ExternalTrafficToLocal:   true,
 			InternalTrafficToLocal:   true,
 			HealthCheckNodePort:      31000,
-			LoadBalancerSourceRanges: []string{"192.0.2.0/24", "2001:db8::/32"},
+			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")},
 			TrafficDistribution:      "PreferClose"},
 		{Namespace: "ns", Name: "bare"},
 	}
@@ -36,8 +39,10 @@ func TestConversionRoundTrip(t *testing.T) {
 		checkRoundTrip(t, svc, func(m *model.Service) proto.Message { return FromService(m) },
 			func(b []byte) (*model.Service, error) {
 				var p Service
-				err := proto.Unmarshal(b, &p)
-				return p.Model(), err
+				if err := proto.Unmarshal(b, &p); err != nil {
+					return nil, err
+				}
+				return p.Model()
 			})
 	}
 	endpoints := []*model.Endpoint{
@@ -61,6 +66,42 @@ func TestConversionRoundTrip(t *testing.T) {
 	}
 }
 
+// TestServiceModelSourceRanges checks the source ranges of a service
+// arriving over the wire, as strings: parsed as the model holds them, and
+// one that is not a CIDR is an error naming the service and the field.
+func TestServiceModelSourceRanges(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ranges  []string
+		want    []netip.Prefix
+		wantErr string
+	}{
+		{name: "none"},
+		{name: "canonical", ranges: []string{"192.0.2.0/24", "2001:db8::/32"},
+			want: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}},
+		{name: "masked and sorted", ranges: []string{"2001:db8::1/32", "10.0.0.1/8"},
+			want: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}},
+		{name: "not a CIDR", ranges: []string{"10.0.0.0/8", "bogus"}, wantErr: `service ns/lb: load_balancer_source_ranges: "bogus" is not a usable CIDR`},
+		{name: "empty string", ranges: []string{""}, wantErr: `service ns/lb: load_balancer_source_ranges: "" is not a usable CIDR`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := (&Service{Namespace: "ns", Name: "lb", LoadBalancerSourceRanges: tc.ranges}).Model()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Model: %v, %v; want the error %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got.LoadBalancerSourceRanges, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+				t.Errorf("source ranges (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func checkRoundTrip[M any](t *testing.T, in M, to func(M) proto.Message, from func([]byte) (M, error)) {
 	t.Helper()
 	b, err := proto.Marshal(to(in))
@@ -71,7 +112,7 @@ func checkRoundTrip[M any](t *testing.T, in M, to func(M) proto.Message, from fu
 	if err != nil {
 		t.Fatalf("unmarshal %+v: %v", in, err)
 	}
-	if diff := cmp.Diff(in, out); diff != "" {
+	if diff := cmp.Diff(in, out, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
 		t.Errorf("round trip changed the value (-in +out):\n%s", diff)
 	}
 }

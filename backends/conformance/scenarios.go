@@ -91,13 +91,13 @@ func sourceRanges(h *harness) {
 		p.NodePort = int32(30090 + i)
 	}
 	svc.IPs.LoadBalancerIPs = ipset(lbV4, lbV6)
-	svc.LoadBalancerSourceRanges = []string{"10.0.0.0/24", "fd00::/64"} // the client's links
+	svc.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/64")} // the client's links
 	h.apply(with(svc, endpoints(netns.PodID)...))
 	for _, ip := range families(lbV4, lbV6) {
 		h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
 	}
 	other := *svc
-	other.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "2001:db8:ffff::/48"}
+	other.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8:ffff::/48")}
 	h.apply(with(&other, endpoints(netns.PodID)...))
 	for _, ip := range families(lbV4, lbV6) {
 		h.expectDropped(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80))

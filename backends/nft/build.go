@@ -42,9 +42,16 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	}
 	key := svc.Key()
 	epChains := map[string]bool{}
-	ranges, badRanges := parsePrefixes(svc.LoadBalancerSourceRanges)
-	for _, r := range badRanges {
-		problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: %q is not a CIDR: ignored", key, r))
+	// The model's source ranges are parsed and masked where they come in
+	// (model.ParseCIDRs); only a zero Prefix, which a program building
+	// services itself could leave, is not programmable.
+	var ranges []netip.Prefix
+	for _, r := range svc.LoadBalancerSourceRanges {
+		if !r.IsValid() {
+			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid (zero) prefix: ignored", key))
+			continue
+		}
+		ranges = append(ranges, r.Masked())
 	}
 	seen := map[[2]int32]string{}
 	for _, p := range svc.Ports {
@@ -139,31 +146,6 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	slices.SortFunc(objs.Hairpin, netip.Addr.Compare)
 	objs.Hairpin = slices.Compact(objs.Hairpin)
 	return objs, problems
-}
-
-// parsePrefixes parses CIDRs, returning those that do not parse in bad.
-func parsePrefixes(texts []string) (ps []netip.Prefix, bad []string) {
-	for _, t := range texts {
-		p, err := netip.ParsePrefix(t)
-		if err == nil {
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p.Addr())).Masked()
-		}
-		if err != nil || !p.IsValid() {
-			bad = append(bad, t)
-			continue
-		}
-		ps = append(ps, p)
-	}
-	return ps, bad
-}
-
-// unmapBits is the number of prefix bits an IPv4-mapped IPv6 address
-// loses when unmapped.
-func unmapBits(a netip.Addr) int {
-	if a.Is4In6() {
-		return 96
-	}
-	return 0
 }
 
 // portBuilder builds the objects of one service port and family.

@@ -26,6 +26,15 @@ func ipset(addrs ...string) model.IPSet {
 	return s
 }
 
+// cidrs parses source ranges as the model holds them (model.ParseCIDRs).
+func cidrs(texts ...string) []netip.Prefix {
+	ps, bad := model.ParseCIDRs(texts...)
+	if len(bad) > 0 {
+		panic(fmt.Sprintf("bad test CIDRs %v", bad))
+	}
+	return ps
+}
+
 func ep(addr string, local bool) *model.Endpoint {
 	return &model.Endpoint{IPs: ipset(addr), Ready: true, Serving: true, Local: local}
 }
@@ -95,7 +104,7 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 					&model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30080})
 				s.Type = "LoadBalancer"
 				s.IPs.LoadBalancerIPs = ipset("192.0.2.60", "2001:db8::60")
-				s.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "203.0.113.7/32", "::ffff:192.0.2.0/120", "::ffff:0.0.0.0/90", "bogus"}
+				s.LoadBalancerSourceRanges = cidrs("198.51.100.0/24", "203.0.113.7/32", "::ffff:192.0.2.0/120")
 				return s
 			}(),
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", true), ep("fd00:1::2", false)},
@@ -143,7 +152,7 @@ func everyRuleKind() []*model.ServiceEndpoints {
 	sticky := svc("default", "sticky", ipset("10.96.3.1", "fd00:10:96::3:1"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30081})
 	sticky.Type = "LoadBalancer"
 	sticky.IPs.LoadBalancerIPs = ipset("192.0.2.91", "2001:db8::91")
-	sticky.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "203.0.113.7/32", "2001:db8:1::/64", "2001:db8:2::7/128"}
+	sticky.LoadBalancerSourceRanges = cidrs("198.51.100.0/24", "203.0.113.7/32", "2001:db8:1::/64", "2001:db8:2::7/128")
 	sticky.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 90}
 	sticky.ExternalTrafficToLocal = true
 	plain := svc("default", "plain", ipset("10.96.3.2", "fd00:10:96::3:2"), udp(53, 5353))
@@ -220,7 +229,7 @@ func TestBuildOddInput(t *testing.T) {
 		&model.PortMapping{Protocol: model.TCP, Port: 80, TargetPortName: "missing"})
 	weird.ClientIPAffinity = &model.ClientIPAffinity{}
 	weird.IPs.LoadBalancerIPs = model.IPSet{V4: []string{"not-an-ip"}, V6: []string{"10.0.0.1"}}
-	weird.LoadBalancerSourceRanges = []string{""}
+	weird.LoadBalancerSourceRanges = []netip.Prefix{{}}
 	items := []*model.ServiceEndpoints{
 		nil,
 		{Service: nil},

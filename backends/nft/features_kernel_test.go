@@ -263,7 +263,7 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 	lb.IPs.LoadBalancerIPs = ipset(lbV4.String(), lbV6.String())
 	// The client's IPv4 network is allowed; no IPv6 range: IPv6 is open
 	// (as kube-proxy, whose ranges of a family restrict that family).
-	lb.LoadBalancerSourceRanges = []string{"10.0.0.0/24", "203.0.113.0/24"}
+	lb.LoadBalancerSourceRanges = cidrs("10.0.0.0/24", "203.0.113.0/24")
 	state := &model.ServiceEndpoints{Service: lb, Endpoints: localEndpoints(netns.PodID)}
 	s.setAll(state)
 	s.sync()
@@ -275,7 +275,7 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 
 	// Other ranges: the client is out, IPv6 in.
 	lb2 := *lb
-	lb2.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "fd00::/64"}
+	lb2.LoadBalancerSourceRanges = cidrs("203.0.113.0/24", "fd00::/64")
 	s.setService(&lb2)
 	if r := s.sync(); r.Full {
 		t.Errorf("a change of source ranges made a full sync")
@@ -501,7 +501,7 @@ func TestKernelLoadBalancerSourceRangesFromNode(t *testing.T) {
 			lb.Type = "LoadBalancer"
 			lb.IPs.LoadBalancerIPs = ipset(lbV4.String())
 			// The client's network, which holds the node's address.
-			lb.LoadBalancerSourceRanges = []string{"10.0.0.0/24"}
+			lb.LoadBalancerSourceRanges = cidrs("10.0.0.0/24")
 			s.setAll(&model.ServiceEndpoints{Service: lb, Endpoints: localEndpoints(netns.PodID)})
 			s.sync()
 			ask(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 80), netns.PodID)

@@ -6,6 +6,9 @@
 // nesting of ServiceEndpoints, Service, ServiceIPs, IPSet, PortMapping and
 // Endpoint are what kpng-json prints and what users' jq scripts read.
 // Fields may be added (always with omitempty or omitzero), never renamed.
+// Service.LoadBalancerSourceRanges are parsed netip.Prefix values, whose
+// JSON form is the same strings ("198.51.100.0/24"); go-cmp compares them
+// with cmpopts.EquateComparable(netip.Prefix{}).
 //
 // Values handed to a backend are never modified afterwards by kpng; treat them
 // as read-only: to change one, build a new value (a shallow copy of the

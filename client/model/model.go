@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // ServiceEndpoints is one selected service with all of its endpoints. It is
@@ -50,8 +51,10 @@ type Service struct {
 	// check (LoadBalancer services with externalTrafficPolicy: Local).
 	HealthCheckNodePort int32 `json:",omitempty"`
 	// LoadBalancerSourceRanges are the CIDRs allowed to reach the
-	// load-balancer IPs, normalized and sorted; empty means no restriction.
-	LoadBalancerSourceRanges []string `json:",omitempty"`
+	// load-balancer IPs, in the form ParseCIDRs gives (masked, IPv4-mapped
+	// prefixes as IPv4, sorted, each once); empty means no restriction.
+	// Their JSON form is a list of strings ("198.51.100.0/24").
+	LoadBalancerSourceRanges []netip.Prefix `json:",omitempty"`
 	// TrafficDistribution is spec.trafficDistribution (e.g. PreferClose).
 	TrafficDistribution string `json:",omitempty"`
 }
@@ -100,6 +103,55 @@ func NewIPSet(addrs ...string) (set IPSet, bad []string) {
 		}
 	}
 	return set, bad
+}
+
+// ParseCIDRs parses CIDRs in any order and text form, as kube-proxy reads
+// loadBalancerSourceRanges: spaces around a CIDR are ignored and the
+// address bits past the prefix length are cleared ("10.0.0.1/8" is
+// 10.0.0.0/8). An IPv4-mapped IPv6 prefix of 96 bits or more is the IPv4
+// prefix it maps ("::ffff:192.0.2.0/120" is 192.0.2.0/24), as NewIPSet
+// unmaps addresses. The result is sorted (by address, then length) and
+// holds each prefix once; it is nil when empty. Strings that are not
+// CIDRs, and IPv4-mapped prefixes shorter than /96 (which name no IPv4
+// network), are skipped and returned in bad.
+func ParseCIDRs(texts ...string) (cidrs []netip.Prefix, bad []string) {
+	parsed := make([]netip.Prefix, 0, len(texts))
+	for _, t := range texts {
+		p, err := netip.ParsePrefix(strings.TrimSpace(t))
+		if err != nil {
+			bad = append(bad, t)
+			continue
+		}
+		parsed = append(parsed, p)
+	}
+	cidrs, badPrefixes := CanonicalCIDRs(parsed)
+	for _, p := range badPrefixes {
+		bad = append(bad, p.String())
+	}
+	return cidrs, bad
+}
+
+// CanonicalCIDRs returns prefixes in the form ParseCIDRs gives them:
+// masked, IPv4-mapped ones as IPv4, sorted, each once (nil when empty).
+// Invalid prefixes (the zero Prefix) and IPv4-mapped prefixes shorter than
+// /96 are skipped and returned in bad.
+func CanonicalCIDRs(prefixes []netip.Prefix) (cidrs []netip.Prefix, bad []netip.Prefix) {
+	for _, p := range prefixes {
+		if !p.IsValid() {
+			bad = append(bad, p)
+			continue
+		}
+		if a := p.Addr(); a.Is4In6() {
+			if p.Bits() < 96 {
+				bad = append(bad, p)
+				continue
+			}
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		cidrs = append(cidrs, p.Masked())
+	}
+	slices.SortFunc(cidrs, netip.Prefix.Compare)
+	return slices.Compact(cidrs), bad
 }
 
 // All returns the IPv4 addresses followed by the IPv6 ones.

@@ -2,10 +2,13 @@ package model
 
 import (
 	"encoding/json"
+	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestServiceKeyCompare(t *testing.T) {
@@ -54,6 +57,87 @@ func TestNewIPSet(t *testing.T) {
 	}
 	if !(IPSet{}).IsEmpty() || s.IsEmpty() {
 		t.Errorf("IsEmpty")
+	}
+}
+
+// TestParseCIDRs checks how source ranges are parsed, once, for every
+// input (the watcher, the wire, state files): as kube-proxy reads them
+// (spaces ignored, host bits cleared), IPv4-mapped prefixes as IPv4, sorted,
+// each once, and the strings that are not CIDRs reported.
+func TestParseCIDRs(t *testing.T) {
+	pfx := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		in   []string
+		want []netip.Prefix
+		bad  []string
+	}{
+		{name: "none"},
+		{name: "canonical", in: []string{"198.51.100.0/24", "2001:db8::/32"}, want: pfx("198.51.100.0/24", "2001:db8::/32")},
+		{name: "host bits cleared, as kube-proxy", in: []string{"10.0.0.1/8", "2001:db8::1/32"}, want: pfx("10.0.0.0/8", "2001:db8::/32")},
+		{name: "spaces around", in: []string{" 10.0.0.0/8 "}, want: pfx("10.0.0.0/8")},
+		{name: "sorted, IPv4 first, each once", in: []string{"fd00::/64", "10.1.0.0/16", "10.0.0.0/16", "10.0.0.0/8", "10.0.0.1/8"},
+			want: pfx("10.0.0.0/8", "10.0.0.0/16", "10.1.0.0/16", "fd00::/64")},
+		{name: "single addresses", in: []string{"203.0.113.7/32", "2001:db8::7/128"}, want: pfx("203.0.113.7/32", "2001:db8::7/128")},
+		{name: "IPv4-mapped is IPv4", in: []string{"::ffff:192.0.2.0/120", "::ffff:192.0.2.1/128"}, want: pfx("192.0.2.0/24", "192.0.2.1/32")},
+		{name: "IPv4-mapped shorter than /96", in: []string{"::ffff:0.0.0.0/90", "10.0.0.0/8"}, want: pfx("10.0.0.0/8"), bad: []string{"::ffff:0.0.0.0/90"}},
+		{name: "not CIDRs", in: []string{"bogus", "", "10.0.0.1", "10.0.0.0/33", "fe80::1%eth0/64", "192.0.2.0/24"},
+			want: pfx("192.0.2.0/24"), bad: []string{"bogus", "", "10.0.0.1", "10.0.0.0/33", "fe80::1%eth0/64"}},
+		{name: "only bad ones", in: []string{"bogus"}, bad: []string{"bogus"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, bad := ParseCIDRs(tc.in...)
+			if diff := cmp.Diff(tc.want, got, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+				t.Errorf("ParseCIDRs(%q) (-want +got):\n%s", tc.in, diff)
+			}
+			if diff := cmp.Diff(tc.bad, bad); diff != "" {
+				t.Errorf("ParseCIDRs(%q) bad (-want +got):\n%s", tc.in, diff)
+			}
+		})
+	}
+	// Prefixes made in Go (or decoded from JSON) are put in the same form.
+	got, bad := CanonicalCIDRs([]netip.Prefix{netip.MustParsePrefix("10.0.0.1/8"), {}, netip.MustParsePrefix("::ffff:10.0.0.0/104")})
+	if diff := cmp.Diff(pfx("10.0.0.0/8"), got, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+		t.Errorf("CanonicalCIDRs (-want +got):\n%s", diff)
+	}
+	if len(bad) != 1 || bad[0].IsValid() {
+		t.Errorf("CanonicalCIDRs bad = %v, want the zero Prefix", bad)
+	}
+}
+
+// TestSourceRangesJSON checks that source ranges keep their JSON form, a
+// list of strings (part of the model's JSON contract), and that an absent
+// list stays absent.
+func TestSourceRangesJSON(t *testing.T) {
+	svc := &Service{Namespace: "ns", Name: "lb", LoadBalancerSourceRanges: []netip.Prefix{
+		netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")}}
+	b, err := json.Marshal(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"LoadBalancerSourceRanges":["198.51.100.0/24","2001:db8::/32"]`; !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s, want it to contain %s", b, want)
+	}
+	var back Service
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(svc, &back, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	b, err = json.Marshal(&Service{Namespace: "ns", Name: "lb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "LoadBalancerSourceRanges") {
+		t.Errorf("JSON %s names LoadBalancerSourceRanges without any", b)
 	}
 }
 

@@ -55,7 +55,10 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 		if o.SetService.GetName() == "" {
 			return fmt.Errorf("set_service without a name")
 		}
-		svc := o.SetService.Model()
+		svc, err := o.SetService.Model()
+		if err != nil {
+			return fmt.Errorf("set_service: %w", err)
+		}
 		m.entry(svc.Key()).svc = svc
 	case *kpngv1.Op_DeleteService:
 		key := o.DeleteService.Model()

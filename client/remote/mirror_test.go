@@ -87,6 +87,10 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 		want string
 	}{
 		{&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns"}}}, "without a name"},
+		// The wire carries source ranges as strings: a bad one names the
+		// service and the field.
+		{&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns", Name: "lb",
+			LoadBalancerSourceRanges: []string{"10.0.0.0/8", "bogus"}}}}, `set_service: service ns/lb: load_balancer_source_ranges: "bogus" is not a usable CIDR`},
 		{&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{Key: "10.0.0.1"}}}, "without service or endpoint"},
 		{&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Key: "10.0.0.1"}}}, "without service"},
 		{&kpngv1.Op{}, "unknown operation"},
@@ -94,5 +98,8 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 		if err := m.apply(tc.op); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("apply(%v): %v, want an error containing %q", tc.op, err, tc.want)
 		}
+	}
+	if len(m.services) != 0 {
+		t.Errorf("malformed operations left services behind: %v", m.services)
 	}
 }

@@ -134,31 +134,14 @@ func ipSet(ref klog.ObjectRef, field string, addrs []string) model.IPSet {
 	return set
 }
 
-func cidrs(ref klog.ObjectRef, ranges []string) []string {
-	var out []netip.Prefix
-	for _, r := range ranges {
-		p, err := netip.ParsePrefix(strings.TrimSpace(r))
-		if err != nil {
-			klog.ErrorS(err, "Skipping invalid CIDR", "service", ref, "field", "spec.loadBalancerSourceRanges", "value", r)
-			continue
-		}
-		out = append(out, p.Masked())
+// cidrs parses spec.loadBalancerSourceRanges (model.ParseCIDRs: masked,
+// sorted, each once), logging and skipping those that are not CIDRs.
+func cidrs(ref klog.ObjectRef, ranges []string) []netip.Prefix {
+	out, bad := model.ParseCIDRs(ranges...)
+	for _, r := range bad {
+		klog.ErrorS(nil, "Skipping invalid CIDR", "service", ref, "field", "spec.loadBalancerSourceRanges", "value", r)
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
-	out = slices.Compact(out)
-	strs := make([]string, len(out))
-	for i, p := range out {
-		strs[i] = p.String()
-	}
-	if len(strs) == 0 {
-		return nil
-	}
-	return strs
+	return out
 }
 
 // endpointBuilder gathers one service's endpoints from its slices.

@@ -1,9 +1,11 @@
 package watcher
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -167,7 +169,7 @@ func TestConvertService(t *testing.T) {
 				s.Spec.HealthCheckNodePort = 32000
 				s.Spec.LoadBalancerSourceRanges = []string{
 					" 10.0.0.0/8 ", "192.168.1.5/24", "10.0.0.0/8", "not-a-cidr", "2001:db8::/32",
-					"10.0.0.0/16", "10.1.0.0/16", "10.0.0.0/33",
+					"10.0.0.0/16", "10.1.0.0/16", "10.0.0.0/33", "::ffff:192.0.2.0/120", "::ffff:0.0.0.0/90",
 				}
 				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{
 					{IP: "2001:db8::10"},
@@ -183,7 +185,10 @@ func TestConvertService(t *testing.T) {
 				m.ExternalTrafficToLocal = true
 				m.HealthCheckNodePort = 32000
 				m.IPs.LoadBalancerIPs = model.IPSet{V4: []string{"192.0.2.10", "192.0.2.12"}, V6: []string{"2001:db8::10"}}
-				m.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "10.0.0.0/16", "10.1.0.0/16", "192.168.1.0/24", "2001:db8::/32"}
+				m.LoadBalancerSourceRanges = []netip.Prefix{
+					netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/16"), netip.MustParsePrefix("10.1.0.0/16"),
+					netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("2001:db8::/32"),
+				}
 			}),
 		},
 		{
@@ -296,7 +301,7 @@ func TestConvertService(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := convertService(tc.svc)
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := cmp.Diff(tc.want, got, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
 				t.Errorf("convertService (-want +got):\n%s", diff)
 			}
 			if !proxied(tc.svc) {

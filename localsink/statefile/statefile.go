@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -76,8 +77,8 @@ func Read(path string) ([]*model.ServiceEndpoints, error) {
 
 // Parse decodes a state: a YAML or JSON list of services, or a stream of
 // YAML documents or JSON objects, one per service (kpng-json's output).
-// Addresses are put in canonical form; a malformed item is an error naming
-// it and its field.
+// Addresses and source ranges are put in canonical form; a malformed item
+// is an error naming it and its field.
 func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	var items []*model.ServiceEndpoints
@@ -94,19 +95,23 @@ func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
 		if len(raw) == 0 || string(raw) == "null" {
 			continue
 		}
+		raws := []json.RawMessage{raw}
 		if raw[0] == '[' {
-			var list []*model.ServiceEndpoints
-			if err := strictJSON(raw, &list); err != nil {
+			raws = nil
+			if err := json.Unmarshal(raw, &raws); err != nil {
 				return nil, fmt.Errorf("document %d: %w", doc, err)
 			}
-			items = append(items, list...)
-			continue
 		}
-		var one model.ServiceEndpoints
-		if err := strictJSON(raw, &one); err != nil {
-			return nil, fmt.Errorf("document %d: %w", doc, err)
+		for _, r := range raws {
+			var one *model.ServiceEndpoints
+			if err := strictJSON(r, &one); err != nil {
+				if rangeErr := badSourceRange(len(items), r); rangeErr != nil {
+					return nil, rangeErr
+				}
+				return nil, fmt.Errorf("document %d: %w", doc, err)
+			}
+			items = append(items, one)
 		}
-		items = append(items, &one)
 	}
 	return items, check(items)
 }
@@ -115,6 +120,29 @@ func strictJSON(raw []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.DisallowUnknownFields()
 	return d.Decode(v)
+}
+
+// badSourceRange returns the error of the first source range of item i
+// (raw) that is not a CIDR, naming the item, its service and the field;
+// nil if there is none. The JSON decoder's own error for it names neither
+// (netip.Prefix decodes itself from text).
+func badSourceRange(i int, raw []byte) error {
+	var head struct {
+		Service *struct {
+			Namespace, Name          string
+			LoadBalancerSourceRanges []string
+		}
+	}
+	if json.Unmarshal(raw, &head) != nil || head.Service == nil {
+		return nil
+	}
+	svc := head.Service
+	for j, r := range svc.LoadBalancerSourceRanges {
+		if _, err := netip.ParsePrefix(r); err != nil {
+			return fmt.Errorf("item %d (service %s/%s): Service.LoadBalancerSourceRanges[%d]: %q is not a usable CIDR: %w", i, svc.Namespace, svc.Name, j, r, err)
+		}
+	}
+	return nil
 }
 
 // check validates items and canonicalizes their addresses in place.
@@ -142,6 +170,15 @@ func check(items []*model.ServiceEndpoints) error {
 				return fmt.Errorf("item %d (service %s): %s: %w", i, key, field, err)
 			}
 		}
+		for j, r := range svc.LoadBalancerSourceRanges {
+			switch _, bad := model.CanonicalCIDRs([]netip.Prefix{r}); {
+			case !r.IsValid(): // "" decodes as the zero Prefix
+				return fmt.Errorf("item %d (service %s): Service.LoadBalancerSourceRanges[%d]: empty, not a CIDR", i, key, j)
+			case len(bad) > 0:
+				return fmt.Errorf("item %d (service %s): Service.LoadBalancerSourceRanges[%d]: %q is not a usable CIDR (an IPv4-mapped prefix shorter than /96)", i, key, j, r)
+			}
+		}
+		svc.LoadBalancerSourceRanges, _ = model.CanonicalCIDRs(svc.LoadBalancerSourceRanges)
 		for j, p := range svc.Ports {
 			if p == nil || p.Protocol < model.TCP || p.Protocol > model.SCTP {
 				return fmt.Errorf("item %d (service %s): Service.Ports[%d].Protocol: want 1 (TCP), 2 (UDP) or 3 (SCTP)", i, key, j)

@@ -2,6 +2,7 @@ package statefile
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,19 +11,24 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
+// equatePrefixes lets cmp compare the model's netip.Prefix values.
+var equatePrefixes = cmpopts.EquateComparable(netip.Prefix{})
+
 func sample() []*model.ServiceEndpoints {
 	return []*model.ServiceEndpoints{{
 		Service: &model.Service{
 			Namespace: "default", Name: "kpng-example", Type: "ClusterIP",
-			Labels: map[string]string{"service.kubernetes.io/service-proxy-name": "kpng-example"},
-			IPs:    model.ServiceIPs{ExternalIPs: model.IPSet{V4: []string{"10.0.0.55"}, V6: []string{"1000::55"}}, Headless: true},
-			Ports:  []*model.PortMapping{{Protocol: model.TCP, Port: 6000, TargetPort: 6000}},
+			Labels:                   map[string]string{"service.kubernetes.io/service-proxy-name": "kpng-example"},
+			IPs:                      model.ServiceIPs{ExternalIPs: model.IPSet{V4: []string{"10.0.0.55"}, V6: []string{"1000::55"}}, Headless: true},
+			Ports:                    []*model.PortMapping{{Protocol: model.TCP, Port: 6000, TargetPort: 6000}},
+			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")},
 		},
 		Endpoints: []*model.Endpoint{
 			{IPs: model.IPSet{V4: []string{"11.0.2.2"}}, Local: true, Ready: true, Serving: true, NodeName: "node-a"},
@@ -41,11 +47,11 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sample(), got); diff != "" {
+	if diff := cmp.Diff(sample(), got, equatePrefixes); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
 	}
 	data, _ := os.ReadFile(path)
-	for _, want := range []string{"Service:", "ExternalIPs:", "- 1000::55", "Local: true"} {
+	for _, want := range []string{"Service:", "ExternalIPs:", "- 1000::55", "Local: true", "LoadBalancerSourceRanges:\n    - 198.51.100.0/24\n    - 2001:db8::/32"} {
 		if !strings.Contains(string(data), want) {
 			t.Errorf("state file lacks %q:\n%s", want, data)
 		}
@@ -73,6 +79,16 @@ func TestParseFormats(t *testing.T) {
 	if diff := cmp.Diff(model.IPSet{V6: []string{"1100::202"}}, got[0].Endpoints[0].IPs); diff != "" {
 		t.Errorf("endpoint IPs (-want +got):\n%s", diff)
 	}
+	// Source ranges too: masked (as kube-proxy), IPv4-mapped ones as
+	// IPv4, sorted, each once.
+	ranges, err := Parse([]byte("- Service: {Namespace: a, Name: lb, LoadBalancerSourceRanges: [2001:db8::1/32, 10.0.0.1/8, '::ffff:192.0.2.0/120', 10.0.0.0/8]}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+	if diff := cmp.Diff(want, ranges[0].Service.LoadBalancerSourceRanges, equatePrefixes); diff != "" {
+		t.Errorf("source ranges (-want +got):\n%s", diff)
+	}
 	multiDoc := "Service: {Namespace: a, Name: svc-x}\n---\nService: {Namespace: a, Name: svc-y}\n"
 	if got, err := Parse([]byte(multiDoc)); err != nil || len(got) != 2 {
 		t.Errorf("multi-document YAML: %d items, %v", len(got), err)
@@ -90,6 +106,16 @@ func TestParseErrorsNameTheProblem(t *testing.T) {
 		{"- Service: {Namespace: a, Name: x}\n  Endpoints: [{IPs: {V4: [1.2.3.4]}}, {IPs: {V4: [1.2.3.4]}}]", "address 1.2.3.4 listed twice"},
 		{"- Service: {Namespace: a, Name: x, Bogus: 1}", `unknown field "Bogus"`},
 		{"- [", "document 0"},
+		// Source ranges are parsed here, once: a bad one names its item,
+		// service and field.
+		{"- Service: {Namespace: a, Name: x, LoadBalancerSourceRanges: [10.0.0.0/8, bogus]}",
+			`item 0 (service a/x): Service.LoadBalancerSourceRanges[1]: "bogus" is not a usable CIDR`},
+		{"- Service: {Namespace: a, Name: x}\n- Service: {Namespace: a, Name: lb, LoadBalancerSourceRanges: ['']}",
+			`item 1 (service a/lb): Service.LoadBalancerSourceRanges[0]: empty, not a CIDR`},
+		{`{"Service":{"Namespace":"a","Name":"x","LoadBalancerSourceRanges":["10.0.0.0/33"]}}`,
+			`item 0 (service a/x): Service.LoadBalancerSourceRanges[0]: "10.0.0.0/33" is not a usable CIDR`},
+		{"- Service: {Namespace: a, Name: x, LoadBalancerSourceRanges: ['::ffff:0.0.0.0/90']}",
+			`item 0 (service a/x): Service.LoadBalancerSourceRanges[0]: "::ffff:0.0.0.0/90" is not a usable CIDR (an IPv4-mapped prefix shorter than /96)`},
 	} {
 		_, err := Parse([]byte(tc.in))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -155,7 +181,7 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 			t.Errorf("the file input broke the Sink contract:\n%v", err)
 		}
 	}()
-	if diff := cmp.Diff(sample(), rec.last(t, 1)); diff != "" {
+	if diff := cmp.Diff(sample(), rec.last(t, 1), equatePrefixes); diff != "" {
 		t.Errorf("first state (-want +got):\n%s", diff)
 	}
 	// A broken edit is ignored...
@@ -172,7 +198,7 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	if err := Write(path, changed); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(changed, rec.last(t, 2)); diff != "" {
+	if diff := cmp.Diff(changed, rec.last(t, 2), equatePrefixes); diff != "" {
 		t.Errorf("state after the edit (-want +got):\n%s", diff)
 	}
 }
