@@ -102,9 +102,13 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 	key := svc.Key()
 	out := map[frontendKey]*route{}
 	var problems []error
-	ranges, bad := parseRanges(svc.LoadBalancerSourceRanges)
-	for _, r := range bad {
-		problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: %q is not a CIDR: ignored", key, r))
+	var ranges []netip.Prefix
+	for _, r := range svc.LoadBalancerSourceRanges {
+		if !r.IsValid() {
+			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid prefix: ignored", key))
+			continue
+		}
+		ranges = append(ranges, r.Masked())
 	}
 	var affinity time.Duration
 	if svc.ClientIPAffinity != nil {
@@ -268,25 +272,4 @@ func targetsOf(eps []*model.Endpoint, p *model.PortMapping, v4 bool) []netip.Add
 		}
 	}
 	return out
-}
-
-// parseRanges parses loadBalancerSourceRanges, masked (10.0.0.1/8 is
-// 10.0.0.0/8, as kube-proxy reads it); bad holds what is not a CIDR.
-func parseRanges(ranges []string) (out []netip.Prefix, bad []string) {
-	for _, r := range ranges {
-		p, err := netip.ParsePrefix(r)
-		if err != nil {
-			bad = append(bad, r)
-			continue
-		}
-		if p.Addr().Is4In6() {
-			if p.Bits() < 96 {
-				bad = append(bad, r)
-				continue
-			}
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		out = append(out, p.Masked())
-	}
-	return out, bad
 }

@@ -98,7 +98,7 @@ func TestPlan(t *testing.T) {
 			s.IPs.LoadBalancerIPs = ipset("192.0.2.10")
 			s.ExternalTrafficToLocal = true
 			s.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 60}
-			s.LoadBalancerSourceRanges = []string{"10.0.0.1/24", "bogus", "2001:db8::/32"}
+			s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.1/24"), {}, netip.MustParsePrefix("2001:db8::/32")}
 		}),
 		eps: eps,
 		want: map[string]summary{
@@ -111,7 +111,7 @@ func TestPlan(t *testing.T) {
 			"TCP 10.0.0.2:30080": {Kind: nodePort, Targets: []netip.AddrPort{ap("11.0.2.2:8080")}, Short: true,
 				Internal: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
 		},
-		problems: []string{`service default/web: loadBalancerSourceRanges: "bogus" is not a CIDR`},
+		problems: []string{`service default/web: loadBalancerSourceRanges: an invalid prefix`},
 	}, {
 		name: "Local policy without a local endpoint drops; headless keeps its external IPs",
 		svc: web(func(s *model.Service) {
