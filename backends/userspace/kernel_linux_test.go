@@ -469,3 +469,30 @@ func TestKernelUDPFlows(t *testing.T) {
 		t.Errorf("%d flows left after the idle timeout", count())
 	}
 }
+
+// TestKernelDropHolds: a connection the proxier drops (the Local policy
+// without a local endpoint) gets neither an answer nor a reset: the
+// client waits, as it would for a dropped SYN, until the service goes.
+func TestKernelDropHolds(t *testing.T) {
+	topo, p := kernelProxier(t, Options{})
+	svc := echoService("local", &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000})
+	svc.InternalTrafficToLocal = true
+	remote := podEndpoints(netns.Pod2ID)
+	for _, e := range remote {
+		e.Local = false
+	}
+	mustSet(t, p, &model.ServiceEndpoints{Service: svc, Endpoints: remote})
+	c := dialEcho(t, topo.Client, netip.AddrPortFrom(cipV4, 80))
+	_, _ = c.Write([]byte("who are you?\n"))
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.r.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a dropped connection: %v, want silence until the deadline", err)
+	}
+	if err := set(t, p, svc.Key(), nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.r.ReadByte(); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Error("the held connection is still open after its service was deleted")
+	}
+}

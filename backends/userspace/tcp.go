@@ -51,14 +51,14 @@ func (f *frontend) handleTCP(c *net.TCPConn) {
 	defer c.Close()
 	client := addrOf(c.RemoteAddr())
 	r, v, targets := f.decide(client)
-	if v != endpoints.Forward {
+	switch v {
+	case endpoints.Reject:
 		f.logDenied(r, client, v)
-		if v == endpoints.Reject {
-			_ = c.SetLinger(0) // a reset, as the kernel would send
-		}
-		// Drop: a userspace proxy cannot leave a handshake unanswered
-		// (the kernel completed it); the connection is closed without
-		// a byte.
+		_ = c.SetLinger(0) // a reset, as the kernel would send
+		return
+	case endpoints.Drop:
+		f.logDenied(r, client, v)
+		f.hold(c)
 		return
 	}
 	if !f.limit.acquire() {
@@ -78,6 +78,24 @@ func (f *frontend) handleTCP(c *net.TCPConn) {
 	}
 	defer f.untrack(up)
 	splice(c, up)
+}
+
+// dropHold is how long a dropped connection is held in silence.
+const dropHold = 30 * time.Second
+
+// hold is what a userspace proxy can do closest to dropping a connection:
+// the kernel completed the handshake, so the client is kept waiting
+// without a byte, its data read and discarded, until it gives up or
+// dropHold passes; then the connection is closed without a reset. Held
+// connections count against the service's limit (beyond it, they are
+// closed at once).
+func (f *frontend) hold(c *net.TCPConn) {
+	if !f.limit.acquire() {
+		return
+	}
+	defer f.limit.release()
+	_ = c.SetReadDeadline(time.Now().Add(dropHold))
+	_, _ = io.Copy(io.Discard, c)
 }
 
 // dialTCP connects to an endpoint for client, trying up to
