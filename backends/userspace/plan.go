@@ -19,14 +19,6 @@ type frontendKey struct {
 
 func (k frontendKey) String() string { return fmt.Sprintf("%s %s", k.proto, k.addr) }
 
-// network is the Go network name of the key's protocol.
-func (k frontendKey) network() string {
-	if k.proto == model.UDP {
-		return "udp"
-	}
-	return "tcp"
-}
-
 // kind is the kind of service address a frontend serves.
 type kind int
 
