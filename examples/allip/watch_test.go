@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 
 	"sigs.k8s.io/kpng/examples/allip/allip"
 	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/e2e"
 	"sigs.k8s.io/kpng/internal/manifests"
 	"sigs.k8s.io/kpng/internal/netns"
 )
@@ -213,25 +213,17 @@ func blogFlow(t *testing.T, viaController bool) {
 	b := netns.Blog(t)
 	s := newScriptRunner(t, b.Node)
 
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "kpng-callout")
-	if out, err := exec.Command("go", "build", "-o", bin, "../callout").CombinedOutput(); err != nil {
-		t.Fatalf("go build kpng-callout: %v\n%s", err, out)
-	}
+	bin := e2e.Build(t, "examples/callout")
 	source := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=kpng-example", "--min-sync-interval=10ms"}
-	var controller *process
+	var controller *e2e.Proc
 	if viaController {
-		kpng := filepath.Join(dir, "kpng")
-		if out, err := exec.Command("go", "build", "-o", kpng, "../../cmd/kpng").CombinedOutput(); err != nil {
-			t.Fatalf("go build kpng: %v\n%s", err, out)
-		}
-		sock := "unix://" + filepath.Join(dir, "kpng.sock")
-		controller = start(t, "kpng", exec.Command(kpng, append(append([]string{"kube"}, source...), "--node-name=controller", "to-api", "--listen="+sock)...))
+		sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+		controller = e2e.Start(t, e2e.Build(t, "cmd/kpng"), append(append([]string{"kube"}, source...), "--node-name=controller", "to-api", "--listen="+sock)...)
 		source = []string{"--api=" + sock}
 	}
 	cmd := exec.Command(bin, append(source, "--node-name=node-a", "--retry-min=100ms", "--retry-max=1s")...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("CALLOUT=ip netns exec %s env KPNG_ALLIP_LOCK=%s bash %s", b.Node.Name, s.lock, s.script))
-	callout := start(t, "kpng-callout", cmd)
+	callout := e2e.StartCmd(t, cmd)
 
 	waitServed(t, b, netns.PodID)
 	b.ExpectService(t, b.Client, netns.PodID)
@@ -249,54 +241,8 @@ func blogFlow(t *testing.T, viaController bool) {
 		return !strings.Contains(strings.ToLower(save), "kpng"), save
 	})
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
-	callout.stop(t)
+	callout.Stop(t)
 	if controller != nil {
-		controller.stop(t)
-	}
-}
-
-// process is a command started by a test.
-type process struct {
-	name    string
-	cmd     *exec.Cmd
-	output  *bytes.Buffer
-	exited  chan error
-	stopped bool
-}
-
-// start starts cmd; if the test does not stop it, it is killed at the end.
-func start(t *testing.T, name string, cmd *exec.Cmd) *process {
-	t.Helper()
-	p := &process{name: name, cmd: cmd, output: &bytes.Buffer{}, exited: make(chan error, 1)}
-	cmd.Stdout, cmd.Stderr = p.output, p.output
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.stopped {
-			return
-		}
-		_ = cmd.Process.Kill()
-		<-p.exited
-		t.Logf("%s output:\n%s", name, p.output.String())
-	})
-	return p
-}
-
-// stop sends SIGTERM and expects a clean exit.
-func (p *process) stop(t *testing.T) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-p.exited:
-		p.stopped = true
-		if err != nil {
-			t.Errorf("%s after SIGTERM: %v\n%s", p.name, err, p.output.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Errorf("%s still running 20s after SIGTERM", p.name)
+		controller.Stop(t)
 	}
 }

@@ -123,7 +123,15 @@ type Proc struct {
 // (if Stop did not end it), and its output logged if the test failed.
 func Start(t *testing.T, bin string, args ...string) *Proc {
 	t.Helper()
-	p := &Proc{cmd: exec.Command(bin, args...), exited: make(chan error, 1)}
+	return StartCmd(t, exec.Command(bin, args...))
+}
+
+// StartCmd is Start for a command prepared by the caller (its environment,
+// say); its output goes to Proc.Output.
+func StartCmd(t *testing.T, cmd *exec.Cmd) *Proc {
+	t.Helper()
+	p := &Proc{cmd: cmd, exited: make(chan error, 1)}
+	bin := cmd.Path
 	p.cmd.Stdout, p.cmd.Stderr = &p.Output, &p.Output
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
