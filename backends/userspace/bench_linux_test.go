@@ -805,8 +805,8 @@ func benchRaiseNoFile(tb testing.TB, n uint64) {
 // order) from benchServerA to benchServerB or back: an Update with the
 // new endpoint list, then Sync. change-p50-us and change-p99-us are over
 // those Update+Sync calls. Each change must keep the service's listening
-// socket, open none, and send the next connection to the new endpoint
-// (checked untimed, through the proxy). Use -benchtime=Nx.
+// socket, open none, add no address, and send the next connection to the
+// new endpoint (checked untimed, through the proxy). Use -benchtime=Nx.
 func BenchmarkUserspaceScale(b *testing.B) {
 	// 10,000 listening sockets, and the benchmark's own.
 	benchRaiseNoFile(b, 16384)
@@ -871,8 +871,8 @@ func BenchmarkUserspaceScale(b *testing.B) {
 					b.Fatalf("change %d: %v", i, err)
 				}
 				b.StopTimer()
-				if got := bp.inCalls.Load(); got != 0 || listener(idx) != ln {
-					b.Fatalf("change %d: %d sockets opened, listener kept: %v; want the same listener", i, got, listener(idx) == ln)
+				if got, addrs := bp.inCalls.Load(), bp.addrCalls.Load(); got != 0 || addrs != 0 || listener(idx) != ln {
+					b.Fatalf("change %d: %d sockets opened, %d addresses added, listener kept: %v; want nothing but the route changed", i, got, addrs, listener(idx) == ln)
 				}
 				id, server := benchIDA, benchServerA
 				if onB[idx] {

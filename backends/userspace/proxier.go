@@ -48,6 +48,9 @@ type Proxier struct {
 	// again at every Sync.
 	addrRefs map[netip.Addr]int
 	unbound  map[frontendKey]bool
+	// localStale is set when an address was added to or removed from
+	// addrRefs since the last updateLocal.
+	localStale bool
 
 	mu        sync.Mutex // guards frontends and closed against Close
 	frontends map[frontendKey]*frontend
@@ -156,8 +159,11 @@ func (p *Proxier) Sync() error {
 	for k := range p.unbound {
 		p.bind(k, &errs)
 	}
-	if changed > 0 {
+	// Only when the held addresses changed: rebuilding the set costs as
+	// much as the number of services, and an endpoint change leaves it.
+	if p.localStale {
 		p.updateLocal()
+		p.localStale = false
 	}
 	klog.V(2).InfoS("Userspace proxier synced", "services", len(keys), "frontendsChanged", changed, "frontends", len(p.frontends), "unbound", len(p.unbound), "duration", time.Since(start))
 	return errors.Join(errs...)
@@ -215,6 +221,10 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 			continue
 		}
 		changed++
+		// A frontend set up before has its address: a new route only
+		// changes where new connections go, and opens or closes its
+		// socket.
+		bound := f != nil && !p.unbound[k]
 		if f == nil {
 			f = &frontend{key: k, p: p, limit: lim}
 			f.route.Store(r)
@@ -225,10 +235,16 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 			p.mu.Unlock()
 			if r.kind.holdsAddress() {
 				p.addrRefs[k.addr.Addr()]++
+				p.localStale = p.localStale || p.addrRefs[k.addr.Addr()] == 1
 			}
 		}
 		f.route.Store(r)
-		p.bind(k, errs)
+		if !bound {
+			p.bind(k, errs)
+		} else if err := f.setRoute(r); err != nil {
+			p.unbound[k] = true
+			*errs = append(*errs, err)
+		}
 	}
 	return changed
 }
@@ -278,6 +294,7 @@ func (p *Proxier) release(k frontendKey) {
 		return
 	}
 	delete(p.addrRefs, a)
+	p.localStale = true
 	if err := p.plat.removeAddress(a); err != nil {
 		klog.ErrorS(err, "Service address not removed", "address", a)
 	}
