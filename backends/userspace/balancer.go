@@ -87,7 +87,7 @@ func decide(r *route, client netip.Addr, clusterCIDRs []netip.Prefix, local func
 		return endpoints.Drop, nil
 	}
 	if r.shortCircuit && (local(client) || inAny(clusterCIDRs, client)) {
-		return r.internalVerdict, r.internalTargets
+		return r.clusterVerdict, r.clusterTargets
 	}
 	return r.verdict, r.targets
 }

@@ -91,8 +91,8 @@ func TestDecide(t *testing.T) {
 	node := netip.MustParseAddr("10.0.0.2")
 	local := func(a netip.Addr) bool { return a == node }
 	ext := &route{
-		verdict: endpoints.Drop, shortCircuit: true, internalVerdict: endpoints.Forward,
-		internalTargets: []netip.AddrPort{ap("11.0.1.2:80")},
+		verdict: endpoints.Drop, shortCircuit: true, clusterVerdict: endpoints.Forward,
+		clusterTargets: []netip.AddrPort{ap("11.0.1.2:80")},
 	}
 	lb := &route{verdict: endpoints.Forward, targets: []netip.AddrPort{ap("11.0.1.2:80")}, sourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}
 	lbNode := *lb

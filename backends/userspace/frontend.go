@@ -61,6 +61,7 @@ func (f *frontend) setRoute(r *route) error {
 	if f.closed {
 		return nil
 	}
+	f.endStaleFlows(r)
 	open := f.ln != nil || f.pc != nil
 	switch {
 	case r.listens() && !open:

@@ -496,3 +496,32 @@ func TestKernelDropHolds(t *testing.T) {
 		t.Error("the held connection is still open after its service was deleted")
 	}
 }
+
+// TestKernelUDPFlowFollowsEndpointRemoval: a client that keeps its port
+// and keeps talking is moved off an endpoint that was removed (kube-proxy
+// deletes the conntrack entries of stale UDP endpoints), while its flow
+// to an endpoint that stays is kept.
+func TestKernelUDPFlowFollowsEndpointRemoval(t *testing.T) {
+	topo, p := kernelProxier(t, Options{})
+	svc := echoService("dns", &model.PortMapping{Protocol: model.UDP, Port: 53, TargetPort: 6000})
+	mustSet(t, p, &model.ServiceEndpoints{Service: svc, Endpoints: podEndpoints(netns.PodID)})
+	dst := netip.AddrPortFrom(cipV4, 53)
+	ask := func(port uint16) string {
+		a, err := topo.Client.Ask("udp", dst, netns.AskOptions{LocalPort: port})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Server
+	}
+	if got := ask(40001); got != netns.PodID {
+		t.Fatalf("first answer from %q, want pod", got)
+	}
+	mustSet(t, p, &model.ServiceEndpoints{Service: svc, Endpoints: podEndpoints(netns.PodID, netns.Pod2ID)})
+	if got := ask(40001); got != netns.PodID {
+		t.Errorf("the flow moved to %q when an endpoint was added, want it kept on pod", got)
+	}
+	mustSet(t, p, &model.ServiceEndpoints{Service: svc, Endpoints: podEndpoints(netns.Pod2ID)})
+	if got := ask(40001); got != netns.Pod2ID {
+		t.Errorf("the same client port after pod was removed: answered by %q, want pod2", got)
+	}
+}

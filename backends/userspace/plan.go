@@ -45,11 +45,11 @@ type route struct {
 	targets []netip.AddrPort
 	// shortCircuit is set for external traffic with the Local policy:
 	// clients on the node itself or inside the cluster CIDRs use
-	// internalVerdict and internalTargets instead (kube-proxy's
-	// short-circuits).
-	shortCircuit    bool
-	internalVerdict endpoints.Verdict
-	internalTargets []netip.AddrPort
+	// clusterVerdict and clusterTargets, the cluster endpoints, instead
+	// (kube-proxy's short-circuits).
+	shortCircuit   bool
+	clusterVerdict endpoints.Verdict
+	clusterTargets []netip.AddrPort
 	// affinity is the ClientIP session affinity timeout, 0 without.
 	affinity time.Duration
 	// sourceRanges, when not empty, are the only clients allowed
@@ -64,15 +64,15 @@ type route struct {
 // rejects everything has none, so that the kernel itself refuses its
 // traffic: a TCP reset, or ICMP port unreachable for UDP.
 func (r *route) listens() bool {
-	return r.verdict != endpoints.Reject || (r.shortCircuit && r.internalVerdict != endpoints.Reject)
+	return r.verdict != endpoints.Reject || (r.shortCircuit && r.clusterVerdict != endpoints.Reject)
 }
 
 // equal reports whether two routes do the same.
 func (r *route) equal(o *route) bool {
 	return r.service == o.service && r.port == o.port && r.kind == o.kind &&
 		r.verdict == o.verdict && slices.Equal(r.targets, o.targets) &&
-		r.shortCircuit == o.shortCircuit && r.internalVerdict == o.internalVerdict &&
-		slices.Equal(r.internalTargets, o.internalTargets) && r.affinity == o.affinity &&
+		r.shortCircuit == o.shortCircuit && r.clusterVerdict == o.clusterVerdict &&
+		slices.Equal(r.clusterTargets, o.clusterTargets) && r.affinity == o.affinity &&
 		slices.Equal(r.sourceRanges, o.sourceRanges) && r.rangesHoldNode == o.rangesHoldNode
 }
 
@@ -162,7 +162,12 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 			ext := base
 			ext.verdict, ext.targets = ev, targetsOf(external, p, v4)
 			if svc.ExternalTrafficToLocal {
-				ext.shortCircuit, ext.internalVerdict, ext.internalTargets = true, iv, internalTargets
+				// As kube-proxy: the short-circuited clients use the
+				// cluster endpoints, whatever internalTrafficPolicy.
+				ext.shortCircuit, ext.clusterTargets = true, targetsOf(cats.Cluster, p, v4)
+				if ext.clusterVerdict = endpoints.Forward; len(ext.clusterTargets) == 0 {
+					ext.clusterVerdict = endpoints.Reject
+				}
 			}
 			for _, a := range externalIPs {
 				r := ext

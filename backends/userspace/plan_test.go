@@ -35,7 +35,7 @@ type summary struct {
 	Verdict  endpoints.Verdict
 	Targets  []netip.AddrPort
 	Short    bool
-	Internal []netip.AddrPort
+	Cluster  []netip.AddrPort
 	Affinity time.Duration
 	Ranges   []netip.Prefix
 	HoldNode bool
@@ -44,7 +44,7 @@ type summary struct {
 func summarize(m map[frontendKey]*route) map[string]summary {
 	out := map[string]summary{}
 	for k, r := range m {
-		out[k.String()] = summary{r.kind, r.verdict, r.targets, r.shortCircuit, r.internalTargets, r.affinity, r.sourceRanges, r.rangesHoldNode}
+		out[k.String()] = summary{r.kind, r.verdict, r.targets, r.shortCircuit, r.clusterTargets, r.affinity, r.sourceRanges, r.rangesHoldNode}
 	}
 	return out
 }
@@ -104,12 +104,12 @@ func TestPlan(t *testing.T) {
 		want: map[string]summary{
 			"TCP 10.96.0.10:80": {Kind: clusterIP, Targets: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
 			"TCP 10.0.0.55:80": {Kind: externalIP, Targets: []netip.AddrPort{ap("11.0.2.2:8080")}, Short: true,
-				Internal: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
+				Cluster: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
 			"TCP 192.0.2.10:80": {Kind: loadBalancerIP, Targets: []netip.AddrPort{ap("11.0.2.2:8080")}, Short: true,
-				Internal: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute,
+				Cluster: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute,
 				Ranges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, HoldNode: true},
 			"TCP 10.0.0.2:30080": {Kind: nodePort, Targets: []netip.AddrPort{ap("11.0.2.2:8080")}, Short: true,
-				Internal: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
+				Cluster: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
 		},
 		problems: []string{`service default/web: loadBalancerSourceRanges: an invalid prefix`},
 	}, {
@@ -121,7 +121,20 @@ func TestPlan(t *testing.T) {
 		}),
 		eps: eps[:1],
 		want: map[string]summary{
-			"TCP 10.0.0.55:80": {Kind: externalIP, Verdict: endpoints.Drop, Targets: []netip.AddrPort{}, Short: true, Internal: []netip.AddrPort{ap("11.0.1.2:8080")}},
+			"TCP 10.0.0.55:80": {Kind: externalIP, Verdict: endpoints.Drop, Targets: []netip.AddrPort{}, Short: true, Cluster: []netip.AddrPort{ap("11.0.1.2:8080")}},
+		},
+	}, {
+		name: "short-circuits use the cluster endpoints, whatever internalTrafficPolicy",
+		svc: web(func(s *model.Service) {
+			s.Ports = s.Ports[:1]
+			s.IPs.ClusterIPs = ipset("10.96.0.10")
+			s.IPs.ExternalIPs = ipset("10.0.0.55")
+			s.ExternalTrafficToLocal, s.InternalTrafficToLocal = true, true
+		}),
+		eps: eps[:1],
+		want: map[string]summary{
+			"TCP 10.96.0.10:80": {Kind: clusterIP, Verdict: endpoints.Drop, Targets: []netip.AddrPort{}},
+			"TCP 10.0.0.55:80":  {Kind: externalIP, Verdict: endpoints.Drop, Targets: []netip.AddrPort{}, Short: true, Cluster: []netip.AddrPort{ap("11.0.1.2:8080")}},
 		},
 	}, {
 		name: "bad ports are problems, the rest is served",
@@ -183,8 +196,8 @@ func TestRouteListens(t *testing.T) {
 		{route{verdict: endpoints.Forward}, true},
 		{route{verdict: endpoints.Drop}, true},
 		{route{verdict: endpoints.Reject}, false},
-		{route{verdict: endpoints.Reject, shortCircuit: true, internalVerdict: endpoints.Reject}, false},
-		{route{verdict: endpoints.Drop, shortCircuit: true, internalVerdict: endpoints.Forward}, true},
+		{route{verdict: endpoints.Reject, shortCircuit: true, clusterVerdict: endpoints.Reject}, false},
+		{route{verdict: endpoints.Drop, shortCircuit: true, clusterVerdict: endpoints.Forward}, true},
 	} {
 		if got := tc.r.listens(); got != tc.want {
 			t.Errorf("%+v listens() = %v, want %v", tc.r, got, tc.want)

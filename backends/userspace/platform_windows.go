@@ -12,16 +12,21 @@ import (
 
 // windowsPlatform holds the service addresses on an existing interface
 // (a loopback adapter, say) with netsh, marked skipassource so that
-// Windows never picks them as the source of other traffic.
+// Windows never picks them as the source of other traffic, and
+// store=active so that they do not outlive a reboot.
 type windowsPlatform struct{ iface string }
 
-// newPlatform checks that the interface exists.
+// newPlatform checks that the interface exists, and removes the
+// addresses a previous run left on it.
 func newPlatform(cfg Config, opts Options) (platform, error) {
 	if cfg.NetNS != "" {
 		return nil, fmt.Errorf("network namespaces (NetNS %q) exist on Linux only", cfg.NetNS)
 	}
 	if _, err := net.InterfaceByName(opts.Interface); err != nil {
 		return nil, fmt.Errorf("interface %q (create a loopback adapter and name it so, or set Options.Interface): %w", opts.Interface, err)
+	}
+	if err := cleanup(cfg, opts); err != nil {
+		return nil, err
 	}
 	return &windowsPlatform{iface: opts.Interface}, nil
 }
@@ -37,9 +42,9 @@ func netsh(args ...string) error {
 
 func (p *windowsPlatform) addAddress(a netip.Addr) error {
 	if a.Is4() {
-		return netsh("interface", "ipv4", "add", "address", "name="+p.iface, "address="+a.String(), "mask=255.255.255.255", "skipassource=true")
+		return netsh("interface", "ipv4", "add", "address", "name="+p.iface, "address="+a.String(), "mask=255.255.255.255", "skipassource=true", "store=active")
 	}
-	return netsh("interface", "ipv6", "add", "address", "interface="+p.iface, "address="+a.String()+"/128", "skipassource=true")
+	return netsh("interface", "ipv6", "add", "address", "interface="+p.iface, "address="+a.String()+"/128", "skipassource=true", "store=active")
 }
 
 func (p *windowsPlatform) removeAddress(a netip.Addr) error {

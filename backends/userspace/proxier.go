@@ -43,15 +43,25 @@ type Proxier struct {
 	owners  map[frontendKey]model.ServiceKey
 	losers  map[model.ServiceKey]bool
 	limits  map[model.ServiceKey]*limiter
-	// addrRefs counts the frontends of each held address; unbound are
+	// addrRefs counts the frontends of each service address; onLink are
+	// the addresses actually on the interface (added once, when the
+	// first frontend needs one, or retried after a failure); unbound are
 	// the frontends whose socket or address could not be set up, tried
-	// again at every Sync.
+	// again at the next Sync; tried are those tried in the current Sync.
 	addrRefs map[netip.Addr]int
+	onLink   map[netip.Addr]bool
 	unbound  map[frontendKey]bool
-	// localStale is set when an address was added to or removed from
-	// addrRefs since the last updateLocal.
+	tried    map[frontendKey]bool
+	// localStale is set when onLink changed since the last updateLocal.
 	localStale bool
+	// held counts the connections held in silence (dropped), across
+	// services, so that refused clients cannot take a service's own
+	// connections.
+	held limiter
 
+	// syncMu is held by Sync, and by Close while it releases the
+	// platform: a Sync never uses a closed netlink handle.
+	syncMu    sync.Mutex
 	mu        sync.Mutex // guards frontends and closed against Close
 	frontends map[frontendKey]*frontend
 	closed    bool
@@ -68,18 +78,31 @@ func New(cfg Config) (*Proxier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
 	}
+	p, err := newProxier(cfg, opts, plat)
+	if err != nil {
+		_ = plat.close()
+		return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
+	}
+	klog.InfoS("Userspace proxier ready", "serviceProxyName", cfg.ServiceProxyName, "interface", opts.Interface, "nodePortAddresses", p.node.nodePortAddrs)
+	return p, nil
+}
+
+// newProxier returns a proxier on plat (a fake one in unit tests).
+func newProxier(cfg Config, opts Options, plat platform) (*Proxier, error) {
 	p := &Proxier{
 		cfg: cfg, opts: opts, plat: plat, sock: sockets{plat},
 		services: map[model.ServiceKey]*model.ServiceEndpoints{}, dirty: map[model.ServiceKey]bool{},
 		planned: map[model.ServiceKey]map[frontendKey]*route{}, owners: map[frontendKey]model.ServiceKey{},
 		losers: map[model.ServiceKey]bool{}, limits: map[model.ServiceKey]*limiter{},
-		addrRefs: map[netip.Addr]int{}, unbound: map[frontendKey]bool{}, frontends: map[frontendKey]*frontend{},
+		addrRefs: map[netip.Addr]int{}, onLink: map[netip.Addr]bool{}, unbound: map[frontendKey]bool{},
+		tried: map[frontendKey]bool{}, frontends: map[frontendKey]*frontend{},
+		held: limiter{max: maxHeld},
 	}
 	ips := opts.NodeIPs
 	if len(ips) == 0 {
+		var err error
 		if ips, err = plat.nodeAddresses(); err != nil {
-			_ = plat.close()
-			return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
+			return nil, err
 		}
 	}
 	p.node = node{ips: ips, clusterCIDRs: opts.ClusterCIDRs}
@@ -92,7 +115,6 @@ func New(cfg Config) (*Proxier, error) {
 	if cfg.Context != nil {
 		go func() { <-cfg.Context.Done(); p.Close() }()
 	}
-	klog.InfoS("Userspace proxier ready", "serviceProxyName", cfg.ServiceProxyName, "interface", opts.Interface, "nodePortAddresses", p.node.nodePortAddrs)
 	return p, nil
 }
 
@@ -129,6 +151,8 @@ func (p *Proxier) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 // tried again at the next one, the other frontends being served
 // meanwhile.
 func (p *Proxier) Sync() error {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()
@@ -136,6 +160,8 @@ func (p *Proxier) Sync() error {
 		return nil
 	}
 	start := time.Now()
+	retry := slices.Collect(maps.Keys(p.unbound))
+	clear(p.tried)
 	keys := slices.Collect(maps.Keys(p.dirty))
 	if p.reset {
 		keys = append(keys, slices.Collect(maps.Keys(p.planned))...)
@@ -156,8 +182,11 @@ func (p *Proxier) Sync() error {
 	for _, key := range losers {
 		changed += p.claim(key, p.planned[key], &errs)
 	}
-	for k := range p.unbound {
-		p.bind(k, &errs)
+	// What failed before and was not tried again in this round.
+	for _, k := range retry {
+		if p.unbound[k] && !p.tried[k] {
+			p.bind(k, &errs)
+		}
 	}
 	// Only when the held addresses changed: rebuilding the set costs as
 	// much as the number of services, and an endpoint change leaves it.
@@ -200,6 +229,7 @@ func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
 // claim gives service key the frontends of want that are free or its
 // own; it returns how many frontends changed.
 func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs *[]error) int {
+	waiting := p.losers[key] // logged when it started waiting
 	delete(p.losers, key)
 	lim := p.limits[key]
 	if lim == nil {
@@ -210,7 +240,7 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 	for _, k := range sortedKeys(want) {
 		r := want[k]
 		if owner, ok := p.owners[k]; ok && owner != key {
-			if !p.losers[key] {
+			if !waiting {
 				klog.ErrorS(nil, "Address and port already used by another service: not proxied until it lets go", "service", key, "port", r.port, "frontend", k, "usedBy", owner)
 			}
 			p.losers[key] = true
@@ -221,6 +251,14 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 			continue
 		}
 		changed++
+		if f != nil && f.route.Load().kind.holdsAddress() != r.kind.holdsAddress() {
+			// A service address became a node port or back (the node's
+			// own address as an external IP): start afresh, so that
+			// the address is counted by what the frontend is now.
+			p.release(k)
+			f = nil
+			p.owners[k] = key
+		}
 		// A frontend set up before has its address: a new route only
 		// changes where new connections go, and opens or closes its
 		// socket.
@@ -235,7 +273,6 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 			p.mu.Unlock()
 			if r.kind.holdsAddress() {
 				p.addrRefs[k.addr.Addr()]++
-				p.localStale = p.localStale || p.addrRefs[k.addr.Addr()] == 1
 			}
 		}
 		f.route.Store(r)
@@ -257,13 +294,16 @@ func (p *Proxier) bind(k frontendKey, errs *[]error) {
 		delete(p.unbound, k)
 		return
 	}
+	p.tried[k] = true
 	r := f.route.Load()
-	if r.kind.holdsAddress() {
-		if err := p.plat.addAddress(k.addr.Addr()); err != nil {
+	if a := k.addr.Addr(); r.kind.holdsAddress() && !p.onLink[a] {
+		if err := p.plat.addAddress(a); err != nil {
 			p.unbound[k] = true
 			*errs = append(*errs, fmt.Errorf("service %s port %q: %w", r.service, r.port, err))
 			return
 		}
+		p.onLink[a] = true
+		p.localStale = true
 	}
 	if err := f.setRoute(r); err != nil {
 		p.unbound[k] = true
@@ -294,6 +334,10 @@ func (p *Proxier) release(k frontendKey) {
 		return
 	}
 	delete(p.addrRefs, a)
+	if !p.onLink[a] {
+		return
+	}
+	delete(p.onLink, a)
 	p.localStale = true
 	if err := p.plat.removeAddress(a); err != nil {
 		klog.ErrorS(err, "Service address not removed", "address", a)
@@ -303,11 +347,11 @@ func (p *Proxier) release(k frontendKey) {
 // updateLocal recomputes the node's own addresses: its interfaces' and
 // the service addresses held.
 func (p *Proxier) updateLocal() {
-	m := make(map[netip.Addr]struct{}, len(p.node.ips)+len(p.addrRefs))
+	m := make(map[netip.Addr]struct{}, len(p.node.ips)+len(p.onLink))
 	for _, a := range p.node.ips {
 		m[a] = struct{}{}
 	}
-	for a := range p.addrRefs {
+	for a := range p.onLink {
 		m[a] = struct{}{}
 	}
 	p.local.Store(&m)
@@ -323,7 +367,7 @@ func (p *Proxier) isLocal(a netip.Addr) bool {
 }
 
 // Close stops every frontend, closes every connection and flow, and waits
-// for their goroutines. The addresses stay on the interface (traffic to
+// for their goroutines and for a Sync running meanwhile. The addresses stay on the interface (traffic to
 // them is refused by the kernel); Cleanup removes them.
 func (p *Proxier) Close() {
 	p.mu.Lock()
@@ -338,6 +382,10 @@ func (p *Proxier) Close() {
 		f.close()
 	}
 	p.wg.Wait()
+	// A Sync running meanwhile finishes first (it opens nothing more:
+	// every frontend is closed, or made closed).
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	_ = p.plat.close()
 }
 

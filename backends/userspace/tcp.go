@@ -80,20 +80,24 @@ func (f *frontend) handleTCP(c *net.TCPConn) {
 	splice(c, up)
 }
 
-// dropHold is how long a dropped connection is held in silence.
-const dropHold = 30 * time.Second
+// dropHold is how long a dropped connection is held in silence, and
+// maxHeld how many the proxier holds at once (beyond, they are closed at
+// once): held connections come from clients the service refuses, so they
+// do not count against the service's own limit.
+const (
+	dropHold = 30 * time.Second
+	maxHeld  = 1024
+)
 
 // hold is what a userspace proxy can do closest to dropping a connection:
 // the kernel completed the handshake, so the client is kept waiting
 // without a byte, its data read and discarded, until it gives up or
-// dropHold passes; then the connection is closed without a reset. Held
-// connections count against the service's limit (beyond it, they are
-// closed at once).
+// dropHold passes; then the connection is closed without a reset.
 func (f *frontend) hold(c *net.TCPConn) {
-	if !f.limit.acquire() {
+	if !f.p.held.acquire() {
 		return
 	}
-	defer f.limit.release()
+	defer f.p.held.release()
 	_ = c.SetReadDeadline(time.Now().Add(dropHold))
 	_, _ = io.Copy(io.Discard, c)
 }

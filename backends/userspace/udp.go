@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +23,7 @@ const maxDatagram = 65535
 // socket, so that they leave from the service address.
 type flow struct {
 	client netip.AddrPort
+	target netip.AddrPort
 	up     *net.UDPConn
 	// last is when the flow last carried a datagram either way
 	// (UnixNano).
@@ -43,15 +45,21 @@ func (f *frontend) serveUDP(pc *net.UDPConn) {
 			continue
 		}
 		client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
-		fl := f.flowOf(pc, client)
-		if fl == nil {
-			continue // dropped
-		}
-		fl.last.Store(time.Now().UnixNano())
-		if _, err := fl.up.Write(buf[:n]); err != nil {
-			// The endpoint refused an earlier datagram (ICMP): the next
-			// datagram starts a new flow, maybe to another endpoint.
-			klog.V(2).InfoS("UDP flow ended", "frontend", f.key, "client", client, "endpoint", fl.up.RemoteAddr(), "err", err)
+		// A flow ended meanwhile (idle, or its endpoint removed) gets
+		// the datagram through a new one.
+		for range 2 {
+			fl := f.flowOf(pc, client)
+			if fl == nil {
+				break // dropped
+			}
+			_, err := fl.up.Write(buf[:n])
+			if err == nil {
+				break
+			}
+			// Closed meanwhile, or the endpoint refused an earlier
+			// datagram (ICMP): end the flow; a new one may go to
+			// another endpoint.
+			klog.V(2).InfoS("UDP flow ended", "frontend", f.key, "client", client, "endpoint", fl.target, "err", err)
 			f.endFlow(fl)
 		}
 	}
@@ -62,14 +70,18 @@ func (f *frontend) serveUDP(pc *net.UDPConn) {
 func (f *frontend) flowOf(pc *net.UDPConn, client netip.AddrPort) *flow {
 	f.mu.Lock()
 	fl := f.flows[client]
+	if fl != nil {
+		// Under the lock that expiry takes: a flow in use is not idle.
+		fl.last.Store(time.Now().UnixNano())
+	}
 	f.mu.Unlock()
 	if fl != nil {
 		return fl
 	}
 	r, v, targets := f.decide(client.Addr())
 	if v != endpoints.Forward {
-		// Reject happens only while the socket is being closed: the
-		// kernel refuses what comes after.
+		// Drop (the Local policy, source ranges), or Reject while the
+		// socket is being closed (the kernel refuses what comes after).
 		f.logDenied(r, client.Addr(), v)
 		return nil
 	}
@@ -87,14 +99,16 @@ func (f *frontend) flowOf(pc *net.UDPConn, client netip.AddrPort) *flow {
 		klog.ErrorS(err, "UDP flow to endpoint failed", "service", r.service, "port", r.port, "endpoint", t)
 		return nil
 	}
-	fl = &flow{client: client, up: up}
+	fl = &flow{client: client, target: t, up: up}
 	fl.last.Store(time.Now().UnixNano())
 	f.mu.Lock()
-	if f.closed {
+	if other := f.flows[client]; f.closed || other != nil {
+		// Closed meanwhile, or another reader (of a socket opened again)
+		// made the client's flow first.
 		f.mu.Unlock()
 		f.limit.release()
 		_ = up.Close()
-		return nil
+		return other
 	}
 	if f.flows == nil {
 		f.flows = map[netip.AddrPort]*flow{}
@@ -117,7 +131,7 @@ func (f *frontend) replies(pc *net.UDPConn, fl *flow) {
 		_ = fl.up.SetReadDeadline(time.Now().Add(idle))
 		n, err := fl.up.Read(buf)
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && time.Since(time.Unix(0, fl.last.Load())) < idle {
+			if errors.Is(err, os.ErrDeadlineExceeded) && !f.expire(fl, idle) {
 				continue // the client spoke meanwhile
 			}
 			return
@@ -129,17 +143,45 @@ func (f *frontend) replies(pc *net.UDPConn, fl *flow) {
 	}
 }
 
+// expire ends fl if it has been idle for idle, and reports whether it
+// did; it decides under f.mu, where flowOf marks a flow in use.
+func (f *frontend) expire(fl *flow, idle time.Duration) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if time.Since(time.Unix(0, fl.last.Load())) < idle {
+		return false
+	}
+	f.dropFlow(fl)
+	return true
+}
+
 // endFlow removes fl from the frontend and closes it; the second call
 // does nothing.
 func (f *frontend) endFlow(fl *flow) {
 	f.mu.Lock()
-	mine := f.flows[fl.client] == fl
-	if mine {
-		delete(f.flows, fl.client)
+	defer f.mu.Unlock()
+	f.dropFlow(fl)
+}
+
+// dropFlow removes fl from the frontend, if it is there, closes it and
+// gives its place back. f.mu is held.
+func (f *frontend) dropFlow(fl *flow) {
+	if f.flows[fl.client] != fl {
+		return
 	}
-	f.mu.Unlock()
-	if mine {
-		_ = fl.up.Close()
-		f.limit.release()
+	delete(f.flows, fl.client)
+	_ = fl.up.Close()
+	f.limit.release()
+}
+
+// endStaleFlows ends the flows whose endpoint r no longer uses, as
+// kube-proxy deletes the conntrack entries of a removed UDP endpoint: the
+// client's next datagram starts a flow to a current endpoint. f.mu is
+// held.
+func (f *frontend) endStaleFlows(r *route) {
+	for _, fl := range f.flows {
+		if !slices.Contains(r.targets, fl.target) && !slices.Contains(r.clusterTargets, fl.target) {
+			f.dropFlow(fl) // its replies goroutine then ends
+		}
 	}
 }
