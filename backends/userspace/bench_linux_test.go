@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 )
@@ -50,10 +52,13 @@ import (
 //	                        server of benchServerB
 //
 // The paths (benchPath): direct (the client to the server's address,
-// forwarded by the node's kernel), userspace (the client to a cluster IP
-// the proxier listens on; it connects to the server from the node) and
-// haproxy (the client to a port HAProxy listens on in the node, one
-// backend server: the same server).
+// forwarded by the node's kernel); userspace (the client to a cluster IP
+// the proxier listens on; it connects to the server from the node), with
+// the proxier in a process of its own started in the node namespace, as
+// a deployed proxier runs; userspace-inproc, the same with the proxier in
+// the benchmark's own process (Config.NetNS), sharing its Go runtime with
+// the client and the servers; and haproxy (the client to a port HAProxy
+// listens on in the node, one backend server: the same server).
 
 // The addresses of the benchmark topology.
 var (
@@ -95,10 +100,14 @@ type benchEnv struct {
 }
 
 // newBenchEnv builds the topology and starts the servers; everything is
-// removed when b ends.
+// removed when b ends. It silences klog meanwhile: the proxier's lines
+// would land between a benchmark's name and its figures.
 func newBenchEnv(b *testing.B) *benchEnv {
 	b.Helper()
 	netns.RequirePrivileged(b)
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	b.Cleanup(func() { klog.LogToStderr(true) })
 	e := &benchEnv{client: netns.New(b, "client"), node: netns.New(b, "node"), server: netns.New(b, "server")}
 	e.node.EnableForwarding()
 	netns.Veth(b, e.client, "eth0", e.node, "eth0")
@@ -253,11 +262,13 @@ func benchPaths() []benchPath {
 	}
 	direct := benchPath{name: "direct"}
 	direct.sink, direct.echo, direct.who = at(benchServerA, 0)
-	us := benchPath{name: "userspace", proxied: true, start: benchStartPerfProxier}
+	us := benchPath{name: "userspace", proxied: true, start: benchStartProxierProcess}
 	us.sink, us.echo, us.who = at(benchPerfIP, 0)
+	in := benchPath{name: "userspace-inproc", proxied: true, start: benchStartPerfProxier}
+	in.sink, in.echo, in.who = at(benchPerfIP, 0)
 	ha := benchPath{name: "haproxy", proxied: true, start: benchStartHAProxy}
 	ha.sink, ha.echo, ha.who = at(benchNodeIP, benchHAProxyOffset)
-	return []benchPath{direct, us, ha}
+	return []benchPath{direct, us, in, ha}
 }
 
 // checkGreeting fails unless line is the answer of benchServerA reached
@@ -355,7 +366,8 @@ func newBenchProxier(b *testing.B, e *benchEnv) (*Proxier, *benchPlatform) {
 	return p, bp
 }
 
-// benchStartPerfProxier starts a proxier serving benchPerfService.
+// benchStartPerfProxier starts a proxier serving benchPerfService in the
+// benchmark's process.
 func benchStartPerfProxier(b *testing.B, e *benchEnv) {
 	b.Helper()
 	p, _ := newBenchProxier(b, e)
@@ -364,6 +376,116 @@ func benchStartPerfProxier(b *testing.B, e *benchEnv) {
 	p.Update(se.Service.Key(), nil, se)
 	if err := p.Sync(); err != nil {
 		b.Fatalf("proxier sync: %v", err)
+	}
+}
+
+// benchProxierEnv, set to 1, makes TestBenchProxierProcess serve.
+const benchProxierEnv = "KPNG_BENCH_PROXIER"
+
+// benchProxierReady is the line the proxier process prints once it
+// listens.
+const benchProxierReady = "kpng-bench-proxier ready"
+
+// TestBenchProxierProcess is not a test but the proxier process of the
+// data-path benchmarks: benchStartProxierProcess runs this test binary
+// in the node namespace with KPNG_BENCH_PROXIER=1, and it serves
+// benchPerfService there (Config.NetNS unset: the namespace it was
+// started in, as a deployed proxier) until its standard input closes.
+// Without the variable it skips.
+func TestBenchProxierProcess(t *testing.T) {
+	if os.Getenv(benchProxierEnv) != "1" {
+		t.Skip("the proxier process of the userspace benchmarks: they run it")
+	}
+	cfg := Config{ServiceProxyName: "bench", Options: Options{NodeIPs: []netip.Addr{benchNodeIP}}}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("start the proxier: %v", err)
+	}
+	defer func() {
+		p.Close()
+		if err := Cleanup(cfg); err != nil {
+			t.Errorf("proxier cleanup: %v", err)
+		}
+	}()
+	se := benchPerfService()
+	p.Reset()
+	p.Update(se.Service.Key(), nil, se)
+	if err := p.Sync(); err != nil {
+		t.Fatalf("proxier sync: %v", err)
+	}
+	fmt.Println(benchProxierReady)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// benchStartProxierProcess runs TestBenchProxierProcess of this test
+// binary in the node namespace and waits until it listens; it stops it
+// (closing its standard input, then killing it if it has not ended
+// within 10 s) when b ends.
+func benchStartProxierProcess(b *testing.B, e *benchEnv) {
+	b.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatalf("the test binary: %v", err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", e.node.Name, exe, "-test.run=^TestBenchProxierProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), benchProxierEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatalf("proxier process: %v", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatalf("proxier process: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start the proxier process: %v", err)
+	}
+	ready := make(chan bool, 1)
+	waitErr := make(chan error, 1)
+	var out strings.Builder // what it printed before being ready
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		isReady := false
+		for sc.Scan() {
+			switch {
+			case !isReady && sc.Text() == benchProxierReady:
+				isReady = true
+				ready <- true
+			case !isReady:
+				out.WriteString(sc.Text() + "\n")
+			}
+		}
+		if !isReady {
+			ready <- false
+		}
+		waitErr <- cmd.Wait()
+	}()
+	stop := sync.OnceValue(func() error {
+		_ = stdin.Close()
+		select {
+		case err := <-waitErr:
+			return err
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-waitErr
+			return errors.New("did not end within 10 s of its input closing: killed")
+		}
+	})
+	b.Cleanup(func() {
+		if err := stop(); err != nil && !b.Failed() {
+			b.Errorf("proxier process: %v: %s", err, stderr.String())
+		}
+	})
+	select {
+	case ok := <-ready:
+		if !ok {
+			err := stop()
+			b.Fatalf("proxier process ended before listening: %v: %s%s", err, out.String(), stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		b.Fatalf("proxier process not ready within 30 s")
 	}
 }
 
@@ -484,8 +606,8 @@ const benchChunk = 1 << 20
 // half-close; the sink answers the number of bytes it read, which must be
 // all of them. Gbit/s is the payload over the time from the first timed
 // write to that answer; ratio-to-direct divides it by the direct path's
-// figure of the same run (ratio-to-userspace, in the haproxy
-// sub-benchmark, by the userspace path's).
+// figure of the same run, ratio-to-userspace (in the paths after it) by
+// the userspace path's.
 func BenchmarkUserspaceThroughput(b *testing.B) {
 	e := newBenchEnv(b)
 	benchSideBySide(b, e, func(b *testing.B, p benchPath, before map[string]float64) float64 {
@@ -539,7 +661,8 @@ const benchRequest = 32
 // to the echo server, a 32-byte request per iteration and waits for its
 // 32-byte echo, which must be the request. p50-us and p99-us are the
 // round trips' percentiles (after 200 untimed ones); added-p50-us is the
-// p50 minus the direct path's p50 of the same run.
+// p50 minus the direct path's p50 of the same run, vs-userspace-p50-us
+// (in the paths after it) the p50 minus the userspace path's.
 func BenchmarkUserspaceRequestResponse(b *testing.B) {
 	e := newBenchEnv(b)
 	benchSideBySide(b, e, func(b *testing.B, p benchPath, before map[string]float64) float64 {
@@ -602,7 +725,8 @@ func BenchmarkUserspaceRequestResponse(b *testing.B) {
 // closes it, from 1 and from 4 client goroutines at a time, each on its
 // own thread in the client namespace. conn/s is the connections over the
 // wall time from the first to the end of the last; ratio-to-direct divides
-// it by the direct path's figure of the same run.
+// it by the direct path's figure of the same run, ratio-to-userspace (in
+// the paths after it) by the userspace path's.
 func BenchmarkUserspaceConnect(b *testing.B) {
 	e := newBenchEnv(b)
 	for _, clients := range []int{1, 4} {
