@@ -554,7 +554,11 @@ func benchStartHAProxy(b *testing.B, e *benchEnv) {
 
 // benchSideBySide runs fn for each path as a sub-benchmark of b, in the order
 // of benchPaths, and gives fn the figures of the paths measured before
-// in this call of b (by path name), for ratios measured in one run.
+// in this call of b (by path name), for ratios measured in one run. Run
+// the benchmarks with -count=1 and repeat the command for more runs (as
+// hack/bench-userspace.sh does): with -count=N, Go runs each
+// sub-benchmark N times in a row, and the ratios divide by the last of
+// the N direct figures.
 func benchSideBySide(b *testing.B, e *benchEnv, fn func(b *testing.B, p benchPath, before map[string]float64) float64) {
 	before := map[string]float64{}
 	for _, p := range benchPaths() {
