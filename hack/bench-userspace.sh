@@ -31,7 +31,8 @@ fi
 # and does not need it, but leave it alone.
 
 bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
+sampler=
+trap 'rm -rf "$bin"; [ -z "$sampler" ] || kill "$sampler" 2>/dev/null || true' EXIT
 (cd "$repo" && go test -c -o "$bin/userspace.test" ./backends/userspace/)
 
 export KPNG_REQUIRE_PRIVILEGED=1 # fail rather than skip (no root, no haproxy)
@@ -42,6 +43,9 @@ export KPNG_REQUIRE_PRIVILEGED=1 # fail rather than skip (no root, no haproxy)
   echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$out"
 cd "$repo/backends/userspace"
+# The machine's load during the run (1-minute load average every 10 s).
+(while sleep 10; do cut -d' ' -f1 /proc/loadavg; done) > "$bin/load" &
+sampler=$!
 # One process per run, each measuring every path in turn: the ratios are
 # between figures taken one after the other. (With -test.count=N, Go would
 # run each sub-benchmark N times in a row, all the direct runs first.)
@@ -55,7 +59,10 @@ for i in $(seq "$scale_count"); do
   "$bin/userspace.test" -test.run '^$' -test.bench 'BenchmarkUserspaceScale$' \
     -test.benchtime=1000x -test.count=1 -test.timeout=30m | tee -a "$out"
 done
+kill "$sampler" 2>/dev/null || true
+sampler=
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out"
+echo "# load during the run (1-minute average every 10 s): $(sort -n "$bin/load" | sed -n '1p;$p' | paste -sd-), median $(sort -n "$bin/load" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" >> "$out"
 
 # The medians of every figure, by benchmark, then the targets.
 awk '
@@ -136,4 +143,5 @@ END {
   if (a != "" && z != "") printf "%-70s %-8s %.3g\n", "one endpoint change, p50 at 10,000 / p50 at 100 services", "(info)", z / a
 }' "$out"
 echo
+grep '^# load' "$out"
 echo "raw output: $out"
