@@ -271,9 +271,9 @@ func benchPaths() []benchPath {
 	return []benchPath{direct, us, in, ha}
 }
 
-// checkGreeting fails unless line is the answer of benchServerA reached
-// on its own address and port port, seeing the client, or the node when
-// the path is proxied.
+// checkGreeting returns an error unless line is the answer of
+// benchServerA reached on its own address and port port, seeing the
+// client, or the node when the path is proxied.
 func (p benchPath) checkGreeting(line string, port uint16) error {
 	a, err := netns.ParseAnswer(line)
 	if err != nil {
