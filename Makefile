@@ -9,7 +9,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo test unit controlplane lint cross bench build generate check-generate
+.PHONY: demo test unit controlplane lint cross fuzz bench build generate check-generate
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -44,6 +44,26 @@ cross:
 		echo "cross: $$t"; \
 		GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) build ./... || exit 1; \
 		GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) vet ./backends/userspace/ ./cmd/... ./examples/userspace/ ./client/... ./localsink/... || exit 1; \
+	done
+
+## fuzz: run each fuzz target (the decoders of outside input) for
+## FUZZTIME (a duration, or a count such as 3000x: CI uses a count, as a
+## short duration can end a run with "context deadline exceeded"); their
+## seed corpora also run in make test. A crasher is written to the
+## package's testdata/fuzz: fix it and commit it as a regression case.
+FUZZTIME ?= 30s
+FUZZ_TARGETS ?= \
+	./localsink/statefile:FuzzParse \
+	./api/kpngv1:FuzzModel \
+	./client/watcher:FuzzConvert \
+	./client/model:FuzzParse \
+	./backends/userspace:FuzzPlan \
+	./backends/nft:FuzzBuild \
+	./examples/callout/internal/callout:FuzzSplit
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz: $${t#*:} in $${t%:*} for $(FUZZTIME)"; \
+		$(GO) test -short -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%:*}" || exit 1; \
 	done
 
 ## bench: the benchmarks recorded in docs/benchmarks.md.
