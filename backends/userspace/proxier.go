@@ -36,9 +36,9 @@ type Proxier struct {
 	dirty    map[model.ServiceKey]bool
 	reset    bool
 	// planned are the frontends each service wants; owners, which
-	// service has each frontend (the first to claim it); losers, the
-	// services that wanted a frontend another one has, tried again at
-	// every Sync.
+	// service has each frontend (of those that want it, the first in key
+	// order, as a fresh start would decide); losers, the services that
+	// wanted a frontend another one has, tried again at every Sync.
 	planned map[model.ServiceKey]map[frontendKey]*route
 	owners  map[frontendKey]model.ServiceKey
 	losers  map[model.ServiceKey]bool
@@ -240,11 +240,19 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 	for _, k := range sortedKeys(want) {
 		r := want[k]
 		if owner, ok := p.owners[k]; ok && owner != key {
-			if !waiting {
-				klog.ErrorS(nil, "Address and port already used by another service: not proxied until it lets go", "service", key, "port", r.port, "frontend", k, "usedBy", owner)
+			if owner.Compare(key) < 0 {
+				if !waiting {
+					klog.ErrorS(nil, "Address and port already used by another service: not proxied until it lets go", "service", key, "port", r.port, "frontend", k, "usedBy", owner)
+				}
+				p.losers[key] = true
+				continue
 			}
-			p.losers[key] = true
-			continue
+			// The first service in key order has it, whatever the
+			// history, as a fresh proxier would: the other waits.
+			klog.ErrorS(nil, "Address and port taken by a service first in order: not proxied until it lets go", "service", owner, "frontend", k, "takenBy", key)
+			p.release(k)
+			p.losers[owner] = true
+			changed++
 		}
 		f := p.frontends[k]
 		if f != nil && f.route.Load().equal(r) && !p.unbound[k] {

@@ -19,6 +19,8 @@ type fakePlatform struct {
 	held   map[netip.Addr]bool
 	adds   int
 	closed bool
+	// noSockets makes every socket fail to open.
+	noSockets bool
 }
 
 func (f *fakePlatform) addAddress(a netip.Addr) error {
@@ -46,7 +48,12 @@ func (f *fakePlatform) removeAddress(a netip.Addr) error {
 }
 
 func (f *fakePlatform) nodeAddresses() ([]netip.Addr, error) { return nil, nil }
-func (f *fakePlatform) in(fn func() error) error             { return fn() }
+func (f *fakePlatform) in(fn func() error) error {
+	if f.noSockets {
+		return errors.New("no sockets on this fake platform")
+	}
+	return fn()
+}
 
 func (f *fakePlatform) close() error {
 	f.mu.Lock()

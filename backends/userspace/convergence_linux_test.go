@@ -1,0 +1,111 @@
+//go:build linux
+
+package userspace
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/internal/churn"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// churnPools draw loopback addresses (a proxier on the fake platform
+// listens in the test's own namespace, where all of 127.0.0.0/8 is
+// local) and a few ports, so that services contend.
+var churnPools = churn.Pools{
+	ClusterV4:   []netip.Addr{netip.MustParseAddr("127.77.0.1"), netip.MustParseAddr("127.77.0.2"), netip.MustParseAddr("127.77.0.3")},
+	External:    []netip.Addr{netip.MustParseAddr("127.77.1.1"), netip.MustParseAddr("127.0.0.1")},
+	EndpointsV4: []netip.Addr{netip.MustParseAddr("127.78.0.1"), netip.MustParseAddr("127.78.0.2"), netip.MustParseAddr("127.78.0.3")},
+	EndpointsV6: []netip.Addr{netip.MustParseAddr("1100::1")},
+	Ports:       []int32{42001, 42002, 42003},
+	NodePorts:   []int32{42101, 42102},
+}
+
+// snapshot is what a proxier does, in a form that does not depend on how
+// it got there: each frontend's owner and route, whether it listens, and
+// the addresses it holds.
+type snapshot struct {
+	Frontends map[string]string
+	Addresses []string
+}
+
+func takeSnapshot(p *Proxier, fp *fakePlatform) snapshot {
+	s := snapshot{Frontends: map[string]string{}}
+	for k, f := range p.frontends {
+		r := f.route.Load()
+		s.Frontends[k.String()] = fmt.Sprintf("%s %+v", p.owners[k], *r)
+	}
+	for a := range fp.held {
+		s.Addresses = append(s.Addresses, a.String())
+	}
+	slices.Sort(s.Addresses)
+	return s
+}
+
+// TestConvergence applies seeded random churn round by round to a
+// proxier and checks after every round that it is what a fresh proxier
+// makes of the whole state, and that every frontend that must listen
+// does (and no other). KPNG_CHURN_ROUNDS and KPNG_CHURN_SEED change the
+// length and the seed (a failure prints its seed).
+func TestConvergence(t *testing.T) {
+	rounds, seeds := 300, []uint64{1, 2, 3}
+	if n, err := strconv.Atoi(os.Getenv("KPNG_CHURN_ROUNDS")); err == nil {
+		rounds = n
+	}
+	if s, err := strconv.ParseUint(os.Getenv("KPNG_CHURN_SEED"), 10, 64); err == nil {
+		seeds = []uint64{s}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			gen := churn.New(seed, churnPools)
+			p, fp := fakeProxier(t)
+			feeder := localsink.NewFeeder(p, localsink.FeederOptions{NoRetry: true})
+			defer feeder.Close()
+			for round := range rounds {
+				for _, c := range gen.Round() {
+					feeder.Update(c.Key, c.Value)
+				}
+				if err := feeder.Sync(); err != nil {
+					t.Fatalf("seed %d round %d: Sync: %v", seed, round, err)
+				}
+				fresh, ffp := newFreshProxier(t)
+				ff := localsink.NewFeeder(fresh, localsink.FeederOptions{NoRetry: true})
+				ff.SetAll(gen.State())
+				_ = ff.Sync() // it cannot listen: the incremental one holds the sockets
+				ff.Close()
+				want, got := takeSnapshot(fresh, ffp), takeSnapshot(p, fp)
+				fresh.Close()
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Fatalf("seed %d round %d: the incremental proxier differs from a fresh one (-fresh +incremental):\n%s", seed, round, diff)
+				}
+				for k, f := range p.frontends {
+					f.mu.Lock()
+					open := f.ln != nil || f.pc != nil
+					f.mu.Unlock()
+					if open != f.route.Load().listens() || p.unbound[k] {
+						t.Fatalf("seed %d round %d: frontend %v: socket open %v, route listens %v, unbound %v", seed, round, k, open, f.route.Load().listens(), p.unbound[k])
+					}
+				}
+			}
+		})
+	}
+}
+
+// newFreshProxier is a proxier on a fake platform that opens no socket
+// (the incremental proxier under test holds them).
+func newFreshProxier(t *testing.T) (*Proxier, *fakePlatform) {
+	t.Helper()
+	fp := &fakePlatform{held: map[netip.Addr]bool{}, noSockets: true}
+	p, err := newProxier(Config{ServiceProxyName: "fresh"}, Options{NodeIPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}.withDefaults("fresh"), fp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, fp
+}
