@@ -265,7 +265,6 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 			// the address is counted by what the frontend is now.
 			p.release(k)
 			f = nil
-			p.owners[k] = key
 		}
 		// A frontend set up before has its address: a new route only
 		// changes where new connections go, and opens or closes its
