@@ -76,7 +76,8 @@ func remoteEndpoints(ids ...string) []*model.Endpoint {
 // ports and external IPs with the Cluster policy is masqueraded (the pod
 // sees the node's address), that a pod reaching itself through its
 // service works (hairpin, masqueraded), and that NodePortAddresses limits
-// the addresses node ports answer on.
+// the addresses node ports answer on (per family, as kube-proxy: a family
+// without a prefix is not limited).
 func TestKernelNodePortAndMasquerade(t *testing.T) {
 	b := kernelTopology(t)
 	s := newOptionsSink(t, b, "np", Options{})
@@ -129,8 +130,9 @@ func TestKernelNodePortAndMasquerade(t *testing.T) {
 		t.Errorf("node port without endpoints: %v, want refused", err)
 	}
 
-	// NodePortAddresses: node ports only on IPv4 addresses of 10.0.0.0/24.
-	limited := newOptionsSink(t, b, "np2", Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}})
+	// NodePortAddresses: node ports only on the addresses of
+	// 10.0.0.0/24 and fd00:1::/64 (which does not hold the node's).
+	limited := newOptionsSink(t, b, "np2", Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00:1::/64")}})
 	web2 := svc("default", "web2", ipset("10.96.0.12", "fd00:10:96::12"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30090})
 	web2.Type = "NodePort"
 	limited.setAll(&model.ServiceEndpoints{Service: web2, Endpoints: localEndpoints(netns.Pod2ID)})
@@ -139,6 +141,13 @@ func TestKernelNodePortAndMasquerade(t *testing.T) {
 	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV6, 30090), netns.AskOptions{Timeout: 400 * time.Millisecond}); err == nil {
 		t.Errorf("node port on %s, outside NodePortAddresses: answered %v", netns.NodeV6, a)
 	}
+	// As kube-proxy: a family without a prefix is not restricted.
+	v4Only := newOptionsSink(t, b, "np3", Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}})
+	web3 := svc("default", "web3", ipset("10.96.0.13", "fd00:10:96::13"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30091})
+	web3.Type = "NodePort"
+	v4Only.setAll(&model.ServiceEndpoints{Service: web3, Endpoints: localEndpoints(netns.Pod2ID)})
+	v4Only.sync()
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV6, 30091), netns.Pod2ID)
 }
 
 // TestKernelClusterCIDRMasquerade checks Options.ClusterCIDRs (traffic to

@@ -16,15 +16,20 @@ type nodePortMatch struct {
 }
 
 // nodePortMatches returns the node-port lookup rules of a family: one per
-// node-port address prefix of the family, or one for every local address
-// (loopback excluded) when opts gives no prefix at all.
+// node-port address prefix of the family, or, as kube-proxy, one for every
+// local address (loopback excluded) when opts gives no prefix of the
+// family (whatever it gives for the other) or a /0 one.
 func nodePortMatches(opts Options, f ipFamily) []nodePortMatch {
-	if len(opts.NodePortAddresses) == 0 {
-		return []nodePortMatch{{NotPrefix: f.info().loopback}}
-	}
+	prefixes := prefixesOf(opts.NodePortAddresses, f)
 	var out []nodePortMatch
-	for _, p := range prefixesOf(opts.NodePortAddresses, f) {
+	for _, p := range prefixes {
+		if p.Bits() == 0 {
+			return []nodePortMatch{{NotPrefix: f.info().loopback}}
+		}
 		out = append(out, nodePortMatch{Prefix: p})
+	}
+	if len(out) == 0 {
+		return []nodePortMatch{{NotPrefix: f.info().loopback}}
 	}
 	return out
 }

@@ -217,3 +217,27 @@ func TestInterfaceName(t *testing.T) {
 		t.Errorf("InterfaceName(\"\") = %q", got)
 	}
 }
+
+func TestNodePortAddress(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
+	for _, tc := range []struct {
+		prefixes []string
+		v4, v6   bool
+	}{
+		{nil, true, true},
+		{[]string{"10.0.0.0/24"}, true, true}, // no IPv6 prefix: IPv6 unrestricted, as kube-proxy
+		{[]string{"10.0.0.0/24", "fd00:1::/64"}, true, false},
+		{[]string{"192.168.0.0/16", "::/0"}, false, true},
+	} {
+		var ps []netip.Prefix
+		for _, p := range tc.prefixes {
+			ps = append(ps, netip.MustParsePrefix(p))
+		}
+		if got := nodePortAddress(ps, v4); got != tc.v4 {
+			t.Errorf("%v: %s = %v, want %v", tc.prefixes, v4, got, tc.v4)
+		}
+		if got := nodePortAddress(ps, v6); got != tc.v6 {
+			t.Errorf("%v: %s = %v, want %v", tc.prefixes, v6, got, tc.v6)
+		}
+	}
+}

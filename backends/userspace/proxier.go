@@ -107,7 +107,7 @@ func newProxier(cfg Config, opts Options, plat platform) (*Proxier, error) {
 	}
 	p.node = node{ips: ips, clusterCIDRs: opts.ClusterCIDRs}
 	for _, a := range ips {
-		if len(opts.NodePortAddresses) == 0 || inAny(opts.NodePortAddresses, a) {
+		if nodePortAddress(opts.NodePortAddresses, a) {
 			p.node.nodePortAddrs = append(p.node.nodePortAddrs, a)
 		}
 	}
@@ -116,6 +116,23 @@ func newProxier(cfg Config, opts Options, plat platform) (*Proxier, error) {
 		go func() { <-cfg.Context.Done(); p.Close() }()
 	}
 	return p, nil
+}
+
+// nodePortAddress reports whether node ports listen on the node address
+// a: as kube-proxy, when it is inside one of the prefixes of its family,
+// or when there is no prefix of its family (whatever the other family's)
+// or a /0 one.
+func nodePortAddress(prefixes []netip.Prefix, a netip.Addr) bool {
+	own := familyPrefixes(prefixes, a.Is4())
+	if len(own) == 0 {
+		return true
+	}
+	for _, p := range own {
+		if p.Bits() == 0 || p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Cleanup removes what a proxier of cfg leaves behind after it stops: on
