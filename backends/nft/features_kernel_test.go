@@ -470,7 +470,8 @@ func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 
 // TestKernelConflictReleased checks that when two services claim the same
 // external IP and port, the second one gets it as soon as the first lets
-// it go, without a change of its own.
+// it go, without a change of its own, and that a service first in key
+// order takes it from a later one whenever it comes.
 func TestKernelConflictReleased(t *testing.T) {
 	b := kernelTopology(t)
 	s := newTestSink(t, b, "conflict")
@@ -490,6 +491,16 @@ func TestKernelConflictReleased(t *testing.T) {
 		t.Errorf("the sync after first's deletion concerns %v, want first and second", r.Services)
 	}
 	ask(t, b.Client, "tcp", ext, netns.Pod2ID)
+
+	// A service before second in key order comes later: it takes the
+	// address, as a fresh start would give it, in one transaction.
+	early := svc("default", "early", ipset("10.96.0.52"), tcp(6000, 6000))
+	early.IPs.ExternalIPs = ipset(netns.ServiceV4.String())
+	s.set(early.Key(), &model.ServiceEndpoints{Service: early, Endpoints: localEndpoints(netns.PodID)[:1]})
+	if r := s.sync(); r.Full {
+		t.Errorf("adding early was a full sync: %+v", r)
+	}
+	ask(t, b.Client, "tcp", ext, netns.PodID)
 }
 
 // TestKernelLoadBalancerSourceRangesFromNode checks kube-proxy's exception

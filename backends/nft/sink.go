@@ -116,8 +116,8 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 }
 
 // Reset implements localsink.Sink: the round rebuilds the table from
-// nothing, services in key order (on a conflict, the first service keeps
-// the address).
+// nothing, services in key order (on a conflict, the first service in
+// key order has the address, as in every round).
 func (s *sink) Reset() {
 	s.tracker = newTracker(s.cfg.Options)
 	s.needFull = true

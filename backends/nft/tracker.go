@@ -27,8 +27,11 @@ type tracker struct {
 	elements *diffstore.Store[string, mapElement]
 	// owner is the service owning each element key (address . protocol
 	// . port, whatever the map): when two services claim the same key, the
-	// first one keeps it.
-	owner map[string]model.ServiceKey
+	// first in key order has it, whatever the order they came in (as a
+	// fresh start decides); values are the services' current states, for
+	// the one that must give a key up.
+	owner  map[string]model.ServiceKey
+	values map[model.ServiceKey]*model.ServiceEndpoints
 	// losers are the services that lost a key to another one, with their
 	// state; released says that a key was let go in the round, so Done
 	// gives the losers another chance.
@@ -61,6 +64,7 @@ func newTracker(opts Options) *tracker {
 		sets:     diffstore.New[string](equalSets),
 		elements: diffstore.NewComparable[string, mapElement](),
 		owner:    map[string]model.ServiceKey{},
+		values:   map[model.ServiceKey]*model.ServiceEndpoints{},
 		losers:   map[model.ServiceKey]*model.ServiceEndpoints{},
 
 		blocks:         diffstore.New[string](equalBlocks),
@@ -159,9 +163,13 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	for _, e := range objs.Elements {
 		id, k := e.ID(), e.Key.String()
 		if o, ok := t.owner[k]; ok && o != key {
-			problems = append(problems, fmt.Errorf("service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
-			t.losers[key] = se
-			continue
+			if o.Compare(key) < 0 {
+				problems = append(problems, fmt.Errorf("service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
+				t.losers[key] = se
+				continue
+			}
+			t.yield(o, k)
+			problems = append(problems, fmt.Errorf("service %s: %s %s is taken by service %s, first in order: ignored", o, strings.ToLower(e.Family.String()), e.Key, key))
 		}
 		if newElems[id] {
 			continue
@@ -185,10 +193,31 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	if se == nil || se.Service == nil {
 		delete(t.services, key)
 		delete(t.losers, key)
+		delete(t.values, key)
 	} else {
 		t.services[key] = objs
+		t.values[key] = se
 	}
 	return problems
+}
+
+// yield takes the element key k from service o, which had it, for a
+// service before it in key order: o's elements of k are deleted, and o
+// waits among the losers for k to be let go.
+func (t *tracker) yield(o model.ServiceKey, k string) {
+	objs := t.services[o]
+	kept := objs.Elements[:0:0]
+	for _, e := range objs.Elements {
+		if e.Key.String() == k {
+			t.elements.Delete(e.ID())
+			continue
+		}
+		kept = append(kept, e)
+	}
+	objs.Elements = kept
+	t.services[o] = objs
+	delete(t.owner, k)
+	t.losers[o] = t.values[o]
 }
 
 // placeBlocks gives the blocks of objs their slots (those they had in old,
@@ -359,9 +388,9 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	return rs
 }
 
-// buildRuleset computes the ruleset of a whole state built with opts (services in
-// the given order: on conflicts, the first service keeps the address),
-// with the problems found.
+// buildRuleset computes the ruleset of a whole state built with opts (on
+// conflicts, the first service in key order has the address), with the
+// problems found.
 func buildRuleset(table string, opts Options, items []*model.ServiceEndpoints) (*ruleset, []error) {
 	t := newTracker(opts)
 	var problems []error

@@ -1,0 +1,97 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/internal/churn"
+)
+
+// churnPools draw few addresses and ports, so that services contend.
+var churnPools = churn.Pools{
+	ClusterV4:   []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("10.96.0.2"), netip.MustParseAddr("10.96.0.3")},
+	ClusterV6:   []netip.Addr{netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")},
+	External:    []netip.Addr{netip.MustParseAddr("10.0.0.55"), netip.MustParseAddr("1000::55")},
+	EndpointsV4: []netip.Addr{netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.2"), netip.MustParseAddr("10.1.0.3")},
+	EndpointsV6: []netip.Addr{netip.MustParseAddr("1100::1"), netip.MustParseAddr("1100::2")},
+	Ports:       []int32{80, 81, 53},
+	NodePorts:   []int32{30080, 30081},
+}
+
+// canonical is a ruleset in a form that does not depend on history: the
+// endpoint-map slots a service's blocks got are replaced by the endpoints
+// they hold.
+type canonical struct {
+	Chains   map[string][]string
+	Elements []string
+	Hairpin  []netip.Addr
+}
+
+func canonicalize(rs *ruleset) canonical {
+	bySlot := map[[2]uint32][]string{}
+	for _, e := range rs.Endpoints {
+		k := [2]uint32{uint32(e.Family), e.Slot}
+		bySlot[k] = append(bySlot[k], fmt.Sprintf("[%d,%d)→%s", e.From, e.To, e.Target))
+	}
+	c := canonical{Chains: map[string][]string{}, Hairpin: rs.Hairpin}
+	for _, ch := range rs.Chains {
+		var rules []string
+		for _, r := range ch.Rules {
+			if d, ok := r.(dnatMapRule); ok {
+				rules = append(rules, fmt.Sprintf("dnat %s to %v", protoName(d.Proto), bySlot[[2]uint32{uint32(d.Family), d.Slot}]))
+				continue
+			}
+			rules = append(rules, r.String())
+		}
+		c.Chains[ch.Name] = rules
+	}
+	for _, e := range rs.Elements {
+		c.Elements = append(c.Elements, fmt.Sprintf("%s %s: %s (%s)", e.Map, e.Key, e.Verdict, e.Service))
+	}
+	slices.Sort(c.Elements)
+	return c
+}
+
+// TestTrackerConvergence applies seeded random churn round by round to a
+// tracker (what the sink programs, as its deltas) and checks after every
+// round that its ruleset is the one a fresh start builds from the whole
+// state. The kernel side (that the applier programs exactly the deltas)
+// is what the kernel tests check. KPNG_CHURN_ROUNDS and KPNG_CHURN_SEED
+// change the length and the seed.
+func TestTrackerConvergence(t *testing.T) {
+	rounds, seeds := 300, []uint64{1, 2, 3}
+	if n, err := strconv.Atoi(os.Getenv("KPNG_CHURN_ROUNDS")); err == nil {
+		rounds = n
+	}
+	if s, err := strconv.ParseUint(os.Getenv("KPNG_CHURN_SEED"), 10, 64); err == nil {
+		seeds = []uint64{s}
+	}
+	opts := Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			gen := churn.New(seed, churnPools)
+			tr := newTracker(opts)
+			for round := range rounds {
+				// In key order, as the Feeder delivers a round.
+				changes := gen.Round()
+				slices.SortFunc(changes, func(a, b churn.Change) int { return a.Key.Compare(b.Key) })
+				for _, c := range changes {
+					tr.Update(c.Key, c.Value)
+				}
+				tr.Done()
+				fresh, _ := buildRuleset("t", opts, gen.State())
+				if diff := cmp.Diff(canonicalize(fresh), canonicalize(tr.Ruleset("t")), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+					t.Fatalf("seed %d round %d: the tracker differs from a fresh build (-fresh +incremental):\n%s", seed, round, diff)
+				}
+			}
+		})
+	}
+}
