@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/localsink"
@@ -44,12 +46,22 @@ type Flags struct {
 	API                             string
 	APITLSCA, APITLSCert, APITLSKey string
 	APIInsecure                     bool
+	// MetricsBindAddress and HealthzBindAddress, when set, are where
+	// StartMetrics serves the Prometheus metrics (/metrics) and /healthz
+	// and /livez; HealthzTimeout is how long a change may wait for a
+	// successful sync before those answer 503.
+	MetricsBindAddress, HealthzBindAddress string
+	HealthzTimeout                         time.Duration
+	// Observe, set by StartMetrics, receives each round delivered (the
+	// watcher's and the remote client's).
+	Observe func(localsink.Round)
 }
 
 // Bind registers all the flags on fs, with klog's flags.
 func (f *Flags) Bind(fs *flag.FlagSet) {
 	f.BindKube(fs)
 	f.BindAPI(fs)
+	f.BindMetrics(fs)
 	fs.BoolVar(&f.Once, "once", false, "deliver the first consistent state, then exit")
 	klog.InitFlags(fs)
 }
@@ -76,6 +88,45 @@ func (f *Flags) BindAPI(fs *flag.FlagSet) {
 	fs.StringVar(&f.APITLSCert, "api-tls-cert", "", "client certificate file, for controllers that require one")
 	fs.StringVar(&f.APITLSKey, "api-tls-key", "", "client key file")
 	fs.BoolVar(&f.APIInsecure, "api-insecure", false, "plain TCP to a loopback controller address")
+}
+
+// BindMetrics registers --metrics-bind-address, --healthz-bind-address
+// and --healthz-timeout on fs (kube-proxy's names; empty addresses serve
+// nothing, and kube-proxy's ports 10249 and 10256 are left to it).
+func (f *Flags) BindMetrics(fs *flag.FlagSet) {
+	fs.StringVar(&f.MetricsBindAddress, "metrics-bind-address", "", "serve Prometheus metrics on /metrics at this address (e.g. 127.0.0.1:10349; empty: not served)")
+	fs.StringVar(&f.HealthzBindAddress, "healthz-bind-address", "", "serve /healthz and /livez at this address (e.g. 0.0.0.0:10356; empty: not served)")
+	fs.DurationVar(&f.HealthzTimeout, "healthz-timeout", metrics.DefaultHealthTimeout, "how long a change may wait for a successful sync before /healthz and /livez answer 503")
+}
+
+// StartMetrics serves the metrics and health endpoints these flags ask
+// for until ctx ends, and sets f.Observe to feed them; it does nothing
+// when neither address is set. The Recorder is returned for a backend's
+// own metrics (nil when nothing is served).
+func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
+	if f.MetricsBindAddress == "" && f.HealthzBindAddress == "" {
+		return nil, nil
+	}
+	r := metrics.New(metrics.Options{ServiceProxyName: f.ServiceProxyName, HealthTimeout: f.HealthzTimeout})
+	for _, s := range []struct {
+		flag, addr string
+		h          http.Handler
+	}{{"--metrics-bind-address", f.MetricsBindAddress, r.MetricsHandler()}, {"--healthz-bind-address", f.HealthzBindAddress, r.HealthHandler()}} {
+		if s.addr == "" {
+			continue
+		}
+		if s.flag == "--metrics-bind-address" {
+			mux := http.NewServeMux()
+			mux.Handle("/metrics", s.h)
+			s.h = mux
+		}
+		if err := metrics.Serve(ctx, s.addr, s.h); err != nil {
+			return nil, usageError{fmt.Errorf("%s=%s: %w", s.flag, s.addr, err)}
+		}
+		klog.InfoS("Serving", "flag", s.flag, "address", s.addr)
+	}
+	f.Observe = r.Observe
+	return r, nil
 }
 
 // usageError marks errors in the command line or configuration: exit
@@ -146,6 +197,9 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 		ctx = ctx2
 		sink = &onceSink{Sink: sink, done: cancel}
 	}
+	if _, err := f.StartMetrics(ctx); err != nil {
+		return err
+	}
 	if f.API != "" {
 		return f.runRemote(ctx, sink)
 	}
@@ -176,6 +230,7 @@ func (f *Flags) Watcher() (*watcher.Watcher, kubernetes.Interface, error) {
 		ServiceProxyName: f.ServiceProxyName,
 		NodeName:         nodeName,
 		MinSyncInterval:  f.MinSyncInterval,
+		Observe:          f.Observe,
 	})
 	if err != nil {
 		return nil, nil, usageError{err}
@@ -203,6 +258,7 @@ func (f *Flags) RemoteConfig() (remote.Config, error) {
 	cfg := remote.Config{
 		Address: f.API, NodeName: nodeName,
 		TLSCA: f.APITLSCA, TLSCert: f.APITLSCert, TLSKey: f.APITLSKey, Insecure: f.APIInsecure,
+		Observe: f.Observe,
 	}
 	if _, _, err := cfg.DialOptions(); err != nil {
 		return remote.Config{}, usageError{err}

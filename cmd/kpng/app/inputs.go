@@ -37,8 +37,12 @@ Usage: kpng kube [flags] <output> [output flags]
 func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() BackendEnv) {
 	var f client.Flags
 	f.BindKube(fs)
+	f.BindMetrics(fs)
 	env := func() BackendEnv { return BackendEnv{ServiceProxyName: f.ServiceProxyName} }
 	return func(ctx context.Context, out *output) error {
+		if _, err := f.StartMetrics(ctx); err != nil {
+			return usagef("%v", err)
+		}
 		w, cs, err := f.Watcher()
 		if err != nil {
 			return usagef("%v", err)

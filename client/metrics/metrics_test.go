@@ -1,0 +1,111 @@
+package metrics
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// scrape fetches the metrics and parses them with Prometheus' own text
+// parser: name → the value of its only sample (or sample count).
+func scrape(t *testing.T, r *Recorder) map[string]float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	r.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(rec.Body.String()))
+	if err != nil {
+		t.Fatalf("the metrics do not parse: %v\n%s", err, rec.Body.String())
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service_proxy_name" && l.GetValue() != "p" {
+					t.Errorf("%s: service_proxy_name=%q, want p", name, l.GetValue())
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				key := name
+				for _, l := range m.GetLabel() {
+					if l.GetName() != "service_proxy_name" {
+						key += "/" + l.GetValue()
+					}
+				}
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[name] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[name] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// get answers path from the health handler.
+func get(r *Recorder, path string) int {
+	rec := httptest.NewRecorder()
+	r.HealthHandler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	return rec.Code
+}
+
+func TestRecorder(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := New(Options{ServiceProxyName: "p", HealthTimeout: 10 * time.Second, Now: func() time.Time { return now }})
+	r.Observe(localsink.Round{Start: now, Duration: 3 * time.Millisecond, Reset: true, Services: 5, Endpoints: 12})
+	r.Observe(localsink.Round{Start: now.Add(time.Second), Duration: time.Millisecond, Services: 1, Endpoints: 1})
+	m := scrape(t, r)
+	for name, want := range map[string]float64{
+		"kpng_sync_proxy_rules_duration_seconds":              2,
+		"kpng_sync_proxy_rules_service_changes_total":         6,
+		"kpng_sync_proxy_rules_endpoint_changes_total":        13,
+		"kpng_rounds_total/reset":                             1,
+		"kpng_rounds_total/change":                            1,
+		"kpng_sync_proxy_rules_last_timestamp_seconds":        1001.001,
+		"kpng_sync_proxy_rules_last_queued_timestamp_seconds": 0,
+	} {
+		if got := m[name]; got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if _, ok := m["go_goroutines"]; !ok {
+		t.Error("no Go runtime metrics")
+	}
+
+	// A failed round: healthy until the timeout, then 503, until a success.
+	now = now.Add(time.Minute)
+	r.Observe(localsink.Round{Start: now, Duration: time.Millisecond, Services: 1, Err: errors.New("boom")})
+	if c := get(r, "/healthz"); c != http.StatusOK {
+		t.Errorf("/healthz right after a failure: %d, want 200", c)
+	}
+	now = now.Add(5 * time.Second)
+	r.Observe(localsink.Round{Start: now, Duration: time.Millisecond, Retry: true, Err: errors.New("boom")})
+	now = now.Add(6 * time.Second)
+	for _, p := range []string{"/healthz", "/livez"} {
+		if c := get(r, p); c != http.StatusServiceUnavailable {
+			t.Errorf("%s 11 s after the first failure (timeout 10 s): %d, want 503", p, c)
+		}
+	}
+	m = scrape(t, r)
+	if m["kpng_sync_proxy_rules_failures_total"] != 2 || m["kpng_rounds_total/retry"] != 1 || m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"] != 1060 {
+		t.Errorf("after two failures: %v", m)
+	}
+	r.Observe(localsink.Round{Start: now, Duration: time.Millisecond, Retry: true})
+	if c := get(r, "/healthz"); c != http.StatusOK {
+		t.Errorf("/healthz after a success: %d, want 200", c)
+	}
+	m = scrape(t, r)
+	if m["kpng_proxy_healthz_total/Service Unavailable"] != 1 || m["kpng_proxy_livez_total/Service Unavailable"] != 1 || m["kpng_proxy_healthz_total/OK"] != 2 {
+		t.Errorf("health answers counted: %v", m)
+	}
+}
