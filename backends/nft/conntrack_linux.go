@@ -3,112 +3,24 @@
 package nft
 
 import (
-	"errors"
-	"fmt"
-	"net"
-	"net/netip"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/backends/conntrack"
 )
 
-// conntrackTimeout bounds each receive on the conntrack netlink socket, so
-// that a stuck dump cannot block the sync.
-const conntrackTimeout = 10 * time.Second
-
-// flowKey is what a conntrack entry is matched on: protocol, original
-// destination (address not valid: any) and reply source (not valid: the
-// entry must not be DNATed).
-type flowKey struct {
-	proto    uint8
-	dst      netip.AddrPort
-	endpoint netip.AddrPort
-}
-
-// flowFilter is a netlink.CustomConntrackFilter matching the entries of a
-// set of staleFlows of one family, in O(1) per entry whatever the number
-// of flows.
-type flowFilter map[flowKey]bool
-
-// newFlowFilter returns the filter of the flows of family f; it is empty
-// when there are none.
-func newFlowFilter(flows []staleFlow, f ipFamily) flowFilter {
-	ff := flowFilter{}
+// conntrackFlows converts flows for the shared conntrack package.
+func conntrackFlows(flows []staleFlow) []conntrack.Flow {
+	out := make([]conntrack.Flow, 0, len(flows))
 	for _, fl := range flows {
 		proto, ok := l4proto(fl.Proto)
-		if fl.Family != f || !ok {
+		if !ok {
 			continue
 		}
-		ff[flowKey{proto: proto, dst: fl.Dst, endpoint: fl.Endpoint}] = true
+		out = append(out, conntrack.Flow{IPv6: fl.Family == ipv6, Proto: proto, Dst: fl.Dst, Endpoint: fl.Endpoint})
 	}
-	return ff
-}
-
-// MatchConntrackFlow implements netlink.CustomConntrackFilter.
-func (ff flowFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	orig, ok1 := addrPort(flow.Forward.DstIP, flow.Forward.DstPort)
-	reply, ok2 := addrPort(flow.Reverse.SrcIP, flow.Reverse.SrcPort)
-	if !ok1 || !ok2 {
-		return false
-	}
-	endpoint := reply
-	if reply == orig {
-		endpoint = netip.AddrPort{} // not DNATed
-	}
-	proto := flow.Forward.Protocol
-	return ff[flowKey{proto, orig, endpoint}] ||
-		ff[flowKey{proto, netip.AddrPortFrom(netip.Addr{}, orig.Port()), endpoint}]
-}
-
-// addrPort converts a conntrack tuple's address and port.
-func addrPort(ip net.IP, port uint16) (netip.AddrPort, bool) {
-	a, ok := netip.AddrFromSlice(ip)
-	if !ok {
-		return netip.AddrPort{}, false
-	}
-	return netip.AddrPortFrom(a.Unmap(), port), true
-}
-
-// deleteStaleFlows deletes the conntrack entries matching flows through
-// h (one dump of the conntrack table per family that has flows) and
-// returns how many it deleted.
-func deleteStaleFlows(h *netlink.Handle, flows []staleFlow) (uint, error) {
-	var deleted uint
-	var errs []error
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		ff := newFlowFilter(flows, f)
-		if len(ff) == 0 {
-			continue
-		}
-		n, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, f.info().conntrack, ff)
-		deleted += n
-		if err != nil {
-			errs = append(errs, fmt.Errorf("delete %s conntrack entries: %w", f, err))
-		}
-	}
-	return deleted, errors.Join(errs...)
-}
-
-// newConntrackHandle returns a netlink handle for conntrack: from
-// cfg.Conntrack, or in the current network namespace.
-func newConntrackHandle(cfg Config) (*netlink.Handle, error) {
-	var h *netlink.Handle
-	var err error
-	if cfg.Conntrack != nil {
-		h, err = cfg.Conntrack()
-	} else {
-		h, err = netlink.NewHandle(unix.NETLINK_NETFILTER)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("conntrack netlink handle: %w", err)
-	}
-	if err := h.SetSocketTimeout(conntrackTimeout); err != nil {
-		h.Close()
-		return nil, fmt.Errorf("conntrack netlink handle: set timeout: %w", err)
-	}
-	return h, nil
+	return out
 }
 
 // flushStaleFlows deletes the conntrack entries of the stale flows
@@ -122,13 +34,13 @@ func (s *sink) flushStaleFlows() {
 		return
 	}
 	start := time.Now()
-	h, err := newConntrackHandle(s.cfg)
+	h, err := conntrack.NewHandle(s.cfg.Conntrack)
 	if err != nil {
 		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows))
 		return
 	}
 	defer h.Close()
-	deleted, err := deleteStaleFlows(h, flows)
+	deleted, err := conntrack.Delete(h, conntrackFlows(flows))
 	if err != nil {
 		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"sigs.k8s.io/kpng/backends/conntrack"
 	"sigs.k8s.io/kpng/client/model"
 )
 
@@ -23,6 +24,8 @@ func ctFlow(proto uint8, src, dst, reply string) *netlink.ConntrackFlow {
 	}
 }
 
+// TestFlowFilter checks the flows as the shared conntrack package
+// receives them (conntrackFlows) and matches them.
 func TestFlowFilter(t *testing.T) {
 	flows := []staleFlow{
 		staleTo("10.96.0.10:53", "10.1.0.2:5353"),
@@ -30,10 +33,10 @@ func TestFlowFilter(t *testing.T) {
 		staleTo("[fd00::10]:53", "[fd01::2]:5353"),
 		{Family: ipv4, Proto: model.UDP, Dst: netip.AddrPortFrom(netip.Addr{}, 30053), Endpoint: netip.MustParseAddrPort("10.1.0.3:53")},
 	}
-	v4, v6 := newFlowFilter(flows, ipv4), newFlowFilter(flows, ipv6)
+	v4, v6 := conntrack.NewFilter(conntrackFlows(flows), false), conntrack.NewFilter(conntrackFlows(flows), true)
 	for _, tc := range []struct {
 		name   string
-		filter flowFilter
+		filter conntrack.Filter
 		flow   *netlink.ConntrackFlow
 		want   bool
 	}{

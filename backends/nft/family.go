@@ -6,7 +6,6 @@ import (
 	"net/netip"
 
 	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,10 +19,8 @@ type familyInfo struct {
 	name, suffix, nft, addrType string
 	// setType is the address type of sets and map keys.
 	setType nftables.SetDatatype
-	// nfproto is the meta nfproto of the family (NFPROTO_IPV4);
-	// conntrack its address family for netlink (AF_INET).
-	nfproto   byte
-	conntrack netlink.InetFamily
+	// nfproto is the meta nfproto of the family (NFPROTO_IPV4).
+	nfproto byte
 	// addrLen is an address's length, saddr and daddr their offsets in
 	// the network header.
 	addrLen, saddr, daddr uint32
@@ -42,14 +39,14 @@ type familyInfo struct {
 var families = [2]familyInfo{
 	ipv4: {
 		name: "ipv4", suffix: "4", nft: "ip", addrType: "ipv4_addr",
-		setType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4, conntrack: unix.AF_INET,
+		setType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4,
 		addrLen: 4, saddr: 12, daddr: 16,
 		regL4: reg32v4L4, regDport: reg32v4Dp, regHairpinDst: reg32HairpinDstV4, regEndpointPort: reg32Endpoint + 1,
 		loopback: loopbackV4,
 	},
 	ipv6: {
 		name: "ipv6", suffix: "6", nft: "ip6", addrType: "ipv6_addr",
-		setType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6, conntrack: unix.AF_INET6,
+		setType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6,
 		addrLen: 16, saddr: 8, daddr: 24,
 		regL4: reg32v6L4, regDport: reg32v6Dp, regHairpinDst: reg32HairpinDstV6, regEndpointPort: reg32Endpoint + 4,
 		loopback: loopbackV6,
