@@ -3,6 +3,7 @@ module sigs.k8s.io/kpng
 go 1.26.0
 
 require (
+	github.com/coreos/go-iptables v0.8.0
 	github.com/google/go-cmp v0.7.0
 	github.com/google/nftables v0.3.0
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42

@@ -1,0 +1,40 @@
+//go:build linux
+
+package iptables
+
+import (
+	"testing"
+
+	"sigs.k8s.io/kpng/backends/conformance"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// TestConformance runs the whole conformance kit against the iptables
+// backend, once per variant: it declares no feature unsupported.
+func TestConformance(t *testing.T) {
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		t.Run(variant, func(t *testing.T) {
+			conformance.Run(t, conformance.Backend{Name: "iptables-" + variant, Start: startConformance(variant)})
+		})
+	}
+}
+
+// startConformance builds the sink of variant in the kit's node
+// namespace, as `kpng … to-local to-iptables --netns` does; its chains are
+// removed when the scenario ends (the namespace goes with it anyway).
+func startConformance(variant string) func(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+	return func(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+		cfg := Config{
+			ServiceProxyName: "conformance",
+			NetNS:            node.NetNS,
+			Variant:          variant,
+			Options:          Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
+		}
+		t.Cleanup(func() {
+			if err := Cleanup(cfg); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		})
+		return NewSink(cfg)
+	}
+}

@@ -1,0 +1,30 @@
+// Package iptables is kpng's iptables backend: a localsink.Sink that
+// programs the services it receives into iptables (IPv4) and ip6tables
+// (IPv6) chains of its own, through iptables-restore --noflush, with the
+// behaviour of the nft backend (and of kube-proxy's iptables mode).
+//
+// Its API: NewSink with a Config (its Options, the network namespace, the
+// variant: legacy, nft or auto), Cleanup to remove a proxier's chains,
+// ChainPrefix, DetectVariant, and the Runner seam through which every
+// iptables-save and iptables-restore runs (ExecRunner by default).
+//
+// The package has two layers:
+//
+//   - the plan, pure Go with no command run: names.go (every chain name:
+//     the fixed chains and the hashed per-service ones, at most
+//     MaxChainName characters), options.go, plan.go (the services seen
+//     from this node → the chains and rules of each family and table, as
+//     the text of iptables-restore input; it also records which
+//     endpoints each UDP service destination reaches, for the conntrack
+//     cleanup) and restore.go (the restore input of a table: the text
+//     that is sent is the text the golden tests check);
+//   - the kernel side (Linux): sink_linux.go (each Sync plans the whole
+//     state and writes it with one iptables-restore per family and
+//     table, deleting the chains no longer used; a failed restore leaves
+//     that table as it was, is returned, and makes the next Sync a full
+//     one), jumps_linux.go (the jumps from the built-in chains, ensured
+//     with github.com/coreos/go-iptables, which also detects
+//     --random-fully and handles --wait) and variant.go.
+//
+// The chain layout is drawn in docs/backends/iptables.md.
+package iptables

@@ -1,0 +1,144 @@
+//go:build linux
+
+package iptables
+
+import (
+	"fmt"
+	"runtime"
+
+	goipt "github.com/coreos/go-iptables/iptables"
+	vnetns "github.com/vishvananda/netns"
+)
+
+// jump is a rule in a built-in chain sending packets to one of the
+// proxier's chains.
+type jump struct {
+	Table, From, To string
+	// Match comes before the target (filter jumps: new connections only).
+	Match []string
+}
+
+// rule returns the rule's specification, as go-iptables takes it.
+func (j jump) rule(serviceProxyName string) []string {
+	spec := append([]string{"-m", "comment", "--comment", "kpng " + serviceProxyName}, j.Match...)
+	return append(spec, "-j", j.To)
+}
+
+// jumps are the rules from the built-in chains to the proxier's (prefix)
+// chains: nat PREROUTING and OUTPUT to SERVICES (DNAT), POSTROUTING to
+// POSTROUTING (masquerading); filter INPUT, FORWARD and OUTPUT to
+// SERVICES (reject, drop) for new connections.
+func jumps(prefix string) []jump {
+	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
+	return []jump{
+		{Table: "nat", From: "PREROUTING", To: prefix + chainServices},
+		{Table: "nat", From: "OUTPUT", To: prefix + chainServices},
+		{Table: "nat", From: "POSTROUTING", To: prefix + chainPostrouting},
+		{Table: "filter", From: "INPUT", To: prefix + chainServices, Match: newOnly},
+		{Table: "filter", From: "FORWARD", To: prefix + chainServices, Match: newOnly},
+		{Table: "filter", From: "OUTPUT", To: prefix + chainServices, Match: newOnly},
+	}
+}
+
+// jumper ensures and removes the jumps, and says what the binary can do.
+type jumper interface {
+	Ensure(f family, js []jump) error
+	Remove(f family, js []jump) error
+	RandomFully(f family) bool
+}
+
+// goIPTables is the jumper of the sink: github.com/coreos/go-iptables
+// (which gives the variant's binary, its version, --wait handling and
+// --random-fully detection), run in the network namespace netNS.
+type goIPTables struct {
+	name  string
+	netNS string
+	ipt   [2]*goipt.IPTables
+}
+
+// newGoIPTables returns the jumper of variant for both families.
+func newGoIPTables(serviceProxyName, variant, netNS string) (*goIPTables, error) {
+	g := &goIPTables{name: serviceProxyName, netNS: netNS}
+	for _, f := range families {
+		proto := goipt.ProtocolIPv4
+		if f == ipv6 {
+			proto = goipt.ProtocolIPv6
+		}
+		ipt, err := goipt.New(goipt.IPFamily(proto), goipt.Path(binary(variant, f, "")), goipt.Timeout(5))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", binary(variant, f, ""), err)
+		}
+		g.ipt[f] = ipt
+	}
+	return g, nil
+}
+
+// RandomFully implements jumper.
+func (g *goIPTables) RandomFully(f family) bool { return g.ipt[f].HasRandomFully() }
+
+// Ensure implements jumper: each jump missing is inserted first in its
+// built-in chain.
+func (g *goIPTables) Ensure(f family, js []jump) error {
+	return inNetNS(g.netNS, func() error {
+		for _, j := range js {
+			ok, err := g.ipt[f].Exists(j.Table, j.From, j.rule(g.name)...)
+			if err != nil {
+				return fmt.Errorf("%s: check the jump from %s %s to %s: %w", f, j.Table, j.From, j.To, err)
+			}
+			if ok {
+				continue
+			}
+			if err := g.ipt[f].Insert(j.Table, j.From, 1, j.rule(g.name)...); err != nil {
+				return fmt.Errorf("%s: insert the jump from %s %s to %s: %w", f, j.Table, j.From, j.To, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Remove implements jumper.
+func (g *goIPTables) Remove(f family, js []jump) error {
+	return inNetNS(g.netNS, func() error {
+		for _, j := range js {
+			// Without its target chain, the jump cannot exist (and
+			// iptables cannot even check for it).
+			exists, err := g.ipt[f].ChainExists(j.Table, j.To)
+			if err != nil {
+				return fmt.Errorf("%s: look for chain %s in table %s: %w", f, j.To, j.Table, err)
+			}
+			if !exists {
+				continue
+			}
+			if err := g.ipt[f].DeleteIfExists(j.Table, j.From, j.rule(g.name)...); err != nil {
+				return fmt.Errorf("%s: delete the jump from %s %s to %s: %w", f, j.Table, j.From, j.To, err)
+			}
+		}
+		return nil
+	})
+}
+
+// inNetNS runs fn in the network namespace at path (the current one when
+// path is empty), on an OS thread of its own: the processes fn starts are
+// in that namespace. The thread is never unlocked, so the runtime ends it
+// with its goroutine instead of reusing it.
+func inNetNS(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ns, err := vnetns.GetFromPath(path)
+		if err != nil {
+			errc <- fmt.Errorf("network namespace %s: %w", path, err)
+			return
+		}
+		defer ns.Close()
+		if err := vnetns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

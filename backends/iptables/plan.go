@@ -1,0 +1,611 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/kpng/client/endpoints"
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// family is an IP family: IPv4 (iptables) or IPv6 (ip6tables).
+type family int
+
+const (
+	ipv4 family = iota
+	ipv6
+)
+
+// families are both families, IPv4 first.
+var families = []family{ipv4, ipv6}
+
+// String returns "IPv4" or "IPv6".
+func (f family) String() string { return [...]string{"IPv4", "IPv6"}[f] }
+
+// of reports whether a is of family f.
+func (f family) of(a netip.Addr) bool { return a.Is4() == (f == ipv4) }
+
+// loopback is the family's loopback network, never served by node ports.
+func (f family) loopback() string { return [...]string{"127.0.0.0/8", "::1/128"}[f] }
+
+// tables are the tables the proxier writes, in the order it writes them.
+var tables = []string{"nat", "filter"}
+
+// chain is one of the proxier's chains in a table, with its rules: each
+// rule is the text after "-A <chain> " in iptables-restore input.
+type chain struct {
+	Name  string
+	Rules []string
+}
+
+// tablePlan is the content of the proxier's chains in one table.
+type tablePlan struct {
+	Chains []*chain
+	byName map[string]*chain
+}
+
+// chain returns the chain named name, added (empty) if it is new.
+func (t *tablePlan) chain(name string) *chain {
+	if c, ok := t.byName[name]; ok {
+		return c
+	}
+	if t.byName == nil {
+		t.byName = map[string]*chain{}
+	}
+	c := &chain{Name: name}
+	t.byName[name] = c
+	t.Chains = append(t.Chains, c)
+	return c
+}
+
+// add appends a rule to the chain named name.
+func (t *tablePlan) add(name string, args ...string) {
+	c := t.chain(name)
+	c.Rules = append(c.Rules, strings.Join(args, " "))
+}
+
+// names returns the names of the table's chains.
+func (t *tablePlan) names() []string {
+	out := make([]string, len(t.Chains))
+	for i, c := range t.Chains {
+		out[i] = c.Name
+	}
+	return out
+}
+
+// dst is what a UDP conntrack entry of a service is found by: its family,
+// protocol, destination address (not valid for node ports: any local
+// address) and port.
+type dst struct {
+	Family family
+	Proto  model.Protocol
+	Addr   netip.AddrPort
+}
+
+// familyPlan is what the proxier writes in one family: its nat and filter
+// chains, and, for the conntrack cleanup, the endpoints each UDP service
+// destination is DNATed to.
+type familyPlan struct {
+	NAT, Filter tablePlan
+	// Reach maps each UDP destination DNATed by the rules to the
+	// endpoints it may reach.
+	Reach map[dst][]netip.AddrPort
+}
+
+// table returns the plan of the table named name.
+func (p *familyPlan) table(name string) *tablePlan {
+	if name == "nat" {
+		return &p.NAT
+	}
+	return &p.Filter
+}
+
+// plan is the whole desired state of the proxier's chains.
+type plan struct {
+	Families [2]familyPlan
+}
+
+// planner builds a plan. It is pure: no command is run.
+type planner struct {
+	prefix      string
+	opts        Options
+	randomFully bool
+}
+
+// fixed returns the name of the fixed chain with the given suffix.
+func (pl planner) fixed(suffix string) string { return pl.prefix + suffix }
+
+// build returns the plan of services (in the order given: on a conflict,
+// the first rule wins) and the parts of them that cannot be programmed.
+func (pl planner) build(services []*model.ServiceEndpoints) (*plan, []error) {
+	p := &plan{}
+	var problems []error
+	for _, f := range families {
+		fp := &p.Families[f]
+		fp.Reach = map[dst][]netip.AddrPort{}
+		pl.fixedChains(f, fp)
+		for _, se := range services {
+			if se == nil || se.Service == nil {
+				continue
+			}
+			problems = append(problems, pl.service(f, fp, se)...)
+		}
+		pl.nodePortJumps(f, fp)
+	}
+	return p, problems
+}
+
+// fixedChains adds the chains every plan has, in their order.
+func (pl planner) fixedChains(f family, fp *familyPlan) {
+	nat := &fp.NAT
+	nat.chain(pl.fixed(chainServices))
+	nat.chain(pl.fixed(chainNodePorts))
+	mark := pl.opts.mark()
+	nat.add(pl.fixed(chainPostrouting), "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
+	nat.add(pl.fixed(chainPostrouting), "-j", "MARK", "--xor-mark", mark)
+	masq := []string{"-m", "comment", "--comment", `"kpng masquerade"`, "-j", "MASQUERADE"}
+	if pl.randomFully {
+		masq = append(masq, "--random-fully")
+	}
+	nat.add(pl.fixed(chainPostrouting), masq...)
+	nat.add(pl.fixed(chainMarkMasq), "-j", "MARK", "--or-mark", mark)
+	if cidrs := prefixesOf(pl.opts.ClusterCIDRs, f); len(cidrs) > 0 && !pl.opts.MasqueradeAll {
+		for _, c := range cidrs {
+			nat.add(pl.fixed(chainMasqNonPod), "-s", c.String(), "-j", "RETURN")
+		}
+		nat.add(pl.fixed(chainMasqNonPod), "-j", pl.fixed(chainMarkMasq))
+	}
+	fp.Filter.chain(pl.fixed(chainServices))
+	fp.Filter.chain(pl.fixed(chainNodePorts))
+}
+
+// nodePortJumps ends the SERVICES chains with the jump to NODEPORTS, on
+// the node's local addresses: all but loopback, or those in
+// NodePortAddresses.
+func (pl planner) nodePortJumps(f family, fp *familyPlan) {
+	var dsts [][]string
+	if len(pl.opts.NodePortAddresses) == 0 {
+		dsts = [][]string{{"!", "-d", f.loopback()}}
+	}
+	for _, p := range prefixesOf(pl.opts.NodePortAddresses, f) {
+		dsts = append(dsts, []string{"-d", p.String()})
+	}
+	for _, d := range dsts {
+		for _, t := range []*tablePlan{&fp.NAT, &fp.Filter} {
+			args := append([]string{"-m", "comment", "--comment", `"kpng node ports"`}, d...)
+			t.add(pl.fixed(chainServices), append(args, "-m", "addrtype", "--dst-type", "LOCAL", "-j", pl.fixed(chainNodePorts))...)
+		}
+	}
+}
+
+// service adds the rules of one service in family f.
+func (pl planner) service(f family, fp *familyPlan, se *model.ServiceEndpoints) []error {
+	svc := se.Service
+	key := svc.Key()
+	var problems []error
+	var ranges []netip.Prefix
+	for _, r := range svc.LoadBalancerSourceRanges {
+		if !r.IsValid() {
+			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid (zero) prefix: ignored", key))
+			continue
+		}
+		if f.of(r.Addr()) {
+			ranges = append(ranges, r.Masked())
+		}
+	}
+	seen := map[[2]int32]string{}
+	for _, p := range svc.Ports {
+		if p == nil {
+			continue
+		}
+		pk := [2]int32{int32(p.Protocol), p.Port}
+		if first, ok := seen[pk]; ok {
+			problems = append(problems, fmt.Errorf("service %s port %q: protocol and port %s/%d already used by port %q: ignored", key, p.Name, p.Protocol, p.Port, first))
+			continue
+		}
+		seen[pk] = p.Name
+		if protoName(p.Protocol) == "" {
+			problems = append(problems, fmt.Errorf("service %s port %q: protocol %d not supported", key, p.Name, p.Protocol))
+			continue
+		}
+		if p.Port <= 0 || p.Port > 65535 {
+			problems = append(problems, fmt.Errorf("service %s port %q: port %d out of range", key, p.Name, p.Port))
+			continue
+		}
+		nodePort := p.NodePort
+		if nodePort < 0 || nodePort > 65535 {
+			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
+			nodePort = 0
+		}
+		b := portBuilder{planner: pl, f: f, fp: fp, se: se, svc: svc, port: p, problems: &problems}
+		b.build(nodePort, ranges)
+	}
+	return problems
+}
+
+// portBuilder builds the rules of one service port in one family.
+type portBuilder struct {
+	planner
+	f        family
+	fp       *familyPlan
+	se       *model.ServiceEndpoints
+	svc      *model.Service
+	port     *model.PortMapping
+	problems *[]error
+	// chains are the policy chains built (kindCluster, kindLocal).
+	chains map[string]*policyChain
+}
+
+// policyChain is a chain choosing among endpoints (SVC or SVL): its
+// first rules (masquerading) and its endpoints.
+type policyChain struct {
+	name  string
+	first [][]string
+	eps   []netip.AddrPort
+}
+
+// id is the identity of the service port in the family, which chain
+// names hash.
+func (b *portBuilder) id() string {
+	return fmt.Sprintf("%s/%s/%s/%s/%d", b.f, b.svc.Namespace, b.svc.Name, protoName(b.port.Protocol), b.port.Port)
+}
+
+// comment is the service port as comments show it: "ns/name:80/tcp".
+func (b *portBuilder) comment(what string) []string {
+	text := fmt.Sprintf("%s/%s:%d/%s", b.svc.Namespace, b.svc.Name, b.port.Port, protoName(b.port.Protocol))
+	if what != "" {
+		text += " " + what
+	}
+	return []string{"-m", "comment", "--comment", `"` + text + `"`}
+}
+
+// match is the protocol and destination port match of the service port
+// (or of its node port).
+func (b *portBuilder) match(port int32) []string {
+	proto := protoName(b.port.Protocol)
+	return []string{"-p", proto, "-m", proto, "--dport", strconv.Itoa(int(port))}
+}
+
+// build adds the service port's rules.
+func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
+	svc, f := b.svc, b.f
+	var clusterIPs []netip.Addr
+	if !svc.IPs.Headless {
+		clusterIPs = b.addrs("clusterIPs", svc.IPs.ClusterIPs)
+	}
+	externalIPs := b.addrs("externalIPs", svc.IPs.ExternalIPs)
+	lbIPs := b.addrs("loadBalancer ingress IPs", svc.IPs.LoadBalancerIPs)
+	// A node port is served in a family only if the service has a
+	// cluster IP in it (as kube-proxy, whose per-family proxiers only see
+	// the service in its own families).
+	hasNodePort := nodePort > 0 && len(familyTexts(svc.IPs.ClusterIPs, f)) > 0
+	if len(clusterIPs) == 0 && len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
+		return
+	}
+	defer b.finish()
+	cats := endpoints.CategorizePort(b.port, b.usableEndpoints())
+	internal, iv := cats.Internal(svc)
+	services, nodePorts := b.fixed(chainServices), b.fixed(chainNodePorts)
+
+	// Cluster IPs.
+	if len(clusterIPs) > 0 {
+		if iv == endpoints.Forward {
+			chain := b.policy(svc.InternalTrafficToLocal, internal)
+			for _, ip := range clusterIPs {
+				match := append([]string{"-d", ip.String()}, b.match(b.port.Port)...)
+				switch {
+				case b.opts.MasqueradeAll:
+					chain.first = append(chain.first, append(slices.Clone(match), "-j", b.fixed(chainMarkMasq)))
+				case len(prefixesOf(b.opts.ClusterCIDRs, f)) > 0:
+					chain.first = append(chain.first, append(slices.Clone(match), "-j", b.fixed(chainMasqNonPod)))
+				}
+				b.fp.NAT.add(services, concat(b.comment("cluster IP"), match, []string{"-j", chain.name})...)
+				b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), chain.eps)
+			}
+		} else {
+			for _, ip := range clusterIPs {
+				b.fp.Filter.add(services, concat(b.comment(noEndpoints(iv)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(iv))...)
+			}
+		}
+	}
+	if len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
+		return
+	}
+
+	// External IPs, load-balancer IPs and node ports.
+	external, ev := cats.External(svc)
+	var firewalled bool
+	if len(ranges) > 0 && len(lbIPs) > 0 && cats.HasAny {
+		firewalled = true
+		for _, ip := range lbIPs {
+			b.fp.Filter.add(services, concat(b.comment("not allowed by loadBalancerSourceRanges"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", "DROP"})...)
+		}
+	}
+	if ev != endpoints.Forward {
+		for _, ip := range append(slices.Clone(externalIPs), lbIPs...) {
+			b.fp.Filter.add(services, concat(b.comment(noEndpoints(ev)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(ev))...)
+		}
+		if hasNodePort {
+			b.fp.Filter.add(nodePorts, concat(b.comment(noEndpoints(ev)), b.match(nodePort), b.verdict(ev))...)
+		}
+	}
+	if !cats.HasAny {
+		return
+	}
+	ext, reach := b.externalChain(external, ev, cats.Cluster)
+	for _, ip := range externalIPs {
+		b.fp.NAT.add(services, concat(b.comment("external IP"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", ext})...)
+		b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), reach)
+	}
+	lbTarget := ext
+	if firewalled {
+		lbTarget = b.firewall(ext, lbIPs, ranges)
+	}
+	for _, ip := range lbIPs {
+		b.fp.NAT.add(services, concat(b.comment("load-balancer IP"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", lbTarget})...)
+		b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), reach)
+	}
+	if hasNodePort {
+		b.fp.NAT.add(nodePorts, concat(b.comment("node port"), b.match(nodePort), []string{"-j", ext})...)
+		b.reach(netip.AddrPortFrom(netip.Addr{}, uint16(nodePort)), reach)
+	}
+}
+
+// externalChain adds the EXT chain of the service port and returns its
+// name and the endpoints it may reach. With the Cluster policy it
+// masquerades and goes to the cluster endpoints; with Local it keeps the
+// client's address and goes to the local endpoints, but sends pods
+// (sources in the cluster CIDRs) and the node itself (masqueraded) to the
+// cluster endpoints, which they could reach anyway; without local
+// endpoints, what it leaves falls through to the filter table's DROP.
+func (b *portBuilder) externalChain(external []*model.Endpoint, ev endpoints.Verdict, cluster []*model.Endpoint) (string, []netip.AddrPort) {
+	name := serviceChain(b.prefix, kindExternal, b.id())
+	nat := &b.fp.NAT
+	nat.chain(name)
+	if !b.svc.ExternalTrafficToLocal {
+		chain := b.policy(false, cluster)
+		nat.add(name, concat(b.comment("masquerade external traffic"), []string{"-j", b.fixed(chainMarkMasq)})...)
+		nat.add(name, "-j", chain.name)
+		return name, chain.eps
+	}
+	all := b.policy(false, cluster)
+	reach := slices.Clone(all.eps)
+	for _, c := range prefixesOf(b.opts.ClusterCIDRs, b.f) {
+		nat.add(name, concat(b.comment("pods use every endpoint"), []string{"-s", c.String(), "-j", all.name})...)
+	}
+	nat.add(name, concat(b.comment("masquerade the node's own traffic"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", b.fixed(chainMarkMasq)})...)
+	nat.add(name, concat(b.comment("the node uses every endpoint"), []string{"-m", "addrtype", "--src-type", "LOCAL", "-j", all.name})...)
+	if ev == endpoints.Forward {
+		local := b.policy(true, external)
+		nat.add(name, "-j", local.name)
+		reach = append(reach, local.eps...)
+	}
+	return name, reach
+}
+
+// firewall adds the chain enforcing loadBalancerSourceRanges (of this
+// family) before the EXT chain ext, and returns its name. What it does
+// not let through is not DNATed and meets the filter table's DROP.
+func (b *portBuilder) firewall(ext string, lbIPs []netip.Addr, ranges []netip.Prefix) string {
+	name := serviceChain(b.prefix, kindFirewall, b.id())
+	nat := &b.fp.NAT
+	fromNode := false
+	for _, r := range ranges {
+		nat.add(name, concat(b.comment("loadBalancerSourceRanges"), []string{"-s", r.String(), "-j", ext})...)
+		for _, ip := range b.opts.NodeIPs {
+			fromNode = fromNode || r.Contains(ip.Unmap())
+		}
+	}
+	if fromNode {
+		for _, ip := range lbIPs {
+			nat.add(name, concat(b.comment("the node's requests from a load-balancer IP"), []string{"-s", ip.String(), "-j", ext})...)
+		}
+	}
+	return name
+}
+
+// policy returns the SVC (local false) or SVL (local true) chain of the
+// service port, choosing among eps, and adds it on first use.
+func (b *portBuilder) policy(local bool, eps []*model.Endpoint) *policyChain {
+	kind := kindCluster
+	if local {
+		kind = kindLocal
+	}
+	if c, ok := b.chains[kind]; ok {
+		return c
+	}
+	if b.chains == nil {
+		b.chains = map[string]*policyChain{}
+	}
+	c := &policyChain{name: serviceChain(b.prefix, kind, b.id())}
+	for _, ep := range eps {
+		if to, ok := b.endpointAddr(ep); ok {
+			c.eps = append(c.eps, to)
+		}
+	}
+	b.chains[kind] = c
+	// The chain is declared now (its place in the table's order) and
+	// filled when the port is done: its first rules may still come.
+	b.fp.NAT.chain(c.name)
+	return c
+}
+
+// reach records the endpoints a UDP destination is DNATed to.
+func (b *portBuilder) reach(d netip.AddrPort, eps []netip.AddrPort) {
+	if b.port.Protocol != model.UDP {
+		return
+	}
+	k := dst{Family: b.f, Proto: b.port.Protocol, Addr: d}
+	b.fp.Reach[k] = append(b.fp.Reach[k], eps...)
+}
+
+// finish writes the rules of the policy chains and their endpoint chains.
+func (b *portBuilder) finish() {
+	nat := &b.fp.NAT
+	for _, kind := range []string{kindCluster, kindLocal} {
+		c := b.chains[kind]
+		if c == nil {
+			continue
+		}
+		for _, r := range c.first {
+			nat.add(c.name, concat(b.comment("masquerade traffic from outside the cluster"), r)...)
+		}
+		seps := make([]string, len(c.eps))
+		for i, ep := range c.eps {
+			seps[i] = b.endpointChain(ep)
+		}
+		if a := b.svc.ClientIPAffinity; a != nil {
+			timeout := a.TimeoutSeconds
+			if timeout <= 0 {
+				timeout = model.DefaultAffinityTimeoutSeconds
+			}
+			for i, ep := range c.eps {
+				nat.add(c.name, concat(b.comment("-> "+ep.String()), []string{"-m", "recent", "--name", seps[i], "--rcheck", "--seconds", strconv.Itoa(int(timeout)), "--reap", "-j", seps[i]})...)
+			}
+		}
+		for i, ep := range c.eps {
+			args := b.comment("-> " + ep.String())
+			if n := len(c.eps) - i; n > 1 {
+				args = append(args, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%0.10f", 1/float64(n)))
+			}
+			nat.add(c.name, append(args, "-j", seps[i])...)
+		}
+	}
+}
+
+// endpointChain adds (once) the SEP chain of an endpoint of the service
+// port and returns its name.
+func (b *portBuilder) endpointChain(ep netip.AddrPort) string {
+	name := serviceChain(b.prefix, kindEndpoint, b.id()+"/"+ep.String())
+	nat := &b.fp.NAT
+	if c := nat.byName[name]; c != nil && len(c.Rules) > 0 {
+		return name
+	}
+	nat.add(name, concat(b.comment("hairpin"), []string{"-s", ep.Addr().String(), "-j", b.fixed(chainMarkMasq)})...)
+	args := b.comment("")
+	if b.svc.ClientIPAffinity != nil {
+		args = append(args, "-m", "recent", "--name", name, "--set")
+	}
+	proto := protoName(b.port.Protocol)
+	nat.add(name, append(args, "-p", proto, "-m", proto, "-j", "DNAT", "--to-destination", ep.String())...)
+	return name
+}
+
+// verdict is the filter target for packets to a service without usable
+// endpoints: REJECT (a TCP reset for TCP, ICMP port unreachable
+// otherwise), or DROP for the Local policy without local endpoints.
+func (b *portBuilder) verdict(v endpoints.Verdict) []string {
+	if v == endpoints.Drop {
+		return []string{"-j", "DROP"}
+	}
+	if b.port.Protocol == model.TCP {
+		return []string{"-j", "REJECT", "--reject-with", "tcp-reset"}
+	}
+	return []string{"-j", "REJECT"}
+}
+
+// noEndpoints is the comment of a REJECT or DROP rule.
+func noEndpoints(v endpoints.Verdict) string {
+	if v == endpoints.Drop {
+		return "has no local endpoints"
+	}
+	return "has no endpoints"
+}
+
+// addrs returns the addresses of s in the builder's family, reporting
+// bad ones.
+func (b *portBuilder) addrs(field string, s model.IPSet) []netip.Addr {
+	var out []netip.Addr
+	for _, t := range familyTexts(s, b.f) {
+		a, err := netip.ParseAddr(t)
+		if err != nil || !b.f.of(a.Unmap()) {
+			*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: bad %s address %q: ignored", b.svc.Key(), field, b.f, t))
+			continue
+		}
+		out = append(out, a.Unmap())
+	}
+	return out
+}
+
+// usableEndpoints returns the endpoints of the builder's family that
+// serve the port on a valid address and port; the others are reported.
+func (b *portBuilder) usableEndpoints() []*model.Endpoint {
+	var out []*model.Endpoint
+	for _, ep := range b.se.Endpoints {
+		if ep == nil || len(familyTexts(ep.IPs, b.f)) == 0 {
+			continue
+		}
+		if _, ok := b.endpointAddr(ep); ok {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// endpointAddr returns the address (of the builder's family) and target
+// port of ep for the service port; false when it does not serve the port
+// or either is invalid (reported).
+func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
+	texts := familyTexts(ep.IPs, b.f)
+	if len(texts) == 0 {
+		return netip.AddrPort{}, false
+	}
+	port, serves := ep.PortFor(b.port)
+	if !serves {
+		return netip.AddrPort{}, false
+	}
+	addr, err := netip.ParseAddr(texts[0])
+	if err != nil || !b.f.of(addr.Unmap()) {
+		*b.problems = append(*b.problems, fmt.Errorf("service %s: endpoint %q is not an %s address: ignored", b.svc.Key(), texts[0], b.f))
+		return netip.AddrPort{}, false
+	}
+	if port <= 0 || port > 65535 {
+		*b.problems = append(*b.problems, fmt.Errorf("service %s port %q: endpoint %s: target port %d out of range: ignored", b.svc.Key(), b.port.Name, addr, port))
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(addr.Unmap(), uint16(port)), true
+}
+
+// familyTexts returns the addresses of s of family f.
+func familyTexts(s model.IPSet, f family) []string {
+	if f == ipv4 {
+		return s.V4
+	}
+	return s.V6
+}
+
+// prefixesOf returns the prefixes of family f.
+func prefixesOf(ps []netip.Prefix, f family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if f.of(p.Addr()) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// protoName is the protocol as iptables names it; "" if unsupported.
+func protoName(p model.Protocol) string {
+	switch p {
+	case model.TCP:
+		return "tcp"
+	case model.UDP:
+		return "udp"
+	case model.SCTP:
+		return "sctp"
+	}
+	return ""
+}
+
+// concat joins argument lists.
+func concat(parts ...[]string) []string {
+	var out []string
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}

@@ -1,0 +1,296 @@
+//go:build linux
+
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/backends/conntrack"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// Config configures the iptables sink.
+type Config struct {
+	// ServiceProxyName is the proxier's service-proxy-name: its chains are
+	// named ChainPrefix(ServiceProxyName) + ….
+	ServiceProxyName string
+	// Options shape the rules.
+	Options Options
+	// NetNS is the path of the network namespace to program
+	// (/run/netns/x); empty: the current one.
+	NetNS string
+	// Variant is VariantAuto (or empty), VariantLegacy or VariantNFT.
+	Variant string
+	// Runner runs iptables-save and iptables-restore; nil:
+	// ExecRunner{NetNS: NetNS}.
+	Runner Runner
+	// Conntrack returns a netlink handle for deleting stale UDP
+	// conntrack entries; nil: one in NetNS.
+	Conntrack func() (*netlink.Handle, error)
+	// Context bounds the commands the sink runs; nil: Background.
+	Context context.Context
+}
+
+// sink is the localsink.Sink of this package.
+type sink struct {
+	cfg      Config
+	variant  string
+	prefix   string
+	planner  planner
+	jumper   jumper
+	services map[model.ServiceKey]*model.ServiceEndpoints
+	needFull bool
+	// written are the proxier's chains in the kernel, per family and
+	// table, as of the last successful restore (or the last listing).
+	written [2]map[string][]string
+	// reach is the Reach of the last applied plan, per family.
+	reach [2]map[dst][]netip.AddrPort
+	// staleFlows wait for the next successful sync.
+	staleFlows []conntrack.Flow
+}
+
+// NewSink returns a localsink.Sink that programs the services it receives
+// into iptables (IPv4) and ip6tables (IPv6) chains of its own, through
+// iptables-restore --noflush (one call per family and table per Sync),
+// after resolving cfg.Variant. The jumps from the built-in chains are
+// ensured with go-iptables at the first Sync, and after any failure.
+func NewSink(cfg Config) (localsink.Sink, error) {
+	if err := cfg.Options.Validate(); err != nil {
+		return nil, fmt.Errorf("iptables backend: %w", err)
+	}
+	if cfg.Context == nil {
+		cfg.Context = context.Background()
+	}
+	if cfg.Runner == nil {
+		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
+	}
+	variant, err := resolveVariant(cfg.Context, cfg.Runner, cfg.Variant)
+	if err != nil {
+		return nil, fmt.Errorf("iptables backend: %w", err)
+	}
+	j, err := newGoIPTables(cfg.ServiceProxyName, variant, cfg.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("iptables backend (%s): %w", variant, err)
+	}
+	klog.InfoS("iptables backend", "variant", variant, "prefix", ChainPrefix(cfg.ServiceProxyName), "randomFully", j.RandomFully(ipv4))
+	return newSink(cfg, variant, j), nil
+}
+
+// newSink returns the sink with its jumper (a fake in unit tests).
+func newSink(cfg Config, variant string, j jumper) *sink {
+	prefix := ChainPrefix(cfg.ServiceProxyName)
+	return &sink{
+		cfg: cfg, variant: variant, prefix: prefix, jumper: j,
+		planner:  planner{prefix: prefix, opts: cfg.Options, randomFully: j.RandomFully(ipv4)},
+		services: map[model.ServiceKey]*model.ServiceEndpoints{},
+		needFull: true,
+	}
+}
+
+// Reset implements localsink.Sink.
+func (s *sink) Reset() {
+	s.services = map[model.ServiceKey]*model.ServiceEndpoints{}
+	s.needFull = true
+}
+
+// Update implements localsink.Sink.
+func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	if cur == nil {
+		delete(s.services, key)
+		return
+	}
+	s.services[key] = cur
+}
+
+// Sync implements localsink.Sink: it rewrites the proxier's chains, one
+// iptables-restore per family and table.
+func (s *sink) Sync() error {
+	start := time.Now()
+	keys := slices.SortedFunc(maps.Keys(s.services), model.ServiceKey.Compare)
+	items := make([]*model.ServiceEndpoints, len(keys))
+	for i, k := range keys {
+		items[i] = s.services[k]
+	}
+	p, problems := s.planner.build(items)
+	for _, e := range problems {
+		klog.InfoS("Part of a service cannot be programmed", "prefix", s.prefix, "problem", e.Error())
+	}
+	full := s.needFull
+	// Whatever happens now, until a Sync succeeds the next one re-reads
+	// the kernel's chains and ensures the jumps.
+	s.needFull = true
+	if err := s.apply(p, full); err != nil {
+		return fmt.Errorf("iptables (%s) chains %s*: %w (the next sync re-reads the chains and rewrites them all)", s.variant, s.prefix, err)
+	}
+	s.needFull = false
+	var chains int
+	for _, f := range families {
+		s.staleFlows = append(s.staleFlows, staleFlows(f, s.reach[f], p.Families[f].Reach)...)
+		s.reach[f] = p.Families[f].Reach
+		chains += len(p.Families[f].NAT.Chains) + len(p.Families[f].Filter.Chains)
+	}
+	klog.V(2).InfoS("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(items), "chains", chains, "duration", time.Since(start))
+	s.flushStaleFlows()
+	return nil
+}
+
+// apply writes the plan: for each family and table, one
+// iptables-restore --noflush; then, on a full sync, the jumps.
+func (s *sink) apply(p *plan, full bool) error {
+	ctx := s.cfg.Context
+	for _, f := range families {
+		if s.written[f] == nil || full {
+			s.written[f] = map[string][]string{}
+			for _, table := range tables {
+				out, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-save"), []string{"-t", table}, nil)
+				if err != nil {
+					return fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
+				}
+				s.written[f][table] = chainsWithPrefix(out, s.prefix)
+			}
+		}
+		for _, table := range tables {
+			t := p.Families[f].table(table)
+			var stale []string
+			for _, name := range s.written[f][table] {
+				if _, ok := t.byName[name]; !ok {
+					stale = append(stale, name)
+				}
+			}
+			in := restoreInput(table, t, stale)
+			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
+				return fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(t.Chains), len(in), err)
+			}
+			s.written[f][table] = t.names()
+		}
+		if full {
+			if err := s.jumper.Ensure(f, jumps(s.prefix)); err != nil {
+				return fmt.Errorf("ensure the jumps from the built-in chains: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// staleFlows returns the UDP flows that the change from the reach
+// before to after made stale: those DNATed to an endpoint a destination
+// no longer reaches, and the un-DNATed ones of a destination that reached
+// no endpoint and now does.
+func staleFlows(f family, before, after map[dst][]netip.AddrPort) []conntrack.Flow {
+	var out []conntrack.Flow
+	flow := func(d dst, ep netip.AddrPort) conntrack.Flow {
+		return conntrack.Flow{IPv6: f == ipv6, Proto: unix.IPPROTO_UDP, Dst: d.Addr, Endpoint: ep}
+	}
+	for d, eps := range before {
+		for _, ep := range eps {
+			if !slices.Contains(after[d], ep) {
+				out = append(out, flow(d, ep))
+			}
+		}
+	}
+	for d, eps := range after {
+		if len(eps) > 0 && len(before[d]) == 0 {
+			out = append(out, flow(d, netip.AddrPort{}))
+		}
+	}
+	slices.SortFunc(out, func(a, b conntrack.Flow) int {
+		if c := a.Dst.Compare(b.Dst); c != 0 {
+			return c
+		}
+		return a.Endpoint.Compare(b.Endpoint)
+	})
+	return slices.Compact(out)
+}
+
+// flushStaleFlows deletes the conntrack entries of the stale flows.
+// Errors are logged, never returned: the rules are in place; stale
+// entries only delay them for their flows until they expire.
+func (s *sink) flushStaleFlows() {
+	flows := s.staleFlows
+	s.staleFlows = nil
+	if len(flows) == 0 {
+		return
+	}
+	newHandle := s.cfg.Conntrack
+	if newHandle == nil && s.cfg.NetNS != "" {
+		newHandle = func() (*netlink.Handle, error) {
+			ns, err := vnetns.GetFromPath(s.cfg.NetNS)
+			if err != nil {
+				return nil, err
+			}
+			defer ns.Close()
+			return netlink.NewHandleAt(ns, unix.NETLINK_NETFILTER)
+		}
+	}
+	h, err := conntrack.NewHandle(newHandle)
+	if err != nil {
+		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows))
+		return
+	}
+	defer h.Close()
+	deleted, err := conntrack.Delete(h, flows)
+	if err != nil {
+		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
+	}
+	klog.V(2).InfoS("Deleted stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
+}
+
+// Cleanup removes the proxier's jumps and chains (cfg.ServiceProxyName,
+// cfg.NetNS, cfg.Variant: auto cleans both variants), as --cleanup does.
+func Cleanup(cfg Config) error {
+	if cfg.Context == nil {
+		cfg.Context = context.Background()
+	}
+	if cfg.Runner == nil {
+		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
+	}
+	variants := []string{cfg.Variant}
+	if cfg.Variant == "" || cfg.Variant == VariantAuto {
+		variants = []string{VariantLegacy, VariantNFT}
+	}
+	prefix := ChainPrefix(cfg.ServiceProxyName)
+	var errs []error
+	for _, v := range variants {
+		if _, err := resolveVariant(cfg.Context, cfg.Runner, v); err != nil {
+			return fmt.Errorf("iptables cleanup: %w", err)
+		}
+		j, err := newGoIPTables(cfg.ServiceProxyName, v, cfg.NetNS)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("iptables cleanup (%s): %w", v, err))
+			continue
+		}
+		for _, f := range families {
+			if err := j.Remove(f, jumps(prefix)); err != nil {
+				errs = append(errs, fmt.Errorf("iptables cleanup (%s): %w", v, err))
+				continue
+			}
+			for _, table := range tables {
+				out, err := cfg.Runner.Run(cfg.Context, binary(v, f, "-save"), []string{"-t", table}, nil)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("iptables cleanup (%s): %s table %s: %w", v, f, table, err))
+					continue
+				}
+				chains := chainsWithPrefix(out, prefix)
+				if len(chains) == 0 {
+					continue
+				}
+				if _, err := cfg.Runner.Run(cfg.Context, binary(v, f, "-restore"), []string{"--noflush", "--wait"}, restoreInput(table, &tablePlan{}, chains)); err != nil {
+					errs = append(errs, fmt.Errorf("iptables cleanup (%s): %s table %s: %w", v, f, table, err))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
