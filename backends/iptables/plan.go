@@ -135,7 +135,16 @@ func (pl planner) build(services []*model.ServiceEndpoints) (*plan, []error) {
 		}
 		pl.nodePortJumps(f, fp)
 	}
-	return p, problems
+	// A problem of the service (not of one family) is found in both.
+	seen := map[string]bool{}
+	unique := problems[:0]
+	for _, e := range problems {
+		if !seen[e.Error()] {
+			seen[e.Error()] = true
+			unique = append(unique, e)
+		}
+	}
+	return p, unique
 }
 
 // fixedChains adds the chains every plan has, in their order.

@@ -1,0 +1,206 @@
+//go:build linux
+
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"net/netip"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/client/model"
+)
+
+// call is one command the fake runner ran.
+type call struct {
+	Name  string
+	Args  string
+	Stdin string
+}
+
+// fakeRunner records the commands and answers from its tables: save
+// output per binary and table, errors per binary.
+type fakeRunner struct {
+	calls []call
+	save  map[string]string
+	fail  map[string]error
+}
+
+// Run implements Runner.
+func (r *fakeRunner) Run(_ context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+	r.calls = append(r.calls, call{Name: name, Args: strings.Join(args, " "), Stdin: string(stdin)})
+	if err := r.fail[name]; err != nil {
+		return nil, err
+	}
+	return []byte(r.save[name+" "+strings.Join(args, " ")]), nil
+}
+
+// take returns the calls since the last take.
+func (r *fakeRunner) take() []call {
+	c := r.calls
+	r.calls = nil
+	return c
+}
+
+// fakeJumper records the families whose jumps were ensured.
+type fakeJumper struct {
+	ensured []family
+	fail    error
+}
+
+func (j *fakeJumper) Ensure(f family, _ []jump) error {
+	j.ensured = append(j.ensured, f)
+	return j.fail
+}
+func (j *fakeJumper) Remove(family, []jump) error { return nil }
+func (j *fakeJumper) RandomFully(family) bool     { return true }
+
+// names returns the binaries and arguments of calls.
+func names(calls []call) []string {
+	var out []string
+	for _, c := range calls {
+		out = append(out, strings.TrimSpace(c.Name+" "+c.Args))
+	}
+	return out
+}
+
+// TestSinkSync checks the commands of Syncs, without root: the first
+// lists the chains and deletes a stale one, writes each family and table
+// with the plan's restore input and ensures the jumps; the next one
+// writes without listing and deletes the chains of a deleted service; a
+// failed restore is returned and makes the next Sync a full one.
+func TestSinkSync(t *testing.T) {
+	prefix := ChainPrefix("test")
+	stale := prefix + "SVC-OLDOLDOLDOLD"
+	r := &fakeRunner{save: map[string]string{
+		"iptables-legacy-save -t nat": "*nat\n:PREROUTING ACCEPT [0:0]\n:" + stale + " - [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
+	}}
+	j := &fakeJumper{}
+	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantLegacy, j)
+
+	web := &model.ServiceEndpoints{
+		Service:   svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.UDP, 53, 5353)),
+		Endpoints: []*model.Endpoint{ep("10.1.0.2", false)},
+	}
+	s.Update(web.Service.Key(), nil, web)
+	if err := s.Sync(); err != nil {
+		t.Fatalf("first Sync: %v", err)
+	}
+	want := []string{
+		"iptables-legacy-save -t nat", "iptables-legacy-save -t filter",
+		"iptables-legacy-restore --noflush --wait", "iptables-legacy-restore --noflush --wait",
+		"ip6tables-legacy-save -t nat", "ip6tables-legacy-save -t filter",
+		"ip6tables-legacy-restore --noflush --wait", "ip6tables-legacy-restore --noflush --wait",
+	}
+	calls := r.take()
+	if diff := cmp.Diff(want, names(calls)); diff != "" {
+		t.Fatalf("first Sync's commands (-want +got):\n%s", diff)
+	}
+	p, _ := s.planner.build([]*model.ServiceEndpoints{web})
+	if got, want := calls[2].Stdin, string(restoreInput("nat", &p.Families[ipv4].NAT, []string{stale})); got != want {
+		t.Errorf("IPv4 nat input:\n%s\nwant:\n%s", got, want)
+	}
+	if !strings.Contains(calls[2].Stdin, "\n-X "+stale+"\n") || strings.Contains(calls[2].Stdin, "KUBE-SERVICES") {
+		t.Errorf("IPv4 nat input does not delete %s only:\n%s", stale, calls[2].Stdin)
+	}
+	if !slices.Equal(j.ensured, []family{ipv4, ipv6}) {
+		t.Errorf("jumps ensured for %v, want both families", j.ensured)
+	}
+
+	// A partial round: no listing, no jumps; the service's chains deleted.
+	j.ensured = nil
+	s.Update(web.Service.Key(), web, nil)
+	if err := s.Sync(); err != nil {
+		t.Fatalf("second Sync: %v", err)
+	}
+	calls = r.take()
+	if diff := cmp.Diff(want[2:4], names(calls)[:2]); diff != "" || len(calls) != 4 {
+		t.Errorf("second Sync's commands: %v, want only restores", names(calls))
+	}
+	var svcChain string
+	for _, c := range p.Families[ipv4].NAT.Chains {
+		if strings.HasPrefix(c.Name, prefix+kindCluster+"-") {
+			svcChain = c.Name
+		}
+	}
+	if !strings.Contains(calls[0].Stdin, "\n-X "+svcChain+"\n") {
+		t.Errorf("the deleted service's chain %s is not deleted:\n%s", svcChain, calls[0].Stdin)
+	}
+	if len(j.ensured) != 0 {
+		t.Errorf("jumps ensured again in a partial round: %v", j.ensured)
+	}
+
+	// A failed restore: the error names the table, the next Sync lists
+	// the chains again and ensures the jumps.
+	r.fail = map[string]error{"ip6tables-legacy-restore": errors.New("line 3 failed")}
+	err := s.Sync()
+	if err == nil || !strings.Contains(err.Error(), "IPv6 table nat") || !strings.Contains(err.Error(), "line 3 failed") {
+		t.Fatalf("Sync with a failing ip6tables-restore: %v, want the IPv6 nat table's error", err)
+	}
+	r.take()
+	r.fail = nil
+	if err := s.Sync(); err != nil {
+		t.Fatalf("Sync after the failure: %v", err)
+	}
+	if diff := cmp.Diff(want, names(r.take())); diff != "" {
+		t.Errorf("Sync after a failure: commands (-want +got):\n%s", diff)
+	}
+	if !slices.Equal(j.ensured, []family{ipv4, ipv6}) {
+		t.Errorf("after a failure, jumps ensured for %v, want both families", j.ensured)
+	}
+}
+
+// TestDetectVariant checks the choice of the variant with more rules.
+func TestDetectVariant(t *testing.T) {
+	rules := func(n int) string { return "*nat\n" + strings.Repeat("-A X -j RETURN\n", n) + "COMMIT\n" }
+	for _, tc := range []struct {
+		name    string
+		save    map[string]string
+		fail    map[string]error
+		want    string
+		wantErr bool
+	}{
+		{name: "nothing anywhere: nft", want: VariantNFT},
+		{name: "legacy has more", save: map[string]string{"iptables-legacy-save ": rules(3), "ip6tables-nft-save ": rules(2)}, want: VariantLegacy},
+		{name: "nft has more", save: map[string]string{"iptables-legacy-save ": rules(1), "ip6tables-nft-save ": rules(2)}, want: VariantNFT},
+		{name: "equal: nft", save: map[string]string{"ip6tables-legacy-save ": rules(2), "iptables-nft-save ": rules(2)}, want: VariantNFT},
+		{name: "legacy fails", save: map[string]string{"iptables-legacy-save ": rules(5)}, fail: map[string]error{"iptables-legacy-save": errors.New("no"), "ip6tables-legacy-save": errors.New("no")}, want: VariantNFT},
+		{name: "everything fails", fail: map[string]error{"iptables-legacy-save": errors.New("a"), "ip6tables-legacy-save": errors.New("b"), "iptables-nft-save": errors.New("c"), "ip6tables-nft-save": errors.New("d")}, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DetectVariant(context.Background(), &fakeRunner{save: tc.save, fail: tc.fail})
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("DetectVariant = %q, %v; want %q (error: %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestStaleFlows checks the UDP flows a change makes stale.
+func TestStaleFlows(t *testing.T) {
+	d := func(s string) dst { return dst{Family: ipv4, Proto: model.UDP, Addr: mustAddrPort(s)} }
+	before := map[dst][]netip.AddrPort{
+		d("10.96.0.10:53"): {mustAddrPort("10.1.0.2:5353"), mustAddrPort("10.1.0.3:5353")},
+		d("10.96.0.11:53"): {mustAddrPort("10.1.0.4:53")},
+	}
+	after := map[dst][]netip.AddrPort{
+		d("10.96.0.10:53"): {mustAddrPort("10.1.0.3:5353")},
+		d("10.96.0.12:53"): {mustAddrPort("10.1.0.5:53")},
+	}
+	var got []string
+	for _, f := range staleFlows(ipv4, before, after) {
+		got = append(got, fmt.Sprintf("%s->%s", f.Dst, f.Endpoint))
+	}
+	want := []string{"10.96.0.10:53->10.1.0.2:5353", "10.96.0.11:53->10.1.0.4:53", "10.96.0.12:53->invalid AddrPort"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("stale flows (-want +got):\n%s", diff)
+	}
+}
+
+func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
