@@ -1,0 +1,116 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/kpng/backends/iptables"
+	"sigs.k8s.io/kpng/internal/e2e"
+	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// TestKubeToLocalIPTables runs `kpng kube … to-local to-iptables` (legacy
+// variant) against the real API server, programming the node namespace of
+// the blog topology, and checks TCP and UDP traffic from the client to a
+// Service's external IPs (both families): answered by the endpoint's pod,
+// then by another pod when the EndpointSlices move (one UDP flow kept
+// across the move follows it: its stale conntrack entry is deleted), a
+// LoadBalancer with the Local policy (node port keeping the client's
+// address, health check node port), nobody once the Service is deleted;
+// the chains outlive kpng and --cleanup removes them; bad flags are
+// refused.
+func TestKubeToLocalIPTables(t *testing.T) {
+	cp.Require(t)
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-save", "iptables-legacy-restore")
+	b := netns.Blog(t)
+	ctx := context.Background()
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("ipt")
+	prefix := iptables.ChainPrefix(name)
+	saved := func() string {
+		out, _, err := b.Node.Exec(nil, "iptables-legacy-save")
+		if err != nil {
+			t.Fatalf("iptables-legacy-save: %v", err)
+		}
+		return out
+	}
+
+	blog := e2e.CreateBlogService(kc, ns, name)
+	bin := e2e.Build(t, "cmd/kpng")
+	kpng := e2e.Start(t, bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
+		"--node-name=node-a", "to-local", "to-iptables", "--iptables=legacy", "--netns="+b.Node.Path())
+
+	e2e.WaitAnswer(t, b, netns.PodID)
+	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
+	checkLoadBalancerLocal(t, b, kc, ns, name, true)
+	const udpPort = 40101
+	for _, svc := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		a, err := b.Client.Ask("udp", netip.AddrPortFrom(svc, netns.BlogPorts[0]), netns.AskOptions{LocalPort: udpPort})
+		if err != nil || a.Server != netns.PodID {
+			t.Errorf("UDP flow to %s: %q, %v; want %s", svc, a, err, netns.PodID)
+		}
+	}
+
+	blog.MoveEndpoints(netns.Pod2V4, netns.Pod2V6)
+	e2e.WaitAnswer(t, b, netns.Pod2ID)
+	for _, svc := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		var a netns.Answer
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			a, err = b.Client.Ask("udp", netip.AddrPortFrom(svc, netns.BlogPorts[0]), netns.AskOptions{LocalPort: udpPort})
+			if err == nil && a.Server == netns.Pod2ID {
+				break
+			}
+		}
+		if err != nil || a.Server != netns.Pod2ID {
+			t.Errorf("the same UDP flow to %s after the move: %q, %v; want %s within 5s (stale conntrack entry?)", svc, a, err, netns.Pod2ID)
+		}
+	}
+
+	if err := cp.Client().CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && strings.Contains(saved(), netns.ServiceV4.String()) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out := saved(); strings.Contains(out, netns.ServiceV4.String()) {
+		t.Errorf("the deleted Service's rules are still there:\n%s", out)
+	}
+	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
+	kpng.Stop(t)
+
+	if !strings.Contains(saved(), prefix+"SERVICES") {
+		t.Errorf("chains %s* gone after kpng stopped", prefix)
+	}
+	for _, extra := range [][]string{{"--cleanup"}, {"--cleanup"}, {"--cluster-cidr=10.0.0.1/8"}, {"--iptables=xtables"}, {"--masquerade-bit=0"}} {
+		cmd := exec.Command(bin, append([]string{"kube", "--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + name,
+			"to-local", "to-iptables", "--netns=" + b.Node.Path()}, extra...)...)
+		out, err := cmd.CombinedOutput()
+		if extra[0] == "--cleanup" {
+			if err != nil {
+				t.Errorf("kpng to-iptables --cleanup: %v\n%s", err, out)
+			}
+			continue
+		}
+		var ee *exec.ExitError
+		if flagName, _, _ := strings.Cut(extra[0], "="); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), flagName) {
+			t.Errorf("kpng to-iptables %s: %v, %s; want exit status 2 naming the flag", extra[0], err, out)
+		}
+	}
+	if out := saved(); strings.Contains(out, prefix) {
+		t.Errorf("chains left after --cleanup:\n%s", out)
+	}
+}
