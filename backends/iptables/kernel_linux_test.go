@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 )
 
@@ -48,5 +49,149 @@ func TestKernelGoldenAccepted(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// breakingRunner is an ExecRunner whose restores fail while broken is
+// set: it appends a rule to a chain that does not exist, so that
+// iptables-restore rejects the whole input.
+type breakingRunner struct {
+	ExecRunner
+	broken bool
+}
+
+// Run implements Runner.
+func (r *breakingRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+	if r.broken && strings.HasSuffix(name, "-restore") {
+		stdin = []byte(strings.Replace(string(stdin), "COMMIT\n", "-A KPNG-NO-SUCH-CHAIN -j RETURN\nCOMMIT\n", 1))
+	}
+	return r.ExecRunner.Run(ctx, name, args, stdin)
+}
+
+// webService is a dual-stack ClusterIP service with one endpoint per
+// family.
+func webService(clusterV4 string) *model.ServiceEndpoints {
+	return &model.ServiceEndpoints{
+		Service:   svc("web", ipset(clusterV4, "fd00:10:96::10"), port(model.TCP, 80, 8080)),
+		Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("fd00:1::2", false)},
+	}
+}
+
+// TestKernelFailedRestoreKeepsRules checks, with both variants, that a
+// restore the kernel rejects leaves the table as it was, that Sync
+// returns the error, and that the next Sync writes everything.
+func TestKernelFailedRestoreKeepsRules(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		t.Run(variant, func(t *testing.T) {
+			ns := netns.New(t, "ipt")
+			r := &breakingRunner{ExecRunner: ExecRunner{NetNS: ns.Path()}}
+			s, err := NewSink(Config{ServiceProxyName: "fail", NetNS: ns.Path(), Variant: variant, Runner: r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			save := func() string { return ns.MustExec(binary(variant, ipv4, "-save"), "-t", "nat") }
+			web := webService("10.96.0.10")
+			s.Update(web.Service.Key(), nil, web)
+			if err := s.Sync(); err != nil {
+				t.Fatalf("Sync: %v", err)
+			}
+			before := save()
+			if !strings.Contains(before, "10.96.0.10") {
+				t.Fatalf("the service is not in the nat table:\n%s", before)
+			}
+			moved := webService("10.96.0.11")
+			s.Update(web.Service.Key(), web, moved)
+			r.broken = true
+			err = s.Sync()
+			if err == nil || !strings.Contains(err.Error(), "table nat") {
+				t.Fatalf("Sync with a rejected restore: %v, want the nat table's error", err)
+			}
+			if after := save(); strings.Contains(after, "10.96.0.11") || !strings.Contains(after, "10.96.0.10") {
+				t.Errorf("after a rejected restore, the nat table changed:\n%s", after)
+			}
+			r.broken = false
+			if err := s.Sync(); err != nil {
+				t.Fatalf("Sync after the failure: %v", err)
+			}
+			if after := save(); !strings.Contains(after, "10.96.0.11") || strings.Contains(after, "10.96.0.10") {
+				t.Errorf("the Sync after a failure did not write the new state:\n%s", after)
+			}
+		})
+	}
+}
+
+// TestKernelCleanupAndCoexistence checks that two proxiers and
+// kube-proxy's chains coexist in both families and tables, and that
+// Cleanup removes one proxier's chains and jumps only.
+func TestKernelCleanupAndCoexistence(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		t.Run(variant, func(t *testing.T) {
+			ns := netns.New(t, "ipt")
+			ns.MustExec(binary(variant, ipv4, ""), "-t", "nat", "-N", "KUBE-SERVICES")
+			ns.MustExec(binary(variant, ipv4, ""), "-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES")
+			for _, name := range []string{"one", "two"} {
+				s, err := NewSink(Config{ServiceProxyName: name, NetNS: ns.Path(), Variant: variant})
+				if err != nil {
+					t.Fatal(err)
+				}
+				web := webService("10.96.0.10")
+				s.Update(web.Service.Key(), nil, web)
+				if err := s.Sync(); err != nil {
+					t.Fatalf("%s: Sync: %v", name, err)
+				}
+			}
+			if err := Cleanup(Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
+				t.Fatalf("Cleanup: %v", err)
+			}
+			for _, f := range families {
+				out := ns.MustExec(binary(variant, f, "-save"))
+				if strings.Contains(out, ChainPrefix("one")) || strings.Contains(out, "kpng one") {
+					t.Errorf("%s: proxier one's chains or jumps left after Cleanup:\n%s", f, out)
+				}
+				for _, want := range []string{":" + ChainPrefix("two") + "SERVICES", "-A PREROUTING -m comment --comment \"kpng two\" -j " + ChainPrefix("two") + "SERVICES"} {
+					if !strings.Contains(out, want) {
+						t.Errorf("%s: %q gone after proxier one's Cleanup:\n%s", f, want, out)
+					}
+				}
+				if f == ipv4 && (!strings.Contains(out, ":KUBE-SERVICES") || !strings.Contains(out, "-A PREROUTING -j KUBE-SERVICES")) {
+					t.Errorf("kube-proxy's chain or jump gone:\n%s", out)
+				}
+			}
+			// Cleaning twice is not an error (--cleanup after a restart).
+			if err := Cleanup(Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
+				t.Errorf("second Cleanup: %v", err)
+			}
+		})
+	}
+}
+
+// TestKernelDetectVariant checks auto detection in fresh namespaces: nft
+// when nothing uses iptables, legacy when its tables hold rules.
+func TestKernelDetectVariant(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-save", "iptables-nft-save")
+	for _, tc := range []struct {
+		setup string
+		want  string
+	}{
+		{"", VariantNFT},
+		{"iptables-legacy", VariantLegacy},
+		{"iptables-nft", VariantNFT},
+	} {
+		t.Run("rules by "+tc.setup, func(t *testing.T) {
+			ns := netns.New(t, "ipt")
+			if tc.setup != "" {
+				ns.MustExec(tc.setup, "-A", "INPUT", "-j", "ACCEPT")
+				ns.MustExec(tc.setup, "-A", "OUTPUT", "-j", "ACCEPT")
+			}
+			got, err := DetectVariant(context.Background(), ExecRunner{NetNS: ns.Path()})
+			if err != nil || got != tc.want {
+				t.Errorf("DetectVariant = %q, %v; want %q", got, err, tc.want)
+			}
+		})
 	}
 }
