@@ -39,6 +39,9 @@ var tables = []string{"nat", "filter"}
 type chain struct {
 	Name  string
 	Rules []string
+	// Service owns the chain (its rules depend only on that service and
+	// the options); nil for the fixed chains, rewritten in every sync.
+	Service *model.ServiceKey
 }
 
 // tablePlan is the content of the proxier's chains in one table.
@@ -65,6 +68,18 @@ func (t *tablePlan) chain(name string) *chain {
 func (t *tablePlan) add(name string, args ...string) {
 	c := t.chain(name)
 	c.Rules = append(c.Rules, strings.Join(args, " "))
+}
+
+// only returns the table with the fixed chains and the chains of the
+// services in keys only: what a partial sync writes.
+func (t *tablePlan) only(keys map[model.ServiceKey]bool) *tablePlan {
+	out := &tablePlan{}
+	for _, c := range t.Chains {
+		if c.Service == nil || keys[*c.Service] {
+			out.Chains = append(out.Chains, c)
+		}
+	}
+	return out
 }
 
 // names returns the names of the table's chains.
@@ -131,7 +146,12 @@ func (pl planner) build(services []*model.ServiceEndpoints) (*plan, []error) {
 			if se == nil || se.Service == nil {
 				continue
 			}
+			first := len(fp.NAT.Chains)
 			problems = append(problems, pl.service(f, fp, se)...)
+			key := se.Service.Key()
+			for _, c := range fp.NAT.Chains[first:] {
+				c.Service = &key
+			}
 		}
 		pl.nodePortJumps(f, fp)
 	}

@@ -41,7 +41,15 @@ type Config struct {
 	Conntrack func() (*netlink.Handle, error)
 	// Context bounds the commands the sink runs; nil: Background.
 	Context context.Context
+	// FullSyncPeriod is how often a Sync rewrites every chain (and lists
+	// them, and ensures the jumps) even if nothing failed; 0 means
+	// DefaultFullSyncPeriod.
+	FullSyncPeriod time.Duration
 }
+
+// DefaultFullSyncPeriod is the period of full syncs when Config does not
+// set one.
+const DefaultFullSyncPeriod = time.Hour
 
 // sink is the localsink.Sink of this package.
 type sink struct {
@@ -52,6 +60,13 @@ type sink struct {
 	jumper   jumper
 	services map[model.ServiceKey]*model.ServiceEndpoints
 	needFull bool
+	// lastFull is the time of the last successful full sync.
+	lastFull time.Time
+	// changed are the services updated since the last successful Sync:
+	// a partial sync rewrites their chains only (and the fixed ones).
+	changed map[model.ServiceKey]bool
+	// problems are those logged already.
+	problems map[string]bool
 	// written are the proxier's chains in the kernel, per family and
 	// table, as of the last successful restore (or the last listing).
 	written [2]map[string][]string
@@ -65,7 +80,8 @@ type sink struct {
 // into iptables (IPv4) and ip6tables (IPv6) chains of its own, through
 // iptables-restore --noflush (one call per family and table per Sync),
 // after resolving cfg.Variant. The jumps from the built-in chains are
-// ensured with go-iptables at the first Sync, and after any failure.
+// ensured with go-iptables at each full sync (the first, after any
+// failure, and periodically).
 func NewSink(cfg Config) (localsink.Sink, error) {
 	if err := cfg.Options.Validate(); err != nil {
 		return nil, fmt.Errorf("iptables backend: %w", err)
@@ -95,6 +111,7 @@ func newSink(cfg Config, variant string, j jumper) *sink {
 		cfg: cfg, variant: variant, prefix: prefix, jumper: j,
 		planner:  planner{prefix: prefix, opts: cfg.Options, randomFully: j.RandomFully(ipv4)},
 		services: map[model.ServiceKey]*model.ServiceEndpoints{},
+		changed:  map[model.ServiceKey]bool{},
 		needFull: true,
 	}
 }
@@ -102,11 +119,13 @@ func newSink(cfg Config, variant string, j jumper) *sink {
 // Reset implements localsink.Sink.
 func (s *sink) Reset() {
 	s.services = map[model.ServiceKey]*model.ServiceEndpoints{}
+	s.changed = map[model.ServiceKey]bool{}
 	s.needFull = true
 }
 
 // Update implements localsink.Sink.
 func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	s.changed[key] = true
 	if cur == nil {
 		delete(s.services, key)
 		return
@@ -114,8 +133,11 @@ func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 	s.services[key] = cur
 }
 
-// Sync implements localsink.Sink: it rewrites the proxier's chains, one
-// iptables-restore per family and table.
+// Sync implements localsink.Sink: it plans the whole state and writes it,
+// one iptables-restore per family and table: every chain on a full sync
+// (the first, the first after a failure or a Reset, and one every
+// FullSyncPeriod), otherwise the fixed chains (dispatch, masquerading)
+// and the chains of the services changed since the last successful Sync.
 func (s *sink) Sync() error {
 	start := time.Now()
 	keys := slices.SortedFunc(maps.Keys(s.services), model.ServiceKey.Compare)
@@ -124,10 +146,19 @@ func (s *sink) Sync() error {
 		items[i] = s.services[k]
 	}
 	p, problems := s.planner.build(items)
+	seen := map[string]bool{}
 	for _, e := range problems {
-		klog.InfoS("Part of a service cannot be programmed", "prefix", s.prefix, "problem", e.Error())
+		seen[e.Error()] = true
+		if !s.problems[e.Error()] {
+			klog.InfoS("Part of a service cannot be programmed", "prefix", s.prefix, "problem", e.Error())
+		}
 	}
-	full := s.needFull
+	s.problems = seen
+	period := s.cfg.FullSyncPeriod
+	if period <= 0 {
+		period = DefaultFullSyncPeriod
+	}
+	full := s.needFull || time.Since(s.lastFull) >= period
 	// Whatever happens now, until a Sync succeeds the next one re-reads
 	// the kernel's chains and ensures the jumps.
 	s.needFull = true
@@ -135,19 +166,27 @@ func (s *sink) Sync() error {
 		return fmt.Errorf("iptables (%s) chains %s*: %w (the next sync re-reads the chains and rewrites them all)", s.variant, s.prefix, err)
 	}
 	s.needFull = false
+	changed := len(s.changed)
+	s.changed = map[model.ServiceKey]bool{}
+	if full {
+		s.lastFull = start
+	}
 	var chains int
 	for _, f := range families {
 		s.staleFlows = append(s.staleFlows, staleFlows(f, s.reach[f], p.Families[f].Reach)...)
 		s.reach[f] = p.Families[f].Reach
 		chains += len(p.Families[f].NAT.Chains) + len(p.Families[f].Filter.Chains)
 	}
-	klog.V(2).InfoS("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(items), "chains", chains, "duration", time.Since(start))
+	klog.V(2).InfoS("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(items), "changed", changed, "chains", chains, "duration", time.Since(start))
 	s.flushStaleFlows()
 	return nil
 }
 
 // apply writes the plan: for each family and table, one
-// iptables-restore --noflush; then, on a full sync, the jumps.
+// iptables-restore --noflush of every chain (full) or of the fixed chains
+// and those of the services changed since the last successful Sync
+// (partial: the other chains are in the kernel already), deleting the
+// chains no longer planned; then, on a full sync, the jumps.
 func (s *sink) apply(p *plan, full bool) error {
 	ctx := s.cfg.Context
 	for _, f := range families {
@@ -169,7 +208,11 @@ func (s *sink) apply(p *plan, full bool) error {
 					stale = append(stale, name)
 				}
 			}
-			in := restoreInput(table, t, stale)
+			write := t
+			if !full {
+				write = t.only(s.changed)
+			}
+			in := restoreInput(table, write, stale)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
 				return fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(t.Chains), len(in), err)
 			}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"net/netip"
 
@@ -204,3 +205,71 @@ func TestStaleFlows(t *testing.T) {
 }
 
 func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// TestSinkPartialSync checks what a partial sync writes: the fixed chains
+// (dispatch included, which names every service) and the chains of the
+// changed service only, deleting the chain of its removed endpoint; and
+// that FullSyncPeriod makes a sync full again.
+func TestSinkPartialSync(t *testing.T) {
+	r := &fakeRunner{}
+	j := &fakeJumper{}
+	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantNFT, j)
+	web := &model.ServiceEndpoints{Service: svc("web", ipset("10.96.0.10"), port(model.TCP, 80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	db := &model.ServiceEndpoints{Service: svc("db", ipset("10.96.0.20"), port(model.TCP, 5432, 5432)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false), ep("10.1.0.4", false)}}
+	s.Update(db.Service.Key(), nil, db)
+	s.Update(web.Service.Key(), nil, web)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.planner.build([]*model.ServiceEndpoints{db, web})
+	r.take()
+
+	db2 := &model.ServiceEndpoints{Service: db.Service, Endpoints: db.Endpoints[:1]}
+	s.Update(db.Service.Key(), db, db2)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	calls := r.take()
+	if len(calls) != 4 {
+		t.Fatalf("partial sync: %v, want 4 restores", names(calls))
+	}
+	nat := calls[0].Stdin
+	after, _ := s.planner.build([]*model.ServiceEndpoints{db2, web})
+	for _, c := range after.Families[ipv4].NAT.Chains {
+		declared := strings.Contains(nat, ":"+c.Name+" ")
+		switch {
+		case c.Service == nil && !declared:
+			t.Errorf("fixed chain %s not written", c.Name)
+		case c.Service != nil && *c.Service == web.Service.Key() && declared:
+			t.Errorf("chain %s of the unchanged service web written", c.Name)
+		case c.Service != nil && *c.Service == db.Service.Key() && !declared:
+			t.Errorf("chain %s of the changed service db not written", c.Name)
+		}
+	}
+	if !strings.Contains(nat, "-d 10.96.0.10/32") && !strings.Contains(nat, "-d 10.96.0.10 ") {
+		t.Errorf("the dispatch lost the unchanged service web:\n%s", nat)
+	}
+	var deleted []string
+	for _, c := range before.Families[ipv4].NAT.Chains {
+		if _, ok := after.Families[ipv4].NAT.byName[c.Name]; !ok {
+			deleted = append(deleted, c.Name)
+			if !strings.Contains(nat, "\n-X "+c.Name+"\n") {
+				t.Errorf("chain %s of the removed endpoint not deleted:\n%s", c.Name, nat)
+			}
+		}
+	}
+	if len(deleted) != 1 {
+		t.Errorf("chains gone with one endpoint: %v, want its SEP chain", deleted)
+	}
+
+	// A round after the full-sync period is full: listing, jumps.
+	s.cfg.FullSyncPeriod = time.Nanosecond
+	s.Update(web.Service.Key(), web, &model.ServiceEndpoints{Service: web.Service})
+	j.ensured = nil
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(r.take()); len(got) != 8 || len(j.ensured) != 2 {
+		t.Errorf("sync after the full-sync period: %v, jumps %v; want a full sync", got, j.ensured)
+	}
+}
