@@ -5,6 +5,8 @@ package iptables
 import (
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 
 	goipt "github.com/coreos/go-iptables/iptables"
 	vnetns "github.com/vishvananda/netns"
@@ -45,6 +47,9 @@ type jumper interface {
 	Ensure(f family, js []jump) error
 	Remove(f family, js []jump) error
 	RandomFully(f family) bool
+	// CanaryIntact reports whether the canary chain holds its rule in
+	// the nat and filter tables of family f.
+	CanaryIntact(f family, chain string) (bool, error)
 }
 
 // goIPTables is the jumper of the sink: github.com/coreos/go-iptables
@@ -94,6 +99,28 @@ func (g *goIPTables) Ensure(f family, js []jump) error {
 		}
 		return nil
 	})
+}
+
+// CanaryIntact implements jumper.
+func (g *goIPTables) CanaryIntact(f family, chain string) (bool, error) {
+	intact := true
+	err := inNetNS(g.netNS, func() error {
+		for _, table := range tables {
+			ok, err := g.ipt[f].ChainExists(table, chain)
+			if err == nil && ok {
+				// The comment's quotes are restore syntax, not part of it.
+				spec := slices.Clone(canaryRule)
+				spec[3] = strings.Trim(spec[3], `"`)
+				ok, err = g.ipt[f].Exists(table, chain, spec...)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: check the canary chain %s in table %s: %w", f, chain, table, err)
+			}
+			intact = intact && ok
+		}
+		return nil
+	})
+	return intact, err
 }
 
 // Remove implements jumper.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
@@ -194,4 +195,62 @@ func TestKernelDetectVariant(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKernelCanary checks, with both variants, that the sink notices
+// tables flushed behind its back (IPv4 nat: every rule and chain
+// deleted; IPv6 filter: every rule deleted) through its canary chains,
+// and rewrites everything, jumps included, without a round from kpng.
+func TestKernelCanary(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		t.Run(variant, func(t *testing.T) {
+			ns := netns.New(t, "ipt")
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			s, err := NewSink(Config{ServiceProxyName: "canary", NetNS: ns.Path(), Variant: variant, Context: ctx, CanaryPeriod: 100 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			web := webService("10.96.0.10")
+			s.Update(web.Service.Key(), nil, web)
+			if err := s.Sync(); err != nil {
+				t.Fatalf("Sync: %v", err)
+			}
+			prefix := ChainPrefix("canary")
+			for _, tc := range []struct {
+				f     family
+				table string
+				flush [][]string
+				want  []string
+			}{
+				{ipv4, "nat", [][]string{{"-t", "nat", "-F"}, {"-t", "nat", "-X"}}, []string{"-d 10.96.0.10/32", "-A PREROUTING -m comment --comment \"kpng canary\" -j " + prefix + "SERVICES"}},
+				{ipv6, "filter", [][]string{{"-t", "filter", "-F"}}, []string{"-A INPUT -m comment --comment \"kpng canary\" -m conntrack --ctstate NEW -j " + prefix + "SERVICES", "\"kpng node ports\" -m addrtype --dst-type LOCAL -j " + prefix + "NODEPORTS"}},
+			} {
+				for _, args := range tc.flush {
+					ns.MustExec(binary(variant, tc.f, ""), args...)
+				}
+				var out string
+				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+					out = ns.MustExec(binary(variant, tc.f, "-save"), "-t", tc.table)
+					if containsAll(out, tc.want) {
+						break
+					}
+				}
+				if !containsAll(out, tc.want) {
+					t.Errorf("%s %s flushed: not rewritten within 10 s, want %q in:\n%s", tc.f, tc.table, tc.want, out)
+				}
+			}
+		})
+	}
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }

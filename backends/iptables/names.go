@@ -27,6 +27,10 @@ const (
 	// chainMasqNonPod (nat) sets the mark bit unless the source is in the
 	// cluster CIDRs.
 	chainMasqNonPod = "MASQ-NONPOD"
+	// chainCanary (nat and filter) holds one rule and nothing refers to
+	// it: when it is gone, someone flushed or replaced the table, and a
+	// full sync follows.
+	chainCanary = "CANARY"
 )
 
 // The kinds of a service's chains (3 letters each, as in kube-proxy).

@@ -189,7 +189,13 @@ func (pl planner) fixedChains(f family, fp *familyPlan) {
 	}
 	fp.Filter.chain(pl.fixed(chainServices))
 	fp.Filter.chain(pl.fixed(chainNodePorts))
+	for _, t := range []*tablePlan{nat, &fp.Filter} {
+		t.add(pl.fixed(chainCanary), canaryRule...)
+	}
 }
+
+// canaryRule is the rule of the canary chains.
+var canaryRule = []string{"-m", "comment", "--comment", `"kpng canary: if this rule goes, a full sync follows"`, "-j", "RETURN"}
 
 // nodePortJumps ends the SERVICES chains with the jump to NODEPORTS, on
 // the node's local addresses: all but loopback, or those in

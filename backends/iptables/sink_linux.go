@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -45,14 +46,25 @@ type Config struct {
 	// them, and ensures the jumps) even if nothing failed; 0 means
 	// DefaultFullSyncPeriod.
 	FullSyncPeriod time.Duration
+	// CanaryPeriod, if positive, is how often the sink checks its canary
+	// chains (one rule in a chain of its own in the nat and filter tables
+	// of each family, which nothing else touches): when one is gone,
+	// someone flushed or replaced the tables, and the sink rewrites
+	// everything at once (or, in the middle of a round, at its Sync). The
+	// check runs until Context ends; 0 means no check.
+	CanaryPeriod time.Duration
 }
 
 // DefaultFullSyncPeriod is the period of full syncs when Config does not
 // set one.
 const DefaultFullSyncPeriod = time.Hour
 
-// sink is the localsink.Sink of this package.
+// sink is the localsink.Sink of this package. mu serializes kpng's calls
+// and the canary's check; inRound is true between a round's first Update
+// (or Reset) and its Sync, when the state may be half-updated.
 type sink struct {
+	mu       sync.Mutex
+	inRound  bool
 	cfg      Config
 	variant  string
 	prefix   string
@@ -101,7 +113,55 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		return nil, fmt.Errorf("iptables backend (%s): %w", variant, err)
 	}
 	klog.InfoS("iptables backend", "variant", variant, "prefix", ChainPrefix(cfg.ServiceProxyName), "randomFully", j.RandomFully(ipv4))
-	return newSink(cfg, variant, j), nil
+	s := newSink(cfg, variant, j)
+	if cfg.CanaryPeriod > 0 {
+		go s.watchCanary(cfg.CanaryPeriod)
+	}
+	return s, nil
+}
+
+// watchCanary checks the canary chains every period until the sink's
+// Context ends.
+func (s *sink) watchCanary(period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.cfg.Context.Done():
+			return
+		case <-t.C:
+			s.checkCanary()
+		}
+	}
+}
+
+// checkCanary checks the canary chains once and, if one is gone,
+// rewrites everything now (between rounds) or at the round's Sync.
+func (s *sink) checkCanary() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastFull.IsZero() || s.needFull {
+		return // nothing applied yet, or a full sync is due anyway
+	}
+	for _, f := range families {
+		ok, err := s.jumper.CanaryIntact(f, s.prefix+chainCanary)
+		if err != nil {
+			klog.ErrorS(err, "Cannot check the canary chains", "prefix", s.prefix)
+			return
+		}
+		if ok {
+			continue
+		}
+		klog.InfoS("The canary chain is gone: the tables were flushed or replaced; rewriting every chain", "prefix", s.prefix, "family", f.String(), "inRound", s.inRound)
+		s.needFull = true
+		if s.inRound {
+			return
+		}
+		if err := s.sync(); err != nil {
+			klog.ErrorS(err, "Full sync after the canary's loss failed (kpng's next sync retries it)", "prefix", s.prefix)
+		}
+		return
+	}
 }
 
 // newSink returns the sink with its jumper (a fake in unit tests).
@@ -118,6 +178,9 @@ func newSink(cfg Config, variant string, j jumper) *sink {
 
 // Reset implements localsink.Sink.
 func (s *sink) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = true
 	s.services = map[model.ServiceKey]*model.ServiceEndpoints{}
 	s.changed = map[model.ServiceKey]bool{}
 	s.needFull = true
@@ -125,6 +188,9 @@ func (s *sink) Reset() {
 
 // Update implements localsink.Sink.
 func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = true
 	s.changed[key] = true
 	if cur == nil {
 		delete(s.services, key)
@@ -139,6 +205,14 @@ func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 // FullSyncPeriod), otherwise the fixed chains (dispatch, masquerading)
 // and the chains of the services changed since the last successful Sync.
 func (s *sink) Sync() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = false
+	return s.sync()
+}
+
+// sync is Sync, mu held.
+func (s *sink) sync() error {
 	start := time.Now()
 	keys := slices.SortedFunc(maps.Keys(s.services), model.ServiceKey.Compare)
 	items := make([]*model.ServiceEndpoints, len(keys))

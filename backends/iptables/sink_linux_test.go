@@ -61,6 +61,9 @@ func (j *fakeJumper) Ensure(f family, _ []jump) error {
 }
 func (j *fakeJumper) Remove(family, []jump) error { return nil }
 func (j *fakeJumper) RandomFully(family) bool     { return true }
+func (j *fakeJumper) CanaryIntact(family, string) (bool, error) {
+	return true, nil
+}
 
 // names returns the binaries and arguments of calls.
 func names(calls []call) []string {

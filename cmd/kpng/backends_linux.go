@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -111,9 +112,10 @@ func iptablesBackend() app.Backend {
 			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
 			variant := fs.String("iptables", iptables.VariantAuto, "the iptables variant: legacy, nft, or auto (the one whose tables hold more rules, nft when none)")
 			cleanup := fs.Bool("cleanup", false, "remove the chains and their jumps (of both variants with --iptables=auto) and exit")
+			canary := fs.Duration("canary-period", 10*time.Second, "how often to check the canary chains (when they are gone, the tables were flushed: every chain is rewritten); 0: never")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				cfg := iptables.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx, NetNS: *netnsPath, Variant: *variant}
+				cfg := iptables.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx, NetNS: *netnsPath, Variant: *variant, CanaryPeriod: *canary}
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
