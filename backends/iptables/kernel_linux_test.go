@@ -4,9 +4,14 @@ package iptables
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
@@ -253,4 +258,59 @@ func containsAll(s string, subs []string) bool {
 		}
 	}
 	return true
+}
+
+// TestKernelConntrackEndpointReplaced checks, with both variants, that a
+// UDP flow (one source port, so one conntrack entry) to a cluster IP
+// follows its service's endpoint when the endpoint is replaced: the sink
+// deletes the stale entry. In the control run the conntrack handle
+// fails: the flow stays on the old endpoint, so the test can fail.
+func TestKernelConntrackEndpointReplaced(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		for _, cleanup := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/cleanup=%v", variant, cleanup), func(t *testing.T) {
+				b := netns.Blog(t)
+				cfg := Config{ServiceProxyName: "ct", NetNS: b.Node.Path(), Variant: variant}
+				if !cleanup {
+					cfg.Conntrack = func() (*netlink.Handle, error) { return nil, errors.New("no conntrack in the control run") }
+				}
+				s, err := NewSink(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				svc := svc("dns", ipset("10.96.0.10", "fd00:10:96::10"), port(model.UDP, 53, 6000))
+				pod := func(v4, v6 netip.Addr) []*model.Endpoint {
+					return []*model.Endpoint{ep(v4.String(), true), ep(v6.String(), true)}
+				}
+				first := &model.ServiceEndpoints{Service: svc, Endpoints: pod(netns.PodV4, netns.PodV6)}
+				s.Update(svc.Key(), nil, first)
+				if err := s.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				dsts := []netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:53"), netip.MustParseAddrPort("[fd00:10:96::10]:53")}
+				const srcPort = 40200
+				for _, d := range dsts {
+					if a, err := b.Client.Ask("udp", d, netns.AskOptions{LocalPort: srcPort}); err != nil || a.Server != netns.PodID {
+						t.Fatalf("UDP flow to %s: %v, %v; want %s", d, a.Server, err, netns.PodID)
+					}
+				}
+				second := &model.ServiceEndpoints{Service: svc, Endpoints: pod(netns.Pod2V4, netns.Pod2V6)}
+				s.Update(svc.Key(), first, second)
+				if err := s.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				want := netns.Pod2ID
+				if !cleanup {
+					want = netns.PodID // the stale entry keeps the flow
+				}
+				for _, d := range dsts {
+					if a, err := b.Client.Ask("udp", d, netns.AskOptions{LocalPort: srcPort}); err != nil || a.Server != want {
+						t.Errorf("the same UDP flow to %s after the change: %v, %v; want %s", d, a.Server, err, want)
+					}
+				}
+			})
+		}
+	}
 }
