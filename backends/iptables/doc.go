@@ -20,8 +20,8 @@
 //     that is sent is the text the golden tests check);
 //   - the kernel side (Linux): sink_linux.go (each Sync plans the whole
 //     state and writes it with one iptables-restore per family and
-//     table: every chain in a full sync, the fixed chains and those of
-//     the services changed since the last Sync in a partial one,
+//     table: every chain in a full sync, only the chains whose rules
+//     changed in a partial one,
 //     deleting the chains no longer used; a failed restore leaves
 //     that table as it was, is returned, and makes the next Sync a full
 //     one; with CanaryPeriod, a canary chain per table whose loss, when

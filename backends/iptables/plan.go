@@ -39,8 +39,8 @@ var tables = []string{"nat", "filter"}
 type chain struct {
 	Name  string
 	Rules []string
-	// Service owns the chain (its rules depend only on that service and
-	// the options); nil for the fixed chains, rewritten in every sync.
+	// Service is the service the chain is made for; nil for the fixed
+	// chains.
 	Service *model.ServiceKey
 }
 
@@ -70,23 +70,25 @@ func (t *tablePlan) add(name string, args ...string) {
 	c.Rules = append(c.Rules, strings.Join(args, " "))
 }
 
-// only returns the table with the fixed chains and the chains of the
-// services in keys only: what a partial sync writes.
-func (t *tablePlan) only(keys map[model.ServiceKey]bool) *tablePlan {
-	out := &tablePlan{}
+// contents returns the rules of each chain, joined: what changedSince
+// compares.
+func (t *tablePlan) contents() map[string]string {
+	out := make(map[string]string, len(t.Chains))
 	for _, c := range t.Chains {
-		if c.Service == nil || keys[*c.Service] {
-			out.Chains = append(out.Chains, c)
-		}
+		out[c.Name] = strings.Join(c.Rules, "\n")
 	}
 	return out
 }
 
-// names returns the names of the table's chains.
-func (t *tablePlan) names() []string {
-	out := make([]string, len(t.Chains))
-	for i, c := range t.Chains {
-		out[i] = c.Name
+// changedSince returns the table with only the chains whose rules differ
+// from those in written (name → contents), or that are not there: what a
+// partial sync writes.
+func (t *tablePlan) changedSince(written map[string]string) *tablePlan {
+	out := &tablePlan{}
+	for _, c := range t.Chains {
+		if old, ok := written[c.Name]; !ok || old != strings.Join(c.Rules, "\n") {
+			out.Chains = append(out.Chains, c)
+		}
 	}
 	return out
 }
@@ -108,6 +110,10 @@ type familyPlan struct {
 	// Reach maps each UDP destination DNATed by the rules to the
 	// endpoints it may reach.
 	Reach map[dst][]netip.AddrPort
+	// claims are the destinations (address, or node port without one,
+	// protocol and port) taken, and by which service: the first in key
+	// order keeps one, as in the nft backend.
+	claims map[dst]model.ServiceKey
 }
 
 // table returns the plan of the table named name.
@@ -317,6 +323,12 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 	// cluster IP in it (as kube-proxy, whose per-family proxiers only see
 	// the service in its own families).
 	hasNodePort := nodePort > 0 && len(familyTexts(svc.IPs.ClusterIPs, f)) > 0
+	clusterIPs = b.claim("clusterIPs", clusterIPs, b.port.Port)
+	externalIPs = b.claim("externalIPs", externalIPs, b.port.Port)
+	lbIPs = b.claim("loadBalancer ingress IPs", lbIPs, b.port.Port)
+	if hasNodePort {
+		hasNodePort = len(b.claim("nodePort", []netip.Addr{{}}, nodePort)) > 0
+	}
 	if len(clusterIPs) == 0 && len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
 		return
 	}
@@ -466,6 +478,31 @@ func (b *portBuilder) policy(local bool, eps []*model.Endpoint) *policyChain {
 	// filled when the port is done: its first rules may still come.
 	b.fp.NAT.chain(c.name)
 	return c
+}
+
+// claim returns the addresses (the invalid address: a node port) of
+// addrs whose destination with port is free or the service's own, and
+// takes them; the others are reported (another service has them) and
+// left out.
+func (b *portBuilder) claim(field string, addrs []netip.Addr, port int32) []netip.Addr {
+	if b.fp.claims == nil {
+		b.fp.claims = map[dst]model.ServiceKey{}
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		d := dst{Family: b.f, Proto: b.port.Protocol, Addr: netip.AddrPortFrom(a, uint16(port))}
+		if owner, ok := b.fp.claims[d]; ok && owner != b.svc.Key() {
+			what := a.String()
+			if !a.IsValid() {
+				what = "node port"
+			}
+			*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: %s %d/%s already used by service %s: ignored", b.svc.Key(), field, what, port, protoName(b.port.Protocol), owner))
+			continue
+		}
+		b.fp.claims[d] = b.svc.Key()
+		out = append(out, a)
+	}
+	return out
 }
 
 // reach records the endpoints a UDP destination is DNATed to.

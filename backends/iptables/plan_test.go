@@ -114,6 +114,26 @@ func goldenCases() map[string]goldenCase {
 		"problems": {opts: testOptions, services: []*model.ServiceEndpoints{
 			{Service: bad, Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
 		}},
+		"conflicts": {opts: testOptions, services: conflicts()},
+	}
+}
+
+// conflicts are services claiming the same destinations: the first in
+// key order keeps each (a: the external IP and the node port; b has no
+// endpoints, and its cluster IP is b's only); c keeps nothing but its
+// cluster IP.
+func conflicts() []*model.ServiceEndpoints {
+	mk := func(name, cluster string, eps ...*model.Endpoint) *model.ServiceEndpoints {
+		s := svc(name, ipset(cluster), port(model.TCP, 80, 8080))
+		s.Type = "NodePort"
+		s.Ports[0].NodePort = 30080
+		s.IPs.ExternalIPs = ipset("192.0.2.1")
+		return &model.ServiceEndpoints{Service: s, Endpoints: eps}
+	}
+	return []*model.ServiceEndpoints{
+		mk("a", "10.96.0.1", ep("10.1.0.2", false)),
+		mk("b", "10.96.0.2"),
+		mk("c", "10.96.0.1", ep("10.1.0.3", false)),
 	}
 }
 

@@ -79,9 +79,10 @@ type sink struct {
 	changed map[model.ServiceKey]bool
 	// problems are those logged already.
 	problems map[string]bool
-	// written are the proxier's chains in the kernel, per family and
+	// written are the proxier's chains in the kernel, per family, table
+	// and name, with their rules (contents) as last written
 	// table, as of the last successful restore (or the last listing).
-	written [2]map[string][]string
+	written [2]map[string]map[string]string
 	// reach is the Reach of the last applied plan, per family.
 	reach [2]map[dst][]netip.AddrPort
 	// staleFlows wait for the next successful sync.
@@ -203,7 +204,8 @@ func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 // one iptables-restore per family and table: every chain on a full sync
 // (the first, the first after a failure or a Reset, and one every
 // FullSyncPeriod), otherwise the fixed chains (dispatch, masquerading)
-// and the chains of the services changed since the last successful Sync.
+// the chains whose rules changed since the last successful Sync: those of
+// the services changed, and the dispatch when an address or port did.
 func (s *sink) Sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -257,40 +259,49 @@ func (s *sink) sync() error {
 }
 
 // apply writes the plan: for each family and table, one
-// iptables-restore --noflush of every chain (full) or of the fixed chains
-// and those of the services changed since the last successful Sync
-// (partial: the other chains are in the kernel already), deleting the
-// chains no longer planned; then, on a full sync, the jumps.
+// iptables-restore --noflush of every chain (full), or of the chains
+// whose rules changed since the last successful restore (partial: the
+// others are in the kernel already; a table without any change and
+// without a chain to delete is not restored at all), deleting the chains
+// no longer planned; then, on a full sync, the jumps.
 func (s *sink) apply(p *plan, full bool) error {
 	ctx := s.cfg.Context
 	for _, f := range families {
 		if s.written[f] == nil || full {
-			s.written[f] = map[string][]string{}
+			s.written[f] = map[string]map[string]string{}
 			for _, table := range tables {
 				out, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-save"), []string{"-t", table}, nil)
 				if err != nil {
 					return fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
 				}
-				s.written[f][table] = chainsWithPrefix(out, s.prefix)
+				s.written[f][table] = map[string]string{}
+				for _, name := range chainsWithPrefix(out, s.prefix) {
+					s.written[f][table][name] = unknownRules
+				}
 			}
 		}
 		for _, table := range tables {
 			t := p.Families[f].table(table)
+			written := s.written[f][table]
 			var stale []string
-			for _, name := range s.written[f][table] {
+			for name := range written {
 				if _, ok := t.byName[name]; !ok {
 					stale = append(stale, name)
 				}
 			}
+			slices.Sort(stale)
 			write := t
 			if !full {
-				write = t.only(s.changed)
+				write = t.changedSince(written)
+				if len(write.Chains) == 0 && len(stale) == 0 {
+					continue
+				}
 			}
 			in := restoreInput(table, write, stale)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
-				return fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(t.Chains), len(in), err)
+				return fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write.Chains), len(in), err)
 			}
-			s.written[f][table] = t.names()
+			s.written[f][table] = t.contents()
 		}
 		if full {
 			if err := s.jumper.Ensure(f, jumps(s.prefix)); err != nil {
@@ -300,6 +311,10 @@ func (s *sink) apply(p *plan, full bool) error {
 	}
 	return nil
 }
+
+// unknownRules stands for the rules of a chain found in the kernel and
+// not written by this sink: never equal to a planned chain's.
+const unknownRules = "\x00unknown"
 
 // staleFlows returns the UDP flows that the change from the reach
 // before to after made stale: those DNATed to an endpoint a destination

@@ -124,8 +124,10 @@ func TestSinkSync(t *testing.T) {
 		t.Fatalf("second Sync: %v", err)
 	}
 	calls = r.take()
-	if diff := cmp.Diff(want[2:4], names(calls)[:2]); diff != "" || len(calls) != 4 {
-		t.Errorf("second Sync's commands: %v, want only restores", names(calls))
+	// IPv4: the nat table changes (filter had nothing of web); IPv6: the
+	// filter table (web rejected there: no IPv6 endpoint).
+	if diff := cmp.Diff([]string{"iptables-legacy-restore --noflush --wait", "ip6tables-legacy-restore --noflush --wait"}, names(calls)); diff != "" {
+		t.Fatalf("second Sync's commands (-want +got):\n%s", diff)
 	}
 	var svcChain string
 	for _, c := range p.Families[ipv4].NAT.Chains {
@@ -143,9 +145,10 @@ func TestSinkSync(t *testing.T) {
 	// A failed restore: the error names the table, the next Sync lists
 	// the chains again and ensures the jumps.
 	r.fail = map[string]error{"ip6tables-legacy-restore": errors.New("line 3 failed")}
+	s.Update(web.Service.Key(), nil, web)
 	err := s.Sync()
-	if err == nil || !strings.Contains(err.Error(), "IPv6 table nat") || !strings.Contains(err.Error(), "line 3 failed") {
-		t.Fatalf("Sync with a failing ip6tables-restore: %v, want the IPv6 nat table's error", err)
+	if err == nil || !strings.Contains(err.Error(), "IPv6 table filter") || !strings.Contains(err.Error(), "line 3 failed") {
+		t.Fatalf("Sync with a failing ip6tables-restore: %v, want the IPv6 filter table's error", err)
 	}
 	r.take()
 	r.fail = nil
@@ -209,15 +212,16 @@ func TestStaleFlows(t *testing.T) {
 
 func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
-// TestSinkPartialSync checks what a partial sync writes: the fixed chains
-// (dispatch included, which names every service) and the chains of the
-// changed service only, deleting the chain of its removed endpoint; and
-// that FullSyncPeriod makes a sync full again.
+// TestSinkPartialSync checks what a partial sync writes: only the chains
+// whose rules changed (an endpoint removed: the service's SVC chain; not
+// the dispatch, not the unchanged service web), deleting the removed
+// endpoint's chain, nothing for a family without change; and that
+// FullSyncPeriod makes a sync full again.
 func TestSinkPartialSync(t *testing.T) {
 	r := &fakeRunner{}
 	j := &fakeJumper{}
 	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantNFT, j)
-	web := &model.ServiceEndpoints{Service: svc("web", ipset("10.96.0.10"), port(model.TCP, 80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	web := &model.ServiceEndpoints{Service: svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.TCP, 80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("fd00:1::2", false)}}
 	db := &model.ServiceEndpoints{Service: svc("db", ipset("10.96.0.20"), port(model.TCP, 5432, 5432)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false), ep("10.1.0.4", false)}}
 	s.Update(db.Service.Key(), nil, db)
 	s.Update(web.Service.Key(), nil, web)
@@ -233,41 +237,58 @@ func TestSinkPartialSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := r.take()
-	if len(calls) != 4 {
-		t.Fatalf("partial sync: %v, want 4 restores", names(calls))
+	if diff := cmp.Diff([]string{"iptables-nft-restore --noflush --wait"}, names(calls)); diff != "" {
+		t.Fatalf("partial sync's commands (-want +got):\n%s", diff)
 	}
-	nat := calls[0].Stdin
 	after, _ := s.planner.build([]*model.ServiceEndpoints{db2, web})
-	for _, c := range after.Families[ipv4].NAT.Chains {
-		declared := strings.Contains(nat, ":"+c.Name+" ")
-		switch {
-		case c.Service == nil && !declared:
-			t.Errorf("fixed chain %s not written", c.Name)
-		case c.Service != nil && *c.Service == web.Service.Key() && declared:
-			t.Errorf("chain %s of the unchanged service web written", c.Name)
-		case c.Service != nil && *c.Service == db.Service.Key() && !declared:
-			t.Errorf("chain %s of the changed service db not written", c.Name)
+	var written, deleted []string
+	for _, line := range strings.Split(calls[0].Stdin, "\n") {
+		if name, ok := strings.CutPrefix(line, ":"); ok {
+			written = append(written, strings.Fields(name)[0])
+		}
+		if name, ok := strings.CutPrefix(line, "-X "); ok {
+			deleted = append(deleted, name)
 		}
 	}
-	if !strings.Contains(nat, "-d 10.96.0.10/32") && !strings.Contains(nat, "-d 10.96.0.10 ") {
-		t.Errorf("the dispatch lost the unchanged service web:\n%s", nat)
+	var wantWritten, wantDeleted []string
+	for _, c := range after.Families[ipv4].NAT.Chains {
+		if c.Service != nil && *c.Service == db.Service.Key() && strings.Contains(c.Name, "-"+kindCluster+"-") {
+			wantWritten = append(wantWritten, c.Name)
+		}
 	}
-	var deleted []string
 	for _, c := range before.Families[ipv4].NAT.Chains {
 		if _, ok := after.Families[ipv4].NAT.byName[c.Name]; !ok {
-			deleted = append(deleted, c.Name)
-			if !strings.Contains(nat, "\n-X "+c.Name+"\n") {
-				t.Errorf("chain %s of the removed endpoint not deleted:\n%s", c.Name, nat)
-			}
+			wantDeleted = append(wantDeleted, c.Name)
 		}
 	}
-	if len(deleted) != 1 {
-		t.Errorf("chains gone with one endpoint: %v, want its SEP chain", deleted)
+	if len(wantWritten) != 1 || len(wantDeleted) != 1 {
+		t.Fatalf("test bug: want one chain written (%v) and one deleted (%v)", wantWritten, wantDeleted)
+	}
+	if diff := cmp.Diff(append(wantWritten, wantDeleted...), written); diff != "" {
+		t.Errorf("chains declared in the IPv4 nat input (-want +got):\n%s\n%s", diff, calls[0].Stdin)
+	}
+	if diff := cmp.Diff(wantDeleted, deleted); diff != "" {
+		t.Errorf("chains deleted (-want +got):\n%s", diff)
+	}
+
+	// web's IPv6 endpoint goes: only the IPv6 nat table is written, with
+	// the dispatch unchanged.
+	web2 := &model.ServiceEndpoints{Service: web.Service, Endpoints: web.Endpoints[:1]}
+	s.Update(web.Service.Key(), web, web2)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	calls = r.take()
+	if len(calls) != 2 || calls[0].Name != "ip6tables-nft-restore" || calls[1].Name != "ip6tables-nft-restore" {
+		t.Fatalf("IPv6 endpoint removed: %v, want the IPv6 nat (SVC chain gone) and filter (reject) restores", names(calls))
+	}
+	if !strings.Contains(calls[1].Stdin, "REJECT") {
+		t.Errorf("IPv6 filter input without the reject rule:\n%s", calls[1].Stdin)
 	}
 
 	// A round after the full-sync period is full: listing, jumps.
 	s.cfg.FullSyncPeriod = time.Nanosecond
-	s.Update(web.Service.Key(), web, &model.ServiceEndpoints{Service: web.Service})
+	s.Update(web.Service.Key(), web2, &model.ServiceEndpoints{Service: web.Service})
 	j.ensured = nil
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
