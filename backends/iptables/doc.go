@@ -16,7 +16,10 @@
 //     from this node → the chains and rules of each family and table, as
 //     the text of iptables-restore input; it also records which
 //     endpoints each UDP service destination reaches, for the conntrack
-//     cleanup) and restore.go (the restore input of a table: the text
+//     cleanup), dispatch.go (beyond 32 rules, the SERVICES chains laid
+//     out as a tree of chains keyed by destination prefix, so that a
+//     packet meets tens of rules rather than one per service) and
+//     restore.go (the restore input of a table: the text
 //     that is sent is the text the golden tests check);
 //   - the kernel side (Linux): sink_linux.go (each Sync plans the whole
 //     state and writes it with one iptables-restore per family and

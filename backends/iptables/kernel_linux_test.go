@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -312,5 +313,59 @@ func TestKernelConntrackEndpointReplaced(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestKernelDispatchTree checks the dispatch tree with real traffic, both
+// variants: 200 services (half without endpoints) make trees in the nat
+// and filter tables of both families; sampled services answer (or
+// refuse, without endpoints) from the client, and a node port, reached
+// after the packet fell through the whole tree, answers too.
+func TestKernelDispatchTree(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		t.Run(variant, func(t *testing.T) {
+			b := netns.Blog(t)
+			s, err := NewSink(Config{ServiceProxyName: "tree", NetNS: b.Node.Path(), Variant: variant})
+			if err != nil {
+				t.Fatal(err)
+			}
+			services := manyServices(200)
+			for _, se := range services {
+				se.Service.Ports = []*model.PortMapping{port(model.TCP, 80, 6000)}
+				if len(se.Endpoints) > 0 {
+					se.Endpoints = []*model.Endpoint{ep(netns.PodV4.String(), true), ep(netns.PodV6.String(), true)}
+				}
+			}
+			services[10].Service.Type = "NodePort"
+			services[10].Service.Ports[0].NodePort = 30080
+			for _, se := range services {
+				s.Update(se.Service.Key(), nil, se)
+			}
+			if err := s.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if out := b.Node.MustExec(binary(variant, ipv6, "-save"), "-t", "filter"); !strings.Contains(out, "-"+kindDispatch+"-") {
+				t.Fatalf("no dispatch tree in the IPv6 filter table:\n%s", out)
+			}
+			for _, i := range []int{0, 1, 64, 131, 198, 199} {
+				for _, f := range families {
+					dst := netip.AddrPortFrom(netip.MustParseAddr(familyTexts(services[i].Service.IPs.ClusterIPs, f)[0]), 80)
+					a, err := b.Client.Ask("tcp", dst, netns.AskOptions{Timeout: 2 * time.Second})
+					if len(services[i].Endpoints) > 0 && (err != nil || a.Server != netns.PodID) {
+						t.Errorf("service %d at %s: %v, %v; want %s", i, dst, a.Server, err, netns.PodID)
+					}
+					if len(services[i].Endpoints) == 0 && !errors.Is(err, syscall.ECONNREFUSED) {
+						t.Errorf("service %d at %s (no endpoints): %v, %v; want refused", i, dst, a.Server, err)
+					}
+				}
+			}
+			for _, node := range []netip.Addr{netns.NodeV4, netns.NodeV6} {
+				if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(node, 30080), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+					t.Errorf("node port %s:30080: %v, %v; want %s", node, a.Server, err, netns.PodID)
+				}
+			}
+		})
 	}
 }

@@ -48,6 +48,21 @@ type chain struct {
 type tablePlan struct {
 	Chains []*chain
 	byName map[string]*chain
+	// entries are the rules of the SERVICES chain, each matching one
+	// destination address, before they are laid out (dispatchTree).
+	entries []entry
+}
+
+// entry is a rule of the dispatch, matching the destination Addr.
+type entry struct {
+	Addr netip.Addr
+	Rule string
+}
+
+// dispatch adds a rule of the SERVICES chain for packets to addr (its
+// args start with "-d addr").
+func (t *tablePlan) dispatch(addr netip.Addr, args ...string) {
+	t.entries = append(t.entries, entry{Addr: addr, Rule: strings.Join(args, " ")})
 }
 
 // chain returns the chain named name, added (empty) if it is new.
@@ -159,6 +174,8 @@ func (pl planner) build(services []*model.ServiceEndpoints) (*plan, []error) {
 				c.Service = &key
 			}
 		}
+		pl.dispatchTree(f, "nat", &fp.NAT)
+		pl.dispatchTree(f, "filter", &fp.Filter)
 		pl.nodePortJumps(f, fp)
 	}
 	// A problem of the service (not of one family) is found in both.
@@ -335,7 +352,7 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 	defer b.finish()
 	cats := endpoints.CategorizePort(b.port, b.usableEndpoints())
 	internal, iv := cats.Internal(svc)
-	services, nodePorts := b.fixed(chainServices), b.fixed(chainNodePorts)
+	nodePorts := b.fixed(chainNodePorts)
 
 	// Cluster IPs.
 	if len(clusterIPs) > 0 {
@@ -349,12 +366,12 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 				case len(prefixesOf(b.opts.ClusterCIDRs, f)) > 0:
 					chain.first = append(chain.first, append(slices.Clone(match), "-j", b.fixed(chainMasqNonPod)))
 				}
-				b.fp.NAT.add(services, concat(b.comment("cluster IP"), match, []string{"-j", chain.name})...)
+				b.fp.NAT.dispatch(ip, concat(b.comment("cluster IP"), match, []string{"-j", chain.name})...)
 				b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), chain.eps)
 			}
 		} else {
 			for _, ip := range clusterIPs {
-				b.fp.Filter.add(services, concat(b.comment(noEndpoints(iv)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(iv))...)
+				b.fp.Filter.dispatch(ip, concat(b.comment(noEndpoints(iv)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(iv))...)
 			}
 		}
 	}
@@ -368,12 +385,12 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 	if len(ranges) > 0 && len(lbIPs) > 0 && cats.HasAny {
 		firewalled = true
 		for _, ip := range lbIPs {
-			b.fp.Filter.add(services, concat(b.comment("not allowed by loadBalancerSourceRanges"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", "DROP"})...)
+			b.fp.Filter.dispatch(ip, concat(b.comment("not allowed by loadBalancerSourceRanges"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", "DROP"})...)
 		}
 	}
 	if ev != endpoints.Forward {
 		for _, ip := range append(slices.Clone(externalIPs), lbIPs...) {
-			b.fp.Filter.add(services, concat(b.comment(noEndpoints(ev)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(ev))...)
+			b.fp.Filter.dispatch(ip, concat(b.comment(noEndpoints(ev)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(ev))...)
 		}
 		if hasNodePort {
 			b.fp.Filter.add(nodePorts, concat(b.comment(noEndpoints(ev)), b.match(nodePort), b.verdict(ev))...)
@@ -384,7 +401,7 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 	}
 	ext, reach := b.externalChain(external, ev, cats.Cluster)
 	for _, ip := range externalIPs {
-		b.fp.NAT.add(services, concat(b.comment("external IP"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", ext})...)
+		b.fp.NAT.dispatch(ip, concat(b.comment("external IP"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", ext})...)
 		b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), reach)
 	}
 	lbTarget := ext
@@ -392,7 +409,7 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 		lbTarget = b.firewall(ext, lbIPs, ranges)
 	}
 	for _, ip := range lbIPs {
-		b.fp.NAT.add(services, concat(b.comment("load-balancer IP"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", lbTarget})...)
+		b.fp.NAT.dispatch(ip, concat(b.comment("load-balancer IP"), []string{"-d", ip.String()}, b.match(b.port.Port), []string{"-j", lbTarget})...)
 		b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), reach)
 	}
 	if hasNodePort {
