@@ -551,12 +551,16 @@ func (b *portBuilder) finish() {
 			if timeout <= 0 {
 				timeout = model.DefaultAffinityTimeoutSeconds
 			}
-			for i, ep := range c.eps {
-				nat.add(c.name, concat(b.comment("-> "+ep.String()), []string{"-m", "recent", "--name", seps[i], "--rcheck", "--seconds", strconv.Itoa(int(timeout)), "--reap", "-j", seps[i]})...)
+			for i := range c.eps {
+				nat.add(c.name, concat([]string{"-m", "recent", "--name", seps[i], "--rcheck", "--seconds", strconv.Itoa(int(timeout)), "--reap", "-j", seps[i]})...)
 			}
 		}
-		for i, ep := range c.eps {
-			args := b.comment("-> " + ep.String())
+		for i := range c.eps {
+			// No comment on the rules of each endpoint (kube-proxy drops
+			// them in large clusters): the xt_comment match they add to
+			// three rules per endpoint doubled the restore input and the
+			// kernel's work at 10,000 services.
+			var args []string
 			if n := len(c.eps) - i; n > 1 {
 				args = append(args, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%0.10f", 1/float64(n)))
 			}
@@ -573,13 +577,13 @@ func (b *portBuilder) endpointChain(ep netip.AddrPort) string {
 	if c := nat.byName[name]; c != nil && len(c.Rules) > 0 {
 		return name
 	}
-	nat.add(name, concat(b.comment("hairpin"), []string{"-s", ep.Addr().String(), "-j", b.fixed(chainMarkMasq)})...)
-	args := b.comment("")
+	nat.add(name, "-s", ep.Addr().String(), "-j", b.fixed(chainMarkMasq))
+	var args []string
 	if b.svc.ClientIPAffinity != nil {
 		args = append(args, "-m", "recent", "--name", name, "--set")
 	}
 	proto := protoName(b.port.Protocol)
-	nat.add(name, append(args, "-p", proto, "-m", proto, "-j", "DNAT", "--to-destination", ep.String())...)
+	nat.add(name, append(args, "-p", proto, "-j", "DNAT", "--to-destination", ep.String())...)
 	return name
 }
 
