@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"sync"
 	"time"
@@ -103,6 +104,9 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		cfg.Context = context.Background()
 	}
 	if cfg.Runner == nil {
+		if _, err := exec.LookPath("nsenter"); err != nil && cfg.NetNS != "" {
+			return nil, fmt.Errorf("iptables backend: NetNS %s needs nsenter (util-linux): %w", cfg.NetNS, err)
+		}
 		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
 	}
 	variant, err := resolveVariant(cfg.Context, cfg.Runner, cfg.Variant)
