@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/kpng/internal/netns"
 )
 
-// TestKubeToLocalIPTables runs `kpng kube … to-local to-iptables` (legacy
-// variant) against the real API server, programming the node namespace of
+// TestKubeToLocalIPTables runs `kpng kube … to-local to-iptables`, with
+// each variant, against the real API server, programming the node namespace of
 // the blog topology, and checks TCP and UDP traffic from the client to a
 // Service's external IPs (both families): answered by the endpoint's pod,
 // then by another pod when the EndpointSlices move (one UDP flow kept
@@ -32,7 +32,15 @@ import (
 func TestKubeToLocalIPTables(t *testing.T) {
 	cp.Require(t)
 	netns.RequirePrivileged(t)
-	netns.RequireCommands(t, "nsenter", "iptables-legacy-save", "iptables-legacy-restore")
+	netns.RequireCommands(t, "nsenter", "iptables-legacy-save", "iptables-legacy-restore", "iptables-nft-save", "iptables-nft-restore")
+	bin := e2e.Build(t, "cmd/kpng")
+	for _, variant := range []string{iptables.VariantLegacy, iptables.VariantNFT} {
+		t.Run(variant, func(t *testing.T) { kubeToLocalIPTables(t, bin, variant) })
+	}
+}
+
+// kubeToLocalIPTables is TestKubeToLocalIPTables with one variant.
+func kubeToLocalIPTables(t *testing.T, bin, variant string) {
 	b := netns.Blog(t)
 	ctx := context.Background()
 	kc := kubetest.Client{T: t, C: cp.Client()}
@@ -40,17 +48,16 @@ func TestKubeToLocalIPTables(t *testing.T) {
 	name := kubetest.UniqueName("ipt")
 	prefix := iptables.ChainPrefix(name)
 	saved := func() string {
-		out, _, err := b.Node.Exec(nil, "iptables-legacy-save")
+		out, _, err := b.Node.Exec(nil, "iptables-"+variant+"-save")
 		if err != nil {
-			t.Fatalf("iptables-legacy-save: %v", err)
+			t.Fatalf("iptables-%s-save: %v", variant, err)
 		}
 		return out
 	}
 
 	blog := e2e.CreateBlogService(kc, ns, name)
-	bin := e2e.Build(t, "cmd/kpng")
 	kpng := e2e.Start(t, bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
-		"--node-name=node-a", "to-local", "to-iptables", "--iptables=legacy", "--netns="+b.Node.Path())
+		"--node-name=node-a", "to-local", "to-iptables", "--iptables="+variant, "--netns="+b.Node.Path())
 
 	e2e.WaitAnswer(t, b, netns.PodID)
 	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
@@ -97,7 +104,7 @@ func TestKubeToLocalIPTables(t *testing.T) {
 	}
 	for _, extra := range [][]string{{"--cleanup"}, {"--cleanup"}, {"--cluster-cidr=10.0.0.1/8"}, {"--iptables=xtables"}, {"--masquerade-bit=0"}} {
 		cmd := exec.Command(bin, append([]string{"kube", "--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + name,
-			"to-local", "to-iptables", "--netns=" + b.Node.Path()}, extra...)...)
+			"to-local", "to-iptables", "--iptables=" + variant, "--netns=" + b.Node.Path()}, extra...)...)
 		out, err := cmd.CombinedOutput()
 		if extra[0] == "--cleanup" {
 			if err != nil {
