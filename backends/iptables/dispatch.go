@@ -23,7 +23,7 @@ const (
 )
 
 // dispatchTree lays out the table's dispatch entries in its SERVICES
-// chain. Up to flatDispatch entries, one rule each, in order, as
+// chain, and its node-port entries in its NODEPORTS chain. Up to flatDispatch entries, one rule each, in order, as
 // kube-proxy does. Beyond, as a tree of chains keyed by destination
 // prefix: each chain matches the longest prefix its addresses share, then
 // splits them on the next stride bits (up to 16 rules "-d <prefix> -j
@@ -42,17 +42,68 @@ func (pl planner) dispatchTree(f family, table string, t *tablePlan) {
 		for _, e := range entries {
 			t.add(services, e.Rule)
 		}
+	} else {
+		slices.SortStableFunc(entries, func(a, b entry) int { return a.Addr.Compare(b.Addr) })
+		pl.dispatchNode(fmt.Sprintf("%s/%s", f, table), t, services, entries, func(p netip.Prefix) []string {
+			return []string{"-d", p.String()}
+		})
+	}
+
+	// Node ports: the same tree, per protocol, on the port's bits
+	// ("--dport 30000:30255").
+	nodePorts := pl.fixed(chainNodePorts)
+	ports := t.portEntries
+	t.portEntries = nil
+	if len(ports) <= flatDispatch {
+		for _, e := range ports {
+			t.add(nodePorts, e.Rule)
+		}
 		return
 	}
-	slices.SortStableFunc(entries, func(a, b entry) int { return a.Addr.Compare(b.Addr) })
-	pl.dispatchNode(f, table, t, services, entries)
+	slices.SortStableFunc(ports, func(a, b portEntry) int {
+		if a.Proto != b.Proto {
+			return int(a.Proto) - int(b.Proto)
+		}
+		return a.Addr.Compare(b.Addr)
+	})
+	for len(ports) > 0 {
+		proto := ports[0].Proto
+		n := 1
+		for n < len(ports) && ports[n].Proto == proto {
+			n++
+		}
+		group := make([]entry, n)
+		for i, e := range ports[:n] {
+			group[i] = e.entry
+		}
+		ports = ports[n:]
+		name := protoName(proto)
+		pl.dispatchNode(fmt.Sprintf("%s/%s/nodeports/%s", f, table, name), t, nodePorts, group, func(p netip.Prefix) []string {
+			lo := portOf(p.Addr())
+			hi := lo + 1<<(32-p.Bits()) - 1
+			return []string{"-p", name, "-m", name, "--dport", fmt.Sprintf("%d:%d", lo, hi)}
+		})
+	}
+}
+
+// portKey is a node port as an address for the tree: 0.0.hi.lo, its
+// last 16 bits the port.
+func portKey(port int32) netip.Addr {
+	return netip.AddrFrom4([4]byte{0, 0, byte(port >> 8), byte(port)})
+}
+
+// portOf is the port of a portKey (or of a prefix's first one).
+func portOf(a netip.Addr) int {
+	b := a.As4()
+	return int(b[2])<<8 | int(b[3])
 }
 
 // dispatchNode fills the chain name with the rules sending the entries
-// (sorted by address) on: split on the
-// next stride bits after their longest common prefix, each group to a
-// chain of its own, or the entries themselves in a leaf.
-func (pl planner) dispatchNode(f family, table string, t *tablePlan, name string, entries []entry) {
+// (sorted by key) on: split on the next stride bits after their longest
+// common prefix, each group to a chain of its own (whose name hashes id
+// and the group's prefix) matched by match(prefix), or the entries
+// themselves in a leaf.
+func (pl planner) dispatchNode(id string, t *tablePlan, name string, entries []entry, match func(netip.Prefix) []string) {
 	common := commonBits(entries[0].Addr, entries[len(entries)-1].Addr)
 	if len(entries) <= leafDispatch || common == entries[0].Addr.BitLen() {
 		for _, e := range entries {
@@ -75,12 +126,12 @@ func (pl planner) dispatchNode(f family, table string, t *tablePlan, name string
 			t.add(name, group[0].Rule)
 			continue
 		}
-		// The child's prefix is what its addresses share.
+		// The child's prefix is what its keys share.
 		cp, _ := group[0].Addr.Prefix(commonBits(group[0].Addr, group[len(group)-1].Addr))
-		child := serviceChain(pl.prefix, kindDispatch, fmt.Sprintf("%s/%s/%s", f, table, cp))
+		child := serviceChain(pl.prefix, kindDispatch, id+"/"+cp.String())
 		t.chain(child)
-		t.add(name, "-d", cp.String(), "-j", child)
-		pl.dispatchNode(f, table, t, child, group)
+		t.add(name, append(match(cp), "-j", child)...)
+		pl.dispatchNode(id, t, child, group, match)
 	}
 }
 

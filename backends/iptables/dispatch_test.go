@@ -20,6 +20,12 @@ func manyServices(n int) []*model.ServiceEndpoints {
 		v4 := fmt.Sprintf("10.96.%d.%d", (i*7919)%256, 1+i%250)
 		v6 := fmt.Sprintf("fd00:10:96::%x", (i*7919)%65536)
 		s := svc(fmt.Sprintf("s%05d", i), ipset(v4, v6), port(model.TCP, 80, 8080), port(model.UDP, 53, 53))
+		if i%3 == 0 {
+			s.Type = "NodePort"
+			for _, p := range s.Ports {
+				p.NodePort = int32(20000 + i)
+			}
+		}
 		se := &model.ServiceEndpoints{Service: s}
 		if i%2 == 0 {
 			se.Endpoints = []*model.Endpoint{ep("10.1.0.2", false), ep("fd00:1::2", false)}
@@ -66,8 +72,45 @@ func walk(t *tablePlan, start string, dst netip.Addr, port int) (string, int) {
 	return visit(start), evaluated
 }
 
-// TestDispatchTree checks the dispatch at 10, 1,000 and 10,000 services:
-// every service address reaches its own rule, through no more rules than
+// walkPort follows a packet of protocol proto to a node port from the
+// chain start as iptables would: rules matching a port range
+// ("--dport A:B -j chain") are entered, a rule matching the port itself
+// is the packet's entry. It returns that rule and the number of rules
+// evaluated.
+func walkPort(t *tablePlan, start, proto string, port int) (string, int) {
+	evaluated := 0
+	var visit func(name string) string
+	visit = func(name string) string {
+		for _, r := range t.byName[name].Rules {
+			evaluated++
+			fields := strings.Fields(r)
+			i := slices.Index(fields, "--dport")
+			if i < 0 || !slices.Contains(fields, proto) {
+				continue
+			}
+			if lo, hi, ok := strings.Cut(fields[i+1], ":"); ok {
+				var l, h int
+				fmt.Sscan(lo, &l)
+				fmt.Sscan(hi, &h)
+				if l <= port && port <= h {
+					if found := visit(fields[slices.Index(fields, "-j")+1]); found != "" {
+						return found
+					}
+				}
+				continue
+			}
+			if fields[i+1] == fmt.Sprint(port) {
+				return r
+			}
+		}
+		return ""
+	}
+	return visit(start), evaluated
+}
+
+// TestDispatchTree checks the dispatch at 10, 1,000 and 10,000 services
+// (a third of them with node ports): every service address and node port
+// reaches its own rule, through no more rules than
 // the bound (kube-proxy's flat chain evaluates up to one per address and
 // port: 40,000 at 10,000 services), every chain of the tree holds at
 // most 16 rules, and an address of no service reaches none.
@@ -104,6 +147,17 @@ func TestDispatchTree(t *testing.T) {
 						t.Errorf("%s %s:80: reached rule %q, want %s's", f, addr, rule, se.Service.Name)
 					}
 					worst = max(worst, n)
+					if se.Service.Type != "NodePort" {
+						continue
+					}
+					for _, proto := range []string{"tcp", "udp"} {
+						np := int(se.Service.Ports[0].NodePort)
+						rule, n := walkPort(table, pl.fixed(chainNodePorts), proto, np)
+						if !strings.Contains(rule, `"default/`+se.Service.Name+`:`) || !strings.Contains(rule, "-p "+proto) {
+							t.Errorf("%s %s node port %d: reached rule %q, want %s's", f, proto, np, rule, se.Service.Name)
+						}
+						worst = max(worst, n)
+					}
 				}
 			}
 			if worst > tc.maxRules {
@@ -120,10 +174,17 @@ func TestDispatchTree(t *testing.T) {
 					if n := len(p.Families[f].NAT.byName[pl.fixed(chainServices)].Rules); n > 1<<stride+1 {
 						t.Errorf("%s: SERVICES has %d rules", f, n)
 					}
+					// Two protocols, a tree each.
+					if n := len(p.Families[f].NAT.byName[pl.fixed(chainNodePorts)].Rules); n > 2<<stride {
+						t.Errorf("%s: NODEPORTS has %d rules", f, n)
+					}
 				}
 			}
 			if rule, _ := walk(&p.Families[ipv4].NAT, pl.fixed(chainServices), netip.MustParseAddr("10.96.255.255"), 80); rule != "" {
 				t.Errorf("an address of no service reached %q", rule)
+			}
+			if rule, _ := walkPort(&p.Families[ipv4].NAT, pl.fixed(chainNodePorts), "tcp", 20001); rule != "" {
+				t.Errorf("a port of no service reached %q", rule)
 			}
 		})
 	}

@@ -316,11 +316,12 @@ func TestKernelConntrackEndpointReplaced(t *testing.T) {
 	}
 }
 
-// TestKernelDispatchTree checks the dispatch tree with real traffic, both
-// variants: 200 services (half without endpoints) make trees in the nat
-// and filter tables of both families; sampled services answer (or
-// refuse, without endpoints) from the client, and a node port, reached
-// after the packet fell through the whole tree, answers too.
+// TestKernelDispatchTree checks the dispatch trees with real traffic,
+// both variants: 200 services (half without endpoints, a third with node
+// ports) make trees of addresses and of node ports in the nat and filter
+// tables of both families; sampled services answer (or refuse, without
+// endpoints) from the client on their cluster IPs and on their node
+// ports (reached after the packet fell through the address tree).
 func TestKernelDispatchTree(t *testing.T) {
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
@@ -333,37 +334,43 @@ func TestKernelDispatchTree(t *testing.T) {
 			}
 			services := manyServices(200)
 			for _, se := range services {
+				np := se.Service.Ports[0].NodePort // 20000+i for a third of them
 				se.Service.Ports = []*model.PortMapping{port(model.TCP, 80, 6000)}
+				se.Service.Ports[0].NodePort = np
 				if len(se.Endpoints) > 0 {
 					se.Endpoints = []*model.Endpoint{ep(netns.PodV4.String(), true), ep(netns.PodV6.String(), true)}
 				}
 			}
-			services[10].Service.Type = "NodePort"
-			services[10].Service.Ports[0].NodePort = 30080
 			for _, se := range services {
 				s.Update(se.Service.Key(), nil, se)
 			}
 			if err := s.Sync(); err != nil {
 				t.Fatal(err)
 			}
-			if out := b.Node.MustExec(binary(variant, ipv6, "-save"), "-t", "filter"); !strings.Contains(out, "-"+kindDispatch+"-") {
-				t.Fatalf("no dispatch tree in the IPv6 filter table:\n%s", out)
+			for _, table := range tables {
+				out := b.Node.MustExec(binary(variant, ipv6, "-save"), "-t", table)
+				if !strings.Contains(out, "-j "+ChainPrefix("tree")+kindDispatch+"-") || !strings.Contains(out, "--dport 20") {
+					t.Fatalf("no dispatch tree (or no node-port tree) in the IPv6 %s table:\n%s", table, out)
+				}
+			}
+			ask := func(i int, dst netip.AddrPort) {
+				t.Helper()
+				a, err := b.Client.Ask("tcp", dst, netns.AskOptions{Timeout: 2 * time.Second})
+				if len(services[i].Endpoints) > 0 && (err != nil || a.Server != netns.PodID) {
+					t.Errorf("service %d at %s: %v, %v; want %s", i, dst, a.Server, err, netns.PodID)
+				}
+				if len(services[i].Endpoints) == 0 && !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Errorf("service %d at %s (no endpoints): %v, %v; want refused", i, dst, a.Server, err)
+				}
 			}
 			for _, i := range []int{0, 1, 64, 131, 198, 199} {
 				for _, f := range families {
-					dst := netip.AddrPortFrom(netip.MustParseAddr(familyTexts(services[i].Service.IPs.ClusterIPs, f)[0]), 80)
-					a, err := b.Client.Ask("tcp", dst, netns.AskOptions{Timeout: 2 * time.Second})
-					if len(services[i].Endpoints) > 0 && (err != nil || a.Server != netns.PodID) {
-						t.Errorf("service %d at %s: %v, %v; want %s", i, dst, a.Server, err, netns.PodID)
-					}
-					if len(services[i].Endpoints) == 0 && !errors.Is(err, syscall.ECONNREFUSED) {
-						t.Errorf("service %d at %s (no endpoints): %v, %v; want refused", i, dst, a.Server, err)
-					}
+					ask(i, netip.AddrPortFrom(netip.MustParseAddr(familyTexts(services[i].Service.IPs.ClusterIPs, f)[0]), 80))
 				}
 			}
-			for _, node := range []netip.Addr{netns.NodeV4, netns.NodeV6} {
-				if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(node, 30080), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
-					t.Errorf("node port %s:30080: %v, %v; want %s", node, a.Server, err, netns.PodID)
+			for _, i := range []int{0, 3, 66, 195, 198} {
+				for _, node := range []netip.Addr{netns.NodeV4, netns.NodeV6} {
+					ask(i, netip.AddrPortFrom(node, uint16(services[i].Service.Ports[0].NodePort)))
 				}
 			}
 		})

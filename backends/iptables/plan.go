@@ -49,8 +49,24 @@ type tablePlan struct {
 	Chains []*chain
 	byName map[string]*chain
 	// entries are the rules of the SERVICES chain, each matching one
-	// destination address, before they are laid out (dispatchTree).
-	entries []entry
+	// destination address, and portEntries those of NODEPORTS, each
+	// matching one protocol and port, before they are laid out
+	// (dispatchTree).
+	entries     []entry
+	portEntries []portEntry
+}
+
+// portEntry is a rule of the node ports' dispatch: Addr is the port's
+// portKey.
+type portEntry struct {
+	entry
+	Proto model.Protocol
+}
+
+// dispatchPort adds a rule of the NODEPORTS chain for packets to the node
+// port of protocol proto.
+func (t *tablePlan) dispatchPort(proto model.Protocol, port int32, args ...string) {
+	t.portEntries = append(t.portEntries, portEntry{entry: entry{Addr: portKey(port), Rule: strings.Join(args, " ")}, Proto: proto})
 }
 
 // entry is a rule of the dispatch, matching the destination Addr.
@@ -352,7 +368,6 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 	defer b.finish()
 	cats := endpoints.CategorizePort(b.port, b.usableEndpoints())
 	internal, iv := cats.Internal(svc)
-	nodePorts := b.fixed(chainNodePorts)
 
 	// Cluster IPs.
 	if len(clusterIPs) > 0 {
@@ -393,7 +408,7 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 			b.fp.Filter.dispatch(ip, concat(b.comment(noEndpoints(ev)), []string{"-d", ip.String()}, b.match(b.port.Port), b.verdict(ev))...)
 		}
 		if hasNodePort {
-			b.fp.Filter.add(nodePorts, concat(b.comment(noEndpoints(ev)), b.match(nodePort), b.verdict(ev))...)
+			b.fp.Filter.dispatchPort(b.port.Protocol, nodePort, concat(b.comment(noEndpoints(ev)), b.match(nodePort), b.verdict(ev))...)
 		}
 	}
 	if !cats.HasAny {
@@ -413,7 +428,7 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 		b.reach(netip.AddrPortFrom(ip, uint16(b.port.Port)), reach)
 	}
 	if hasNodePort {
-		b.fp.NAT.add(nodePorts, concat(b.comment("node port"), b.match(nodePort), []string{"-j", ext})...)
+		b.fp.NAT.dispatchPort(b.port.Protocol, nodePort, concat(b.comment("node port"), b.match(nodePort), []string{"-j", ext})...)
 		b.reach(netip.AddrPortFrom(netip.Addr{}, uint16(nodePort)), reach)
 	}
 }
