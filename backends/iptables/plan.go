@@ -237,15 +237,20 @@ func (pl planner) fixedChains(f family, fp *familyPlan) {
 var canaryRule = []string{"-m", "comment", "--comment", `"kpng canary: if this rule goes, a full sync follows"`, "-j", "RETURN"}
 
 // nodePortJumps ends the SERVICES chains with the jump to NODEPORTS, on
-// the node's local addresses: all but loopback, or those in
-// NodePortAddresses.
+// the node's local addresses: those in the NodePortAddresses of the
+// family or, as kube-proxy, all but loopback when the family has none
+// there, or a /0.
 func (pl planner) nodePortJumps(f family, fp *familyPlan) {
 	var dsts [][]string
-	if len(pl.opts.NodePortAddresses) == 0 {
-		dsts = [][]string{{"!", "-d", f.loopback()}}
-	}
 	for _, p := range prefixesOf(pl.opts.NodePortAddresses, f) {
+		if p.Bits() == 0 {
+			dsts = nil
+			break
+		}
 		dsts = append(dsts, []string{"-d", p.String()})
+	}
+	if len(dsts) == 0 {
+		dsts = [][]string{{"!", "-d", f.loopback()}}
 	}
 	for _, d := range dsts {
 		for _, t := range []*tablePlan{&fp.NAT, &fp.Filter} {
@@ -329,11 +334,25 @@ func (b *portBuilder) id() string {
 
 // comment is the service port as comments show it: "ns/name:80/tcp".
 func (b *portBuilder) comment(what string) []string {
-	text := fmt.Sprintf("%s/%s:%d/%s", b.svc.Namespace, b.svc.Name, b.port.Port, protoName(b.port.Protocol))
+	text := fmt.Sprintf("%s/%s:%d/%s", nameSafe(b.svc.Namespace), nameSafe(b.svc.Name), b.port.Port, protoName(b.port.Protocol))
 	if what != "" {
 		text += " " + what
 	}
 	return []string{"-m", "comment", "--comment", `"` + text + `"`}
+}
+
+// nameSafe keeps in a Kubernetes name only what such names hold (a name
+// from a state file or another controller is not checked by Kubernetes: a
+// quote, a space or a newline would break, or write, the restore input);
+// the rest becomes "_".
+func nameSafe(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-', r == '_':
+			return r
+		}
+		return '_'
+	}, name)
 }
 
 // match is the protocol and destination port match of the service port
@@ -629,7 +648,7 @@ func (b *portBuilder) addrs(field string, s model.IPSet) []netip.Addr {
 	var out []netip.Addr
 	for _, t := range familyTexts(s, b.f) {
 		a, err := netip.ParseAddr(t)
-		if err != nil || !b.f.of(a.Unmap()) {
+		if err != nil || !b.f.of(a.Unmap()) || a.Zone() != "" {
 			*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: bad %s address %q: ignored", b.svc.Key(), field, b.f, t))
 			continue
 		}
@@ -666,7 +685,7 @@ func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 		return netip.AddrPort{}, false
 	}
 	addr, err := netip.ParseAddr(texts[0])
-	if err != nil || !b.f.of(addr.Unmap()) {
+	if err != nil || !b.f.of(addr.Unmap()) || addr.Zone() != "" {
 		*b.problems = append(*b.problems, fmt.Errorf("service %s: endpoint %q is not an %s address: ignored", b.svc.Key(), texts[0], b.f))
 		return netip.AddrPort{}, false
 	}

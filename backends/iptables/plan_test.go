@@ -275,3 +275,40 @@ func TestChainNames(t *testing.T) {
 		t.Errorf("ChainPrefix(kpng-example) = %q: not stable or not a valid chain name", got)
 	}
 }
+
+// TestHostileInput: values no Kubernetes API server lets through, but a
+// state file or another controller may send, never reach the restore
+// input: a zoned address is a problem, a name with a quote or a newline
+// is written harmlessly.
+func TestHostileInput(t *testing.T) {
+	svc := &model.Service{Namespace: "evil\"\n-A INPUT -j DROP\n#", Name: "x", Type: "ClusterIP",
+		IPs:   model.ServiceIPs{ClusterIPs: model.IPSet{V6: []string{"fd00::10"}}, ExternalIPs: model.IPSet{V6: []string{"fe80::1%eth0"}}},
+		Ports: []*model.PortMapping{{Protocol: model.TCP, Port: 80, TargetPort: 8080}}}
+	eps := []*model.Endpoint{{IPs: model.IPSet{V6: []string{"fe80::2%eth0"}}, Ready: true, Serving: true}, {IPs: model.IPSet{V6: []string{"1100::2"}}, Ready: true, Serving: true}}
+	pl := planner{prefix: ChainPrefix("hostile")}
+	p, problems := pl.build([]*model.ServiceEndpoints{{Service: svc, Endpoints: eps}})
+	checkPlan(t, p)
+	var input strings.Builder
+	for _, f := range families {
+		for _, table := range tables {
+			input.Write(restoreInput(table, p.Families[f].table(table), nil))
+		}
+	}
+	for _, line := range strings.Split(input.String(), "\n") {
+		if strings.HasPrefix(line, "-A INPUT") || strings.Contains(line, "%eth0") || strings.Count(line, `"`)%2 != 0 {
+			t.Errorf("hostile input reached the restore input: %q", line)
+		}
+	}
+	if !strings.Contains(input.String(), "evil__-A_INPUT_-j_DROP__/x:80/tcp") {
+		t.Errorf("the service's comment is not its name made safe:\n%s", input.String())
+	}
+	var zoned int
+	for _, e := range problems {
+		if strings.Contains(e.Error(), "%eth0") {
+			zoned++
+		}
+	}
+	if zoned != 2 {
+		t.Errorf("problems %v: want the zoned external IP and endpoint reported", problems)
+	}
+}

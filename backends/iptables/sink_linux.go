@@ -43,8 +43,9 @@ type Config struct {
 	Conntrack func() (*netlink.Handle, error)
 	// Context bounds the commands the sink runs; nil: Background.
 	Context context.Context
-	// FullSyncPeriod is how often a Sync rewrites every chain (and lists
-	// them, and ensures the jumps) even if nothing failed; 0 means
+	// FullSyncPeriod is how often the sink rewrites every chain (and lists
+	// them, and ensures the jumps) even if nothing failed: at a Sync, or
+	// at the check of CanaryPeriod when no Sync comes; 0 means
 	// DefaultFullSyncPeriod.
 	FullSyncPeriod time.Duration
 	// CanaryPeriod, if positive, is how often the sink checks its canary
@@ -52,7 +53,9 @@ type Config struct {
 	// of each family, which nothing else touches): when one is gone,
 	// someone flushed or replaced the tables, and the sink rewrites
 	// everything at once (or, in the middle of a round, at its Sync). The
-	// check runs until Context ends; 0 means no check.
+	// same check runs the periodic full sync, and tries again a full sync
+	// that failed. It runs until Context ends, so it needs one: without a
+	// Context, or with 0, there is no check.
 	CanaryPeriod time.Duration
 }
 
@@ -100,7 +103,8 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 	if err := cfg.Options.Validate(); err != nil {
 		return nil, fmt.Errorf("iptables backend: %w", err)
 	}
-	if cfg.Context == nil {
+	ctxGiven := cfg.Context != nil
+	if !ctxGiven {
 		cfg.Context = context.Background()
 	}
 	if cfg.Runner == nil {
@@ -119,7 +123,7 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 	}
 	klog.InfoS("iptables backend", "variant", variant, "prefix", ChainPrefix(cfg.ServiceProxyName), "randomFully", j.RandomFully(ipv4))
 	s := newSink(cfg, variant, j)
-	if cfg.CanaryPeriod > 0 {
+	if cfg.CanaryPeriod > 0 && ctxGiven {
 		go s.watchCanary(cfg.CanaryPeriod)
 	}
 	return s, nil
@@ -145,27 +149,42 @@ func (s *sink) watchCanary(period time.Duration) {
 func (s *sink) checkCanary() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lastFull.IsZero() || s.needFull {
-		return // nothing applied yet, or a full sync is due anyway
+	if s.lastFull.IsZero() {
+		return // nothing applied yet: kpng's own Sync (and its retries) comes first
 	}
-	for _, f := range families {
-		ok, err := s.jumper.CanaryIntact(f, s.prefix+chainCanary)
-		if err != nil {
-			klog.ErrorS(err, "Cannot check the canary chains", "prefix", s.prefix)
-			return
+	period := s.cfg.FullSyncPeriod
+	if period <= 0 {
+		period = DefaultFullSyncPeriod
+	}
+	// A full sync is due when one failed (kpng retries only the Syncs
+	// it made; this tries again those the check made) or the period ran
+	// out without a Sync.
+	why := ""
+	switch {
+	case s.needFull:
+		why = "a full sync failed"
+	case time.Since(s.lastFull) >= period:
+		why = "the full sync period ran out"
+	default:
+		for _, f := range families {
+			ok, err := s.jumper.CanaryIntact(f, s.prefix+chainCanary)
+			if err != nil {
+				klog.ErrorS(err, "Cannot check the canary chains", "prefix", s.prefix)
+				return
+			}
+			if !ok {
+				klog.InfoS("The canary chain is gone: the tables were flushed or replaced; rewriting every chain", "prefix", s.prefix, "family", f.String(), "inRound", s.inRound)
+				s.needFull = true
+				why = "the canary chain was gone"
+				break
+			}
 		}
-		if ok {
-			continue
-		}
-		klog.InfoS("The canary chain is gone: the tables were flushed or replaced; rewriting every chain", "prefix", s.prefix, "family", f.String(), "inRound", s.inRound)
-		s.needFull = true
-		if s.inRound {
-			return
-		}
-		if err := s.sync(); err != nil {
-			klog.ErrorS(err, "Full sync after the canary's loss failed (kpng's next sync retries it)", "prefix", s.prefix)
-		}
-		return
+	}
+	if why == "" || s.inRound {
+		return // nothing to do, or the round's Sync does it
+	}
+	if err := s.sync(); err != nil {
+		klog.ErrorS(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
 	}
 }
 
@@ -386,7 +405,8 @@ func (s *sink) flushStaleFlows() {
 // Cleanup removes the proxier's jumps and chains (cfg.ServiceProxyName,
 // cfg.NetNS, cfg.Variant: auto cleans both variants), as --cleanup does.
 func Cleanup(cfg Config) error {
-	if cfg.Context == nil {
+	ctxGiven := cfg.Context != nil
+	if !ctxGiven {
 		cfg.Context = context.Background()
 	}
 	if cfg.Runner == nil {

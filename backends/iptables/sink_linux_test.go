@@ -297,3 +297,50 @@ func TestSinkPartialSync(t *testing.T) {
 		t.Errorf("sync after the full-sync period: %v, jumps %v; want a full sync", got, j.ensured)
 	}
 }
+
+// goneCanary is a jumper whose canary chains are gone.
+type goneCanary struct{ fakeJumper }
+
+func (j *goneCanary) CanaryIntact(family, string) (bool, error) { return false, nil }
+
+// TestCheckCanaryRetriesAndPeriodicSync: the check tries again a full sync
+// that failed (kpng only retries the Syncs it made), and runs the periodic
+// full sync when no Sync comes.
+func TestCheckCanaryRetriesAndPeriodicSync(t *testing.T) {
+	r := &fakeRunner{fail: map[string]error{}}
+	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantLegacy, &goneCanary{})
+	web := webService("10.96.0.10")
+	s.Update(web.Service.Key(), nil, web)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	r.take()
+	r.fail["iptables-legacy-restore"] = errors.New("transient")
+	s.checkCanary() // the canary is gone; the rewrite fails
+	if !s.needFull {
+		t.Fatal("a failed full sync left needFull unset")
+	}
+	delete(r.fail, "iptables-legacy-restore")
+	r.take()
+	s.checkCanary()
+	if calls := r.take(); len(calls) == 0 || s.needFull {
+		t.Errorf("the check after a failed full sync: %d commands, needFull %v; want the full sync done", len(calls), s.needFull)
+	}
+
+	// The period ran out without a Sync (the canary intact).
+	p := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background(), FullSyncPeriod: time.Minute}, VariantLegacy, &fakeJumper{})
+	p.Update(web.Service.Key(), nil, web)
+	if err := p.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	r.take()
+	p.checkCanary()
+	if calls := r.take(); len(calls) != 0 {
+		t.Errorf("a check within the period ran %v", names(calls))
+	}
+	p.lastFull = p.lastFull.Add(-2 * time.Minute)
+	p.checkCanary()
+	if calls := r.take(); len(calls) == 0 || time.Since(p.lastFull) > time.Minute {
+		t.Errorf("a check after the period: %v, last full sync %v ago; want a full sync", names(calls), time.Since(p.lastFull))
+	}
+}

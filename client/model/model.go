@@ -87,8 +87,8 @@ func NewIPSet(addrs ...string) (set IPSet, bad []string) {
 	var parsed []netip.Addr
 	for _, a := range addrs {
 		ip, err := netip.ParseAddr(a)
-		if err != nil {
-			bad = append(bad, a)
+		if err != nil || ip.Zone() != "" {
+			bad = append(bad, a) // a zone names a link: no service address has one
 			continue
 		}
 		parsed = append(parsed, ip.Unmap())
