@@ -212,3 +212,37 @@ func AskUDP(t *testing.T, b *netns.BlogTopology, server string) {
 		}
 	}
 }
+
+// StaleUDPFlow checks a kernel backend's conntrack cleanup end to end: it
+// opens one UDP flow (one client port, so one conntrack entry in the node)
+// per family to the external IPs, answered by the first pod, moves the
+// endpoints to the second pod, and checks that the same flow follows them
+// within 5 s (without the cleanup it would stay on the first pod for as
+// long as it keeps sending, its entry's timeout being renewed).
+func (b *BlogService) StaleUDPFlow(t *testing.T, topo *netns.BlogTopology, clientPort uint16) {
+	t.Helper()
+	for _, svc := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		a, err := topo.Client.Ask("udp", netip.AddrPortFrom(svc, netns.BlogPorts[0]), netns.AskOptions{LocalPort: clientPort})
+		if err != nil || a.Server != netns.PodID {
+			t.Errorf("UDP flow to %s: %q, %v; want %s", svc, a, err, netns.PodID)
+		}
+	}
+	b.MoveEndpoints(netns.Pod2V4, netns.Pod2V6)
+	WaitAnswer(t, topo, netns.Pod2ID)
+	// The backend deletes the entries right after it moved the endpoint,
+	// which WaitAnswer may have seen first: the flow may still reach the
+	// first pod for a moment, not for long.
+	for _, svc := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		var a netns.Answer
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			a, err = topo.Client.Ask("udp", netip.AddrPortFrom(svc, netns.BlogPorts[0]), netns.AskOptions{LocalPort: clientPort})
+			if err == nil && a.Server == netns.Pod2ID {
+				break
+			}
+		}
+		if err != nil || a.Server != netns.Pod2ID {
+			t.Errorf("the same UDP flow to %s after the move: %q, %v; want %s within 5s (stale conntrack entry?)", svc, a, err, netns.Pod2ID)
+		}
+	}
+}
