@@ -164,3 +164,20 @@ func TestMetricsAndHealth(t *testing.T) {
 	sink.fail.Store(false)
 	waitFor(t, "/healthz 200 after a success", func() bool { return status(t, healthAddr, "/healthz") == http.StatusOK })
 }
+
+// TestMetricsServersEndWithRun: a Run that fails early closes the servers
+// it opened, so that the next Run can open them again.
+func TestMetricsServersEndWithRun(t *testing.T) {
+	addr := freeAddr(t)
+	f := Flags{Kubeconfig: "/nonexistent/kubeconfig", MetricsBindAddress: addr}
+	for i := range 2 {
+		err := f.Run(context.Background(), &failingSink{})
+		if err == nil || strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("Run %d: %v, want the kubeconfig's error", i, err)
+		}
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			t.Errorf("Run %d returned, its metrics server still answers", i)
+		}
+	}
+}

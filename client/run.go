@@ -52,9 +52,12 @@ type Flags struct {
 	// successful sync before those answer 503.
 	MetricsBindAddress, HealthzBindAddress string
 	HealthzTimeout                         time.Duration
-	// Observe, set by StartMetrics, receives each round delivered (the
-	// watcher's and the remote client's).
+	// Observe and Queued, set by StartMetrics, receive each round
+	// delivered and queued (the watcher's and the remote client's).
 	Observe func(localsink.Round)
+	Queued  func(time.Time)
+	// recorder is what StartMetrics started (a second call returns it).
+	recorder *metrics.Recorder
 }
 
 // Bind registers all the flags on fs, with klog's flags.
@@ -100,14 +103,16 @@ func (f *Flags) BindMetrics(fs *flag.FlagSet) {
 }
 
 // StartMetrics serves the metrics and health endpoints these flags ask
-// for until ctx ends, and sets f.Observe to feed them; it does nothing
-// when neither address is set. The Recorder is returned for a backend's
-// own metrics (nil when nothing is served).
+// for until ctx ends, and sets f.Observe and f.Queued to feed them; it
+// does nothing when neither address is set, and a second call returns
+// what the first started. The Recorder is returned for a backend's own
+// metrics (nil when nothing is served).
 func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
-	if f.MetricsBindAddress == "" && f.HealthzBindAddress == "" {
-		return nil, nil
+	if f.MetricsBindAddress == "" && f.HealthzBindAddress == "" || f.recorder != nil {
+		return f.recorder, nil
 	}
 	r := metrics.New(metrics.Options{ServiceProxyName: f.ServiceProxyName, HealthTimeout: f.HealthzTimeout})
+	var stops []func()
 	for _, s := range []struct {
 		flag, addr string
 		h          http.Handler
@@ -120,12 +125,17 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 			mux.Handle("/metrics", s.h)
 			s.h = mux
 		}
-		if err := metrics.Serve(ctx, s.addr, s.h); err != nil {
-			return nil, usageError{fmt.Errorf("%s=%s: %w", s.flag, s.addr, err)}
+		stop, err := metrics.Serve(ctx, s.addr, s.h)
+		if err != nil {
+			for _, stop := range stops {
+				stop() // the server started before, if any
+			}
+			return nil, fmt.Errorf("%s=%s: %w", s.flag, s.addr, err)
 		}
+		stops = append(stops, stop)
 		klog.InfoS("Serving", "flag", s.flag, "address", s.addr)
 	}
-	f.Observe = r.Observe
+	f.Observe, f.Queued, f.recorder = r.Observe, r.Queued, r
 	return r, nil
 }
 
@@ -197,6 +207,18 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 		ctx = ctx2
 		sink = &onceSink{Sink: sink, done: cancel}
 	}
+	// The servers StartMetrics opens here end with Run (those a caller
+	// started before are the caller's).
+	if f.recorder == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer func() {
+			if f.recorder != nil {
+				f.recorder, f.Observe, f.Queued = nil, nil, nil
+			}
+		}()
+	}
 	if _, err := f.StartMetrics(ctx); err != nil {
 		return err
 	}
@@ -231,6 +253,7 @@ func (f *Flags) Watcher() (*watcher.Watcher, kubernetes.Interface, error) {
 		NodeName:         nodeName,
 		MinSyncInterval:  f.MinSyncInterval,
 		Observe:          f.Observe,
+		Queued:           f.Queued,
 	})
 	if err != nil {
 		return nil, nil, usageError{err}
@@ -258,7 +281,7 @@ func (f *Flags) RemoteConfig() (remote.Config, error) {
 	cfg := remote.Config{
 		Address: f.API, NodeName: nodeName,
 		TLSCA: f.APITLSCA, TLSCert: f.APITLSCert, TLSKey: f.APITLSKey, Insecure: f.APIInsecure,
-		Observe: f.Observe,
+		Observe: f.Observe, Queued: f.Queued,
 	}
 	if _, _, err := cfg.DialOptions(); err != nil {
 		return remote.Config{}, usageError{err}

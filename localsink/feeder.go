@@ -34,6 +34,11 @@ type FeederOptions struct {
 	// with its record, from the goroutine that delivered it (never
 	// concurrently).
 	Observe func(Round)
+	// Queued, if set, is called when the source ends a round that has
+	// something to deliver, before the sink is called: a health check
+	// measures from there how long the change waits (a sink whose Sync
+	// hangs never reaches Observe).
+	Queued func(time.Time)
 }
 
 // Round is the record of one round delivered to a sink: what a metrics or
@@ -218,6 +223,9 @@ func (f *Feeder) Sync() error {
 	clear(f.staged)
 	if f.stagedReset {
 		f.reset, f.stagedReset = true, false
+	}
+	if f.opts.Queued != nil && (len(f.pending) > 0 || f.reset) {
+		f.opts.Queued(time.Now())
 	}
 	return f.deliver(false)
 }

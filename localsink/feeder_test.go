@@ -346,3 +346,34 @@ func TestFeederRandom(t *testing.T) {
 		})
 	}
 }
+
+// TestFeederQueued: Queued is called when the source ends a round with
+// something to deliver (the first round always), before the sink is
+// called, and not for a round that changes nothing.
+func TestFeederQueued(t *testing.T) {
+	var queued []time.Time
+	var synced []time.Time
+	f, _ := newChecked(t, localsink.FeederOptions{NoRetry: true,
+		Queued:  func(at time.Time) { queued = append(queued, at) },
+		Observe: func(r localsink.Round) { synced = append(synced, r.Start) }})
+	if err := f.Sync(); err != nil { // the first, empty, state
+		t.Fatal(err)
+	}
+	a := svcEps(testService("ns", "a"), endpoints("10.0.0.1")...)
+	f.Update(key("ns", "a"), a)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Update(key("ns", "a"), a) // the same: nothing to deliver
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if len(queued) != 2 || len(synced) != 2 {
+		t.Fatalf("queued %d, delivered %d rounds; want 2 and 2", len(queued), len(synced))
+	}
+	for i := range queued {
+		if queued[i].After(synced[i]) {
+			t.Errorf("round %d queued at %v, after its delivery began (%v)", i, queued[i], synced[i])
+		}
+	}
+}

@@ -81,7 +81,9 @@ func New(opts Options) *Recorder {
 	f := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: "kpng", Name: name, Help: help, ConstLabels: labels}
 	}
-	r := &Recorder{reg: prometheus.NewRegistry(), timeout: opts.HealthTimeout, now: opts.Now}
+	// Nothing is applied yet: without a first successful round within
+	// the timeout, the proxier is unhealthy.
+	r := &Recorder{reg: prometheus.NewRegistry(), timeout: opts.HealthTimeout, now: opts.Now, pendingSince: opts.Now()}
 	r.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "kpng", Name: "sync_proxy_rules_duration_seconds", ConstLabels: labels,
 		Help:    "How long one round took to reach the backend and be applied (its Sync included), in seconds.",
@@ -103,6 +105,18 @@ func New(opts Options) *Recorder {
 // Registry is the Recorder's registry, for a backend's own metrics.
 func (r *Recorder) Registry() *prometheus.Registry { return r.reg }
 
+// Queued records that a round with changes was queued at t (the
+// signature of FeederOptions.Queued): from then on, it must be applied
+// within the health timeout.
+func (r *Recorder) Queued(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pendingSince.IsZero() {
+		r.pendingSince = t
+		r.lastQueued.Set(float64(t.UnixNano()) / 1e9)
+	}
+}
+
 // Observe records one round (the signature of FeederOptions.Observe).
 func (r *Recorder) Observe(round localsink.Round) {
 	r.duration.Observe(round.Duration.Seconds())
@@ -120,7 +134,7 @@ func (r *Recorder) Observe(round localsink.Round) {
 	defer r.mu.Unlock()
 	if round.Err != nil {
 		r.failures.Inc()
-		if r.pendingSince.IsZero() {
+		if r.pendingSince.IsZero() { // a retry without Queued
 			r.pendingSince = round.Start
 			r.lastQueued.Set(float64(round.Start.UnixNano()) / 1e9)
 		}
@@ -175,12 +189,12 @@ func (r *Recorder) HealthHandler() http.Handler {
 	return mux
 }
 
-// Serve listens on addr and serves h there until ctx ends. The listen
-// error, if any, is returned at once.
-func Serve(ctx context.Context, addr string, h http.Handler) error {
+// Serve listens on addr and serves h there until ctx ends or stop is
+// called. The listen error, if any, is returned at once.
+func Serve(ctx context.Context, addr string, h http.Handler) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -188,9 +202,10 @@ func Serve(ctx context.Context, addr string, h http.Handler) error {
 			klog.ErrorS(err, "Metrics or health server stopped", "address", addr)
 		}
 	}()
+	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	return nil
+	return cancel, nil
 }

@@ -109,3 +109,34 @@ func TestRecorder(t *testing.T) {
 		t.Errorf("health answers counted: %v", m)
 	}
 }
+
+// TestRecorderQueued: a proxier that never applies its first state, or
+// whose Sync hangs on a queued change (Observe never comes), turns
+// unhealthy after the timeout.
+func TestRecorderQueued(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := New(Options{ServiceProxyName: "p", HealthTimeout: 10 * time.Second, Now: func() time.Time { return now }})
+	if c := get(r, "/livez"); c != http.StatusOK {
+		t.Errorf("/livez at start: %d, want 200", c)
+	}
+	now = now.Add(11 * time.Second)
+	if c := get(r, "/livez"); c != http.StatusServiceUnavailable {
+		t.Errorf("/livez 11 s after start without a round: %d, want 503", c)
+	}
+	r.Observe(localsink.Round{Start: now, Duration: time.Millisecond})
+	if c := get(r, "/livez"); c != http.StatusOK {
+		t.Errorf("/livez after the first round: %d, want 200", c)
+	}
+	r.Queued(now.Add(time.Second)) // its Sync hangs: no Observe
+	now = now.Add(5 * time.Second)
+	if c := get(r, "/healthz"); c != http.StatusOK {
+		t.Errorf("/healthz 4 s into a hung Sync: %d, want 200", c)
+	}
+	now = now.Add(10 * time.Second)
+	if c := get(r, "/healthz"); c != http.StatusServiceUnavailable {
+		t.Errorf("/healthz 14 s into a hung Sync: %d, want 503", c)
+	}
+	if m := scrape(t, r); m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"] != 1012 {
+		t.Errorf("last queued: %v, want 1012", m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"])
+	}
+}

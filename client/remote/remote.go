@@ -47,8 +47,10 @@ type Config struct {
 	// (defaults 500ms and 30s).
 	MinBackoff, MaxBackoff time.Duration
 	// Observe, if set, receives the record of each round delivered to the
-	// sink (see localsink.FeederOptions).
+	// sink, and Queued the time each round with changes was queued (see
+	// localsink.FeederOptions).
 	Observe func(localsink.Round)
+	Queued  func(time.Time)
 }
 
 // DialOptions returns the gRPC dial target and options for c.
@@ -122,7 +124,7 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	if maxB <= 0 {
 		maxB = 30 * time.Second
 	}
-	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe})
+	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe, Queued: cfg.Queued})
 	defer feeder.Close()
 	m := newMirror(feeder)
 	backoff := wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}

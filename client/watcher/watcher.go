@@ -66,8 +66,10 @@ type Config struct {
 	// DefaultMinSyncInterval.
 	MinSyncInterval time.Duration
 	// Observe, if set, receives the record of each round delivered to the
-	// sink (see localsink.FeederOptions).
+	// sink, and Queued the time each round with changes was queued (see
+	// localsink.FeederOptions).
 	Observe func(localsink.Round)
+	Queued  func(time.Time)
 }
 
 // Watcher follows the API server and feeds a Sink. Create it with New.
@@ -184,7 +186,7 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	}
 	klog.InfoS("Informers synced", "selector", w.selector)
 
-	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: w.cfg.Observe})
+	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: w.cfg.Observe, Queued: w.cfg.Queued})
 	defer feeder.Close()
 	w.deliver(feeder)
 	last := time.Now()

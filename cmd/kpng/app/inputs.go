@@ -41,7 +41,7 @@ func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 	env := func() BackendEnv { return BackendEnv{ServiceProxyName: f.ServiceProxyName} }
 	return func(ctx context.Context, out *output) error {
 		if _, err := f.StartMetrics(ctx); err != nil {
-			return usagef("%v", err)
+			return err
 		}
 		w, cs, err := f.Watcher()
 		if err != nil {
@@ -90,6 +90,7 @@ func bindAPI(fs *flag.FlagSet) (func(context.Context, *output) error, func() Bac
 	var f client.Flags
 	f.BindAPI(fs)
 	f.BindNodeName(fs)
+	f.BindMetrics(fs)
 	return func(ctx context.Context, out *output) error {
 		if f.API == "" {
 			return usagef("kpng api: --api is required")
