@@ -263,42 +263,18 @@ func (pl planner) nodePortJumps(f family, fp *familyPlan) {
 // service adds the rules of one service in family f.
 func (pl planner) service(f family, fp *familyPlan, se *model.ServiceEndpoints) []error {
 	svc := se.Service
-	key := svc.Key()
 	var problems []error
+	usable, rangeProblems := svc.UsableSourceRanges()
 	var ranges []netip.Prefix
-	for _, r := range svc.LoadBalancerSourceRanges {
-		if !r.IsValid() {
-			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid (zero) prefix: ignored", key))
-			continue
-		}
+	for _, r := range usable {
 		if f.of(r.Addr()) {
-			ranges = append(ranges, r.Masked())
+			ranges = append(ranges, r)
 		}
 	}
-	seen := map[[2]int32]string{}
-	for _, p := range svc.Ports {
-		if p == nil {
-			continue
-		}
-		pk := [2]int32{int32(p.Protocol), p.Port}
-		if first, ok := seen[pk]; ok {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol and port %s/%d already used by port %q: ignored", key, p.Name, p.Protocol, p.Port, first))
-			continue
-		}
-		seen[pk] = p.Name
-		if protoName(p.Protocol) == "" {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol %d not supported", key, p.Name, p.Protocol))
-			continue
-		}
-		if p.Port <= 0 || p.Port > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: port %d out of range", key, p.Name, p.Port))
-			continue
-		}
-		nodePort := p.NodePort
-		if nodePort < 0 || nodePort > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
-			nodePort = 0
-		}
+	ports, nodePorts, portProblems := svc.UsablePorts(func(p model.Protocol) bool { return protoName(p) != "" })
+	problems = append(append(problems, rangeProblems...), portProblems...)
+	for i, p := range ports {
+		nodePort := nodePorts[i]
 		b := portBuilder{planner: pl, f: f, fp: fp, se: se, svc: svc, port: p, problems: &problems}
 		b.build(nodePort, ranges)
 	}

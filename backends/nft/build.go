@@ -42,42 +42,11 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	}
 	key := svc.Key()
 	epChains := map[string]bool{}
-	// The model's source ranges are parsed and masked where they come in
-	// (model.ParseCIDRs); only a zero Prefix, which a program building
-	// services itself could leave, is not programmable.
-	var ranges []netip.Prefix
-	for _, r := range svc.LoadBalancerSourceRanges {
-		if !r.IsValid() {
-			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid (zero) prefix: ignored", key))
-			continue
-		}
-		ranges = append(ranges, r.Masked())
-	}
-	seen := map[[2]int32]string{}
-	for _, p := range svc.Ports {
-		if p == nil {
-			continue
-		}
-		// The API server refuses two ports with the same protocol and
-		// port; other sources may not: the first one is kept.
-		if first, ok := seen[[2]int32{int32(p.Protocol), p.Port}]; ok {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol and port %s/%d already used by port %q: ignored", key, p.Name, protoName(p.Protocol), p.Port, first))
-			continue
-		}
-		seen[[2]int32{int32(p.Protocol), p.Port}] = p.Name
-		if _, ok := l4proto(p.Protocol); !ok {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol %d not supported", key, p.Name, p.Protocol))
-			continue
-		}
-		if p.Port <= 0 || p.Port > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: port %d out of range", key, p.Name, p.Port))
-			continue
-		}
-		nodePort := p.NodePort
-		if nodePort < 0 || nodePort > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
-			nodePort = 0
-		}
+	ranges, rangeProblems := svc.UsableSourceRanges()
+	ports, nodePorts, portProblems := svc.UsablePorts(func(p model.Protocol) bool { _, ok := l4proto(p); return ok })
+	problems = append(append(problems, rangeProblems...), portProblems...)
+	for i, p := range ports {
+		nodePort := nodePorts[i]
 		for _, f := range []ipFamily{ipv4, ipv6} {
 			var clusterIPs []string
 			if !svc.IPs.Headless {

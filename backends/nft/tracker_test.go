@@ -126,7 +126,7 @@ func TestTrackerDuplicatePort(t *testing.T) {
 	a := &model.ServiceEndpoints{Service: dupPorts, Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
 	tr.Update(b.Service.Key(), b)
 	problems := tr.Update(a.Service.Key(), a)
-	if len(problems) != 1 || !strings.Contains(problems[0].Error(), `port "again": protocol and port tcp/80 already used`) {
+	if len(problems) != 1 || !strings.Contains(problems[0].Error(), `port "again": protocol and port TCP/80 already used`) {
 		t.Errorf("problems: %v", problems)
 	}
 	tr.Done()

@@ -93,15 +93,7 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 	svc := se.Service
 	key := svc.Key()
 	out := map[frontendKey]*route{}
-	var problems []error
-	var ranges []netip.Prefix
-	for _, r := range svc.LoadBalancerSourceRanges {
-		if !r.IsValid() {
-			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid prefix: ignored", key))
-			continue
-		}
-		ranges = append(ranges, r.Masked())
-	}
+	ranges, problems := svc.UsableSourceRanges()
 	var affinity time.Duration
 	if svc.ClientIPAffinity != nil {
 		affinity = time.Duration(svc.ClientIPAffinity.TimeoutSeconds) * time.Second
@@ -109,30 +101,10 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 			affinity = model.DefaultAffinityTimeoutSeconds * time.Second
 		}
 	}
-	seen := map[[2]int32]string{}
-	for _, p := range svc.Ports {
-		if p == nil {
-			continue
-		}
-		if p.Protocol != model.TCP && p.Protocol != model.UDP {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol %s is not proxied in userspace", key, p.Name, p.Protocol))
-			continue
-		}
-		if p.Port <= 0 || p.Port > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: port %d out of range", key, p.Name, p.Port))
-			continue
-		}
-		id := [2]int32{int32(p.Protocol), p.Port}
-		if first, ok := seen[id]; ok {
-			problems = append(problems, fmt.Errorf("service %s port %q: %s/%d already used by port %q: ignored", key, p.Name, p.Protocol, p.Port, first))
-			continue
-		}
-		seen[id] = p.Name
-		nodePortNum := p.NodePort
-		if nodePortNum < 0 || nodePortNum > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePortNum))
-			nodePortNum = 0
-		}
+	ports, nodePorts, portProblems := svc.UsablePorts(func(p model.Protocol) bool { return p == model.TCP || p == model.UDP })
+	problems = append(problems, portProblems...)
+	for i, p := range ports {
+		nodePortNum := nodePorts[i]
 		for _, v4 := range []bool{true, false} {
 			var clusterIPs []netip.Addr
 			if !svc.IPs.Headless {

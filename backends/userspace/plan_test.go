@@ -111,7 +111,7 @@ func TestPlan(t *testing.T) {
 			"TCP 10.0.0.2:30080": {Kind: nodePort, Targets: []netip.AddrPort{ap("11.0.2.2:8080")}, Short: true,
 				Cluster: []netip.AddrPort{ap("11.0.1.2:8080"), ap("11.0.2.2:8080")}, Affinity: time.Minute},
 		},
-		problems: []string{`service default/web: loadBalancerSourceRanges: an invalid prefix`},
+		problems: []string{`service default/web: loadBalancerSourceRanges: an invalid (zero) prefix`},
 	}, {
 		name: "Local policy without a local endpoint drops; headless keeps its external IPs",
 		svc: web(func(s *model.Service) {
@@ -152,7 +152,7 @@ func TestPlan(t *testing.T) {
 		want: map[string]summary{
 			"TCP 10.96.0.10:80": {Kind: clusterIP, Targets: []netip.AddrPort{ap("11.0.1.2:8080")}},
 		},
-		problems: []string{`port "dup": TCP/80 already used by port "a"`, `port "sctp": protocol SCTP is not proxied`, `port "big": port 70000 out of range`},
+		problems: []string{`port "dup": protocol and port TCP/80 already used by port "a"`, `port "sctp": protocol 3 (SCTP) not supported`, `port "big": port 70000 out of range`},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, problems := plan(&model.ServiceEndpoints{Service: tc.svc, Endpoints: tc.eps}, testNode)
