@@ -56,8 +56,10 @@ type Flags struct {
 	// delivered and queued (the watcher's and the remote client's).
 	Observe func(localsink.Round)
 	Queued  func(time.Time)
-	// recorder is what StartMetrics started (a second call returns it).
-	recorder *metrics.Recorder
+	// recorder is what StartMetrics started (a second call returns it),
+	// stopMetrics closes its servers.
+	recorder    *metrics.Recorder
+	stopMetrics func()
 }
 
 // Bind registers all the flags on fs, with klog's flags.
@@ -136,6 +138,11 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 		klog.InfoS("Serving", "flag", s.flag, "address", s.addr)
 	}
 	f.Observe, f.Queued, f.recorder = r.Observe, r.Queued, r
+	f.stopMetrics = func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
 	return r, nil
 }
 
@@ -210,12 +217,10 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 	// The servers StartMetrics opens here end with Run (those a caller
 	// started before are the caller's).
 	if f.recorder == nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
 		defer func() {
 			if f.recorder != nil {
-				f.recorder, f.Observe, f.Queued = nil, nil, nil
+				f.stopMetrics()
+				f.recorder, f.stopMetrics, f.Observe, f.Queued = nil, nil, nil, nil
 			}
 		}()
 	}

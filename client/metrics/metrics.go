@@ -190,7 +190,8 @@ func (r *Recorder) HealthHandler() http.Handler {
 }
 
 // Serve listens on addr and serves h there until ctx ends or stop is
-// called. The listen error, if any, is returned at once.
+// called (stop closes the listener before it returns). The listen error,
+// if any, is returned at once.
 func Serve(ctx context.Context, addr string, h http.Handler) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -207,5 +208,5 @@ func Serve(ctx context.Context, addr string, h http.Handler) (stop func(), err e
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	return cancel, nil
+	return func() { cancel(); _ = srv.Close(); _ = ln.Close() }, nil
 }
