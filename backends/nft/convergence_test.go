@@ -5,9 +5,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -67,13 +65,7 @@ func canonicalize(rs *ruleset) canonical {
 // is what the kernel tests check. KPNG_CHURN_ROUNDS and KPNG_CHURN_SEED
 // change the length and the seed.
 func TestTrackerConvergence(t *testing.T) {
-	rounds, seeds := 300, []uint64{1, 2, 3}
-	if n, err := strconv.Atoi(os.Getenv("KPNG_CHURN_ROUNDS")); err == nil {
-		rounds = n
-	}
-	if s, err := strconv.ParseUint(os.Getenv("KPNG_CHURN_SEED"), 10, 64); err == nil {
-		seeds = []uint64{s}
-	}
+	rounds, seeds := churn.FromEnv(300, 1, 2, 3)
 	opts := Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {

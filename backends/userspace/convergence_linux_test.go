@@ -5,9 +5,7 @@ package userspace
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -55,13 +53,7 @@ func takeSnapshot(p *Proxier, fp *fakePlatform) snapshot {
 // does (and no other). KPNG_CHURN_ROUNDS and KPNG_CHURN_SEED change the
 // length and the seed (a failure prints its seed).
 func TestConvergence(t *testing.T) {
-	rounds, seeds := 300, []uint64{1, 2, 3}
-	if n, err := strconv.Atoi(os.Getenv("KPNG_CHURN_ROUNDS")); err == nil {
-		rounds = n
-	}
-	if s, err := strconv.ParseUint(os.Getenv("KPNG_CHURN_SEED"), 10, 64); err == nil {
-		seeds = []uint64{s}
-	}
+	rounds, seeds := churn.FromEnv(300, 1, 2, 3)
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			gen := churn.New(seed, churnPools)

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/watcher"
+	"sigs.k8s.io/kpng/internal/churn"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
@@ -39,14 +38,8 @@ import (
 // number of changes (200).
 func TestWatcherConvergence(t *testing.T) {
 	cp.Require(t)
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("KPNG_CHURN_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	steps := 200
-	if n, err := strconv.Atoi(os.Getenv("KPNG_CHURN_ROUNDS")); err == nil {
-		steps = n
-	}
+	steps, seeds := churn.FromEnv(200, uint64(time.Now().UnixNano()))
+	seed := seeds[0]
 	var gen *apiChurn
 	// Registered first, so it runs last, after the watchers' own checks.
 	t.Cleanup(func() {

@@ -16,7 +16,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 
 	"sigs.k8s.io/kpng/client/model"
 )
@@ -251,4 +253,17 @@ func (g *Generator) endpoints(svc *model.Service) []*model.Endpoint {
 	}
 	slices.SortFunc(out, model.CompareEndpoints)
 	return out
+}
+
+// FromEnv returns the number of rounds and the seeds a convergence test
+// runs: rounds and seeds, unless $KPNG_CHURN_ROUNDS or $KPNG_CHURN_SEED
+// (one seed) say otherwise.
+func FromEnv(rounds int, seeds ...uint64) (int, []uint64) {
+	if n, err := strconv.Atoi(os.Getenv("KPNG_CHURN_ROUNDS")); err == nil {
+		rounds = n
+	}
+	if s, err := strconv.ParseUint(os.Getenv("KPNG_CHURN_SEED"), 10, 64); err == nil {
+		seeds = []uint64{s}
+	}
+	return rounds, seeds
 }
