@@ -19,11 +19,13 @@ import (
 // local) and a few ports, so that services contend.
 var churnPools = churn.Pools{
 	ClusterV4:   []netip.Addr{netip.MustParseAddr("127.77.0.1"), netip.MustParseAddr("127.77.0.2"), netip.MustParseAddr("127.77.0.3")},
-	External:    []netip.Addr{netip.MustParseAddr("127.77.1.1"), netip.MustParseAddr("127.0.0.1")},
+	External:    []netip.Addr{netip.MustParseAddr("127.77.1.1"), fakeNodeIP},
 	EndpointsV4: []netip.Addr{netip.MustParseAddr("127.78.0.1"), netip.MustParseAddr("127.78.0.2"), netip.MustParseAddr("127.78.0.3")},
 	EndpointsV6: []netip.Addr{netip.MustParseAddr("1100::1")},
-	Ports:       []int32{42001, 42002, 42003},
-	NodePorts:   []int32{42101, 42102},
+	// Below the ephemeral range (32768–60999), where other tests'
+	// connections take their local ports.
+	Ports:     []int32{22001, 22002, 22003},
+	NodePorts: []int32{22101, 22102},
 }
 
 // snapshot is what a proxier does, in a form that does not depend on how
@@ -95,7 +97,7 @@ func TestConvergence(t *testing.T) {
 func newFreshProxier(t *testing.T) (*Proxier, *fakePlatform) {
 	t.Helper()
 	fp := &fakePlatform{held: map[netip.Addr]bool{}, noSockets: true}
-	p, err := newProxier(Config{ServiceProxyName: "fresh"}, Options{NodeIPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}.withDefaults("fresh"), fp)
+	p, err := newProxier(Config{ServiceProxyName: "fresh"}, Options{NodeIPs: []netip.Addr{fakeNodeIP}}.withDefaults("fresh"), fp)
 	if err != nil {
 		t.Fatal(err)
 	}

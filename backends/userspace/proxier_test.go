@@ -62,12 +62,16 @@ func (f *fakePlatform) close() error {
 	return nil
 }
 
+// fakeNodeIP is the node address of the fake proxiers: a loopback
+// address nothing else on the machine uses.
+var fakeNodeIP = netip.MustParseAddr("127.77.9.1")
+
 // fakeProxier is a proxier on a fakePlatform whose node address is
-// 127.0.0.1.
+// fakeNodeIP.
 func fakeProxier(t *testing.T) (*Proxier, *fakePlatform) {
 	t.Helper()
 	fp := &fakePlatform{held: map[netip.Addr]bool{}}
-	p, err := newProxier(Config{ServiceProxyName: "fake"}, Options{NodeIPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}.withDefaults("fake"), fp)
+	p, err := newProxier(Config{ServiceProxyName: "fake"}, Options{NodeIPs: []netip.Addr{fakeNodeIP}}.withDefaults("fake"), fp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +125,7 @@ func TestAddressKindChange(t *testing.T) {
 	p, fp := fakeProxier(t)
 	eps := []*model.Endpoint{ep("127.0.0.2", false)}
 	ext := &model.Service{Namespace: "default", Name: "a", Type: "ClusterIP",
-		IPs:   model.ServiceIPs{ClusterIPs: ipset("127.0.0.12"), ExternalIPs: ipset("127.0.0.1")},
+		IPs:   model.ServiceIPs{ClusterIPs: ipset("127.0.0.12"), ExternalIPs: ipset(fakeNodeIP.String())},
 		Ports: []*model.PortMapping{{Name: "p", Protocol: model.TCP, Port: 31080, TargetPort: 80}}}
 	np := &model.Service{Namespace: "default", Name: "a", Type: "NodePort",
 		IPs:   model.ServiceIPs{ClusterIPs: ipset("127.0.0.12")},
@@ -132,7 +136,7 @@ func TestAddressKindChange(t *testing.T) {
 		if err := p.Sync(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
-		if want := svc == ext; fp.held[netip.MustParseAddr("127.0.0.1")] != want {
+		if want := svc == ext; fp.held[fakeNodeIP] != want {
 			t.Errorf("step %d: the node's address held: %v, want %v", i, !want, want)
 		}
 	}
