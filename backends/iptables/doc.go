@@ -12,18 +12,22 @@
 //
 //   - the plan, pure Go with no command run: names.go (every chain name:
 //     the fixed chains and the hashed per-service ones, at most
-//     MaxChainName characters), options.go, plan.go (the services seen
-//     from this node → the chains and rules of each family and table, as
-//     the text of iptables-restore input; it also records which
-//     endpoints each UDP service destination reaches, for the conntrack
-//     cleanup), dispatch.go (beyond 32 rules, the SERVICES chains laid
+//     MaxChainName characters), options.go, plan.go (one service seen
+//     from this node → its chains and rules in each family and table, as
+//     the text of iptables-restore input, and its dispatch entries; it
+//     also records which endpoints each UDP service destination reaches,
+//     for the conntrack cleanup), state.go (the plan kept from round to
+//     round: each service's fragment, re-planned only when it changes or
+//     when its share of a contended address changes, and the whole plan
+//     assembled from them), hairpin.go (the BPF program of the one
+//     hairpin rule), dispatch.go (beyond 32 rules, the SERVICES chains laid
 //     out as a tree of chains keyed by destination prefix, so that a
 //     packet meets tens of rules rather than one per service) and
 //     restore.go (the restore input of a table: the text
 //     that is sent is the text the golden tests check);
-//   - the kernel side (Linux): sink_linux.go (each Sync plans the whole
-//     state and writes it with one iptables-restore per family and
-//     table: every chain in a full sync, only the chains whose rules
+//   - the kernel side (Linux): sink_linux.go (each Sync re-plans the
+//     services changed and writes with one iptables-restore per family
+//     and table: every chain in a full sync, only the chains whose rules
 //     changed in a partial one,
 //     deleting the chains no longer used; a failed restore leaves
 //     that table as it was, is returned, and makes the next Sync a full

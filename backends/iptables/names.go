@@ -43,9 +43,9 @@ const (
 	kindExternal = "EXT"
 	// kindFirewall lets the sources of loadBalancerSourceRanges through.
 	kindFirewall = "FWL"
-	// kindEndpoint masquerades hairpin traffic, records affinity and DNATs
-	// to one endpoint.
-	kindEndpoint = "SEP"
+	// kindAffinity names the recent list (not a chain) of one endpoint
+	// of a service port with session affinity.
+	kindAffinity = "AFF"
 )
 
 // encoding is base32 without padding; its letters and digits are valid in

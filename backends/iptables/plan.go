@@ -39,9 +39,6 @@ var tables = []string{"nat", "filter"}
 type chain struct {
 	Name  string
 	Rules []string
-	// Service is the service the chain is made for; nil for the fixed
-	// chains.
-	Service *model.ServiceKey
 }
 
 // tablePlan is the content of the proxier's chains in one table.
@@ -95,33 +92,19 @@ func (t *tablePlan) chain(name string) *chain {
 	return c
 }
 
+// put adds the chain c itself (a service's, from its fragment).
+func (t *tablePlan) put(c *chain) {
+	if t.byName == nil {
+		t.byName = map[string]*chain{}
+	}
+	t.byName[c.Name] = c
+	t.Chains = append(t.Chains, c)
+}
+
 // add appends a rule to the chain named name.
 func (t *tablePlan) add(name string, args ...string) {
 	c := t.chain(name)
 	c.Rules = append(c.Rules, strings.Join(args, " "))
-}
-
-// contents returns the rules of each chain, joined: what changedSince
-// compares.
-func (t *tablePlan) contents() map[string]string {
-	out := make(map[string]string, len(t.Chains))
-	for _, c := range t.Chains {
-		out[c.Name] = strings.Join(c.Rules, "\n")
-	}
-	return out
-}
-
-// changedSince returns the table with only the chains whose rules differ
-// from those in written (name → contents), or that are not there: what a
-// partial sync writes.
-func (t *tablePlan) changedSince(written map[string]string) *tablePlan {
-	out := &tablePlan{}
-	for _, c := range t.Chains {
-		if old, ok := written[c.Name]; !ok || old != strings.Join(c.Rules, "\n") {
-			out.Chains = append(out.Chains, c)
-		}
-	}
-	return out
 }
 
 // dst is what a UDP conntrack entry of a service is found by: its family,
@@ -133,18 +116,23 @@ type dst struct {
 	Addr   netip.AddrPort
 }
 
-// familyPlan is what the proxier writes in one family: its nat and filter
-// chains, and, for the conntrack cleanup, the endpoints each UDP service
-// destination is DNATed to.
+// familyPlan is what the proxier writes in one family (or what one
+// service adds to it: a fragment's): its nat and filter chains, and, for
+// the conntrack cleanup, the endpoints each UDP service destination is
+// DNATed to.
 type familyPlan struct {
 	NAT, Filter tablePlan
 	// Reach maps each UDP destination DNATed by the rules to the
 	// endpoints it may reach.
 	Reach map[dst][]netip.AddrPort
-	// claims are the destinations (address, or node port without one,
-	// protocol and port) taken, and by which service: the first in key
-	// order keeps one, as in the nft backend.
-	claims map[dst]model.ServiceKey
+	// wants are the destinations (address, or node port without one,
+	// protocol and port) a service's rules match, whoever owns them: the
+	// first service in key order that wants one owns it, as in the nft
+	// backend (state.update).
+	wants []dst
+	// lost are the destinations of wants that other services own (and
+	// which): the service's rules leave them out.
+	lost map[dst]model.ServiceKey
 }
 
 // table returns the plan of the table named name.
@@ -170,40 +158,36 @@ type planner struct {
 // fixed returns the name of the fixed chain with the given suffix.
 func (pl planner) fixed(suffix string) string { return pl.prefix + suffix }
 
-// build returns the plan of services (in the order given: on a conflict,
-// the first rule wins) and the parts of them that cannot be programmed.
+// build returns the plan of services (on a conflict, the first in key
+// order wins) and the parts of them that cannot be programmed: what a
+// fresh sink programs from them, through the same incremental state a
+// sink keeps.
 func (pl planner) build(services []*model.ServiceEndpoints) (*plan, []error) {
-	p := &plan{}
-	var problems []error
-	for _, f := range families {
-		fp := &p.Families[f]
-		fp.Reach = map[dst][]netip.AddrPort{}
-		pl.fixedChains(f, fp)
-		for _, se := range services {
-			if se == nil || se.Service == nil {
-				continue
-			}
-			first := len(fp.NAT.Chains)
-			problems = append(problems, pl.service(f, fp, se)...)
-			key := se.Service.Key()
-			for _, c := range fp.NAT.Chains[first:] {
-				c.Service = &key
-			}
+	st := newState(pl)
+	changed := map[model.ServiceKey]bool{}
+	for _, se := range services {
+		if se == nil || se.Service == nil {
+			continue
 		}
-		pl.dispatchTree(f, "nat", &fp.NAT)
-		pl.dispatchTree(f, "filter", &fp.Filter)
-		pl.nodePortJumps(f, fp)
+		st.services[se.Service.Key()] = se
+		changed[se.Service.Key()] = true
 	}
-	// A problem of the service (not of one family) is found in both.
+	st.update(changed)
+	return st.plan(), st.problems()
+}
+
+// uniqueErrors returns errs without repeated messages (a problem of the
+// service, not of one family, is found in both).
+func uniqueErrors(errs []error) []error {
 	seen := map[string]bool{}
-	unique := problems[:0]
-	for _, e := range problems {
+	var out []error
+	for _, e := range errs {
 		if !seen[e.Error()] {
 			seen[e.Error()] = true
-			unique = append(unique, e)
+			out = append(out, e)
 		}
 	}
-	return p, unique
+	return out
 }
 
 // fixedChains adds the chains every plan has, in their order.
@@ -212,6 +196,13 @@ func (pl planner) fixedChains(f family, fp *familyPlan) {
 	nat.chain(pl.fixed(chainServices))
 	nat.chain(pl.fixed(chainNodePorts))
 	mark := pl.opts.mark()
+	// Hairpin: a connection DNATed to its own source (a pod reaching
+	// itself through its service) must be masqueraded, or the pod answers
+	// itself and the client never hears back. One rule for every
+	// endpoint: a classic BPF program (xt_bpf) compares the source and
+	// destination addresses of the IP header.
+	nat.add(pl.fixed(chainPostrouting), "-m", "comment", "--comment", `"kpng hairpin"`, "-m", "conntrack", "--ctstate", "DNAT",
+		"-m", "bpf", "--bytecode", `"`+sameAddrsBPF(f)+`"`, "-j", "MARK", "--or-mark", mark)
 	nat.add(pl.fixed(chainPostrouting), "-m", "mark", "!", "--mark", mark+"/"+mark, "-j", "RETURN")
 	nat.add(pl.fixed(chainPostrouting), "-j", "MARK", "--xor-mark", mark)
 	masq := []string{"-m", "comment", "--comment", `"kpng masquerade"`, "-j", "MASQUERADE"}
@@ -508,17 +499,15 @@ func (b *portBuilder) policy(local bool, eps []*model.Endpoint) *policyChain {
 }
 
 // claim returns the addresses (the invalid address: a node port) of
-// addrs whose destination with port is free or the service's own, and
-// takes them; the others are reported (another service has them) and
-// left out.
+// addrs whose destination with port the service owns; each is recorded
+// as wanted, and those another service owns (lost) are reported and left
+// out.
 func (b *portBuilder) claim(field string, addrs []netip.Addr, port int32) []netip.Addr {
-	if b.fp.claims == nil {
-		b.fp.claims = map[dst]model.ServiceKey{}
-	}
 	var out []netip.Addr
 	for _, a := range addrs {
 		d := dst{Family: b.f, Proto: b.port.Protocol, Addr: netip.AddrPortFrom(a, uint16(port))}
-		if owner, ok := b.fp.claims[d]; ok && owner != b.svc.Key() {
+		b.fp.wants = append(b.fp.wants, d)
+		if owner, ok := b.fp.lost[d]; ok {
 			what := a.String()
 			if !a.IsValid() {
 				what = "node port"
@@ -526,7 +515,6 @@ func (b *portBuilder) claim(field string, addrs []netip.Addr, port int32) []neti
 			*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: %s %d/%s already used by service %s: ignored", b.svc.Key(), field, what, port, protoName(b.port.Protocol), owner))
 			continue
 		}
-		b.fp.claims[d] = b.svc.Key()
 		out = append(out, a)
 	}
 	return out
@@ -541,9 +529,16 @@ func (b *portBuilder) reach(d netip.AddrPort, eps []netip.AddrPort) {
 	b.fp.Reach[k] = append(b.fp.Reach[k], eps...)
 }
 
-// finish writes the rules of the policy chains and their endpoint chains.
+// finish writes the rules of the policy chains: for each endpoint, one
+// rule choosing it and DNATing to it (two with session affinity: the
+// affinity check first). There is no chain per endpoint, as kube-proxy
+// has (KUBE-SEP-…, three rules each): hairpin traffic is masqueraded by
+// one rule in POSTROUTING (fixedChains), and the cost of a restore, in
+// legacy iptables a whole table each time, is set by the number of rules
+// and chains.
 func (b *portBuilder) finish() {
 	nat := &b.fp.NAT
+	proto := protoName(b.port.Protocol)
 	for _, kind := range []string{kindCluster, kindLocal} {
 		c := b.chains[kind]
 		if c == nil {
@@ -552,49 +547,33 @@ func (b *portBuilder) finish() {
 		for _, r := range c.first {
 			nat.add(c.name, concat(b.comment("masquerade traffic from outside the cluster"), r)...)
 		}
-		seps := make([]string, len(c.eps))
-		for i, ep := range c.eps {
-			seps[i] = b.endpointChain(ep)
-		}
-		if a := b.svc.ClientIPAffinity; a != nil {
-			timeout := a.TimeoutSeconds
+		affinity := b.svc.ClientIPAffinity
+		lists := make([]string, len(c.eps))
+		if affinity != nil {
+			timeout := affinity.TimeoutSeconds
 			if timeout <= 0 {
 				timeout = model.DefaultAffinityTimeoutSeconds
 			}
-			for i := range c.eps {
-				nat.add(c.name, concat([]string{"-m", "recent", "--name", seps[i], "--rcheck", "--seconds", strconv.Itoa(int(timeout)), "--reap", "-j", seps[i]})...)
+			for i, ep := range c.eps {
+				lists[i] = serviceChain(b.prefix, kindAffinity, b.id()+"/"+ep.String())
+				nat.add(c.name, "-m", "recent", "--name", lists[i], "--rcheck", "--seconds", strconv.Itoa(int(timeout)), "--reap",
+					"-p", proto, "-j", "DNAT", "--to-destination", ep.String())
 			}
 		}
-		for i := range c.eps {
+		for i, ep := range c.eps {
 			// No comment on the rules of each endpoint (kube-proxy drops
-			// them in large clusters): the xt_comment match they add to
-			// three rules per endpoint doubled the restore input and the
-			// kernel's work at 10,000 services.
+			// them in large clusters): the xt_comment match doubled the
+			// restore input and the kernel's work at 10,000 services.
 			var args []string
 			if n := len(c.eps) - i; n > 1 {
 				args = append(args, "-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%0.10f", 1/float64(n)))
 			}
-			nat.add(c.name, append(args, "-j", seps[i])...)
+			if affinity != nil {
+				args = append(args, "-m", "recent", "--name", lists[i], "--set")
+			}
+			nat.add(c.name, append(args, "-p", proto, "-j", "DNAT", "--to-destination", ep.String())...)
 		}
 	}
-}
-
-// endpointChain adds (once) the SEP chain of an endpoint of the service
-// port and returns its name.
-func (b *portBuilder) endpointChain(ep netip.AddrPort) string {
-	name := serviceChain(b.prefix, kindEndpoint, b.id()+"/"+ep.String())
-	nat := &b.fp.NAT
-	if c := nat.byName[name]; c != nil && len(c.Rules) > 0 {
-		return name
-	}
-	nat.add(name, "-s", ep.Addr().String(), "-j", b.fixed(chainMarkMasq))
-	var args []string
-	if b.svc.ClientIPAffinity != nil {
-		args = append(args, "-m", "recent", "--name", name, "--set")
-	}
-	proto := protoName(b.port.Protocol)
-	nat.add(name, append(args, "-p", proto, "-j", "DNAT", "--to-destination", ep.String())...)
-	return name
 }
 
 // verdict is the filter target for packets to a service without usable

@@ -246,7 +246,7 @@ func TestChainNames(t *testing.T) {
 		wantPrefix string
 	}{
 		{"short", "x", kindCluster, "IPv4/default/web/tcp/80", "KPNG-"},
-		{"longest names", long, kindEndpoint, "IPv6/" + long + "/" + long + "/sctp/65535/[fd00::1]:65535", "KPNG-"},
+		{"longest names", long, kindAffinity, "IPv6/" + long + "/" + long + "/sctp/65535/[fd00::1]:65535", "KPNG-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prefix := ChainPrefix(tc.proxy)

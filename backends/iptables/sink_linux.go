@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,21 +75,23 @@ type sink struct {
 	prefix   string
 	planner  planner
 	jumper   jumper
-	services map[model.ServiceKey]*model.ServiceEndpoints
+	st       *state
 	needFull bool
 	// lastFull is the time of the last successful full sync.
 	lastFull time.Time
-	// changed are the services updated since the last successful Sync:
-	// a partial sync rewrites their chains only (and the fixed ones).
+	// changed are the services updated since the last Sync: the state
+	// re-plans them (and those contending with them) at the Sync.
 	changed map[model.ServiceKey]bool
+	// dirty are the services whose fragment was re-planned since the
+	// last successful Sync: a partial sync compares their chains with
+	// those of applied.
+	dirty map[model.ServiceKey]bool
+	// applied are the fragments as last written successfully, and
+	// appliedShared the other chains (fixed, dispatch), per family.
+	applied       map[model.ServiceKey]*fragment
+	appliedShared [2]familyPlan
 	// problems are those logged already.
 	problems map[string]bool
-	// written are the proxier's chains in the kernel, per family, table
-	// and name, with their rules (contents) as last written
-	// table, as of the last successful restore (or the last listing).
-	written [2]map[string]map[string]string
-	// reach is the Reach of the last applied plan, per family.
-	reach [2]map[dst][]netip.AddrPort
 	// staleFlows wait for the next successful sync.
 	staleFlows []conntrack.Flow
 }
@@ -191,11 +194,13 @@ func (s *sink) checkCanary() {
 // newSink returns the sink with its jumper (a fake in unit tests).
 func newSink(cfg Config, variant string, j jumper) *sink {
 	prefix := ChainPrefix(cfg.ServiceProxyName)
+	pl := planner{prefix: prefix, opts: cfg.Options, randomFully: j.RandomFully(ipv4)}
 	return &sink{
-		cfg: cfg, variant: variant, prefix: prefix, jumper: j,
-		planner:  planner{prefix: prefix, opts: cfg.Options, randomFully: j.RandomFully(ipv4)},
-		services: map[model.ServiceKey]*model.ServiceEndpoints{},
+		cfg: cfg, variant: variant, prefix: prefix, jumper: j, planner: pl,
+		st:       newState(pl),
 		changed:  map[model.ServiceKey]bool{},
+		dirty:    map[model.ServiceKey]bool{},
+		applied:  map[model.ServiceKey]*fragment{},
 		needFull: true,
 	}
 }
@@ -205,8 +210,10 @@ func (s *sink) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inRound = true
-	s.services = map[model.ServiceKey]*model.ServiceEndpoints{}
-	s.changed = map[model.ServiceKey]bool{}
+	for k := range s.st.services {
+		s.changed[k] = true
+	}
+	clear(s.st.services)
 	s.needFull = true
 }
 
@@ -217,18 +224,18 @@ func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 	s.inRound = true
 	s.changed[key] = true
 	if cur == nil {
-		delete(s.services, key)
+		delete(s.st.services, key)
 		return
 	}
-	s.services[key] = cur
+	s.st.services[key] = cur
 }
 
-// Sync implements localsink.Sink: it plans the whole state and writes it,
-// one iptables-restore per family and table: every chain on a full sync
-// (the first, the first after a failure or a Reset, and one every
-// FullSyncPeriod), otherwise the fixed chains (dispatch, masquerading)
-// the chains whose rules changed since the last successful Sync: those of
-// the services changed, and the dispatch when an address or port did.
+// Sync implements localsink.Sink: it re-plans the services changed since
+// the last Sync and writes, one iptables-restore per family and table:
+// every chain on a full sync (the first, the first after a failure or a
+// Reset, and one every FullSyncPeriod), otherwise the chains whose rules
+// changed since the last successful Sync: those of the services
+// changed, and the dispatch when an address or port did.
 func (s *sink) Sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -239,14 +246,12 @@ func (s *sink) Sync() error {
 // sync is Sync, mu held.
 func (s *sink) sync() error {
 	start := time.Now()
-	keys := slices.SortedFunc(maps.Keys(s.services), model.ServiceKey.Compare)
-	items := make([]*model.ServiceEndpoints, len(keys))
-	for i, k := range keys {
-		items[i] = s.services[k]
+	for k := range s.st.update(s.changed) {
+		s.dirty[k] = true
 	}
-	p, problems := s.planner.build(items)
+	s.changed = map[model.ServiceKey]bool{}
 	seen := map[string]bool{}
-	for _, e := range problems {
+	for _, e := range s.st.problems() {
 		seen[e.Error()] = true
 		if !s.problems[e.Error()] {
 			klog.InfoS("Part of a service cannot be programmed", "prefix", s.prefix, "problem", e.Error())
@@ -261,83 +266,163 @@ func (s *sink) sync() error {
 	// Whatever happens now, until a Sync succeeds the next one re-reads
 	// the kernel's chains and ensures the jumps.
 	s.needFull = true
-	if err := s.apply(p, full); err != nil {
-		return fmt.Errorf("iptables (%s) chains %s*: %w (the next sync re-reads the chains and rewrites them all)", s.variant, s.prefix, err)
+	shared := [2]familyPlan{s.st.shared(ipv4), s.st.shared(ipv6)}
+	stats, err := s.apply(shared, full)
+	if err != nil {
+		return fmt.Errorf("iptables (%s) chains %s* of services %s: %w (the next sync re-reads the chains and rewrites them all)", s.variant, s.prefix, s.dirtyNames(), err)
 	}
 	s.needFull = false
-	changed := len(s.changed)
-	s.changed = map[model.ServiceKey]bool{}
 	if full {
 		s.lastFull = start
 	}
-	var chains int
-	for _, f := range families {
-		s.staleFlows = append(s.staleFlows, staleFlows(f, s.reach[f], p.Families[f].Reach)...)
-		s.reach[f] = p.Families[f].Reach
-		chains += len(p.Families[f].NAT.Chains) + len(p.Families[f].Filter.Chains)
+	for k := range s.dirty {
+		var before, after *fragment
+		before, after = s.applied[k], s.st.frags[k]
+		for _, f := range families {
+			var b, a map[dst][]netip.AddrPort
+			if before != nil {
+				b = before.Families[f].Reach
+			}
+			if after != nil {
+				a = after.Families[f].Reach
+			}
+			s.staleFlows = append(s.staleFlows, staleFlows(f, b, a)...)
+		}
+		if after == nil {
+			delete(s.applied, k)
+		} else {
+			s.applied[k] = after
+		}
 	}
-	klog.V(2).InfoS("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(items), "changed", changed, "chains", chains, "duration", time.Since(start))
+	changed := len(s.dirty)
+	s.dirty = map[model.ServiceKey]bool{}
+	s.appliedShared = shared
+	klog.V(2).InfoS("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(s.st.keys), "changed", changed,
+		"chainsWritten", stats.chains, "chainsDeleted", stats.deleted, "bytes", stats.bytes, "restores", stats.restores, "duration", time.Since(start))
 	s.flushStaleFlows()
 	return nil
 }
 
-// apply writes the plan: for each family and table, one
-// iptables-restore --noflush of every chain (full), or of the chains
-// whose rules changed since the last successful restore (partial: the
-// others are in the kernel already; a table without any change and
-// without a chain to delete is not restored at all), deleting the chains
-// no longer planned; then, on a full sync, the jumps.
-func (s *sink) apply(p *plan, full bool) error {
+// dirtyNames returns the services of a failed sync, for its error: up to
+// five keys, and how many more.
+func (s *sink) dirtyNames() string {
+	keys := slices.SortedFunc(maps.Keys(s.dirty), model.ServiceKey.Compare)
+	names := make([]string, 0, 5)
+	for _, k := range keys[:min(5, len(keys))] {
+		names = append(names, k.String())
+	}
+	out := strings.Join(names, ", ")
+	if len(keys) > 5 {
+		out += fmt.Sprintf(" and %d more", len(keys)-5)
+	}
+	if out == "" {
+		out = "(none changed)"
+	}
+	return out
+}
+
+// syncStats is what one sync handed to iptables-restore.
+type syncStats struct {
+	restores, chains, deleted, bytes int
+}
+
+// apply writes the plan, for each family and table with one
+// iptables-restore --noflush: every chain (full: the chains of the
+// proxier found in the kernel and no longer planned are deleted), or the
+// chains whose rules changed since the last successful restore (partial:
+// those of the dirty services and the shared ones that differ, deleting
+// those gone; a table without any is not restored at all); then, on a
+// full sync, the jumps.
+func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 	ctx := s.cfg.Context
+	var stats syncStats
+	var whole *plan
+	if full {
+		whole = s.st.plan()
+	}
+	dirty := slices.SortedFunc(maps.Keys(s.dirty), model.ServiceKey.Compare)
 	for _, f := range families {
-		if s.written[f] == nil || full {
-			s.written[f] = map[string]map[string]string{}
-			for _, table := range tables {
+		var listed [2][]string
+		if full {
+			for i, table := range tables {
 				out, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-save"), []string{"-t", table}, nil)
 				if err != nil {
-					return fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
+					return stats, fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
 				}
-				s.written[f][table] = map[string]string{}
-				for _, name := range chainsWithPrefix(out, s.prefix) {
-					s.written[f][table][name] = unknownRules
-				}
+				listed[i] = chainsWithPrefix(out, s.prefix)
 			}
 		}
-		for _, table := range tables {
-			t := p.Families[f].table(table)
-			written := s.written[f][table]
+		for i, table := range tables {
+			var write []*chain
 			var stale []string
-			for name := range written {
-				if _, ok := t.byName[name]; !ok {
-					stale = append(stale, name)
+			if full {
+				t := whole.Families[f].table(table)
+				write = t.Chains
+				for _, name := range listed[i] {
+					if _, ok := t.byName[name]; !ok {
+						stale = append(stale, name)
+					}
 				}
-			}
-			slices.Sort(stale)
-			write := t
-			if !full {
-				write = t.changedSince(written)
-				if len(write.Chains) == 0 && len(stale) == 0 {
+			} else {
+				write, stale = changedChains(s.appliedShared[f].table(table), shared[f].table(table), write, stale)
+				for _, k := range dirty {
+					var before, after *tablePlan
+					if fr := s.applied[k]; fr != nil {
+						before = fr.Families[f].table(table)
+					}
+					if fr := s.st.frags[k]; fr != nil {
+						after = fr.Families[f].table(table)
+					}
+					write, stale = changedChains(before, after, write, stale)
+				}
+				if len(write) == 0 && len(stale) == 0 {
 					continue
 				}
 			}
-			in := restoreInput(table, write, stale)
+			slices.Sort(stale)
+			in := restoreInput(table, &tablePlan{Chains: write}, stale)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
-				return fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write.Chains), len(in), err)
+				return stats, fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write), len(in), err)
 			}
-			s.written[f][table] = t.contents()
+			stats.restores++
+			stats.chains += len(write)
+			stats.deleted += len(stale)
+			stats.bytes += len(in)
 		}
 		if full {
 			if err := s.jumper.Ensure(f, jumps(s.prefix)); err != nil {
-				return fmt.Errorf("ensure the jumps from the built-in chains: %w", err)
+				return stats, fmt.Errorf("ensure the jumps from the built-in chains: %w", err)
 			}
 		}
 	}
-	return nil
+	return stats, nil
 }
 
-// unknownRules stands for the rules of a chain found in the kernel and
-// not written by this sink: never equal to a planned chain's.
-const unknownRules = "\x00unknown"
+// changedChains appends to write the chains of after whose rules differ
+// from those of the same name in before (or that before lacks), and to
+// stale the names of the chains of before that after lacks. Either may
+// be nil (no chains).
+func changedChains(before, after *tablePlan, write []*chain, stale []string) ([]*chain, []string) {
+	if after != nil {
+		for _, c := range after.Chains {
+			var old *chain
+			if before != nil {
+				old = before.byName[c.Name]
+			}
+			if old == nil || !slices.Equal(old.Rules, c.Rules) {
+				write = append(write, c)
+			}
+		}
+	}
+	if before != nil {
+		for _, c := range before.Chains {
+			if after == nil || after.byName[c.Name] == nil {
+				stale = append(stale, c.Name)
+			}
+		}
+	}
+	return write, stale
+}
 
 // staleFlows returns the UDP flows that the change from the reach
 // before to after made stale: those DNATed to an endpoint a destination
