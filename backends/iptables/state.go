@@ -32,6 +32,12 @@ type state struct {
 	// claimants are, for each destination wanted, the services wanting
 	// it, sorted: the first owns it.
 	claimants map[dst][]model.ServiceKey
+	// troubled are the services whose fragment has problems.
+	troubled map[model.ServiceKey]bool
+	// sharedPlans are the shared chains of each family (shared), valid
+	// while sharedValid: until a fragment's dispatch entries change.
+	sharedPlans [2]familyPlan
+	sharedValid bool
 }
 
 // newState returns an empty state planned by pl.
@@ -41,6 +47,7 @@ func newState(pl planner) *state {
 		services:  map[model.ServiceKey]*model.ServiceEndpoints{},
 		frags:     map[model.ServiceKey]*fragment{},
 		claimants: map[dst][]model.ServiceKey{},
+		troubled:  map[model.ServiceKey]bool{},
 	}
 }
 
@@ -50,7 +57,11 @@ func newState(pl planner) *state {
 // whose fragment was replaced or removed.
 func (st *state) update(changed map[model.ServiceKey]bool) map[model.ServiceKey]bool {
 	replaced := map[model.ServiceKey]bool{}
+	// before are the fragments replaced, as they were.
+	before := map[model.ServiceKey]*fragment{}
 	var touched []dst
+	var added []model.ServiceKey
+	removed := map[model.ServiceKey]bool{}
 	for k := range changed {
 		if old := st.frags[k]; old != nil {
 			for _, fp := range old.Families {
@@ -59,19 +70,19 @@ func (st *state) update(changed map[model.ServiceKey]bool) map[model.ServiceKey]
 					touched = append(touched, d)
 				}
 			}
+			before[k] = old
 			delete(st.frags, k)
 			replaced[k] = true
 		}
-		i, found := slices.BinarySearchFunc(st.keys, k, model.ServiceKey.Compare)
 		se := st.services[k]
 		if se == nil {
-			if found {
-				st.keys = slices.Delete(st.keys, i, i+1)
+			if before[k] != nil {
+				removed[k] = true
 			}
 			continue
 		}
-		if !found {
-			st.keys = slices.Insert(st.keys, i, k)
+		if before[k] == nil {
+			added = append(added, k)
 		}
 		// Planned first as if it owned everything it wants: that is how
 		// its wants are known (they do not depend on what it owns).
@@ -85,6 +96,7 @@ func (st *state) update(changed map[model.ServiceKey]bool) map[model.ServiceKey]
 			}
 		}
 	}
+	st.updateKeys(added, removed)
 	// Every service wanting a touched destination may have won or lost
 	// it: re-plan those whose lost destinations are not what their
 	// fragment was planned with.
@@ -103,10 +115,58 @@ func (st *state) update(changed map[model.ServiceKey]bool) map[model.ServiceKey]
 		if equalLost(lost, f) {
 			continue
 		}
+		if _, ok := before[k]; !ok {
+			before[k] = f
+		}
 		st.frags[k] = st.pl.fragment(st.services[k], lost)
 		replaced[k] = true
 	}
+	for k := range replaced {
+		f := st.frags[k]
+		if f != nil && len(f.Problems) > 0 {
+			st.troubled[k] = true
+		} else {
+			delete(st.troubled, k)
+		}
+		if st.sharedValid && !sameEntries(before[k], f) {
+			st.sharedValid = false
+		}
+	}
 	return replaced
+}
+
+// updateKeys adds the keys added to st.keys and removes the keys
+// removed, keeping them sorted.
+func (st *state) updateKeys(added []model.ServiceKey, removed map[model.ServiceKey]bool) {
+	if len(removed) > 0 {
+		st.keys = slices.DeleteFunc(st.keys, func(k model.ServiceKey) bool { return removed[k] })
+	}
+	if len(added) > 8 {
+		st.keys = append(st.keys, added...)
+		slices.SortFunc(st.keys, model.ServiceKey.Compare)
+		return
+	}
+	for _, k := range added {
+		i, _ := slices.BinarySearchFunc(st.keys, k, model.ServiceKey.Compare)
+		st.keys = slices.Insert(st.keys, i, k)
+	}
+}
+
+// sameEntries reports whether fragments a and b (either may be nil: no
+// service) have the same dispatch entries: whether the shared chains
+// stay as they are.
+func sameEntries(a, b *fragment) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	for f := range a.Families {
+		x, y := &a.Families[f], &b.Families[f]
+		if !slices.Equal(x.NAT.entries, y.NAT.entries) || !slices.Equal(x.Filter.entries, y.Filter.entries) ||
+			!slices.Equal(x.NAT.portEntries, y.NAT.portEntries) || !slices.Equal(x.Filter.portEntries, y.Filter.portEntries) {
+			return false
+		}
+	}
+	return true
 }
 
 // claim records that service k wants d.
@@ -176,7 +236,7 @@ func (pl planner) fragment(se *model.ServiceEndpoints, lost [2]map[dst]model.Ser
 // problems returns the problems of every service, in key order.
 func (st *state) problems() []error {
 	var out []error
-	for _, k := range st.keys {
+	for _, k := range slices.SortedFunc(maps.Keys(st.troubled), model.ServiceKey.Compare) {
 		out = append(out, st.frags[k].Problems...)
 	}
 	return out
@@ -193,9 +253,16 @@ func (st *state) plan() *plan {
 }
 
 // shared returns the chains of family f that are not a service's (the
-// fixed chains and the dispatch), with the UDP reach of every service.
+// fixed chains and the dispatch), assembled again only when a service's
+// dispatch entries changed. They are not to be modified.
 func (st *state) shared(f family) familyPlan {
-	return st.assemble(f, false)
+	if !st.sharedValid {
+		for _, fam := range families {
+			st.sharedPlans[fam] = st.assemble(fam, false)
+		}
+		st.sharedValid = true
+	}
+	return st.sharedPlans[f]
 }
 
 // assemble returns the plan of family f, with the services' own chains
