@@ -25,6 +25,9 @@
 # example several test packages of `go test ./...`) are serialized with
 # flock(1) when it is available, so the expensive build happens only once.
 #
+# With --with-kube-proxy, kube-proxy (the peer of the side-by-side
+# benchmarks, hack/bench-iptables.sh) is built into the same directory.
+#
 # Progress goes to stderr; the last line on stdout is the cache directory.
 # A cold build of kube-apiserver takes several minutes on a small machine.
 
@@ -50,8 +53,14 @@ etcd_version="$(version_of go.etcd.io/etcd/server/v3)"
 cache_root="${KPNG_CACHE_DIR:-${HOME}/.cache/kpng}"
 dir="${cache_root}/controlplane/k8s-${k8s_version}-etcd-${etcd_version}"
 
+with_kube_proxy=false
+if [[ "${1:-}" == "--with-kube-proxy" ]]; then
+  with_kube_proxy=true
+fi
+
 have_binaries() {
-  [[ -x "${dir}/kube-apiserver" && -x "${dir}/etcd" ]]
+  [[ -x "${dir}/kube-apiserver" && -x "${dir}/etcd" ]] &&
+    { ! ${with_kube_proxy} || [[ -x "${dir}/kube-proxy" ]]; }
 }
 
 if have_binaries; then
@@ -113,6 +122,9 @@ k8s_ldflags+=" -X ${component_base}.gitTreeState=clean"
 
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver -ldflags="${k8s_ldflags}"
 build etcd ./etcd
+if ${with_kube_proxy}; then
+  build kube-proxy k8s.io/kubernetes/cmd/kube-proxy -ldflags="${k8s_ldflags}"
+fi
 
 log "binaries ready in ${dir}"
 echo "${dir}"

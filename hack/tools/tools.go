@@ -1,10 +1,14 @@
 //go:build tools
 
-// Package tools pins the binaries of the test control plane (kube-apiserver
-// and etcd). It lives in its own module so that k8s.io/kubernetes and its
-// replace directives never reach the library module sigs.k8s.io/kpng.
+// Package tools pins the binaries built from the Go module proxy for the
+// tests and benchmarks: the test control plane (kube-apiserver and etcd)
+// and kube-proxy, the peer of the side-by-side benchmarks
+// (hack/bench-iptables.sh). It lives in its own module so that
+// k8s.io/kubernetes and its replace directives never reach the library
+// module sigs.k8s.io/kpng.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )

@@ -1,0 +1,814 @@
+//go:build linux
+
+// Command kpng-sidebyside runs kube-proxy and `kpng kube … to-local
+// to-<backend>` one after the other, each in a network namespace of its
+// own, on the same Services and EndpointSlices in the test control plane
+// (a real kube-apiserver and etcd), and prints what each took: cold start
+// to the first complete sync, one endpoint change and one service added
+// and deleted (from the API call to the end of the sync that applied
+// it, the sync's own duration and the bytes handed to iptables-restore),
+// the latency of a connection's first packet at a small and at the full
+// number of services, and memory. hack/bench-iptables.sh builds the
+// binaries and runs it; the results go to docs/benchmarks.md.
+//
+// Both proxiers handle the services without a service-proxy-name (kpng
+// runs without one): the same objects, loaded once.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	vnetns "github.com/vishvananda/netns"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kpng/internal/controlplane"
+)
+
+// config is the command line.
+type config struct {
+	kubeProxy, kpng string
+	mode            string
+	variants        []string
+	services, small int
+	endpoints       int
+	changes         int
+	probes          int
+	coldTimeout     time.Duration
+	shimDir         string
+	logDir          string
+}
+
+func main() {
+	var cfg config
+	var variants string
+	flag.StringVar(&cfg.kubeProxy, "kube-proxy", "", "the kube-proxy binary")
+	flag.StringVar(&cfg.kpng, "kpng", "", "the kpng binary")
+	flag.StringVar(&cfg.mode, "mode", "iptables", "iptables (kube-proxy --proxy-mode=iptables, kpng to-iptables)")
+	flag.StringVar(&variants, "variants", "legacy,nft", "the iptables variants, in order")
+	flag.IntVar(&cfg.services, "services", 10000, "services in the full state")
+	flag.IntVar(&cfg.small, "small", 100, "services in the small state (first-packet latency)")
+	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
+	flag.IntVar(&cfg.changes, "changes", 10, "endpoint changes measured")
+	flag.IntVar(&cfg.probes, "probes", 300, "connections whose first packet is timed")
+	flag.DurationVar(&cfg.coldTimeout, "cold-timeout", 10*time.Minute, "how long to wait for a proxier's first complete sync")
+	flag.StringVar(&cfg.logDir, "log-dir", filepath.Join(os.TempDir(), "kpng-sidebyside"), "where the proxiers' logs go")
+	flag.Parse()
+	cfg.variants = strings.Split(variants, ",")
+	if cfg.kubeProxy == "" || cfg.kpng == "" {
+		fmt.Fprintln(os.Stderr, "usage: kpng-sidebyside --kube-proxy=PATH --kpng=PATH [flags]")
+		os.Exit(2)
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "kpng-sidebyside:", err)
+		os.Exit(1)
+	}
+}
+
+// logf prints progress on stderr.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// nodeName and nodeIP are the Node both proxiers run as.
+const nodeName = "node-a"
+
+var nodeIP = netip.MustParseAddr("10.255.0.1")
+
+// ns is the namespace of the benchmark's objects.
+const ns = "bench"
+
+// result is what one proxier showed with one variant.
+type result struct {
+	proxier, variant string
+	cold             time.Duration
+	coldDone         bool
+	coldBytes        int64
+	changeAPI        []time.Duration // API call → sync complete
+	changeSync       []time.Duration // the sync's own duration (its log)
+	changeBytes      []int64
+	addAPI, delAPI   time.Duration
+	latSmall, latBig time.Duration
+	rssKiB, hwmKiB   int64
+	rules            int
+}
+
+func run(cfg config) error {
+	dir := os.Getenv("KPNG_CONTROLPLANE_DIR")
+	if dir == "" {
+		return errors.New("KPNG_CONTROLPLANE_DIR is not set (hack/bench-iptables.sh sets it)")
+	}
+	shim, err := os.MkdirTemp("", "kpng-sidebyside-shim-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(shim)
+	cfg.shimDir = shim
+	logf("starting the control plane")
+	cp, err := controlplane.Start(controlplane.WithBinaryDir(dir))
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	defer cp.Stop()
+	c := cp.Client()
+	ctx := context.Background()
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	node, err = c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: nodeIP.String()}}
+	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	b := &bench{cfg: cfg, cp: cp, c: c}
+	logf("loading %d services × %d endpoints", cfg.small, cfg.endpoints)
+	if err := b.populate(0, cfg.small); err != nil {
+		return err
+	}
+	results := map[string]*result{}
+	order := []string{}
+	for _, variant := range cfg.variants {
+		for _, proxier := range []string{"kube-proxy", "kpng"} {
+			key := proxier + "/" + variant
+			order = append(order, key)
+			r := &result{proxier: proxier, variant: variant}
+			results[key] = r
+			lat, err := b.smallPhase(proxier, variant)
+			if err != nil {
+				return fmt.Errorf("%s, %d services: %w", key, cfg.small, err)
+			}
+			r.latSmall = lat
+		}
+	}
+	start := time.Now()
+	logf("loading up to %d services × %d endpoints", cfg.services, cfg.endpoints)
+	if err := b.populate(cfg.small, cfg.services); err != nil {
+		return err
+	}
+	logf("loaded in %s", time.Since(start).Round(time.Second))
+	for _, key := range order {
+		r := results[key]
+		if err := b.bigPhase(r); err != nil {
+			return fmt.Errorf("%s, %d services: %w", key, cfg.services, err)
+		}
+	}
+	printTable(cfg, order, results)
+	return nil
+}
+
+// bench holds what the phases share.
+type bench struct {
+	cfg config
+	cp  *controlplane.ControlPlane
+	c   kubernetes.Interface
+	// clusterIPs are the services' cluster IPs, by index.
+	mu         sync.Mutex
+	clusterIPs map[int]netip.Addr
+}
+
+// endpointIP is the address of endpoint e of service i.
+func endpointIP(i, e int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, byte(1 + i/250), byte(i % 250), byte(1 + e)})
+}
+
+// svcName is the name of service i.
+func svcName(i int) string { return fmt.Sprintf("s%05d", i) }
+
+// slice returns the EndpointSlice of service i with its endpoints (the
+// first one replaced by alt when valid).
+func (b *bench) slice(i int, alt netip.Addr) *discovery.EndpointSlice {
+	name := svcName(i)
+	s := &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Namespace: ns, Labels: map[string]string{
+			discovery.LabelServiceName: name, discovery.LabelManagedBy: "kpng-sidebyside",
+		}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))}},
+	}
+	for e := range b.cfg.endpoints {
+		addr := endpointIP(i, e)
+		if e == 0 && alt.IsValid() {
+			addr = alt
+		}
+		s.Endpoints = append(s.Endpoints, discovery.Endpoint{
+			Addresses:  []string{addr.String()},
+			Conditions: discovery.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
+			NodeName:   ptr(fmt.Sprintf("node-%d", e)),
+		})
+	}
+	return s
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// createService creates service i and its slice.
+func (b *bench) createService(ctx context.Context, i int) error {
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: svcName(i), Namespace: ns},
+		Spec: v1.ServiceSpec{
+			Type:  v1.ServiceTypeClusterIP,
+			Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+	created, err := b.c.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("service %s: %w", svc.Name, err)
+	}
+	ip, err := netip.ParseAddr(created.Spec.ClusterIP)
+	if err != nil {
+		return fmt.Errorf("service %s: cluster IP %q: %w", svc.Name, created.Spec.ClusterIP, err)
+	}
+	b.mu.Lock()
+	if b.clusterIPs == nil {
+		b.clusterIPs = map[int]netip.Addr{}
+	}
+	b.clusterIPs[i] = ip
+	b.mu.Unlock()
+	if _, err := b.c.DiscoveryV1().EndpointSlices(ns).Create(ctx, b.slice(i, netip.Addr{}), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("slice of %s: %w", svc.Name, err)
+	}
+	return nil
+}
+
+// populate creates services from..to-1, with 8 workers.
+func (b *bench) populate(from, to int) error {
+	ctx := context.Background()
+	next := make(chan int)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := range next {
+				if err := b.createService(ctx, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for i := from; i < to; i++ {
+		select {
+		case next <- i:
+		case err := <-errs:
+			close(next)
+			wg.Wait()
+			return err
+		}
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// probeServices are the services whose first packets are timed: spread
+// over the first `small` ones, present in both states.
+func (b *bench) probeServices() []int {
+	var out []int
+	for i := 0; i < b.cfg.small; i += max(1, b.cfg.small/20) {
+		out = append(out, i)
+	}
+	return out
+}
+
+// smallPhase runs the proxier on the small state in a fresh namespace
+// and returns the median first-packet latency.
+func (b *bench) smallPhase(proxier, variant string) (time.Duration, error) {
+	n, err := b.newNode(proxier + "-" + variant + "-small")
+	if err != nil {
+		return 0, err
+	}
+	defer n.close()
+	p, err := b.start(proxier, variant, n)
+	if err != nil {
+		return 0, err
+	}
+	defer p.stop()
+	if _, err := p.waitSync(time.Now(), b.cfg.coldTimeout); err != nil {
+		return 0, fmt.Errorf("first sync: %w", err)
+	}
+	lat, err := b.firstPacket(n)
+	logf("%s %s, %d services: first packet %s", proxier, variant, b.cfg.small, lat)
+	return lat, err
+}
+
+// bigPhase runs the proxier on the full state in a fresh namespace.
+func (b *bench) bigPhase(r *result) error {
+	n, err := b.newNode(r.proxier + "-" + r.variant + "-big")
+	if err != nil {
+		return err
+	}
+	defer n.close()
+	p, err := b.start(r.proxier, r.variant, n)
+	if err != nil {
+		return err
+	}
+	defer p.stop()
+	ev, err := p.waitSync(p.started, b.cfg.coldTimeout)
+	if err != nil {
+		logf("%s %s: no complete sync after %s: %v", r.proxier, r.variant, b.cfg.coldTimeout, err)
+		r.cold = b.cfg.coldTimeout
+		r.rssKiB, r.hwmKiB = memory(p.cmd.Process.Pid)
+		return nil
+	}
+	r.cold, r.coldDone = ev.at.Sub(p.started), true
+	r.coldBytes = n.restoreBytes(p.started, ev.at)
+	logf("%s %s: cold start %s, %d bytes restored", r.proxier, r.variant, r.cold, r.coldBytes)
+	r.rules = n.countRules(r.variant)
+	if r.latBig, err = b.firstPacket(n); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	for i := range b.cfg.changes {
+		// Let a minimum sync period run out, so that each change is
+		// measured alone.
+		time.Sleep(1500 * time.Millisecond)
+		// Each service is changed twice: its first endpoint replaced, then
+		// back.
+		svc := b.cfg.small + (i/2*7919)%(b.cfg.services-b.cfg.small)
+		alt := netip.AddrFrom4([4]byte{10, 254, byte(i / 250), byte(1 + i%250)})
+		if i%2 == 1 {
+			alt = netip.Addr{}
+		}
+		call := time.Now()
+		if _, err := b.c.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.slice(svc, alt), metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		ev, err := p.waitSync(call, time.Minute)
+		if err != nil {
+			return fmt.Errorf("endpoint change %d: %w", i, err)
+		}
+		r.changeAPI = append(r.changeAPI, ev.at.Sub(call))
+		r.changeSync = append(r.changeSync, ev.took)
+		r.changeBytes = append(r.changeBytes, n.restoreBytes(call, ev.at))
+	}
+	time.Sleep(1500 * time.Millisecond)
+	call := time.Now()
+	if err := b.createService(ctx, b.cfg.services); err != nil {
+		return err
+	}
+	ev, err = p.waitSync(call, time.Minute)
+	if err != nil {
+		return fmt.Errorf("service added: %w", err)
+	}
+	r.addAPI = ev.at.Sub(call)
+	time.Sleep(1500 * time.Millisecond)
+	call = time.Now()
+	if err := b.c.CoreV1().Services(ns).Delete(ctx, svcName(b.cfg.services), metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	if err := b.c.DiscoveryV1().EndpointSlices(ns).Delete(ctx, svcName(b.cfg.services)+"-1", metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	ev, err = p.waitSync(call, time.Minute)
+	if err != nil {
+		return fmt.Errorf("service deleted: %w", err)
+	}
+	r.delAPI = ev.at.Sub(call)
+	r.rssKiB, r.hwmKiB = memory(p.cmd.Process.Pid)
+	logf("%s %s: change %v, add %s, delete %s, first packet %s, RSS %d MiB (peak %d MiB)", r.proxier, r.variant,
+		median(r.changeAPI), r.addAPI, r.delAPI, r.latBig, r.rssKiB/1024, r.hwmKiB/1024)
+	return nil
+}
+
+// memory returns the VmRSS and VmHWM of pid, in KiB.
+func memory(pid int) (rss, hwm int64) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = v
+		case "VmHWM:":
+			hwm = v
+		}
+	}
+	return rss, hwm
+}
+
+// node is a network namespace standing for the node: lo up, a veth pair
+// carrying the node IP and the default route, the probe services'
+// endpoint addresses on lo, and a TCP server on :8080.
+type node struct {
+	name     string
+	path     string
+	listener net.Listener
+	apiFwd   net.Listener
+	shimLog  string
+}
+
+// newNode makes the namespace.
+func (b *bench) newNode(label string) (*node, error) {
+	name := "kpngsbs-" + label
+	_ = exec.Command("ip", "netns", "del", name).Run()
+	n := &node{name: name, path: "/run/netns/" + name, shimLog: filepath.Join(b.cfg.shimDir, name+".log")}
+	cmds := [][]string{
+		{"ip", "netns", "add", name},
+		{"ip", "-n", name, "link", "set", "lo", "up"},
+		{"ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
+		{"ip", "-n", name, "link", "set", "eth0", "up"},
+		{"ip", "-n", name, "link", "set", "eth1", "up"},
+		{"ip", "-n", name, "addr", "add", nodeIP.String() + "/24", "dev", "eth0"},
+		{"ip", "-n", name, "route", "add", "default", "via", "10.255.0.254", "dev", "eth0"},
+	}
+	for _, i := range b.probeServices() {
+		for e := range b.cfg.endpoints {
+			cmds = append(cmds, []string{"ip", "-n", name, "addr", "add", endpointIP(i, e).String() + "/32", "dev", "lo"})
+		}
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			n.close()
+			return nil, fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	var err error
+	if n.listener, err = inNetNS(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
+		n.close()
+		return nil, err
+	}
+	go func() {
+		for {
+			conn, err := n.listener.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	// The API server, reached from the namespace at the address of the
+	// kubeconfig (127.0.0.1:port): a forwarder listening in the
+	// namespace and dialling from here.
+	host := strings.TrimPrefix(b.cp.Host(), "https://")
+	if n.apiFwd, err = inNetNS(n.path, func() (net.Listener, error) { return net.Listen("tcp", host) }); err != nil {
+		n.close()
+		return nil, err
+	}
+	go forward(n.apiFwd, host)
+	return n, nil
+}
+
+// close removes the namespace.
+func (n *node) close() {
+	if n.listener != nil {
+		n.listener.Close()
+	}
+	if n.apiFwd != nil {
+		n.apiFwd.Close()
+	}
+	_ = exec.Command("ip", "netns", "del", n.name).Run()
+}
+
+// inNetNS runs f on an OS thread inside the namespace at path (a socket
+// made there stays there), then moves the thread back. The thread must
+// not end inside the namespace: the control plane's processes die with
+// the thread that started them (Pdeathsig), which may be this one.
+func inNetNS[T any](path string, f func() (T, error)) (T, error) {
+	type out struct {
+		v   T
+		err error
+	}
+	ch := make(chan out, 1)
+	go func() {
+		runtime.LockOSThread()
+		var zero T
+		orig, err := vnetns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- out{zero, err}
+			return
+		}
+		defer orig.Close()
+		target, err := vnetns.GetFromPath(path)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- out{zero, err}
+			return
+		}
+		defer target.Close()
+		if err := vnetns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			ch <- out{zero, err}
+			return
+		}
+		v, err := f()
+		if restoreErr := vnetns.Set(orig); restoreErr == nil {
+			runtime.UnlockOSThread()
+		} // else the thread stays locked and ends with the goroutine
+		ch <- out{v, err}
+	}()
+	o := <-ch
+	return o.v, o.err
+}
+
+// forward copies each connection accepted by l to a new connection to
+// addr, both ways.
+func forward(l net.Listener, addr string) {
+	for {
+		in, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer in.Close()
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				return
+			}
+			defer out.Close()
+			done := make(chan struct{}, 2)
+			go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+			<-done
+		}()
+	}
+}
+
+// firstPacket returns the median time of a TCP connect from the node
+// namespace to the probe services' cluster IPs (the first packet crosses
+// the proxier's dispatch; the endpoints are local addresses).
+func (b *bench) firstPacket(n *node) (time.Duration, error) {
+	probes := b.probeServices()
+	return inNetNS(n.path, func() (time.Duration, error) {
+		var times []time.Duration
+		for k := range b.cfg.probes {
+			b.mu.Lock()
+			ip := b.clusterIPs[probes[k%len(probes)]]
+			b.mu.Unlock()
+			start := time.Now()
+			conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, 80).String(), 2*time.Second)
+			if err != nil {
+				return 0, fmt.Errorf("connect to %s: %w", ip, err)
+			}
+			times = append(times, time.Since(start))
+			conn.Close()
+		}
+		return median(times), nil
+	})
+}
+
+// median returns the median of ds (0 for none).
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// proc is a running proxier whose log is followed for its syncs.
+type proc struct {
+	cmd     *exec.Cmd
+	started time.Time
+	syncs   chan syncEvent
+	done    chan struct{}
+}
+
+// syncEvent is a complete sync: when its log line was read, and how
+// long the proxier says it took.
+type syncEvent struct {
+	at   time.Time
+	took time.Duration
+}
+
+// The log lines of a complete sync: kube-proxy's (-v=2) and the kpng
+// iptables backend's (-v=2).
+var (
+	kubeProxySync = regexp.MustCompile(`"SyncProxyRules complete" ipFamily="IPv4" elapsed="([^"]+)"`)
+	kpngSync      = regexp.MustCompile(`"iptables chains synced".* duration="([^"]+)"`)
+)
+
+// start starts the proxier for the namespace n, with the shims of the
+// variant first in its PATH.
+func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
+	bin, err := b.shims(variant, n)
+	if err != nil {
+		return nil, err
+	}
+	var cmd *exec.Cmd
+	var re *regexp.Regexp
+	switch proxier {
+	case "kube-proxy":
+		args := []string{"netns", "exec", n.name, b.cfg.kubeProxy, "--kubeconfig=" + b.cp.KubeconfigPath(),
+			"--hostname-override=" + nodeName, "--proxy-mode=" + b.cfg.mode, "-v=2",
+			"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
+			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"}
+		cmd = exec.Command("ip", args...)
+		re = kubeProxySync
+	case "kpng":
+		cmd = exec.Command(b.cfg.kpng, "-v=2", "kube", "--kubeconfig="+b.cp.KubeconfigPath(), "--node-name="+nodeName,
+			"to-local", "to-iptables", "--iptables="+variant, "--netns="+n.path, "--canary-period=0")
+		re = kpngSync
+	default:
+		return nil, fmt.Errorf("unknown proxier %q", proxier)
+	}
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "KPNG_SHIM_LOG="+n.shimLog)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout = io.Discard
+	p := &proc{cmd: cmd, syncs: make(chan syncEvent, 1024), done: make(chan struct{})}
+	p.started = time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(b.cfg.logDir, 0o755); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(filepath.Join(b.cfg.logDir, n.name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		defer close(p.done)
+		defer logFile.Close()
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(nil, 4<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logFile, line)
+			if m := re.FindStringSubmatch(line); m != nil {
+				took, _ := time.ParseDuration(m[1])
+				p.syncs <- syncEvent{at: time.Now(), took: took}
+			}
+		}
+	}()
+	return p, nil
+}
+
+// waitSync returns the first complete sync logged after since.
+func (p *proc) waitSync(since time.Time, timeout time.Duration) (syncEvent, error) {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev := <-p.syncs:
+			if ev.at.After(since) {
+				return ev, nil
+			}
+		case <-p.done:
+			return syncEvent{}, errors.New("the proxier exited")
+		case <-deadline:
+			return syncEvent{}, fmt.Errorf("no complete sync within %s", timeout)
+		}
+	}
+}
+
+// stop stops the proxier.
+func (p *proc) stop() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	_ = p.cmd.Wait()
+}
+
+// shims returns a directory for the PATH of a proxier with variant:
+// iptables, ip6tables and their -save are the variant's binaries,
+// *-restore (plain and named by variant) a script recording the size of
+// its input and when it ran in $KPNG_SHIM_LOG before running the real
+// one.
+func (b *bench) shims(variant string, n *node) (string, error) {
+	dir := filepath.Join(b.cfg.shimDir, n.name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		links := map[string]string{
+			fam:           "/usr/sbin/" + fam + "-" + variant,
+			fam + "-save": "/usr/sbin/" + fam + "-" + variant + "-save",
+		}
+		for name, target := range links {
+			if err := os.Symlink(target, filepath.Join(dir, name)); err != nil && !os.IsExist(err) {
+				return "", err
+			}
+		}
+		real := "/usr/sbin/" + fam + "-" + variant + "-restore"
+		script := "#!/bin/sh\n" +
+			"in=$(mktemp)\ncat > \"$in\"\n" +
+			"start=$(date +%s%N)\n\"" + real + "\" \"$@\" < \"$in\"\nrc=$?\n" +
+			"echo \"$start $(date +%s%N) $(wc -c < \"$in\") $0\" >> \"$KPNG_SHIM_LOG\"\nrm -f \"$in\"\nexit $rc\n"
+		for _, name := range []string{fam + "-restore", fam + "-" + variant + "-restore"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+				return "", err
+			}
+		}
+	}
+	return dir, nil
+}
+
+// restoreBytes returns the bytes handed to iptables-restore by restores
+// that started between from and to.
+func (n *node) restoreBytes(from, to time.Time) int64 {
+	data, err := os.ReadFile(n.shimLog)
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		start, _ := strconv.ParseInt(f[0], 10, 64)
+		size, _ := strconv.ParseInt(f[2], 10, 64)
+		at := time.Unix(0, start)
+		if !at.Before(from) && !at.After(to) {
+			total += size
+		}
+	}
+	return total
+}
+
+// countRules returns the number of rules in the namespace's IPv4 nat
+// table.
+func (n *node) countRules(variant string) int {
+	out, err := exec.Command("ip", "netns", "exec", n.name, "iptables-"+variant+"-save", "-t", "nat").Output()
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(out), "\n-A ")
+}
+
+// printTable prints the results as a markdown table.
+func printTable(cfg config, order []string, results map[string]*result) {
+	fmt.Printf("\n%d services × %d endpoints (one TCP port each), %s mode; first packet at %d and %d services; medians of %d endpoint changes.\n\n",
+		cfg.services, cfg.endpoints, cfg.mode, cfg.small, cfg.services, cfg.changes)
+	fmt.Println("| proxier | variant | cold start | restore input (cold) | nat rules | one endpoint change: API → synced | its sync | its restore input | service added / deleted: API → synced | first packet (" + strconv.Itoa(cfg.small) + " / " + strconv.Itoa(cfg.services) + " services) | RSS (peak) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, key := range order {
+		r := results[key]
+		cold := r.cold.Round(time.Millisecond).String()
+		if !r.coldDone {
+			fmt.Printf("| %s | %s | not finished after %s | | | | | | | %s / – | %d MiB (%d MiB) |\n", r.proxier, r.variant, cold, r.latSmall.Round(time.Microsecond), r.rssKiB/1024, r.hwmKiB/1024)
+			continue
+		}
+		fmt.Printf("| %s | %s | %s | %.1f MB | %d | %s | %s | %s | %s / %s | %s / %s | %d MiB (%d MiB) |\n",
+			r.proxier, r.variant, cold, float64(r.coldBytes)/1e6, r.rules,
+			median(r.changeAPI).Round(time.Millisecond), median(r.changeSync).Round(time.Millisecond), bytesText(medianInt(r.changeBytes)),
+			r.addAPI.Round(time.Millisecond), r.delAPI.Round(time.Millisecond),
+			r.latSmall.Round(time.Microsecond), r.latBig.Round(time.Microsecond), r.rssKiB/1024, r.hwmKiB/1024)
+	}
+}
+
+// medianInt returns the median of xs.
+func medianInt(xs []int64) int64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// bytesText writes a byte count readably.
+func bytesText(n int64) string {
+	switch {
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f MB", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1f kB", float64(n)/1e3)
+	}
+	return fmt.Sprintf("%d B", n)
+}
