@@ -347,3 +347,34 @@ func TestCheckCanaryRetriesAndPeriodicSync(t *testing.T) {
 		t.Errorf("a check after the period: %v, last full sync %v ago; want a full sync", names(calls), time.Since(p.lastFull))
 	}
 }
+
+// TestChangeInputProportional checks that one endpoint change hands
+// iptables-restore the same input at 100 and at 5,000 services: the
+// change's size, not the table's (as a full rewrite of the dispatch or
+// of every service would not).
+func TestChangeInputProportional(t *testing.T) {
+	input := func(n int) int {
+		r := &countingRunner{}
+		s := newSink(Config{ServiceProxyName: "prop", Runner: r, Context: context.Background()}, VariantLegacy, &fakeJumper{})
+		state := benchState(n, 10)
+		for _, se := range state {
+			s.Update(se.Service.Key(), nil, se)
+		}
+		if err := s.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		se := state[n/2]
+		moved := &model.ServiceEndpoints{Service: se.Service, Endpoints: append([]*model.Endpoint{ep("10.200.0.1", false)}, se.Endpoints[1:]...)}
+		r.bytes = 0
+		s.Update(se.Service.Key(), se, moved)
+		if err := s.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		return r.bytes
+	}
+	small, big := input(100), input(5000)
+	// The same up to the length of names and addresses.
+	if small == 0 || big > small+32 || big > 2000 {
+		t.Errorf("one endpoint change: %d bytes of restore input at 100 services, %d at 5,000; want about the same, under 2 kB", small, big)
+	}
+}
