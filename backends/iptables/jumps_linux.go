@@ -145,9 +145,8 @@ func (g *goIPTables) Remove(f family, js []jump) error {
 }
 
 // inNetNS runs fn in the network namespace at path (the current one when
-// path is empty), on an OS thread of its own: the processes fn starts are
-// in that namespace. The thread is never unlocked, so the runtime ends it
-// with its goroutine instead of reusing it.
+// path is empty), on an OS thread locked to it meanwhile: the processes
+// fn starts are in that namespace.
 func inNetNS(path string, fn func() error) error {
 	if path == "" {
 		return fn()
@@ -155,17 +154,34 @@ func inNetNS(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		orig, err := vnetns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("the current network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
 		ns, err := vnetns.GetFromPath(path)
 		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("network namespace %s: %w", path, err)
 			return
 		}
 		defer ns.Close()
 		if err := vnetns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
 			return
 		}
-		errc <- fn()
+		err = fn()
+		// Back in the original namespace, the thread is reused; if it
+		// cannot go back, it stays locked and the runtime ends it with
+		// the goroutine. (Ending threads needlessly is not free either:
+		// a child started with Pdeathsig from a thread dies with it.)
+		if berr := vnetns.Set(orig); berr == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }
