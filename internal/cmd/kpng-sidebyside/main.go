@@ -633,7 +633,7 @@ func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
 		re = kubeProxySync
 	case "kpng":
 		cmd = exec.Command(b.cfg.kpng, "-v=2", "kube", "--kubeconfig="+b.cp.KubeconfigPath(), "--node-name="+nodeName,
-			"to-local", "to-iptables", "--iptables="+variant, "--netns="+n.path, "--canary-period=0")
+			"to-local", "to-iptables", "--iptables="+variant, "--netns="+n.path)
 		re = kpngSync
 	default:
 		return nil, fmt.Errorf("unknown proxier %q", proxier)
