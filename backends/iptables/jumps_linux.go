@@ -12,39 +12,9 @@ import (
 	vnetns "github.com/vishvananda/netns"
 )
 
-// jump is a rule in a built-in chain sending packets to one of the
-// proxier's chains.
-type jump struct {
-	Table, From, To string
-	// Match comes before the target (filter jumps: new connections only).
-	Match []string
-}
-
-// rule returns the rule's specification, as go-iptables takes it.
-func (j jump) rule(serviceProxyName string) []string {
-	spec := append([]string{"-m", "comment", "--comment", "kpng " + serviceProxyName}, j.Match...)
-	return append(spec, "-j", j.To)
-}
-
-// jumps are the rules from the built-in chains to the proxier's (prefix)
-// chains: nat PREROUTING and OUTPUT to SERVICES (DNAT), POSTROUTING to
-// POSTROUTING (masquerading); filter INPUT, FORWARD and OUTPUT to
-// SERVICES (reject, drop) for new connections.
-func jumps(prefix string) []jump {
-	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
-	return []jump{
-		{Table: "nat", From: "PREROUTING", To: prefix + chainServices},
-		{Table: "nat", From: "OUTPUT", To: prefix + chainServices},
-		{Table: "nat", From: "POSTROUTING", To: prefix + chainPostrouting},
-		{Table: "filter", From: "INPUT", To: prefix + chainServices, Match: newOnly},
-		{Table: "filter", From: "FORWARD", To: prefix + chainServices, Match: newOnly},
-		{Table: "filter", From: "OUTPUT", To: prefix + chainServices, Match: newOnly},
-	}
-}
-
-// jumper ensures and removes the jumps, and says what the binary can do.
+// jumper removes the jumps (the sink inserts them in its restores), and
+// says what the binary can do.
 type jumper interface {
-	Ensure(f family, js []jump) error
 	Remove(f family, js []jump) error
 	RandomFully(f family) bool
 	// CanaryIntact reports whether the canary chain holds its rule in
@@ -80,26 +50,6 @@ func newGoIPTables(serviceProxyName, variant, netNS string) (*goIPTables, error)
 
 // RandomFully implements jumper.
 func (g *goIPTables) RandomFully(f family) bool { return g.ipt[f].HasRandomFully() }
-
-// Ensure implements jumper: each jump missing is inserted first in its
-// built-in chain.
-func (g *goIPTables) Ensure(f family, js []jump) error {
-	return inNetNS(g.netNS, func() error {
-		for _, j := range js {
-			ok, err := g.ipt[f].Exists(j.Table, j.From, j.rule(g.name)...)
-			if err != nil {
-				return fmt.Errorf("%s: check the jump from %s %s to %s: %w", f, j.Table, j.From, j.To, err)
-			}
-			if ok {
-				continue
-			}
-			if err := g.ipt[f].Insert(j.Table, j.From, 1, j.rule(g.name)...); err != nil {
-				return fmt.Errorf("%s: insert the jump from %s %s to %s: %w", f, j.Table, j.From, j.To, err)
-			}
-		}
-		return nil
-	})
-}
 
 // CanaryIntact implements jumper.
 func (g *goIPTables) CanaryIntact(f family, chain string) (bool, error) {

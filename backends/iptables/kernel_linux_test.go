@@ -231,9 +231,17 @@ func TestKernelCanary(t *testing.T) {
 				flush [][]string
 				want  []string
 			}{
-				{ipv4, "nat", [][]string{{"-t", "nat", "-F"}, {"-t", "nat", "-X"}}, []string{"-d 10.96.0.10/32", "-A PREROUTING -m comment --comment \"kpng canary\" -j " + prefix + "SERVICES"}},
+				// IPv4 nat: replaced by an empty table at once (every rule
+				// and chain gone; two commands, -F then -X, would race
+				// with the sink's repair).
+				{ipv4, "nat", nil, []string{"-d 10.96.0.10/32", "-A PREROUTING -m comment --comment \"kpng canary\" -j " + prefix + "SERVICES"}},
 				{ipv6, "filter", [][]string{{"-t", "filter", "-F"}}, []string{"-A INPUT -m comment --comment \"kpng canary\" -m conntrack --ctstate NEW -j " + prefix + "SERVICES", "\"kpng node ports\" -m addrtype --dst-type LOCAL -j " + prefix + "NODEPORTS"}},
 			} {
+				if tc.flush == nil {
+					if _, stderr, err := ns.Exec([]byte("*"+tc.table+"\nCOMMIT\n"), binary(variant, tc.f, "-restore")); err != nil {
+						t.Fatalf("empty the %s table: %v: %s", tc.table, err, stderr)
+					}
+				}
 				for _, args := range tc.flush {
 					ns.MustExec(binary(variant, tc.f, ""), args...)
 				}

@@ -49,10 +49,11 @@ func (r ExecRunner) Run(ctx context.Context, name string, args []string, stdin [
 // proxier's chains of one table what t says, and deletes the chains of
 // stale (chains of the proxier that t no longer has): each chain is
 // declared (":NAME - [0:0]", which creates or flushes it), then filled;
-// stale chains are declared too (flushed, so that none of them refers to
-// another) and deleted (-X) at the end. With --noflush, nothing else of
-// the table changes.
-func restoreInput(table string, t *tablePlan, stale []string) []byte {
+// then the lines of inserts (the jumps from the built-in chains that are
+// missing: "-I PREROUTING 1 …"); stale chains are declared too (flushed,
+// so that none of them refers to another) and deleted (-X) at the end.
+// With --noflush, nothing else of the table changes.
+func restoreInput(table string, t *tablePlan, stale []string, inserts ...string) []byte {
 	var b bytes.Buffer
 	b.WriteString("*" + table + "\n")
 	for _, c := range t.Chains {
@@ -65,6 +66,9 @@ func restoreInput(table string, t *tablePlan, stale []string) []byte {
 		for _, r := range c.Rules {
 			b.WriteString("-A " + c.Name + " " + r + "\n")
 		}
+	}
+	for _, line := range inserts {
+		b.WriteString(line + "\n")
 	}
 	for _, name := range stale {
 		b.WriteString("-X " + name + "\n")

@@ -99,9 +99,11 @@ type sink struct {
 // NewSink returns a localsink.Sink that programs the services it receives
 // into iptables (IPv4) and ip6tables (IPv6) chains of its own, through
 // iptables-restore --noflush (one call per family and table per Sync),
-// after resolving cfg.Variant. The jumps from the built-in chains are
-// ensured with go-iptables at each full sync (the first, after any
-// failure, and periodically).
+// after resolving cfg.Variant. Each full sync (the first, after any
+// failure, and periodically) lists the tables and, in the same restore,
+// inserts the jumps from the built-in chains that the listing lacks: no
+// iptables command per jump, each of which, with iptables-legacy, reads
+// the whole table.
 func NewSink(cfg Config) (localsink.Sink, error) {
 	if err := cfg.Options.Validate(); err != nil {
 		return nil, fmt.Errorf("iptables backend: %w", err)
@@ -331,8 +333,9 @@ type syncStats struct {
 // proxier found in the kernel and no longer planned are deleted), or the
 // chains whose rules changed since the last successful restore (partial:
 // those of the dirty services and the shared ones that differ, deleting
-// those gone; a table without any is not restored at all); then, on a
-// full sync, the jumps.
+// those gone; a table without any is not restored at all). A full sync's
+// restores also insert the jumps from the built-in chains that its
+// listing lacks.
 func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 	ctx := s.cfg.Context
 	var stats syncStats
@@ -343,6 +346,7 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 	dirty := slices.SortedFunc(maps.Keys(s.dirty), model.ServiceKey.Compare)
 	for _, f := range families {
 		var listed [2][]string
+		var inserts [2][]string
 		if full {
 			for i, table := range tables {
 				out, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-save"), []string{"-t", table}, nil)
@@ -350,6 +354,9 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 					return stats, fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
 				}
 				listed[i] = chainsWithPrefix(out, s.prefix)
+				for _, j := range missingJumps(out, table, jumps(s.prefix)) {
+					inserts[i] = append(inserts[i], j.insertLine(s.cfg.ServiceProxyName))
+				}
 			}
 		}
 		for i, table := range tables {
@@ -380,7 +387,7 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 				}
 			}
 			slices.Sort(stale)
-			in := restoreInput(table, &tablePlan{Chains: write}, stale)
+			in := restoreInput(table, &tablePlan{Chains: write}, stale, inserts[i]...)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
 				return stats, fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write), len(in), err)
 			}
@@ -388,11 +395,6 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 			stats.chains += len(write)
 			stats.deleted += len(stale)
 			stats.bytes += len(in)
-		}
-		if full {
-			if err := s.jumper.Ensure(f, jumps(s.prefix)); err != nil {
-				return stats, fmt.Errorf("ensure the jumps from the built-in chains: %w", err)
-			}
 		}
 	}
 	return stats, nil

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,16 +48,9 @@ func (r *fakeRunner) take() []call {
 	return c
 }
 
-// fakeJumper records the families whose jumps were ensured.
-type fakeJumper struct {
-	ensured []family
-	fail    error
-}
+// fakeJumper is the jumper of the tests without root.
+type fakeJumper struct{}
 
-func (j *fakeJumper) Ensure(f family, _ []jump) error {
-	j.ensured = append(j.ensured, f)
-	return j.fail
-}
 func (j *fakeJumper) Remove(family, []jump) error { return nil }
 func (j *fakeJumper) RandomFully(family) bool     { return true }
 func (j *fakeJumper) CanaryIntact(family, string) (bool, error) {
@@ -107,18 +99,25 @@ func TestSinkSync(t *testing.T) {
 		t.Fatalf("first Sync's commands (-want +got):\n%s", diff)
 	}
 	p, _ := s.planner.build([]*model.ServiceEndpoints{web})
-	if got, want := calls[2].Stdin, string(restoreInput("nat", &p.Families[ipv4].NAT, []string{stale})); got != want {
+	var inserts []string
+	for _, j := range jumps(prefix) {
+		if j.Table == "nat" {
+			inserts = append(inserts, j.insertLine("test"))
+		}
+	}
+	if got, want := calls[2].Stdin, string(restoreInput("nat", &p.Families[ipv4].NAT, []string{stale}, inserts...)); got != want {
 		t.Errorf("IPv4 nat input:\n%s\nwant:\n%s", got, want)
 	}
 	if !strings.Contains(calls[2].Stdin, "\n-X "+stale+"\n") || strings.Contains(calls[2].Stdin, "KUBE-SERVICES") {
 		t.Errorf("IPv4 nat input does not delete %s only:\n%s", stale, calls[2].Stdin)
 	}
-	if !slices.Equal(j.ensured, []family{ipv4, ipv6}) {
-		t.Errorf("jumps ensured for %v, want both families", j.ensured)
+	for _, c := range calls {
+		if strings.HasSuffix(c.Name, "-restore") && strings.Count(c.Stdin, "\n-I ") != 3 {
+			t.Errorf("%s: want the 3 jumps of its table inserted:\n%s", c.Name, c.Stdin)
+		}
 	}
 
 	// A partial round: no listing, no jumps; the service's chains deleted.
-	j.ensured = nil
 	s.Update(web.Service.Key(), web, nil)
 	if err := s.Sync(); err != nil {
 		t.Fatalf("second Sync: %v", err)
@@ -138,8 +137,10 @@ func TestSinkSync(t *testing.T) {
 	if !strings.Contains(calls[0].Stdin, "\n-X "+svcChain+"\n") {
 		t.Errorf("the deleted service's chain %s is not deleted:\n%s", svcChain, calls[0].Stdin)
 	}
-	if len(j.ensured) != 0 {
-		t.Errorf("jumps ensured again in a partial round: %v", j.ensured)
+	for _, c := range calls {
+		if strings.Contains(c.Stdin, "\n-I ") {
+			t.Errorf("jumps inserted again in a partial round:\n%s", c.Stdin)
+		}
 	}
 
 	// A failed restore: the error names the table, the next Sync lists
@@ -155,11 +156,14 @@ func TestSinkSync(t *testing.T) {
 	if err := s.Sync(); err != nil {
 		t.Fatalf("Sync after the failure: %v", err)
 	}
-	if diff := cmp.Diff(want, names(r.take())); diff != "" {
+	calls = r.take()
+	if diff := cmp.Diff(want, names(calls)); diff != "" {
 		t.Errorf("Sync after a failure: commands (-want +got):\n%s", diff)
 	}
-	if !slices.Equal(j.ensured, []family{ipv4, ipv6}) {
-		t.Errorf("after a failure, jumps ensured for %v, want both families", j.ensured)
+	for _, c := range calls {
+		if strings.HasSuffix(c.Name, "-restore") && strings.Count(c.Stdin, "\n-I ") != 3 {
+			t.Errorf("after a failure, %s: want the 3 jumps of its table inserted (the fake listing has none):\n%s", c.Name, c.Stdin)
+		}
 	}
 }
 
@@ -292,12 +296,11 @@ func TestSinkPartialSync(t *testing.T) {
 	// A round after the full-sync period is full: listing, jumps.
 	s.cfg.FullSyncPeriod = time.Nanosecond
 	s.Update(web.Service.Key(), web2, &model.ServiceEndpoints{Service: web.Service})
-	j.ensured = nil
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if got := names(r.take()); len(got) != 8 || len(j.ensured) != 2 {
-		t.Errorf("sync after the full-sync period: %v, jumps %v; want a full sync", got, j.ensured)
+	if got := names(r.take()); len(got) != 8 {
+		t.Errorf("sync after the full-sync period: %v; want a full sync", got)
 	}
 }
 
