@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/netns"
 )
 
 // benchState returns n single-stack services with one TCP port and eps
@@ -88,4 +89,56 @@ func BenchmarkSinkCPU(b *testing.B) {
 		}
 		b.ReportMetric(float64(r.bytes)/float64(n), "restore-bytes/op")
 	})
+}
+
+// BenchmarkKernelSync measures, with each variant, the first Sync of
+// 10,000 services × 10 endpoints into a fresh network namespace (listing,
+// restores and jumps) and a Sync after one endpoint change: the real
+// binaries and kernel, without the watcher (the side by side with
+// kube-proxy, hack/bench-iptables.sh, adds it).
+func BenchmarkKernelSync(b *testing.B) {
+	netns.RequirePrivileged(b)
+	state := benchState(10000, 10)
+	for _, variant := range []string{VariantLegacy, VariantNFT} {
+		b.Run(variant+"/full", func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				ns := netns.New(b, "ipt-bench")
+				s, err := NewSink(Config{ServiceProxyName: "bench", NetNS: ns.Path(), Variant: variant})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, se := range state {
+					s.Update(se.Service.Key(), nil, se)
+				}
+				b.StartTimer()
+				if err := s.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(variant+"/one-endpoint", func(b *testing.B) {
+			ns := netns.New(b, "ipt-bench")
+			s, err := NewSink(Config{ServiceProxyName: "bench", NetNS: ns.Path(), Variant: variant})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, se := range state {
+				s.Update(se.Service.Key(), nil, se)
+			}
+			if err := s.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			se := state[5000]
+			moved := &model.ServiceEndpoints{Service: se.Service, Endpoints: append([]*model.Endpoint{ep("10.200.0.1", false)}, se.Endpoints[1:]...)}
+			cur, next := se, moved
+			for b.Loop() {
+				s.Update(se.Service.Key(), cur, next)
+				if err := s.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				cur, next = next, cur
+			}
+		})
+	}
 }

@@ -48,7 +48,8 @@ func (r ExecRunner) Run(ctx context.Context, name string, args []string, stdin [
 // restoreInput returns the iptables-restore input that makes the
 // proxier's chains of one table what t says, and deletes the chains of
 // stale (chains of the proxier that t no longer has): each chain is
-// declared (":NAME - [0:0]", which creates or flushes it), then filled;
+// declared (":NAME - [0:0]", which creates or flushes it; in name order),
+// then filled;
 // then the lines of inserts (the jumps from the built-in chains that are
 // missing: "-I PREROUTING 1 …"); stale chains are declared too (flushed,
 // so that none of them refers to another) and deleted (-X) at the end.
@@ -56,10 +57,17 @@ func (r ExecRunner) Run(ctx context.Context, name string, args []string, stdin [
 func restoreInput(table string, t *tablePlan, stale []string, inserts ...string) []byte {
 	var b bytes.Buffer
 	b.WriteString("*" + table + "\n")
+	// The declarations go in name order: both variants keep a table's
+	// chains in a list sorted by name, and inserting 10,000 hashed names
+	// in their order took iptables-nft-restore three times as long
+	// (11.6 s of CPU instead of 3.8 s).
+	names := make([]string, 0, len(t.Chains)+len(stale))
 	for _, c := range t.Chains {
-		b.WriteString(":" + c.Name + " - [0:0]\n")
+		names = append(names, c.Name)
 	}
-	for _, name := range stale {
+	names = append(names, stale...)
+	slices.Sort(names)
+	for _, name := range names {
 		b.WriteString(":" + name + " - [0:0]\n")
 	}
 	for _, c := range t.Chains {
