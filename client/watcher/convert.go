@@ -146,28 +146,77 @@ func cidrs(ref klog.ObjectRef, ranges []string) []netip.Prefix {
 
 // endpointBuilder gathers one service's endpoints from its slices.
 type endpointBuilder struct {
-	node  model.Node
-	byIP  map[netip.Addr]*model.Endpoint
-	ports map[netip.Addr]map[string]int32 // resolved port per service port name
+	node model.Node
+	// copies are the copies of each address, one per slice endpoint
+	// listing it, in slice name order.
+	copies map[netip.Addr][]endpointCopy
+}
+
+// endpointCopy is one slice's copy of an address: the endpoint it makes
+// and the ports the slice gives it (port name → number).
+type endpointCopy struct {
+	ep    *model.Endpoint
+	ports []discovery.EndpointPort
 }
 
 // buildEndpoints merges the endpoints of a service's slices. Each address
-// appears once: when it is in several slices (a slice transition), the first
-// slice in name order wins, unless a later one places it on this node, which
-// is kube-proxy's rule. Ports are merged across slices, first slice wins.
+// appears once. When it is in several slices (a pod IP reused while the
+// old pod terminates, a slice transition), the copy that is not
+// terminating is kept, as kube-proxy (v1.36) does, then the first in
+// slice name order. The ports are the kept copy's, and for the port
+// names its slice does not list, those of the other copies in slice name
+// order.
+//
+// What the model cannot say: kube-proxy keys endpoints by address and
+// port per service port, so when two copies give one port name
+// different numbers it load-balances over both pairs (each with its own
+// conditions); here the address serves each port on one number, the
+// kept copy's.
 func buildEndpoints(svc *model.Service, sliceList []*discovery.EndpointSlice, n model.Node) []*model.Endpoint {
-	b := endpointBuilder{node: n, byIP: map[netip.Addr]*model.Endpoint{}, ports: map[netip.Addr]map[string]int32{}}
+	b := endpointBuilder{node: n, copies: map[netip.Addr][]endpointCopy{}}
 	slices.SortFunc(sliceList, func(a, b *discovery.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	for _, s := range sliceList {
 		b.addSlice(s)
 	}
-	out := make([]*model.Endpoint, 0, len(b.byIP))
-	for ip, ep := range b.byIP {
-		ep.PortOverrides = overrides(svc, b.ports[ip])
+	out := make([]*model.Endpoint, 0, len(b.copies))
+	for _, copies := range b.copies {
+		kept := 0
+		for i, c := range copies {
+			if !c.ep.Terminating {
+				kept = i
+				break
+			}
+		}
+		resolved := map[string]int32{}
+		resolvePorts(resolved, copies[kept].ports)
+		for i, c := range copies {
+			if i != kept {
+				resolvePorts(resolved, c.ports)
+			}
+		}
+		ep := copies[kept].ep
+		ep.PortOverrides = overrides(svc, resolved)
 		out = append(out, ep)
 	}
 	slices.SortFunc(out, model.CompareEndpoints)
 	return out
+}
+
+// resolvePorts adds to resolved the ports of a slice whose names it does
+// not hold yet.
+func resolvePorts(resolved map[string]int32, ports []discovery.EndpointPort) {
+	for _, p := range ports {
+		if p.Port == nil {
+			continue
+		}
+		name := ""
+		if p.Name != nil {
+			name = *p.Name
+		}
+		if _, done := resolved[name]; !done {
+			resolved[name] = *p.Port
+		}
+	}
 }
 
 func (b *endpointBuilder) addSlice(s *discovery.EndpointSlice) {
@@ -187,27 +236,7 @@ func (b *endpointBuilder) addSlice(s *discovery.EndpointSlice) {
 			continue
 		}
 		ip = ip.Unmap()
-		ep := b.endpoint(ip, e)
-		if old, seen := b.byIP[ip]; !seen || (ep.Local && !old.Local) {
-			b.byIP[ip] = ep
-		}
-		resolved := b.ports[ip]
-		if resolved == nil {
-			resolved = map[string]int32{}
-			b.ports[ip] = resolved
-		}
-		for _, p := range s.Ports {
-			if p.Port == nil {
-				continue
-			}
-			name := ""
-			if p.Name != nil {
-				name = *p.Name
-			}
-			if _, done := resolved[name]; !done {
-				resolved[name] = *p.Port
-			}
-		}
+		b.copies[ip] = append(b.copies[ip], endpointCopy{ep: b.endpoint(ip, e), ports: s.Ports})
 	}
 }
 

@@ -459,20 +459,40 @@ func TestBuildEndpoints(t *testing.T) {
 			want: []*model.Endpoint{convModelEp("10.0.0.1", func(e *model.Endpoint) { e.NodeName = "node-c" })},
 		},
 		{
-			name: "same address in two slices: a later local one wins",
+			// kube-proxy v1.36 keeps the copy that is not terminating
+			// (a pod IP reused while the old pod terminates), whatever
+			// the node; the node no longer decides.
+			name: "same address in two slices: the copy not terminating wins",
+			svc:  convWant(nil),
+			node: nodeA,
+			slices: []*discovery.EndpointSlice{
+				convSlice("s-a", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", func(e *discovery.Endpoint) {
+					e.NodeName = convPtr("node-a")
+					e.Conditions = discovery.EndpointConditions{Ready: convPtr(false), Serving: convPtr(true), Terminating: convPtr(true)}
+				})),
+				convSlice("s-b", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", func(e *discovery.Endpoint) {
+					e.NodeName = convPtr("node-b")
+					e.Conditions.Ready = convPtr(false)
+				})),
+				convSlice("s-c", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", onNode("node-c"))),
+			},
+			want: []*model.Endpoint{convModelEp("10.0.0.1", func(e *model.Endpoint) { e.NodeName, e.Ready = "node-b", false })},
+		},
+		{
+			name: "same address in two slices, both terminating: first slice by name wins",
 			svc:  convWant(nil),
 			node: nodeA,
 			slices: []*discovery.EndpointSlice{
 				convSlice("s-b", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", func(e *discovery.Endpoint) {
 					e.NodeName = convPtr("node-a")
-					e.Conditions.Ready = convPtr(false)
+					e.Conditions.Terminating = convPtr(true)
 				})),
-				convSlice("s-c", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", onNode("node-a"))),
-				convSlice("s-a", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", onNode("node-c"))),
+				convSlice("s-a", discovery.AddressTypeIPv4, httpPorts, convEndpoint("10.0.0.1", func(e *discovery.Endpoint) {
+					e.NodeName = convPtr("node-c")
+					e.Conditions.Terminating = convPtr(true)
+				})),
 			},
-			want: []*model.Endpoint{convModelEp("10.0.0.1", func(e *model.Endpoint) {
-				e.NodeName, e.Local, e.Ready = "node-a", true, false
-			})},
+			want: []*model.Endpoint{convModelEp("10.0.0.1", func(e *model.Endpoint) { e.NodeName, e.Terminating = "node-c", true })},
 		},
 		{
 			name: "IPv4 and IPv6 slices merged, sorted by address, IPv4 first",
@@ -636,6 +656,30 @@ func TestBuildEndpoints(t *testing.T) {
 			},
 			want: []*model.Endpoint{convModelEp("10.0.0.1", func(e *model.Endpoint) {
 				e.PortOverrides = map[string]int32{"http": 8080, "metrics": 9101}
+			})},
+		},
+		{
+			// The old pod (terminating, first by name) served http on
+			// 8080, the new one on 9090: the kept copy's port wins, the
+			// other's fill the names it lacks.
+			name: "same address in two slices: the ports of the copy not terminating win",
+			svc: convWant(func(m *model.Service) {
+				m.Ports = []*model.PortMapping{
+					{Name: "http", Protocol: model.TCP, Port: 80, TargetPortName: "web"},
+					{Name: "metrics", Protocol: model.TCP, Port: 9100, TargetPortName: "metrics"},
+				}
+			}),
+			node: nodeA,
+			slices: []*discovery.EndpointSlice{
+				convSlice("s-a", discovery.AddressTypeIPv4, []discovery.EndpointPort{convPort("http", 8080), convPort("metrics", 9101)},
+					convEndpoint("10.0.0.1", func(e *discovery.Endpoint) {
+						e.Conditions = discovery.EndpointConditions{Ready: convPtr(false), Serving: convPtr(true), Terminating: convPtr(true)}
+					})),
+				convSlice("s-b", discovery.AddressTypeIPv4, []discovery.EndpointPort{convPort("http", 9090)},
+					convEndpoint("10.0.0.1", nil)),
+			},
+			want: []*model.Endpoint{convModelEp("10.0.0.1", func(e *model.Endpoint) {
+				e.PortOverrides = map[string]int32{"http": 9090, "metrics": 9101}
 			})},
 		},
 	}

@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/watcher"
@@ -360,6 +361,40 @@ func TestConditionsDualStackAndMultipleSlices(t *testing.T) {
 	// second slice) and drops the others.
 	kc.DeleteSlice(ns, "ds-v4-a")
 	r.waitFor(t, "first slice gone", hasEndpoints(ns, "ds", "10.3.0.1", "10.3.0.4", "fd00::1"))
+}
+
+// TestReusedAddressPrefersNotTerminating: a pod IP reused while the old
+// pod terminates is in two slices; the copy that is not terminating is
+// kept, with its port, as kube-proxy v1.36 does (the terminating copy's
+// slice comes first by name).
+func TestReusedAddressPrefersNotTerminating(t *testing.T) {
+	cp.Require(t)
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("reuse")
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name, NodeName: "node-a"})
+
+	svc := kc.CreateService(kubetest.Service(ns, "web", name, func(s *v1.Service) {
+		s.Spec.Ports[0].TargetPort = intstr.FromString("web")
+	}))
+	old := kubetest.Slice(svc, "web-a", kubetest.EP{IP: "10.4.0.1", Node: "node-a", NotReady: true, Terminating: true})
+	old.Ports[0].Port = ptr[int32](8080)
+	kc.CreateSlice(old)
+	cur := kubetest.Slice(svc, "web-b", kubetest.EP{IP: "10.4.0.1", Node: "node-b"})
+	cur.Ports[0].Port = ptr[int32](9090)
+	kc.CreateSlice(cur)
+
+	st := r.waitFor(t, "the reused address", func(s []*model.ServiceEndpoints) bool {
+		se := find(s, ns, "web")
+		return se != nil && len(se.Endpoints) == 1 && se.Endpoints[0].NodeName == "node-b"
+	})
+	se := find(st, ns, "web")
+	ep := se.Endpoints[0]
+	port, ok := ep.PortFor(se.Service.Ports[0])
+	if !ep.Ready || ep.Terminating || ep.Local || port != 9090 || !ok {
+		t.Errorf("endpoint %s: ready %v terminating %v local %v port %d (%v), want the new pod's copy: ready, not terminating, on node-b, port 9090",
+			ep.Key(), ep.Ready, ep.Terminating, ep.Local, port, ok)
+	}
 }
 
 func TestSliceMovedBetweenServices(t *testing.T) {
