@@ -44,6 +44,16 @@ const (
 	KeepConnections Feature = "restart-keeps-connections"
 )
 
+// Rules every proxier must follow, as kube-proxy does. They are features
+// only so that a backend still being fixed can declare them unsupported
+// (with the reason and what it lacks), as any other.
+const (
+	// OtherFamilyAddresses: the external and load-balancer IPs of a
+	// family in which a service has no cluster IP are left alone (a real
+	// host there stays reachable), not claimed and rejected.
+	OtherFamilyAddresses Feature = "other-family-addresses-ignored"
+)
+
 // Node is the node a backend programs: its network namespace and what a
 // backend may need to know of it.
 type Node struct {

@@ -17,6 +17,7 @@ var scenarios = []Scenario{
 	{Name: "node-port", run: nodePort},
 	{Name: "external-ip", run: externalIP},
 	{Name: "headless-external-ip", run: headless},
+	{Name: "external-ip-other-family", Needs: []Feature{OtherFamilyAddresses}, run: otherFamily},
 	{Name: "load-balancer-source-ranges", Needs: []Feature{SourceRanges}, run: sourceRanges},
 	{Name: "session-affinity", Needs: []Feature{SessionAffinity}, run: sessionAffinity},
 	{Name: "external-traffic-policy-local", run: externalLocal},
@@ -80,6 +81,60 @@ func headless(h *harness) {
 		h.ask(h.topo.Client, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
 	}
 	h.expectNoPod(h.topo.Client, "tcp", netip.AddrPortFrom(clusterV4, 80))
+}
+
+// Addresses of hosts beyond the node (outsideHost) that single-stack
+// services list as external or load-balancer IPs of their other family.
+var (
+	outsideV4   = netip.MustParseAddr("198.51.100.7")
+	outsideV6   = netip.MustParseAddr("2001:db8:77::7")
+	outsideLBV4 = netip.MustParseAddr("198.51.100.8")
+	outsideLBV6 = netip.MustParseAddr("2001:db8:77::8")
+)
+
+// otherFamily: an IPv4-only service listing an IPv6 external and
+// load-balancer IP, and an IPv6-only one listing IPv4 ones, serve their
+// own family's addresses and leave the others alone (kube-proxy's rule):
+// real hosts there stay reachable from the pods and the node.
+func otherFamily(h *harness) {
+	h.outsideHost(outsideV4, outsideV6, outsideLBV4, outsideLBV6)
+	v4 := service("v4")
+	v4.Type = "LoadBalancer"
+	v4.IPs.ClusterIPs = ipset(clusterV4)
+	v4.IPs.ExternalIPs = ipset(netns.ServiceV4, outsideV6)
+	v4.IPs.LoadBalancerIPs = ipset(lbV4, outsideLBV6)
+	for i, p := range v4.Ports {
+		p.NodePort = int32(30090 + i)
+	}
+	v6 := service("v6")
+	v6.Type = "LoadBalancer"
+	v6.IPs.ClusterIPs = ipset(clusterV6)
+	v6.IPs.ExternalIPs = ipset(netns.ServiceV6, outsideV4)
+	v6.IPs.LoadBalancerIPs = ipset(lbV6, outsideLBV4)
+	for i, p := range v6.Ports {
+		p.NodePort = int32(30092 + i)
+	}
+	// EndpointSlices hold one family: a single-stack service has only
+	// its own family's endpoints.
+	var v4eps, v6eps []*model.Endpoint
+	for _, e := range endpoints(netns.PodID) {
+		if len(e.IPs.V4) > 0 {
+			v4eps = append(v4eps, e)
+		} else {
+			v6eps = append(v6eps, e)
+		}
+	}
+	h.apply(with(v4, v4eps...), with(v6, v6eps...))
+	for _, ip := range []netip.Addr{clusterV4, netns.ServiceV4, lbV4, clusterV6, netns.ServiceV6, lbV6} {
+		h.ask(h.topo.Pod2, "tcp", netip.AddrPortFrom(ip, 80), netns.PodID)
+	}
+	for _, ip := range []netip.Addr{outsideV4, outsideV6, outsideLBV4, outsideLBV6} {
+		for _, from := range []*netns.NS{h.topo.Pod2, h.topo.Node} {
+			for _, network := range h.networks() {
+				h.expectOutside(from, network, netip.AddrPortFrom(ip, 80))
+			}
+		}
+	}
 }
 
 // sourceRanges: a load-balancer IP answers clients inside its source

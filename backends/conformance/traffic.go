@@ -57,6 +57,36 @@ func (h *harness) spread(from *netns.NS, network string, dst netip.AddrPort, n i
 	}
 }
 
+// outsideID is the identity the outside host answers with.
+const outsideID = "outside"
+
+// outsideHost makes addrs a host beyond the node: they are added to the
+// client's loopback interface, with servers on ports 80 and 81. The
+// client routes nothing to itself through the node, so traffic to them
+// is sent from the pods or the node: a node that does not proxy them
+// routes it out by its default route, to the client, which answers; a
+// proxier that claims them (rejects, drops, DNATs) is seen doing so.
+func (h *harness) outsideHost(addrs ...netip.Addr) {
+	h.t.Helper()
+	for _, a := range addrs {
+		h.topo.Client.AddAddr("lo", netip.PrefixFrom(a, a.BitLen()).String())
+	}
+	h.topo.Client.Serve(outsideID, addrs, []uint16{80, 81})
+}
+
+// expectOutside fails the test unless the outside host answers dst from
+// ns: the node routed the traffic out untouched.
+func (h *harness) expectOutside(from *netns.NS, network string, dst netip.AddrPort) {
+	h.t.Helper()
+	a, err := from.Ask(network, dst, netns.AskOptions{})
+	switch {
+	case err != nil:
+		h.t.Errorf("%s %s from %s: %v; want the host beyond the node to answer (the node must route it out untouched)", network, dst, from, err)
+	case a.Server != outsideID || a.Local != dst:
+		h.t.Errorf("%s %s from %s: answered by %s on %s; want the host beyond the node, on %s", network, dst, from, a.Server, a.Local, dst)
+	}
+}
+
 // expectDropped fails the test unless the request gets no answer at all
 // (not even a refusal).
 func (h *harness) expectDropped(from *netns.NS, network string, dst netip.AddrPort) {

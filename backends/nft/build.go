@@ -44,7 +44,10 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	epChains := map[string]bool{}
 	ranges, rangeProblems := svc.UsableSourceRanges()
 	ports, nodePorts, portProblems := svc.UsablePorts(func(p model.Protocol) bool { _, ok := l4proto(p); return ok })
-	problems = append(append(problems, rangeProblems...), portProblems...)
+	// External and load-balancer IPs of a family without a cluster IP
+	// are left alone, as kube-proxy does (but for headless services).
+	servedExternal, servedLB, addrProblems := svc.ServedExternalIPs()
+	problems = append(append(append(problems, rangeProblems...), portProblems...), addrProblems...)
 	for i, p := range ports {
 		nodePort := nodePorts[i]
 		for _, f := range []ipFamily{ipv4, ipv6} {
@@ -52,8 +55,8 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 			if !svc.IPs.Headless {
 				clusterIPs = familyAddrs(svc.IPs.ClusterIPs, f)
 			}
-			externalIPs := familyAddrs(svc.IPs.ExternalIPs, f)
-			lbIPs := familyAddrs(svc.IPs.LoadBalancerIPs, f)
+			externalIPs := familyAddrs(servedExternal, f)
+			lbIPs := familyAddrs(servedLB, f)
 			// A node port is served in a family only if the service
 			// has a cluster IP in it (as kube-proxy, whose per-family
 			// proxiers only see the service in its own families).

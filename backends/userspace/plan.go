@@ -102,7 +102,10 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 		}
 	}
 	ports, nodePorts, portProblems := svc.UsablePorts(func(p model.Protocol) bool { return p == model.TCP || p == model.UDP })
-	problems = append(problems, portProblems...)
+	// External and load-balancer IPs of a family without a cluster IP
+	// are left alone, as kube-proxy does (but for headless services).
+	servedExternal, servedLB, addrProblems := svc.ServedExternalIPs()
+	problems = append(append(problems, portProblems...), addrProblems...)
 	for i, p := range ports {
 		nodePortNum := nodePorts[i]
 		for _, v4 := range []bool{true, false} {
@@ -110,8 +113,8 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 			if !svc.IPs.Headless {
 				clusterIPs = familyAddrs(svc.IPs.ClusterIPs, v4)
 			}
-			externalIPs := familyAddrs(svc.IPs.ExternalIPs, v4)
-			lbIPs := familyAddrs(svc.IPs.LoadBalancerIPs, v4)
+			externalIPs := familyAddrs(servedExternal, v4)
+			lbIPs := familyAddrs(servedLB, v4)
 			// As kube-proxy, one proxier per family: a node port is
 			// served in a family where the service has a cluster IP.
 			var nodePorts []netip.Addr
