@@ -52,6 +52,10 @@ const (
 	// family in which a service has no cluster IP are left alone (a real
 	// host there stays reachable), not claimed and rejected.
 	OtherFamilyAddresses Feature = "other-family-addresses-ignored"
+	// UndefinedPorts: a new connection to a cluster IP on a port its
+	// service does not define is refused (TCP reset or ICMP unreachable),
+	// never routed out: cluster IPs are virtual.
+	UndefinedPorts Feature = "cluster-ip-undefined-ports-rejected"
 )
 
 // Node is the node a backend programs: its network namespace and what a
@@ -131,6 +135,12 @@ const nodeName = "node-a"
 
 func newHarness(t *testing.T, b Backend) *harness {
 	h := &harness{t: t, b: b, topo: netns.Blog(t)}
+	// The node rate-limits the ICMP errors it sends per destination
+	// (ICMPv6 to a pod's /128 route: one per 100 ms), which would make a
+	// refused datagram look dropped now and then: the kit checks the
+	// proxier's verdicts, not the kernel's rate limits.
+	h.topo.Node.Sysctl("net.ipv4.icmp_ratelimit", "0")
+	h.topo.Node.Sysctl("net.ipv6.icmp.ratelimit", "0")
 	h.node = Node{
 		NetNS: h.topo.Node.Path(), Name: nodeName, IPs: []netip.Addr{netns.NodeV4, netns.NodeV6},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("11.0.2.0/24"), netip.MustParsePrefix("1100::200/120")},

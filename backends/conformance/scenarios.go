@@ -18,6 +18,7 @@ var scenarios = []Scenario{
 	{Name: "external-ip", run: externalIP},
 	{Name: "headless-external-ip", run: headless},
 	{Name: "external-ip-other-family", Needs: []Feature{OtherFamilyAddresses}, run: otherFamily},
+	{Name: "cluster-ip-undefined-port", Needs: []Feature{UndefinedPorts}, run: undefinedPort},
 	{Name: "load-balancer-source-ranges", Needs: []Feature{SourceRanges}, run: sourceRanges},
 	{Name: "session-affinity", Needs: []Feature{SessionAffinity}, run: sessionAffinity},
 	{Name: "external-traffic-policy-local", run: externalLocal},
@@ -132,6 +133,29 @@ func otherFamily(h *harness) {
 		for _, from := range []*netns.NS{h.topo.Pod2, h.topo.Node} {
 			for _, network := range h.networks() {
 				h.expectOutside(from, network, netip.AddrPortFrom(ip, 80))
+			}
+		}
+	}
+}
+
+// undefinedPort: a cluster IP on a port its service does not define is
+// refused, from a pod and from the node, and never routed out, although a
+// host beyond the node holds the same address (as a host on a network
+// that overlaps the service range would).
+func undefinedPort(h *harness) {
+	h.outsideHost(clusterV4, clusterV6)
+	h.apply(with(service("web"), endpoints(netns.PodID, netns.Pod2ID)...))
+	for _, ip := range families(clusterV4, clusterV6) {
+		for _, from := range []*netns.NS{h.topo.Pod2, h.topo.Node} {
+			for _, network := range h.networks() {
+				h.ask(from, network, netip.AddrPortFrom(ip, 80), netns.PodID, netns.Pod2ID)
+				if network == "udp" {
+					if _, ok := h.b.Unsupported[RejectUDP]; ok {
+						h.expectNoOutside(from, network, netip.AddrPortFrom(ip, 81))
+						continue
+					}
+				}
+				h.expectRefused(from, network, netip.AddrPortFrom(ip, 81))
 			}
 		}
 	}

@@ -17,6 +17,13 @@ var unsupported = map[conformance.Feature]string{
 	// userspace do, instead of Service.IPs: an address of a family without
 	// a cluster IP (but for headless services) must not be claimed.
 	conformance.OtherFamilyAddresses: "claims (and rejects) external and load-balancer IPs of a family in which the service has no cluster IP",
+	// TODO(issue 13): reject new connections (filter FORWARD and
+	// OUTPUT, after the no-endpoint rejects, -m conntrack --ctstate NEW)
+	// to every cluster IP of the services held, on the ports no service
+	// defines (what was not DNATed), as nft's cluster-ips-check chain
+	// does (TCP reset, ICMP port unreachable otherwise): they are routed
+	// out today.
+	conformance.UndefinedPorts: "routes out the traffic to a cluster IP on a port no service defines",
 }
 
 // TestConformance runs the conformance kit against the iptables backend,

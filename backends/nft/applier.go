@@ -180,7 +180,7 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
-	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin)
+	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin) + len(rs.ClusterIPs)
 	for _, st := range rs.Sets {
 		elements += len(st.Targets)
 	}
@@ -228,6 +228,17 @@ func (t *txn) full(rs *ruleset) error {
 	if err := t.hairpinElements(rs.Hairpin, false); err != nil {
 		return err
 	}
+	var clusterIPs [2]*nftables.Set
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		clusterIPs[f] = clusterIPsSetRef(t.table, f)
+		if err := c.AddSet(clusterIPs[f], nil); err != nil {
+			return fmt.Errorf("set %s: %w", clusterIPs[f].Name, err)
+		}
+		t.stats.Messages++
+	}
+	if err := t.clusterIPElements(rs.ClusterIPs, false); err != nil {
+		return err
+	}
 
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
@@ -248,9 +259,16 @@ func (t *txn) full(rs *ruleset) error {
 		t.addRule(masq, r)
 	}
 	t.addRule(t.addChain(chainMarkForMasquerade), markExprs(rs.Options.mark(), false))
+	check := t.addChain(chainClusterIPsCheck)
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		t.addRule(check, daddrInSetExprs(f, clusterIPs[f], &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}))
+	}
 	for _, bc := range baseChains {
 		ch := t.addBaseChain(bc)
 		t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
+		if bc.newJump != "" {
+			t.addRule(ch, newConnJumpExprs(bc.newJump))
+		}
 	}
 
 	for _, ch := range rs.Chains {
@@ -313,7 +331,7 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		}
 	}
 	messages += 2 * len(touched)
-	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len()
+	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len()
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
@@ -356,6 +374,12 @@ func (t *txn) partial(d delta) error {
 		return err
 	}
 	if err := t.hairpinElements(d.Hairpin.Created, false); err != nil {
+		return err
+	}
+	if err := t.clusterIPElements(d.ClusterIPs.Deleted, true); err != nil {
+		return err
+	}
+	if err := t.clusterIPElements(d.ClusterIPs.Created, false); err != nil {
 		return err
 	}
 	for _, it := range d.Chains.Updated {
@@ -449,6 +473,20 @@ func (t *txn) hairpinElements(addrs []netip.Addr, del bool) error {
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		if err := t.sendElements(hairpinSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(32, "") }, del); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clusterIPElements adds (or deletes) addrs in the cluster-ips sets.
+func (t *txn) clusterIPElements(addrs []netip.Addr, del bool) error {
+	var byFamily [2][]nftables.SetElement
+	for _, addr := range addrs {
+		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], addrElement(addr))
+	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		if err := t.sendElements(clusterIPsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "") }, del); err != nil {
 			return err
 		}
 	}

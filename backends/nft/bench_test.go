@@ -603,8 +603,8 @@ func TestKernelLargeFullSync(t *testing.T) {
 	s.setAll(items...)
 	r := s.sync()
 	// 2,000 service map elements, the start and end of each service's one
-	// endpoint interval, the pod in the hairpin set.
-	if !r.Full || r.Stats.ElementsAdded != 2000+2*2000+1 {
+	// endpoint interval, the pod in the hairpin set, 2,000 cluster IPs.
+	if !r.Full || r.Stats.ElementsAdded != 2000+2*2000+1+2000 {
 		t.Fatalf("full sync: %+v", r.Stats)
 	}
 	if got := kernelElements(t, b.Node, "large"); got != 2000 {

@@ -26,6 +26,9 @@ type serviceObjects struct {
 	// Hairpin are the addresses of the service's endpoints (a pod may
 	// reach itself through the service), without repeats.
 	Hairpin []netip.Addr
+	// ClusterIPs are the service's cluster IPs, without repeats: traffic
+	// to them on a port no service defines is rejected, never routed out.
+	ClusterIPs []netip.Addr
 }
 
 // buildService computes the objects of one service as seen from this node
@@ -117,6 +120,15 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	}
 	slices.SortFunc(objs.Hairpin, netip.Addr.Compare)
 	objs.Hairpin = slices.Compact(objs.Hairpin)
+	if !svc.IPs.Headless {
+		for _, a := range svc.IPs.ClusterIPs.All() {
+			if addr, err := netip.ParseAddr(a); err == nil && addr.Zone() == "" {
+				objs.ClusterIPs = append(objs.ClusterIPs, addr.Unmap())
+			}
+		}
+		slices.SortFunc(objs.ClusterIPs, netip.Addr.Compare)
+		objs.ClusterIPs = slices.Compact(objs.ClusterIPs)
+	}
 	return objs, problems
 }
 

@@ -39,6 +39,12 @@ const (
 	// chainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
 	// otherwise.
 	chainReject = "reject"
+	// chainClusterIPsCheck rejects the new connections to a cluster IP
+	// that no service port took (not DNATed: a port no service defines);
+	// filter-forward and filter-output jump to it for new connections,
+	// as kube-proxy's cluster-ips-check. Cluster IPs are virtual: their
+	// traffic must never leave the node.
+	chainClusterIPsCheck = "cluster-ips-check"
 )
 
 // mapServices returns the name of the verdict map of a family that sends
@@ -86,13 +92,20 @@ func endpointMapName(f ipFamily, shard uint32) string {
 // masqueraded. "hairpin-v4" or "hairpin-v6".
 func mapHairpin(f ipFamily) string { return "hairpin-v" + familySuffix(f) }
 
-// baseChain describes one of the fixed base chains of the table.
+// setClusterIPs returns the name of the set of a family holding every
+// cluster IP of the services held: "cluster-ips-v4" or "cluster-ips-v6".
+func setClusterIPs(f ipFamily) string { return "cluster-ips-v" + familySuffix(f) }
+
+// baseChain describes one of the fixed base chains of the table: it
+// jumps to jump, then, for new connections only (ct state new), to
+// newJump when set.
 type baseChain struct {
 	name     string
 	typ      string // "nat" or "filter"
 	hook     string
 	priority int32
 	jump     string
+	newJump  string
 }
 
 // Priorities of the base chains: dstnat - 10 for the load-balancer
@@ -145,14 +158,14 @@ func priorityText(p int32, hook string) string {
 
 // baseChains are the table's base chains, in the order they are created.
 var baseChains = []baseChain{
-	{chainFilterPrerouting, "filter", "prerouting", priorityFirewall, chainFirewallCheck},
-	{chainFilterOutputPreDNAT, "filter", "output", priorityFirewall, chainFirewallCheck},
-	{chainNATPrerouting, "nat", "prerouting", priorityDstNAT, chainServices},
-	{chainNATOutput, "nat", "output", priorityDstNAT, chainServices},
-	{chainFilterInput, "filter", "input", priorityFilter, chainNoEndpoints},
-	{chainFilterForward, "filter", "forward", priorityFilter, chainNoEndpoints},
-	{chainFilterOutput, "filter", "output", priorityFilter, chainNoEndpoints},
-	{chainNATPostrouting, "nat", "postrouting", prioritySrcNAT, chainMasquerading},
+	{chainFilterPrerouting, "filter", "prerouting", priorityFirewall, chainFirewallCheck, ""},
+	{chainFilterOutputPreDNAT, "filter", "output", priorityFirewall, chainFirewallCheck, ""},
+	{chainNATPrerouting, "nat", "prerouting", priorityDstNAT, chainServices, ""},
+	{chainNATOutput, "nat", "output", priorityDstNAT, chainServices, ""},
+	{chainFilterInput, "filter", "input", priorityFilter, chainNoEndpoints, ""},
+	{chainFilterForward, "filter", "forward", priorityFilter, chainNoEndpoints, chainClusterIPsCheck},
+	{chainFilterOutput, "filter", "output", priorityFilter, chainNoEndpoints, chainClusterIPsCheck},
+	{chainNATPostrouting, "nat", "postrouting", prioritySrcNAT, chainMasquerading, ""},
 }
 
 // mapKind describes one kind of verdict map: one map per family.

@@ -149,6 +149,9 @@ type ruleset struct {
 	Endpoints []endpointElement
 	// Hairpin are the endpoint addresses of the hairpin sets.
 	Hairpin []netip.Addr
+	// ClusterIPs are the addresses of the cluster-ips sets: every
+	// cluster IP of the services held.
+	ClusterIPs []netip.Addr
 }
 
 // sortElements orders elements by map, then key (address, protocol, port).

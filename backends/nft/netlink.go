@@ -437,3 +437,38 @@ func balanceElements(targets []string) []nftables.SetElement {
 	}
 	return els
 }
+
+// clusterIPsSetRef returns the set object of the cluster-ips set of
+// family f.
+func clusterIPsSetRef(t *nftables.Table, f ipFamily) *nftables.Set {
+	return &nftables.Set{Table: t, Name: setClusterIPs(f), KeyType: addrType(f)}
+}
+
+// addrElement returns the element a of an address set.
+func addrElement(a netip.Addr) nftables.SetElement {
+	return nftables.SetElement{Key: a.AsSlice()}
+}
+
+// ctStateNew is the conntrack state bit of a new connection
+// (NF_CT_STATE_BIT(IP_CT_NEW)), in host byte order as ct state loads it.
+const ctStateNew = 1 << 3
+
+// newConnJumpExprs returns "ct state new jump chain".
+func newConnJumpExprs(chain string) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ctStateNew), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+		&expr.Verdict{Kind: expr.VerdictJump, Chain: chain},
+	}
+}
+
+// daddrInSetExprs returns "meta nfproto ipvX ip[6] daddr @set" and then v:
+// the rules of the cluster-IP check.
+func daddrInSetExprs(f ipFamily, set *nftables.Set, v *expr.Verdict) []expr.Any {
+	fi := f.info()
+	return append(nfprotoExprs(f),
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: fi.daddr, Len: fi.addrLen},
+		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
+		v)
+}

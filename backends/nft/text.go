@@ -129,12 +129,34 @@ func (rs *ruleset) Text() string {
 		}
 		b.WriteString("\t}\n\n")
 	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", setClusterIPs(f), f.info().addrType)
+		var els []string
+		for _, a := range rs.ClusterIPs {
+			if familyOf(a) == f {
+				els = append(els, "\t\t\t"+a.String())
+			}
+		}
+		if len(els) > 0 {
+			fmt.Fprintf(&b, "\t\telements = {\n%s\n\t\t}\n", strings.Join(els, ",\n"))
+		}
+		b.WriteString("\t}\n\n")
+	}
 	for _, s := range rs.Sets {
 		fmt.Fprintf(&b, "\t%s\n\n", s.Text(rs.Endpoints))
 	}
 	for _, c := range baseChains {
-		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n\t\tjump %s\n\t}\n\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook), c.jump)
+		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n\t\tjump %s\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook), c.jump)
+		if c.newJump != "" {
+			fmt.Fprintf(&b, "\t\tct state new jump %s\n", c.newJump)
+		}
+		b.WriteString("\t}\n\n")
 	}
+	fmt.Fprintf(&b, "\tchain %s {\n", chainClusterIPsCheck)
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		fmt.Fprintf(&b, "\t\t%s @%s goto %s\n", daddrText(f), setClusterIPs(f), chainReject)
+	}
+	b.WriteString("\t}\n\n")
 	for _, lc := range lookupChains {
 		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {

@@ -47,12 +47,11 @@ type tracker struct {
 	slotOf    map[string]uint32
 	free      [2]slots
 	mapBlocks map[string]int
-	// hairpinRefs counts the services using each endpoint address;
-	// hairpin holds the addresses in the hairpin sets as of the last
-	// Done, hairpinTouched those whose count went to or from 0 since.
-	hairpinRefs    map[netip.Addr]int
-	hairpin        map[netip.Addr]bool
-	hairpinTouched map[netip.Addr]bool
+	// hairpin holds the endpoint addresses of the hairpin sets, and
+	// clusterIPs the cluster IPs of the cluster-ips sets, each while some
+	// service uses it.
+	hairpin    sharedAddrs
+	clusterIPs sharedAddrs
 }
 
 // newTracker returns an empty tracker building rules with opts.
@@ -67,13 +66,12 @@ func newTracker(opts Options) *tracker {
 		values:   map[model.ServiceKey]*model.ServiceEndpoints{},
 		losers:   map[model.ServiceKey]*model.ServiceEndpoints{},
 
-		blocks:         diffstore.New[string](equalBlocks),
-		endpoints:      diffstore.NewComparable[uint64, endpointElement](),
-		slotOf:         map[string]uint32{},
-		mapBlocks:      map[string]int{},
-		hairpinRefs:    map[netip.Addr]int{},
-		hairpin:        map[netip.Addr]bool{},
-		hairpinTouched: map[netip.Addr]bool{},
+		blocks:     diffstore.New[string](equalBlocks),
+		endpoints:  diffstore.NewComparable[uint64, endpointElement](),
+		slotOf:     map[string]uint32{},
+		mapBlocks:  map[string]int{},
+		hairpin:    newSharedAddrs(),
+		clusterIPs: newSharedAddrs(),
 	}
 }
 
@@ -86,13 +84,16 @@ type delta struct {
 	Elements  diffstore.Changes[string, mapElement]
 	Endpoints diffstore.Changes[uint64, endpointElement]
 	Hairpin   addrChanges
+	// ClusterIPs are the addresses added to and deleted from the
+	// cluster-ips sets.
+	ClusterIPs addrChanges
 	// Blocks are the endpoint blocks changed (their elements are in
 	// Endpoints): what the conntrack cleanup compares.
 	Blocks diffstore.Changes[string, *block]
 }
 
 // addrChanges are the addresses added to and deleted from the hairpin
-// sets in a round, sorted.
+// or cluster-ips sets in a round, sorted.
 type addrChanges struct {
 	Created, Deleted []netip.Addr
 }
@@ -102,7 +103,7 @@ func (c addrChanges) Len() int { return len(c.Created) + len(c.Deleted) }
 
 // Len returns the number of objects changed in the table.
 func (d delta) Len() int {
-	return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() + d.Endpoints.Len() + d.Hairpin.Len()
+	return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() + d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len()
 }
 
 // Services returns the services the change concerns, sorted (for logs).
@@ -153,7 +154,8 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	old := t.services[key]
 
 	t.placeBlocks(&objs, old)
-	t.countHairpin(old.Hairpin, objs.Hairpin)
+	t.hairpin.count(old.Hairpin, objs.Hairpin)
+	t.clusterIPs.count(old.ClusterIPs, objs.ClusterIPs)
 	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *namedSet) string { return s.Name })
 	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *regularChain) string { return c.Name })
 
@@ -281,41 +283,61 @@ func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
 	}
 }
 
-// countHairpin counts the hairpin addresses of a service: those of now,
-// not those of old, adding an address to the hairpin sets with its first
-// service and deleting it with its last.
-func (t *tracker) countHairpin(old, now []netip.Addr) {
+// sharedAddrs are the addresses of a kernel set that several services
+// may need (the hairpin sets' endpoints, the cluster-ips sets' cluster
+// IPs): each is in the set while some service needs it.
+type sharedAddrs struct {
+	// refs counts the services needing each address; in holds the
+	// addresses in the set as of the last done, touched those whose count
+	// went to or from 0 since.
+	refs    map[netip.Addr]int
+	in      map[netip.Addr]bool
+	touched map[netip.Addr]bool
+}
+
+func newSharedAddrs() sharedAddrs {
+	return sharedAddrs{refs: map[netip.Addr]int{}, in: map[netip.Addr]bool{}, touched: map[netip.Addr]bool{}}
+}
+
+// count counts the addresses of one service: those of now, not those of
+// old (each list without repeats).
+func (s *sharedAddrs) count(old, now []netip.Addr) {
 	for _, a := range now {
-		if t.hairpinRefs[a]++; t.hairpinRefs[a] == 1 {
-			t.hairpinTouched[a] = true
+		if s.refs[a]++; s.refs[a] == 1 {
+			s.touched[a] = true
 		}
 	}
 	for _, a := range old {
-		if t.hairpinRefs[a]--; t.hairpinRefs[a] == 0 {
-			delete(t.hairpinRefs, a)
-			t.hairpinTouched[a] = true
+		if s.refs[a]--; s.refs[a] == 0 {
+			delete(s.refs, a)
+			s.touched[a] = true
 		}
 	}
 }
 
-// hairpinDone ends a round of the hairpin sets: the addresses whose count
-// went to or from 0, and are (or are no longer) in the sets.
-func (t *tracker) hairpinDone() addrChanges {
+// done ends a round: the addresses whose count went to or from 0, and
+// are (or are no longer) in the set.
+func (s *sharedAddrs) done() addrChanges {
 	var ch addrChanges
-	for a := range t.hairpinTouched {
-		switch now := t.hairpinRefs[a] > 0; {
-		case now && !t.hairpin[a]:
-			t.hairpin[a] = true
+	for a := range s.touched {
+		switch now := s.refs[a] > 0; {
+		case now && !s.in[a]:
+			s.in[a] = true
 			ch.Created = append(ch.Created, a)
-		case !now && t.hairpin[a]:
-			delete(t.hairpin, a)
+		case !now && s.in[a]:
+			delete(s.in, a)
 			ch.Deleted = append(ch.Deleted, a)
 		}
 	}
-	clear(t.hairpinTouched)
+	clear(s.touched)
 	slices.SortFunc(ch.Created, netip.Addr.Compare)
 	slices.SortFunc(ch.Deleted, netip.Addr.Compare)
 	return ch
+}
+
+// sorted returns the addresses in the set as of the last done, sorted.
+func (s *sharedAddrs) sorted() []netip.Addr {
+	return slices.SortedFunc(maps.Keys(s.in), netip.Addr.Compare)
 }
 
 // replaceNamed sets the objects of one service in store: every one of
@@ -363,12 +385,13 @@ func (t *tracker) ServiceKeys() []model.ServiceKey {
 func (t *tracker) Done() delta {
 	t.retryLosers()
 	return delta{
-		Chains:    t.chains.DonePartial(),
-		Sets:      t.sets.DonePartial(),
-		Elements:  t.elements.DonePartial(),
-		Endpoints: t.endpoints.DonePartial(),
-		Hairpin:   t.hairpinDone(),
-		Blocks:    t.blocks.DonePartial(),
+		Chains:     t.chains.DonePartial(),
+		Sets:       t.sets.DonePartial(),
+		Elements:   t.elements.DonePartial(),
+		Endpoints:  t.endpoints.DonePartial(),
+		Hairpin:    t.hairpin.done(),
+		ClusterIPs: t.clusterIPs.done(),
+		Blocks:     t.blocks.DonePartial(),
 	}
 }
 
@@ -384,7 +407,8 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	sortElements(rs.Elements)
 	t.endpoints.Each(func(_ uint64, e endpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
 	slices.SortFunc(rs.Endpoints, compareEndpointElements)
-	rs.Hairpin = slices.SortedFunc(maps.Keys(t.hairpin), netip.Addr.Compare)
+	rs.Hairpin = t.hairpin.sorted()
+	rs.ClusterIPs = t.clusterIPs.sorted()
 	return rs
 }
 

@@ -42,9 +42,9 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	}
 	tr.Update(se.Service.Key(), nil)
 	d = tr.Done()
-	if len(d.Chains.Deleted) != 1 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 1 || d.Len() != 5 {
-		t.Errorf("service deleted: %d chains, %d intervals, %d elements, %d hairpin addresses deleted, %d in all; want 1, 2, 1, 1, 5",
-			len(d.Chains.Deleted), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), d.Len())
+	if len(d.Chains.Deleted) != 1 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 1 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 6 {
+		t.Errorf("service deleted: %d chains, %d intervals, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 1, 2, 1, 1, 1, 6",
+			len(d.Chains.Deleted), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), len(d.ClusterIPs.Deleted), d.Len())
 	}
 	if rs := tr.Ruleset("t"); len(rs.Chains) != 99 || len(rs.Elements) != 99 || len(rs.Endpoints) != 99 || len(rs.Hairpin) != 1 {
 		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses", len(rs.Chains), len(rs.Elements), len(rs.Endpoints), len(rs.Hairpin))
