@@ -56,13 +56,17 @@ type Round struct {
 	// Services is the number of Update calls; Endpoints the number of
 	// endpoints added, changed or removed in them (EndpointChanges).
 	Services, Endpoints int
+	// Cluster is true when the round gave the sink the cluster-level
+	// facts (ClusterSink.SetCluster).
+	Cluster bool
 	// Err is the sink's Sync error (nil: applied).
 	Err error
 }
 
 // Feeder delivers a source's state to a Sink in rounds, keeping the Sink
-// contract: the source says what each service is now (Update, SetAll) and
-// ends a round with Sync; the Feeder calls the sink only for the services
+// contract: the source says what each service is now (Update, SetAll),
+// and what the cluster-level facts are (SetCluster, delivered to a
+// ClusterSink), and ends a round with Sync; the Feeder calls the sink only for the services
 // that changed since what the sink holds, in key order, with their
 // previous value, unchanged parts pointer-equal. When the sink's Sync
 // fails, the Feeder calls it again, with the newer changes if any, with
@@ -90,6 +94,13 @@ type Feeder struct {
 	// its round in progress; failed: the sink's last Sync failed, so the
 	// next round has a Sync even with no Update.
 	reset, stagedReset, failed bool
+	// heldCluster are the cluster-level facts as of the last delivery;
+	// pendingCluster and stagedCluster the newer ones of the completed
+	// rounds and of the round in progress, set when clusterPending and
+	// clusterStaged; clusterSink is the sink, when it wants them.
+	heldCluster, pendingCluster, stagedCluster *model.Cluster
+	clusterPending, clusterStaged              bool
+	clusterSink                                ClusterSink
 	// timer is the pending retry, backoff the delay of the next one.
 	// seen is SetAll's set of the keys given, kept between calls.
 	seen    map[model.ServiceKey]struct{}
@@ -108,14 +119,16 @@ func NewFeeder(sink Sink, opts FeederOptions) *Feeder {
 	if opts.MaxRetry < opts.MinRetry {
 		opts.MaxRetry = max(DefaultMaxRetry, opts.MinRetry)
 	}
+	cs, _ := sink.(ClusterSink)
 	return &Feeder{
-		sink:    sink,
-		opts:    opts,
-		held:    map[model.ServiceKey]*model.ServiceEndpoints{},
-		pending: map[model.ServiceKey]*model.ServiceEndpoints{},
-		staged:  map[model.ServiceKey]*model.ServiceEndpoints{},
-		reset:   true,
-		backoff: opts.MinRetry,
+		sink:        sink,
+		clusterSink: cs,
+		opts:        opts,
+		held:        map[model.ServiceKey]*model.ServiceEndpoints{},
+		pending:     map[model.ServiceKey]*model.ServiceEndpoints{},
+		staged:      map[model.ServiceKey]*model.ServiceEndpoints{},
+		reset:       true,
+		backoff:     opts.MinRetry,
 	}
 }
 
@@ -154,6 +167,25 @@ func (f *Feeder) latest(key model.ServiceKey) *model.ServiceEndpoints {
 		return se
 	}
 	return f.held[key]
+}
+
+// SetCluster says that the cluster-level facts are now c (nil: none). They
+// are delivered on the next Sync to a sink that implements ClusterSink,
+// if they differ from what it was given.
+func (f *Feeder) SetCluster(c *model.Cluster) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	latest := f.heldCluster
+	switch {
+	case f.clusterStaged:
+		latest = f.stagedCluster
+	case f.clusterPending:
+		latest = f.pendingCluster
+	}
+	if latest == c || latest.Equal(c) {
+		return
+	}
+	f.stagedCluster, f.clusterStaged = c, true
 }
 
 // SetAll says that items is the whole state: the services held and not in
@@ -221,10 +253,14 @@ func (f *Feeder) Sync() error {
 		f.pending[key] = se
 	}
 	clear(f.staged)
+	if f.clusterStaged {
+		f.pendingCluster, f.clusterPending = f.stagedCluster, true
+		f.stagedCluster, f.clusterStaged = nil, false
+	}
 	if f.stagedReset {
 		f.reset, f.stagedReset = true, false
 	}
-	if f.opts.Queued != nil && (len(f.pending) > 0 || f.reset) {
+	if f.opts.Queued != nil && (len(f.pending) > 0 || f.reset || f.clusterPending) {
 		f.opts.Queued(time.Now())
 	}
 	return f.deliver(false)
@@ -282,6 +318,17 @@ func (f *Feeder) deliver(retry bool) error {
 	if reset {
 		f.sink.Reset()
 	}
+	if f.clusterPending || reset {
+		cur := f.heldCluster
+		if f.clusterPending {
+			cur = f.pendingCluster
+		}
+		if f.clusterSink != nil && ((reset && !cur.IsZero()) || (!reset && !cur.Equal(f.heldCluster))) {
+			f.clusterSink.SetCluster(cur)
+			rec.Cluster = true
+		}
+		f.heldCluster, f.pendingCluster, f.clusterPending = cur, nil, false
+	}
 	for _, key := range keys {
 		cur, ok := f.pending[key]
 		if !ok {
@@ -310,7 +357,7 @@ func (f *Feeder) deliver(retry bool) error {
 		// of them for the few services of later rounds.
 		f.pending = map[model.ServiceKey]*model.ServiceEndpoints{}
 	}
-	if !reset && !f.failed && rec.Services == 0 {
+	if !reset && !f.failed && rec.Services == 0 && !rec.Cluster {
 		return nil // nothing changed: no round
 	}
 	f.reset = false

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -375,5 +376,57 @@ func TestFeederQueued(t *testing.T) {
 		if queued[i].After(synced[i]) {
 			t.Errorf("round %d queued at %v, after its delivery began (%v)", i, queued[i], synced[i])
 		}
+	}
+}
+
+// TestFeederCluster checks the delivery of the cluster-level facts: in the
+// first round, when they change (a round of their own if nothing else
+// changed), again after a Reset asked by the sink, never to a sink that
+// does not want them, and not when they are equal.
+func TestFeederCluster(t *testing.T) {
+	cidrs := func(texts ...string) *model.Cluster {
+		c := &model.Cluster{}
+		for _, t := range texts {
+			c.ServiceCIDRs = append(c.ServiceCIDRs, netip.MustParsePrefix(t))
+		}
+		return c
+	}
+	f, c := newChecked(t, localsink.FeederOptions{NoRetry: true})
+	a := svcEps(testService("ns", "a"))
+	f.SetCluster(cidrs("10.96.0.0/16"))
+	f.Update(key("ns", "a"), a)
+	_ = f.Sync()
+	f.SetCluster(cidrs("10.96.0.0/16")) // equal: nothing
+	_ = f.Sync()
+	f.SetCluster(cidrs("10.96.0.0/16", "fd00::/108"))
+	_ = f.Sync()
+	c.FailSyncs(fmt.Errorf("lost: %w", localsink.ErrResync))
+	f.SetCluster(nil)
+	_ = f.Sync()
+	f.SetCluster(cidrs("10.97.0.0/16"))
+	_ = f.Sync()
+	want := []string{
+		"Reset", "SetCluster service CIDRs 10.96.0.0/16", "Update ns/a service", "Sync",
+		"SetCluster service CIDRs 10.96.0.0/16,fd00::/108", "Sync",
+		"SetCluster none", "Sync failed",
+		"Reset", "SetCluster service CIDRs 10.97.0.0/16", "Update ns/a service", "Sync",
+	}
+	if diff := cmp.Diff(want, c.TakeCalls()); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+	if got := c.Cluster(); !got.Equal(cidrs("10.97.0.0/16")) {
+		t.Errorf("facts held: %+v", got)
+	}
+
+	// A sink without SetCluster gets no round for the facts alone.
+	var plain countSink
+	pf := localsink.NewFeeder(&plain, localsink.FeederOptions{NoRetry: true})
+	defer pf.Close()
+	pf.Update(key("ns", "a"), a)
+	_ = pf.Sync()
+	pf.SetCluster(cidrs("10.96.0.0/16"))
+	_ = pf.Sync()
+	if plain.syncs != 1 {
+		t.Errorf("a plain sink got %d Syncs, want 1 (none for the facts)", plain.syncs)
 	}
 }

@@ -16,13 +16,18 @@ type Handler func(items []*model.ServiceEndpoints)
 // (which, by the Sink contract, only comes when something changed, and
 // after a Reset). Unchanged services are handed over as the same pointers
 // as before; the cost per round is one slice of pointers.
+//
+// It is a ClusterSink: the cluster-level facts are not part of the state
+// handed to the handler (its JSON is the public contract), but a handler
+// may read them with Cluster.
 type FullState struct {
 	handler  Handler
 	services map[model.ServiceKey]*model.ServiceEndpoints
 	keys     []model.ServiceKey // sorted keys of services
+	cluster  *model.Cluster
 }
 
-var _ Sink = (*FullState)(nil)
+var _ ClusterSink = (*FullState)(nil)
 
 // NewFullState returns a FullState calling h.
 func NewFullState(h Handler) *FullState {
@@ -33,7 +38,15 @@ func NewFullState(h Handler) *FullState {
 func (f *FullState) Reset() {
 	clear(f.services)
 	f.keys = f.keys[:0]
+	f.cluster = nil
 }
+
+// SetCluster implements ClusterSink.
+func (f *FullState) SetCluster(c *model.Cluster) { f.cluster = c }
+
+// Cluster returns the cluster-level facts as of the current state (nil:
+// none), for a handler that needs them.
+func (f *FullState) Cluster() *model.Cluster { return f.cluster }
 
 // Update implements Sink.
 func (f *FullState) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
@@ -70,7 +83,8 @@ func (f *FullState) State() []*model.ServiceEndpoints {
 // successive full states through a Feeder: Reset and the whole state on
 // the first call, then only what changed, each call a round. It has no
 // retry timer: a round the sink fails to apply is delivered again with the
-// next call.
+// next call. A full state carries no cluster-level facts: the sink gets
+// none.
 func FromFullState(sink Sink) Handler {
 	f := NewFeeder(sink, FeederOptions{NoRetry: true})
 	return func(items []*model.ServiceEndpoints) {

@@ -3,6 +3,7 @@ package localsink_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"slices"
 	"testing"
@@ -182,5 +183,28 @@ func TestFullStatePointers(t *testing.T) {
 	}
 	if got[2][0] != got[1][0] || got[2][1] != got[1][1] {
 		t.Errorf("unchanged services handed over as new pointers")
+	}
+}
+
+// TestFullStateCluster checks that a handler can read the cluster-level
+// facts of the state it is handed, and that Reset forgets them.
+func TestFullStateCluster(t *testing.T) {
+	var seen []*model.Cluster
+	var fs *localsink.FullState
+	fs = localsink.NewFullState(func([]*model.ServiceEndpoints) { seen = append(seen, fs.Cluster()) })
+	f := localsink.NewFeeder(fs, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	c := &model.Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}
+	f.SetCluster(c)
+	_ = f.Sync()
+	f.SetCluster(nil)
+	_ = f.Sync()
+	if len(seen) != 2 || seen[0] != c || seen[1] != nil {
+		t.Errorf("facts seen by the handler: %v, want %v then none", seen, c)
+	}
+	fs.SetCluster(c)
+	fs.Reset()
+	if fs.Cluster() != nil {
+		t.Errorf("after Reset: %v, want none", fs.Cluster())
 	}
 }

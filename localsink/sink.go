@@ -44,6 +44,22 @@
 //     after a backoff or with its next round, whichever comes first. A sink
 //     that lost track of what it holds returns an error wrapping ErrResync:
 //     it then gets Reset and the whole state.
+//
+// # Cluster-level facts
+//
+// Facts about the cluster that belong to no service (model.Cluster: the
+// service CIDRs, for the cluster's default proxier) reach the sinks that
+// also implement ClusterSink. The rules for SetCluster:
+//
+//   - It comes within a round, after the round's Reset if any and before
+//     its Updates, at most once per round.
+//   - It gives the facts when they differ from those last given (nil:
+//     none). Reset forgets them too: after a Reset, SetCluster comes
+//     when there are facts. A round may hold only SetCluster and Sync.
+//   - The value is never modified after delivery.
+//
+// A sink that does not implement ClusterSink gets the same rounds without
+// the facts (and no round for a change of the facts alone).
 package localsink
 
 import (
@@ -63,6 +79,15 @@ type Sink interface {
 	Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints)
 	// Sync ends the round: the sink applies it and says whether it could.
 	Sync() error
+}
+
+// ClusterSink is a Sink that also receives the cluster-level facts (see
+// the package documentation for when SetCluster comes).
+type ClusterSink interface {
+	Sink
+	// SetCluster gives the facts of the cluster as of this round (nil:
+	// none).
+	SetCluster(c *model.Cluster)
 }
 
 // ErrResync, wrapped in the error of a failed Sync, asks the source for a

@@ -10,6 +10,9 @@ import (
 // Tee returns a Sink that forwards every call to each of sinks, in order:
 // several backends fed by one source (rules and a health server, say).
 //
+// The tee is a ClusterSink: the cluster-level facts reach the sinks that
+// implement ClusterSink.
+//
 // Its Sync fails when any sink's does; the error names the sink. The retry
 // that follows reaches only the sinks that failed, with the newer changes
 // when there are some (every sink gets those). A sink that asks for the
@@ -24,6 +27,8 @@ func Tee(sinks ...Sink) Sink {
 
 type tee struct{ branches []teeBranch }
 
+var _ ClusterSink = (*tee)(nil)
+
 // teeBranch is one sink of a tee: called says it got a Reset or an Update
 // in this round, failed that its last Sync failed; it needs a Sync when
 // either is true.
@@ -36,6 +41,17 @@ func (t *tee) Reset() {
 	for i := range t.branches {
 		t.branches[i].called = true
 		t.branches[i].sink.Reset()
+	}
+}
+
+// SetCluster implements ClusterSink: the sinks that want the facts get
+// them.
+func (t *tee) SetCluster(c *model.Cluster) {
+	for i := range t.branches {
+		if cs, ok := t.branches[i].sink.(ClusterSink); ok {
+			t.branches[i].called = true
+			cs.SetCluster(c)
+		}
 	}
 }
 

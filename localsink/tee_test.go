@@ -2,6 +2,7 @@ package localsink_test
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -45,5 +46,27 @@ func TestTee(t *testing.T) {
 		if diff := cmp.Diff([]*model.ServiceEndpoints{a, b}, c.State()); diff != "" {
 			t.Errorf("sink %d state (-want +got):\n%s", i+1, diff)
 		}
+	}
+}
+
+// TestTeeCluster checks that the cluster-level facts reach the sinks that
+// want them, and that a sink without SetCluster is left out of a round of
+// the facts alone.
+func TestTeeCluster(t *testing.T) {
+	wants, plain := sinktest.NewChecker(nil), &countSink{}
+	f2 := localsink.NewFeeder(localsink.Tee(wants, plain), localsink.FeederOptions{NoRetry: true})
+	defer f2.Close()
+	f2.Update(key("ns", "a"), svcEps(testService("ns", "a")))
+	_ = f2.Sync()
+	f2.SetCluster(&model.Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}})
+	_ = f2.Sync()
+	if diff := cmp.Diff([]string{"Reset", "Update ns/a service", "Sync", "SetCluster service CIDRs 10.96.0.0/16", "Sync"}, wants.TakeCalls()); diff != "" {
+		t.Errorf("sink with SetCluster (-want +got):\n%s", diff)
+	}
+	if plain.syncs != 1 {
+		t.Errorf("the sink without SetCluster got %d Syncs, want 1", plain.syncs)
+	}
+	if err := wants.Err(); err != nil {
+		t.Error(err)
 	}
 }

@@ -271,3 +271,19 @@ func TestJSONShape(t *testing.T) {
 		}
 	}
 }
+
+func TestClusterEqual(t *testing.T) {
+	a := &Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}
+	b := &Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}
+	c := &Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.97.0.0/16")}}
+	for _, tc := range []struct {
+		x, y *Cluster
+		want bool
+	}{
+		{nil, nil, true}, {nil, &Cluster{}, true}, {a, b, true}, {a, c, false}, {a, nil, false}, {&Cluster{}, a, false},
+	} {
+		if got := tc.x.Equal(tc.y); got != tc.want {
+			t.Errorf("%+v.Equal(%+v) = %v, want %v", tc.x, tc.y, got, tc.want)
+		}
+	}
+}

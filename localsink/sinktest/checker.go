@@ -22,8 +22,10 @@ import (
 )
 
 // Checker is a localsink.Sink that checks every call it receives against
-// the contract and records the state a sink would hold. It forwards the
-// calls to Next, when set, and can make Syncs fail (FailSyncs) to check a
+// the contract and records the state a sink would hold. It is a
+// localsink.ClusterSink, and checks the rules of SetCluster too. It
+// forwards the calls to Next, when set (SetCluster when Next is a
+// ClusterSink), and can make Syncs fail (FailSyncs) to check a
 // source's retries. It is safe to read (Err, State, Rounds) from another
 // goroutine than the one calling it.
 type Checker struct {
@@ -39,6 +41,13 @@ type Checker struct {
 	// modified after delivery).
 	held   map[model.ServiceKey]*model.ServiceEndpoints
 	frozen map[model.ServiceKey][]byte
+	// cluster are the cluster-level facts as of the last Sync, frozen
+	// their JSON; roundCluster those given in the round in progress (when
+	// clusterSet).
+	cluster       *model.Cluster
+	frozenCluster []byte
+	roundCluster  *model.Cluster
+	clusterSet    bool
 	// round is the round in progress: its Updates (key → cur), whether it
 	// started with Reset, the last key updated.
 	round      map[model.ServiceKey]*model.ServiceEndpoints
@@ -58,7 +67,7 @@ type Checker struct {
 	errs  []error
 }
 
-var _ localsink.Sink = (*Checker)(nil)
+var _ localsink.ClusterSink = (*Checker)(nil)
 
 // NewChecker returns a Checker forwarding to next (nil: none).
 func NewChecker(next localsink.Sink) *Checker {
@@ -155,6 +164,56 @@ func (c *Checker) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints
 	}
 }
 
+// SetCluster implements localsink.ClusterSink.
+func (c *Checker) SetCluster(cl *model.Cluster) {
+	defer c.enter("SetCluster")()
+	if !c.started {
+		c.violation("SetCluster before the first Reset")
+	}
+	if c.lastKey != nil {
+		c.violation("SetCluster after the Update of %s: want it before the round's Updates", *c.lastKey)
+	}
+	if c.clusterSet {
+		c.violation("SetCluster twice in a round")
+	}
+	switch {
+	case c.reset && cl.IsZero():
+		c.violation("SetCluster(%s) after Reset: Reset already forgot the facts", describeCluster(cl))
+	case !c.reset && cl.Equal(c.cluster):
+		c.violation("SetCluster(%s): the sink holds these facts already", describeCluster(cl))
+	}
+	if !c.inRound {
+		c.inRound = true
+		c.round = map[model.ServiceKey]*model.ServiceEndpoints{}
+	}
+	c.roundCluster, c.clusterSet = cl, true
+	c.calls = append(c.calls, "SetCluster "+describeCluster(cl))
+	if cs, ok := c.Next.(localsink.ClusterSink); ok {
+		cs.SetCluster(cl)
+	}
+}
+
+// describeCluster returns a short text of cluster-level facts:
+// "service CIDRs 10.96.0.0/16,fd00::/108", or "none".
+func describeCluster(cl *model.Cluster) string {
+	if cl.IsZero() {
+		return "none"
+	}
+	var cidrs []string
+	for _, p := range cl.ServiceCIDRs {
+		cidrs = append(cidrs, p.String())
+	}
+	return "service CIDRs " + strings.Join(cidrs, ",")
+}
+
+// Cluster returns the cluster-level facts the sink was given as of the
+// last Sync (nil: none).
+func (c *Checker) Cluster() *model.Cluster {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cluster
+}
+
 // checkValue checks the endpoints order and the sharing of unchanged
 // parts.
 func (c *Checker) checkValue(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
@@ -207,6 +266,10 @@ func (c *Checker) Sync() error {
 	if c.reset {
 		clear(c.held)
 		clear(c.frozen)
+		c.cluster, c.frozenCluster = nil, nil
+	}
+	if c.clusterSet {
+		c.cluster, c.frozenCluster = c.roundCluster, freezeCluster(c.roundCluster)
 	}
 	for key, se := range c.round {
 		if se == nil {
@@ -224,6 +287,7 @@ func (c *Checker) Sync() error {
 	}
 	c.rounds++
 	c.inRound, c.reset, c.lastKey, c.round = false, false, nil, nil
+	c.roundCluster, c.clusterSet = nil, false
 	select {
 	case c.syncs <- struct{}{}:
 	default:
@@ -240,6 +304,21 @@ func (c *Checker) checkFrozen() {
 			c.frozen[key] = freeze(se)
 		}
 	}
+	if f := freezeCluster(c.cluster); !bytes.Equal(f, c.frozenCluster) {
+		c.violation("the cluster-level facts were modified after they were delivered")
+		c.frozenCluster = f
+	}
+}
+
+func freezeCluster(cl *model.Cluster) []byte {
+	if cl == nil {
+		return nil
+	}
+	b, err := json.Marshal(cl)
+	if err != nil {
+		return []byte(err.Error())
+	}
+	return b
 }
 
 func freeze(se *model.ServiceEndpoints) []byte {
@@ -297,7 +376,9 @@ func (c *Checker) Rounds() (syncs, failed int) {
 }
 
 // TakeCalls returns the calls received since the previous TakeCalls, as
-// "Reset", DescribeUpdate's text, "Sync" or "Sync failed".
+// "Reset", "SetCluster" and the facts ("SetCluster service CIDRs
+// 10.96.0.0/16", "SetCluster none"), DescribeUpdate's text, "Sync" or
+// "Sync failed".
 func (c *Checker) TakeCalls() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()

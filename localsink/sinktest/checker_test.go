@@ -3,6 +3,7 @@ package sinktest
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -20,6 +21,14 @@ func se(name string, addrs ...string) *model.ServiceEndpoints {
 }
 
 func k(name string) model.ServiceKey { return model.ServiceKey{Namespace: "ns", Name: name} }
+
+func cidrs(texts ...string) *model.Cluster {
+	c := &model.Cluster{}
+	for _, t := range texts {
+		c.ServiceCIDRs = append(c.ServiceCIDRs, netip.MustParsePrefix(t))
+	}
+	return c
+}
 
 // TestCheckerFindsViolations feeds the Checker call sequences that break
 // one rule each, and a valid one.
@@ -99,6 +108,49 @@ func TestCheckerFindsViolations(t *testing.T) {
 			c.Update(k("b"), nil, b1)
 			_ = c.Sync()
 		}, "did not start with Reset"},
+		{"cluster facts: valid", func(c *Checker) {
+			c.Reset()
+			c.SetCluster(cidrs("10.96.0.0/16"))
+			c.Update(k("a"), nil, a1)
+			_ = c.Sync()
+			c.SetCluster(cidrs("10.96.0.0/15"))
+			_ = c.Sync()
+			c.SetCluster(nil)
+			_ = c.Sync()
+			c.Reset()
+			_ = c.Sync()
+		}, ""},
+		{"cluster facts after an Update", func(c *Checker) {
+			c.Reset()
+			c.Update(k("a"), nil, a1)
+			c.SetCluster(cidrs("10.96.0.0/16"))
+			_ = c.Sync()
+		}, "before the round's Updates"},
+		{"cluster facts unchanged", func(c *Checker) {
+			c.Reset()
+			c.SetCluster(cidrs("10.96.0.0/16"))
+			_ = c.Sync()
+			c.SetCluster(cidrs("10.96.0.0/16"))
+			_ = c.Sync()
+		}, "holds these facts already"},
+		{"no cluster facts after Reset", func(c *Checker) {
+			c.Reset()
+			c.SetCluster(nil)
+			_ = c.Sync()
+		}, "Reset already forgot"},
+		{"cluster facts twice in a round", func(c *Checker) {
+			c.Reset()
+			c.SetCluster(cidrs("10.96.0.0/16"))
+			c.SetCluster(cidrs("10.96.0.0/15"))
+			_ = c.Sync()
+		}, "twice in a round"},
+		{"cluster facts modified after delivery", func(c *Checker) {
+			mine := cidrs("10.96.0.0/16")
+			c.Reset()
+			c.SetCluster(mine)
+			_ = c.Sync()
+			mine.ServiceCIDRs[0] = netip.MustParsePrefix("10.0.0.0/8")
+		}, "cluster-level facts were modified"},
 		{"Sync alone after a failure is fine", func(c *Checker) {
 			c.FailSyncs(errors.New("boom"))
 			c.Reset()
