@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networking "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -394,6 +395,69 @@ func TestReusedAddressPrefersNotTerminating(t *testing.T) {
 	if !ep.Ready || ep.Terminating || ep.Local || port != 9090 || !ok {
 		t.Errorf("endpoint %s: ready %v terminating %v local %v port %d (%v), want the new pod's copy: ready, not terminating, on node-b, port 9090",
 			ep.Key(), ep.Ready, ep.Terminating, ep.Local, port, ok)
+	}
+}
+
+// TestServiceCIDRsOnlyForTheDefaultProxier: the watcher without a
+// service-proxy-name gives the ServiceCIDR objects' ranges as cluster
+// facts (the API server's default one, "kubernetes", from its
+// --service-cluster-ip-range, and one added and removed); the watcher of
+// a proxy name never gives any.
+func TestServiceCIDRsOnlyForTheDefaultProxier(t *testing.T) {
+	cp.Require(t)
+	ctx := context.Background()
+	named := startWatcher(t, watcher.Config{ServiceProxyName: kubetest.UniqueName("cidrs")})
+	unnamed := startWatcher(t, watcher.Config{})
+	cidrs := func(r *recorder) string {
+		var out []string
+		if c := r.Cluster(); c != nil {
+			for _, p := range c.ServiceCIDRs {
+				out = append(out, p.String())
+			}
+		}
+		return strings.Join(out, ",")
+	}
+	waitCIDRs := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for cidrs(unnamed) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("service CIDRs %q, want %q", cidrs(unnamed), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitCIDRs("10.96.0.0/16,fd00:10:96::/108")
+
+	name := kubetest.UniqueName("extra")
+	api := cp.Client().NetworkingV1().ServiceCIDRs()
+	if _, err := api.Create(ctx, &networking.ServiceCIDR{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       networking.ServiceCIDRSpec{CIDRs: []string{"10.97.0.0/24"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// There is no controller-manager to remove the finalizer the API
+	// server adds: the test does, so that the object goes.
+	remove := func() {
+		_ = api.Delete(ctx, name, metav1.DeleteOptions{})
+		if c, err := api.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			c.Finalizers = nil
+			_, _ = api.Update(ctx, c, metav1.UpdateOptions{})
+		}
+	}
+	t.Cleanup(remove)
+	waitCIDRs("10.96.0.0/16,10.97.0.0/24,fd00:10:96::/108")
+	remove()
+	waitCIDRs("10.96.0.0/16,fd00:10:96::/108")
+
+	if got := named.Cluster(); got != nil {
+		t.Errorf("the watcher of a proxy name gave cluster facts %+v, want none", got)
+	}
+	for _, c := range named.takeCalls() {
+		if strings.HasPrefix(c, "SetCluster") {
+			t.Errorf("the watcher of a proxy name called %s", c)
+		}
 	}
 }
 

@@ -13,18 +13,29 @@
 // ones, because a specialized proxier handling ten services would then hold
 // every endpoint of the cluster in memory. kube-proxy relies on the same
 // contract.
+//
+// Without a ServiceProxyName the watcher is the cluster's default
+// proxier's, kube-proxy's role: it also watches the ServiceCIDR objects
+// (networking.k8s.io/v1) and gives their ranges to the sink as
+// cluster-level facts (model.Cluster, localsink.ClusterSink), for the
+// proxier to drop the traffic to the addresses no service holds. Where
+// the API server does not serve ServiceCIDRs, or the proxier may not list
+// them, it says so once and gives none.
 package watcher
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networking "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -84,6 +95,11 @@ type Watcher struct {
 	owners   map[string]model.ServiceKey // slice namespace/name → service
 	dirty    map[model.ServiceKey]struct{}
 	notify   chan struct{}
+	// serviceCIDRs are the spec.cidrs of each ServiceCIDR object, by
+	// name (default proxier only); clusterDirty says they changed since
+	// the last round.
+	serviceCIDRs map[string][]string
+	clusterDirty bool
 }
 
 // New checks cfg and returns a Watcher.
@@ -110,6 +126,8 @@ func New(cfg Config) (*Watcher, error) {
 		owners:   map[string]model.ServiceKey{},
 		dirty:    map[model.ServiceKey]struct{}{},
 		notify:   make(chan struct{}, 1),
+
+		serviceCIDRs: map[string][]string{},
 	}, nil
 }
 
@@ -126,6 +144,7 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	if !w.waitForAPI(ctx) {
 		return nil // ctx ended
 	}
+	watchCIDRs := w.cfg.ServiceProxyName == "" && w.serviceCIDRsServed(ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -156,6 +175,15 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	}
 	synced = append(synced, reg.HasSynced)
 	factories := []informers.SharedInformerFactory{factory}
+	if watchCIDRs {
+		cidrFactory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0, informers.WithTransform(strip))
+		reg, err := cidrFactory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handlers(w.onServiceCIDR))
+		if err != nil {
+			return fmt.Errorf("watch servicecidrs: %w", err)
+		}
+		synced = append(synced, reg.HasSynced)
+		factories = append(factories, cidrFactory)
+	}
 	if w.cfg.NodeName != "" {
 		nodeFactory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -227,6 +255,37 @@ func (w *Watcher) waitForAPI(ctx context.Context) bool {
 		}
 		delay := backoff.Step()
 		klog.ErrorS(err, "Cannot list services from the Kubernetes API server, retrying", "retryIn", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(delay):
+		}
+	}
+}
+
+// serviceCIDRsServed reports whether the ServiceCIDRs can be watched: a
+// server that does not serve them (before Kubernetes 1.33) or a proxier
+// that may not list them gives no service CIDRs, and nothing is dropped
+// (logged once). It returns false when ctx ends; other errors are
+// retried as waitForAPI does.
+func (w *Watcher) serviceCIDRsServed(ctx context.Context) bool {
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
+	for {
+		_, err := w.cfg.Client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
+		switch {
+		case err == nil:
+			return true
+		case apierrors.IsNotFound(err):
+			klog.InfoS("The API server does not serve ServiceCIDRs (networking.k8s.io/v1): no service CIDRs, the addresses no service holds are not dropped")
+			return false
+		case apierrors.IsForbidden(err):
+			klog.ErrorS(err, "Cannot list ServiceCIDRs (the default proxier needs list and watch on servicecidrs.networking.k8s.io): no service CIDRs, the addresses no service holds are not dropped")
+			return false
+		case ctx.Err() != nil:
+			return false
+		}
+		delay := backoff.Step()
+		klog.ErrorS(err, "Cannot list ServiceCIDRs from the Kubernetes API server, retrying", "retryIn", delay.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return false
@@ -333,13 +392,54 @@ func (w *Watcher) onNode(obj any, deleted bool) {
 	w.signal()
 }
 
-// snapshot builds the new state of every dirty service (nil: gone) under the
-// lock, so that a round reflects one consistent view of the caches.
-func (w *Watcher) snapshot() ([]model.ServiceKey, map[model.ServiceKey]*model.ServiceEndpoints) {
+func (w *Watcher) onServiceCIDR(obj any, deleted bool) {
+	c, ok := obj.(*networking.ServiceCIDR)
+	if !ok {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	keys := make([]model.ServiceKey, 0, len(w.dirty))
-	states := make(map[model.ServiceKey]*model.ServiceEndpoints, len(w.dirty))
+	old, had := w.serviceCIDRs[c.Name]
+	switch {
+	case deleted:
+		delete(w.serviceCIDRs, c.Name)
+	case had && slices.Equal(old, c.Spec.CIDRs):
+		return
+	default:
+		w.serviceCIDRs[c.Name] = slices.Clone(c.Spec.CIDRs)
+	}
+	w.clusterDirty = true
+	w.signal()
+}
+
+// cluster returns the cluster-level facts: the union of the service
+// CIDRs (nil: none). w.mu is held.
+func (w *Watcher) cluster() *model.Cluster {
+	var texts []string
+	for _, name := range slices.Sorted(maps.Keys(w.serviceCIDRs)) {
+		texts = append(texts, w.serviceCIDRs[name]...)
+	}
+	cidrs, bad := model.ParseCIDRs(texts...)
+	for _, b := range bad {
+		klog.ErrorS(nil, "Skipping invalid CIDR", "kind", "ServiceCIDR", "field", "spec.cidrs", "value", b)
+	}
+	if len(cidrs) == 0 {
+		return nil
+	}
+	return &model.Cluster{ServiceCIDRs: cidrs}
+}
+
+// snapshot builds the new state of every dirty service (nil: gone) under the
+// lock, so that a round reflects one consistent view of the caches, and the
+// cluster-level facts when they changed (changed false: they did not).
+func (w *Watcher) snapshot() (keys []model.ServiceKey, states map[model.ServiceKey]*model.ServiceEndpoints, cluster *model.Cluster, changed bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.clusterDirty {
+		cluster, changed, w.clusterDirty = w.cluster(), true, false
+	}
+	keys = make([]model.ServiceKey, 0, len(w.dirty))
+	states = make(map[model.ServiceKey]*model.ServiceEndpoints, len(w.dirty))
 	for key := range w.dirty {
 		keys = append(keys, key)
 		svc, ok := w.services[key]
@@ -355,14 +455,17 @@ func (w *Watcher) snapshot() ([]model.ServiceKey, map[model.ServiceKey]*model.Se
 	}
 	clear(w.dirty)
 	slices.SortFunc(keys, model.ServiceKey.Compare)
-	return keys, states
+	return keys, states, cluster, changed
 }
 
 // deliver hands the changed services to the feeder and ends the round (the
 // feeder delivers what differs from what the sink holds, and retries what
 // the sink fails to apply).
 func (w *Watcher) deliver(f *localsink.Feeder) {
-	keys, states := w.snapshot()
+	keys, states, cluster, changed := w.snapshot()
+	if changed {
+		f.SetCluster(cluster)
+	}
 	for _, key := range keys {
 		f.Update(key, states[key])
 	}
