@@ -172,3 +172,25 @@ func nonEmptyMap[V any](m map[string]V) map[string]V {
 	}
 	return maps.Clone(m)
 }
+
+// FromCluster converts model cluster facts: an empty Cluster for none
+// (nil or zero), which on a Sync says that there are none.
+func FromCluster(c *model.Cluster) *Cluster {
+	if c.IsZero() {
+		return &Cluster{}
+	}
+	return &Cluster{ServiceCidrs: cidrStrings(c.ServiceCIDRs)}
+}
+
+// Model returns the model cluster facts (nil for none). The wire carries
+// CIDRs as strings: one that is not a CIDR is an error naming the field.
+func (c *Cluster) Model() (*model.Cluster, error) {
+	cidrs, bad := model.ParseCIDRs(c.GetServiceCidrs()...)
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("cluster: service_cidrs: %q is not a usable CIDR", bad[0])
+	}
+	if len(cidrs) == 0 {
+		return nil, nil
+	}
+	return &model.Cluster{ServiceCIDRs: cidrs}, nil
+}

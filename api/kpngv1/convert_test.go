@@ -60,6 +60,16 @@ func TestConversionRoundTrip(t *testing.T) {
 				return p.Model(), err
 			})
 	}
+	for _, c := range []*model.Cluster{nil, {ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/108")}}} {
+		checkRoundTrip(t, c, func(m *model.Cluster) proto.Message { return FromCluster(m) },
+			func(b []byte) (*model.Cluster, error) {
+				var p Cluster
+				if err := proto.Unmarshal(b, &p); err != nil {
+					return nil, err
+				}
+				return p.Model()
+			})
+	}
 	key := model.ServiceKey{Namespace: "a", Name: "b"}
 	if got := FromServiceKey(key).Model(); got != key {
 		t.Errorf("service key round trip: got %v, want %v", got, key)

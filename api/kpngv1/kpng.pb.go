@@ -363,7 +363,11 @@ func (*Reset) Descriptor() ([]byte, []int) {
 
 // Sync ends a round.
 type Sync struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cluster, when set, are the cluster-level facts from this round on (an
+	// empty Cluster: none); unset, they did not change. A Reset forgets them:
+	// the round after it says them again when there are any.
+	Cluster       *Cluster `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -398,6 +402,61 @@ func (*Sync) Descriptor() ([]byte, []int) {
 	return file_kpng_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *Sync) GetCluster() *Cluster {
+	if x != nil {
+		return x.Cluster
+	}
+	return nil
+}
+
+// Cluster holds the facts about the cluster that belong to no service.
+type Cluster struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service_cidrs are the ranges cluster IPs are allocated from, as CIDRs
+	// (masked, sorted), given only to the cluster's default proxier (the
+	// controller selects the services without a service-proxy-name).
+	ServiceCidrs  []string `protobuf:"bytes,1,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cluster) Reset() {
+	*x = Cluster{}
+	mi := &file_kpng_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cluster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cluster) ProtoMessage() {}
+
+func (x *Cluster) ProtoReflect() protoreflect.Message {
+	mi := &file_kpng_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
+func (*Cluster) Descriptor() ([]byte, []int) {
+	return file_kpng_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Cluster) GetServiceCidrs() []string {
+	if x != nil {
+		return x.ServiceCidrs
+	}
+	return nil
+}
+
 // ServiceKey names a service.
 type ServiceKey struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -409,7 +468,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +480,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +493,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{5}
+	return file_kpng_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -464,7 +523,7 @@ type SetEndpoint struct {
 
 func (x *SetEndpoint) Reset() {
 	*x = SetEndpoint{}
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +535,7 @@ func (x *SetEndpoint) String() string {
 func (*SetEndpoint) ProtoMessage() {}
 
 func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +548,7 @@ func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEndpoint.ProtoReflect.Descriptor instead.
 func (*SetEndpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{6}
+	return file_kpng_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetEndpoint) GetService() *ServiceKey {
@@ -524,7 +583,7 @@ type EndpointKey struct {
 
 func (x *EndpointKey) Reset() {
 	*x = EndpointKey{}
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +595,7 @@ func (x *EndpointKey) String() string {
 func (*EndpointKey) ProtoMessage() {}
 
 func (x *EndpointKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +608,7 @@ func (x *EndpointKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointKey.ProtoReflect.Descriptor instead.
 func (*EndpointKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{7}
+	return file_kpng_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EndpointKey) GetService() *ServiceKey {
@@ -577,7 +636,7 @@ type IPSet struct {
 
 func (x *IPSet) Reset() {
 	*x = IPSet{}
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +648,7 @@ func (x *IPSet) String() string {
 func (*IPSet) ProtoMessage() {}
 
 func (x *IPSet) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +661,7 @@ func (x *IPSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IPSet.ProtoReflect.Descriptor instead.
 func (*IPSet) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{8}
+	return file_kpng_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *IPSet) GetV4() []string {
@@ -633,7 +692,7 @@ type ServiceIPs struct {
 
 func (x *ServiceIPs) Reset() {
 	*x = ServiceIPs{}
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +704,7 @@ func (x *ServiceIPs) String() string {
 func (*ServiceIPs) ProtoMessage() {}
 
 func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +717,7 @@ func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceIPs.ProtoReflect.Descriptor instead.
 func (*ServiceIPs) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{9}
+	return file_kpng_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ServiceIPs) GetClusterIps() *IPSet {
@@ -705,7 +764,7 @@ type PortMapping struct {
 
 func (x *PortMapping) Reset() {
 	*x = PortMapping{}
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +776,7 @@ func (x *PortMapping) String() string {
 func (*PortMapping) ProtoMessage() {}
 
 func (x *PortMapping) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +789,7 @@ func (x *PortMapping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortMapping.ProtoReflect.Descriptor instead.
 func (*PortMapping) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{10}
+	return file_kpng_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PortMapping) GetName() string {
@@ -785,7 +844,7 @@ type ClientIPAffinity struct {
 
 func (x *ClientIPAffinity) Reset() {
 	*x = ClientIPAffinity{}
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +856,7 @@ func (x *ClientIPAffinity) String() string {
 func (*ClientIPAffinity) ProtoMessage() {}
 
 func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +869,7 @@ func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientIPAffinity.ProtoReflect.Descriptor instead.
 func (*ClientIPAffinity) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{11}
+	return file_kpng_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ClientIPAffinity) GetTimeoutSeconds() int32 {
@@ -844,7 +903,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +915,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +928,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{12}
+	return file_kpng_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Service) GetNamespace() string {
@@ -971,7 +1030,7 @@ type Hints struct {
 
 func (x *Hints) Reset() {
 	*x = Hints{}
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1042,7 @@ func (x *Hints) String() string {
 func (*Hints) ProtoMessage() {}
 
 func (x *Hints) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1055,7 @@ func (x *Hints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hints.ProtoReflect.Descriptor instead.
 func (*Hints) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{13}
+	return file_kpng_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Hints) GetZones() []string {
@@ -1048,7 +1107,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1119,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1132,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{14}
+	return file_kpng_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Endpoint) GetIps() *IPSet {
@@ -1158,8 +1217,11 @@ const file_kpng_proto_rawDesc = "" +
 	"\x0fdelete_endpoint\x18\x05 \x01(\v2\x14.kpng.v1.EndpointKeyH\x00R\x0edeleteEndpoint\x12#\n" +
 	"\x04sync\x18\x06 \x01(\v2\r.kpng.v1.SyncH\x00R\x04syncB\x04\n" +
 	"\x02op\"\a\n" +
-	"\x05Reset\"\x06\n" +
-	"\x04Sync\">\n" +
+	"\x05Reset\"2\n" +
+	"\x04Sync\x12*\n" +
+	"\acluster\x18\x01 \x01(\v2\x10.kpng.v1.ClusterR\acluster\".\n" +
+	"\aCluster\x12#\n" +
+	"\rservice_cidrs\x18\x01 \x03(\tR\fserviceCidrs\">\n" +
 	"\n" +
 	"ServiceKey\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
@@ -1248,7 +1310,7 @@ func file_kpng_proto_rawDescGZIP() []byte {
 }
 
 var file_kpng_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_kpng_proto_goTypes = []any{
 	(Protocol)(0),            // 0: kpng.v1.Protocol
 	(*WatchRequest)(nil),     // 1: kpng.v1.WatchRequest
@@ -1256,48 +1318,50 @@ var file_kpng_proto_goTypes = []any{
 	(*Op)(nil),               // 3: kpng.v1.Op
 	(*Reset)(nil),            // 4: kpng.v1.Reset
 	(*Sync)(nil),             // 5: kpng.v1.Sync
-	(*ServiceKey)(nil),       // 6: kpng.v1.ServiceKey
-	(*SetEndpoint)(nil),      // 7: kpng.v1.SetEndpoint
-	(*EndpointKey)(nil),      // 8: kpng.v1.EndpointKey
-	(*IPSet)(nil),            // 9: kpng.v1.IPSet
-	(*ServiceIPs)(nil),       // 10: kpng.v1.ServiceIPs
-	(*PortMapping)(nil),      // 11: kpng.v1.PortMapping
-	(*ClientIPAffinity)(nil), // 12: kpng.v1.ClientIPAffinity
-	(*Service)(nil),          // 13: kpng.v1.Service
-	(*Hints)(nil),            // 14: kpng.v1.Hints
-	(*Endpoint)(nil),         // 15: kpng.v1.Endpoint
-	nil,                      // 16: kpng.v1.Service.LabelsEntry
-	nil,                      // 17: kpng.v1.Endpoint.PortOverridesEntry
+	(*Cluster)(nil),          // 6: kpng.v1.Cluster
+	(*ServiceKey)(nil),       // 7: kpng.v1.ServiceKey
+	(*SetEndpoint)(nil),      // 8: kpng.v1.SetEndpoint
+	(*EndpointKey)(nil),      // 9: kpng.v1.EndpointKey
+	(*IPSet)(nil),            // 10: kpng.v1.IPSet
+	(*ServiceIPs)(nil),       // 11: kpng.v1.ServiceIPs
+	(*PortMapping)(nil),      // 12: kpng.v1.PortMapping
+	(*ClientIPAffinity)(nil), // 13: kpng.v1.ClientIPAffinity
+	(*Service)(nil),          // 14: kpng.v1.Service
+	(*Hints)(nil),            // 15: kpng.v1.Hints
+	(*Endpoint)(nil),         // 16: kpng.v1.Endpoint
+	nil,                      // 17: kpng.v1.Service.LabelsEntry
+	nil,                      // 18: kpng.v1.Endpoint.PortOverridesEntry
 }
 var file_kpng_proto_depIdxs = []int32{
 	3,  // 0: kpng.v1.Batch.ops:type_name -> kpng.v1.Op
 	4,  // 1: kpng.v1.Op.reset:type_name -> kpng.v1.Reset
-	13, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
-	6,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
-	7,  // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
-	8,  // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
+	14, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
+	7,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
+	8,  // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
+	9,  // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
 	5,  // 6: kpng.v1.Op.sync:type_name -> kpng.v1.Sync
-	6,  // 7: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
-	15, // 8: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
-	6,  // 9: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
-	9,  // 10: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
-	9,  // 11: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
-	9,  // 12: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
-	0,  // 13: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
-	16, // 14: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
-	10, // 15: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
-	11, // 16: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
-	12, // 17: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
-	9,  // 18: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
-	14, // 19: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
-	17, // 20: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
-	1,  // 21: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
-	2,  // 22: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	6,  // 7: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
+	7,  // 8: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
+	16, // 9: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
+	7,  // 10: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
+	10, // 11: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
+	10, // 12: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
+	10, // 13: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
+	0,  // 14: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
+	17, // 15: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
+	11, // 16: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
+	12, // 17: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
+	13, // 18: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
+	10, // 19: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
+	15, // 20: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
+	18, // 21: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
+	1,  // 22: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
+	2,  // 23: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_kpng_proto_init() }
@@ -1319,7 +1383,7 @@ func file_kpng_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kpng_proto_rawDesc), len(file_kpng_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

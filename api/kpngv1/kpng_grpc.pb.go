@@ -46,6 +46,8 @@ type ControllerClient interface {
 	// delete_endpoint then delete_service; set_* only for real changes.
 	// (This per-endpoint form saves bytes on the wire; the client library
 	// hands backends whole services: sigs.k8s.io/kpng/localsink.Sink.)
+	// The cluster-level facts (Cluster) ride on the Sync of the round where
+	// they change, and of the first round when there are any.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Batch], error)
 }
 
@@ -96,6 +98,8 @@ type ControllerServer interface {
 	// delete_endpoint then delete_service; set_* only for real changes.
 	// (This per-endpoint form saves bytes on the wire; the client library
 	// hands backends whole services: sigs.k8s.io/kpng/localsink.Sink.)
+	// The cluster-level facts (Cluster) ride on the Sync of the round where
+	// they change, and of the first round when there are any.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[Batch]) error
 	mustEmbedUnimplementedControllerServer()
 }

@@ -18,19 +18,23 @@ import (
 // latest state (intermediate ones may be skipped for a slow subscriber).
 type Hub struct {
 	// staged are the services changed in the round being fed, touched
-	// only by the feeding goroutine.
-	staged map[model.ServiceKey]*model.ServiceEndpoints
+	// only by the feeding goroutine; stagedCluster the cluster-level
+	// facts given in it (when clusterStaged).
+	staged        map[model.ServiceKey]*model.ServiceEndpoints
+	stagedCluster *model.Cluster
+	clusterStaged bool
 
 	mu        sync.RWMutex
 	published map[model.ServiceKey]*model.ServiceEndpoints
-	synced    bool // a first state was published
-	reset     bool // the round being fed started with Reset
+	cluster   *model.Cluster // the cluster-level facts published
+	synced    bool           // a first state was published
+	reset     bool           // the round being fed started with Reset
 	zones     map[string]string
 	subs      map[*subscription]struct{}
 	nodeViews bool
 }
 
-var _ localsink.Sink = (*Hub)(nil)
+var _ localsink.ClusterSink = (*Hub)(nil)
 
 // NewHub returns an empty Hub. With nodeViews, each subscriber sees Local
 // and topology hint matches computed for its node (use it when the source
@@ -47,11 +51,17 @@ func NewHub(nodeViews bool) *Hub {
 }
 
 // Reset implements localsink.Sink: the services published and not fed
-// again in this round are gone on Sync.
+// again in this round are gone on Sync, and so are the cluster-level
+// facts unless the round gives them again.
 func (h *Hub) Reset() {
 	clear(h.staged)
 	h.reset = true
+	h.stagedCluster, h.clusterStaged = nil, true
 }
+
+// SetCluster implements localsink.ClusterSink: the facts are published
+// on Sync, for every subscriber.
+func (h *Hub) SetCluster(c *model.Cluster) { h.stagedCluster, h.clusterStaged = c, true }
 
 // Update implements localsink.Sink.
 func (h *Hub) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) { h.staged[key] = cur }
@@ -79,6 +89,9 @@ func (h *Hub) Sync() error {
 		}
 	}
 	clear(h.staged)
+	if h.clusterStaged {
+		h.cluster, h.stagedCluster, h.clusterStaged = h.stagedCluster, nil, false
+	}
 	h.synced = true
 	for sub := range h.subs {
 		sub.markDirty(keys)
@@ -167,9 +180,10 @@ func (h *Hub) unsubscribe(s *subscription) {
 }
 
 // pending takes a subscriber's pending changes: the state of each changed
-// service as seen from its node (nil: gone), sorted by key. ok is false
-// while no state has been published yet.
-func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model.ServiceEndpoints, ok bool) {
+// service as seen from its node (nil: gone), sorted by key, and the
+// cluster-level facts published. ok is false while no state has been
+// published yet.
+func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model.ServiceEndpoints, cluster *model.Cluster, ok bool) {
 	s.mu.Lock()
 	all, dirty := s.all, s.dirty
 	s.all, s.dirty = false, map[model.ServiceKey]struct{}{}
@@ -182,7 +196,7 @@ func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model
 		s.mu.Lock()
 		s.all = s.all || all
 		s.mu.Unlock()
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	if all {
 		// Everything published, plus what the subscriber may hold that is
@@ -205,5 +219,5 @@ func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model
 		}
 		states[i] = se
 	}
-	return keys, states, true
+	return keys, states, h.cluster, true
 }

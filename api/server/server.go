@@ -107,10 +107,11 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 			return ctx.Err()
 		case <-sub.notify:
 		}
-		keys, states, ok := s.hub.pending(sub)
+		keys, states, cluster, ok := s.hub.pending(sub)
 		if !ok {
 			continue
 		}
+		f.SetCluster(cluster)
 		for i, key := range keys {
 			f.Update(key, states[i])
 		}
@@ -130,6 +131,10 @@ type batchSender struct {
 	max    int
 	ops    []*kpngv1.Op
 	err    error
+	// cluster is the cluster-level facts of the round, sent on its Sync
+	// (when clusterSet).
+	cluster    *kpngv1.Cluster
+	clusterSet bool
 	// sendingSince is the start time (Unix ns) of the Send in progress, 0
 	// when none is.
 	sendingSince atomic.Int64
@@ -155,6 +160,12 @@ func (b *batchSender) flush() {
 
 // Reset implements localsink.Sink.
 func (b *batchSender) Reset() { b.add(&kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}}) }
+
+// SetCluster implements localsink.ClusterSink: the facts go on the
+// round's Sync operation (an older client ignores them).
+func (b *batchSender) SetCluster(c *model.Cluster) {
+	b.cluster, b.clusterSet = kpngv1.FromCluster(c), true
+}
 
 // Update implements localsink.Sink with the wire's operations: set_service
 // when the service is new or changed, delete_endpoint for the endpoints
@@ -182,7 +193,11 @@ func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpo
 // Sync implements localsink.Sink: it ends the round on the wire and sends
 // it, returning the stream's error.
 func (b *batchSender) Sync() error {
-	b.add(&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{}}})
+	sync := &kpngv1.Sync{}
+	if b.clusterSet {
+		sync.Cluster, b.cluster, b.clusterSet = b.cluster, nil, false
+	}
+	b.add(&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: sync}})
 	b.flush()
 	return b.err
 }

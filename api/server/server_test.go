@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
+	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
@@ -340,5 +342,60 @@ func TestRemoteClientRetriesFailedSync(t *testing.T) {
 	r.WaitSyncs(t, 3, 20*time.Second)
 	if diff := cmp.Diff([]string{"Update ns/a +10.0.0.2", "Sync"}, r.TakeCalls()); diff != "" {
 		t.Errorf("calls after the retry (-want +got):\n%s", diff)
+	}
+}
+
+// TestClusterFactsOverTheWire: the cluster-level facts fed to the hub
+// reach a remote backend's sink in the round where they change (on the
+// wire: the cluster field of Sync), also their removal, and a controller
+// restarted without them makes the backend drop them, with nothing else.
+func TestClusterFactsOverTheWire(t *testing.T) {
+	addr := socketAddr(t)
+	facts := func(cidrs ...string) *model.Cluster {
+		c := &model.Cluster{}
+		for _, p := range cidrs {
+			c.ServiceCIDRs = append(c.ServiceCIDRs, netip.MustParsePrefix(p))
+		}
+		return c
+	}
+	s := startServer(t, server.ListenConfig{Address: addr}, 0)
+	f := localsink.NewFeeder(s.hub, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	a := svc("ns", "a", ep("10.0.0.1", "node-a"))
+	f.SetCluster(facts("10.96.0.0/16"))
+	f.Update(a.Service.Key(), a)
+	_ = f.Sync()
+	r := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
+	r.WaitSyncs(t, 1, 20*time.Second)
+	for i, step := range []struct {
+		cluster *model.Cluster
+		want    []string
+	}{
+		{facts("10.96.0.0/16", "fd00::/108"), []string{"SetCluster service CIDRs 10.96.0.0/16,fd00::/108", "Sync"}},
+		{nil, []string{"SetCluster none", "Sync"}},
+		{facts("10.96.0.0/16"), []string{"SetCluster service CIDRs 10.96.0.0/16", "Sync"}},
+	} {
+		if i == 0 {
+			if diff := cmp.Diff([]string{"Reset", "SetCluster service CIDRs 10.96.0.0/16", "Update ns/a service +10.0.0.1", "Sync"}, r.TakeCalls()); diff != "" {
+				t.Errorf("first round (-want +got):\n%s", diff)
+			}
+		}
+		f.SetCluster(step.cluster)
+		_ = f.Sync()
+		r.WaitSyncs(t, i+2, 20*time.Second)
+		if diff := cmp.Diff(step.want, r.TakeCalls()); diff != "" {
+			t.Errorf("step %d (-want +got):\n%s", i, diff)
+		}
+	}
+
+	// The controller restarts without the facts: the backend forgets
+	// them, and nothing else changes.
+	s.stop()
+	time.Sleep(300 * time.Millisecond)
+	s2 := startServer(t, server.ListenConfig{Address: addr}, 0)
+	s2.feed([]*model.ServiceEndpoints{a})
+	r.WaitSyncs(t, 5, 20*time.Second)
+	if diff := cmp.Diff([]string{"SetCluster none", "Sync"}, r.TakeCalls()); diff != "" {
+		t.Errorf("after a restart without facts (-want +got):\n%s", diff)
 	}
 }

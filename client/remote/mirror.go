@@ -19,6 +19,9 @@ type mirror struct {
 	feeder   *localsink.Feeder
 	services map[model.ServiceKey]*wireService
 	changed  map[model.ServiceKey]struct{}
+	// cluster are the cluster-level facts the controller sent (a Reset
+	// forgets them).
+	cluster *model.Cluster
 }
 
 // wireService is a service as the operations built it.
@@ -51,6 +54,7 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 			m.changed[key] = struct{}{}
 		}
 		clear(m.services)
+		m.cluster = nil
 	case *kpngv1.Op_SetService:
 		if o.SetService.GetName() == "" {
 			return fmt.Errorf("set_service without a name")
@@ -80,6 +84,13 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 			m.changed[o.DeleteEndpoint.GetService().Model()] = struct{}{}
 		}
 	case *kpngv1.Op_Sync:
+		if c := o.Sync.GetCluster(); c != nil {
+			cluster, err := c.Model()
+			if err != nil {
+				return fmt.Errorf("sync: %w", err)
+			}
+			m.cluster = cluster
+		}
 		m.sync()
 	default:
 		return fmt.Errorf("unknown operation %T", o)
@@ -87,8 +98,10 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 	return nil
 }
 
-// sync ends a round: the services changed go to the feeder, rebuilt.
+// sync ends a round: the cluster-level facts and the services changed go
+// to the feeder (which delivers only what differs), rebuilt.
 func (m *mirror) sync() {
+	m.feeder.SetCluster(m.cluster)
 	for key := range m.changed {
 		var se *model.ServiceEndpoints
 		if e := m.services[key]; e != nil && e.svc != nil {

@@ -93,6 +93,8 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 			LoadBalancerSourceRanges: []string{"10.0.0.0/8", "bogus"}}}}, `set_service: service ns/lb: load_balancer_source_ranges: "bogus" is not a usable CIDR`},
 		{&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{Key: "10.0.0.1"}}}, "without service or endpoint"},
 		{&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Key: "10.0.0.1"}}}, "without service"},
+		{&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{Cluster: &kpngv1.Cluster{ServiceCidrs: []string{"10.96.0.0/16", "bogus"}}}}},
+			`sync: cluster: service_cidrs: "bogus" is not a usable CIDR`},
 		{&kpngv1.Op{}, "unknown operation"},
 	} {
 		if err := m.apply(tc.op); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -3,6 +3,15 @@
 // names as kpng-json's output. It lets `kpng kube ... to-file` record a
 // state and `kpng file ... to-api` replay it, so that backends can be
 // developed without a cluster.
+//
+// The cluster-level facts (model.Cluster: the service CIDRs, which only
+// the default proxier gets) are one more item of the list, with the key
+// Cluster instead of Service:
+//
+//   - Cluster:
+//     ServiceCIDRs: [10.96.0.0/16, "fd00:10:96::/108"]
+//   - Service: {Namespace: default, Name: web, ...}
+//     Endpoints: [...]
 package statefile
 
 import (
@@ -25,18 +34,43 @@ import (
 	"sigs.k8s.io/kpng/localsink"
 )
 
+// clusterItem is the item of a state file holding the cluster-level
+// facts.
+type clusterItem struct {
+	Cluster *model.Cluster
+}
+
 // Marshal encodes a state as YAML.
 func Marshal(items []*model.ServiceEndpoints) ([]byte, error) {
-	if items == nil {
-		items = []*model.ServiceEndpoints{}
+	return MarshalState(nil, items)
+}
+
+// MarshalState encodes a state with its cluster-level facts (nil: none,
+// no Cluster item) as YAML.
+func MarshalState(cluster *model.Cluster, items []*model.ServiceEndpoints) ([]byte, error) {
+	if cluster.IsZero() {
+		if items == nil {
+			items = []*model.ServiceEndpoints{}
+		}
+		return yaml.Marshal(items)
 	}
-	return yaml.Marshal(items)
+	all := make([]any, 0, 1+len(items))
+	all = append(all, clusterItem{Cluster: cluster})
+	for _, it := range items {
+		all = append(all, it)
+	}
+	return yaml.Marshal(all)
 }
 
 // Write writes a state to path atomically (a temporary file renamed over
 // it), so that a reader never sees half a file.
 func Write(path string, items []*model.ServiceEndpoints) error {
-	data, err := Marshal(items)
+	return WriteState(path, nil, items)
+}
+
+// WriteState is Write with the cluster-level facts (nil: none).
+func WriteState(path string, cluster *model.Cluster, items []*model.ServiceEndpoints) error {
+	data, err := MarshalState(cluster, items)
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
@@ -62,7 +96,8 @@ func Write(path string, items []*model.ServiceEndpoints) error {
 	return nil
 }
 
-// Read reads and checks a state file.
+// Read reads and checks a state file (its services: ParseState has the
+// cluster-level facts too).
 func Read(path string) ([]*model.ServiceEndpoints, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -78,10 +113,22 @@ func Read(path string) ([]*model.ServiceEndpoints, error) {
 // Parse decodes a state: a YAML or JSON list of services, or a stream of
 // YAML documents or JSON objects, one per service (kpng-json's output).
 // Addresses and source ranges are put in canonical form; a malformed item
-// is an error naming it and its field.
+// is an error naming it and its field. A Cluster item is checked and left
+// out (ParseState returns it).
 func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
+	_, items, err := ParseState(data)
+	return items, err
+}
+
+// ParseState is Parse with the cluster-level facts of the Cluster item
+// (nil without one; at most one item may hold them).
+func ParseState(data []byte) (*model.Cluster, []*model.ServiceEndpoints, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	var items []*model.ServiceEndpoints
+	var pos []int // each service's position in the list, for messages
+	var cluster *model.Cluster
+	clusterAt := -1
+	item := 0 // position in the list (services and the Cluster item)
 	for doc := 0; ; doc++ {
 		var raw json.RawMessage
 		err := dec.Decode(&raw)
@@ -89,7 +136,7 @@ func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("document %d: %w", doc, err)
+			return nil, nil, fmt.Errorf("document %d: %w", doc, err)
 		}
 		raw = bytes.TrimSpace(raw)
 		if len(raw) == 0 || string(raw) == "null" {
@@ -99,21 +146,65 @@ func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
 		if raw[0] == '[' {
 			raws = nil
 			if err := json.Unmarshal(raw, &raws); err != nil {
-				return nil, fmt.Errorf("document %d: %w", doc, err)
+				return nil, nil, fmt.Errorf("document %d: %w", doc, err)
 			}
 		}
 		for _, r := range raws {
+			if c, ok, err := parseCluster(item, r); ok {
+				if err != nil {
+					return nil, nil, err
+				}
+				if clusterAt >= 0 {
+					return nil, nil, fmt.Errorf("item %d: a second Cluster item (the first is item %d)", item, clusterAt)
+				}
+				cluster, clusterAt = c, item
+				item++
+				continue
+			}
 			var one *model.ServiceEndpoints
 			if err := strictJSON(r, &one); err != nil {
-				if rangeErr := badSourceRange(len(items), r); rangeErr != nil {
-					return nil, rangeErr
+				if rangeErr := badSourceRange(item, r); rangeErr != nil {
+					return nil, nil, rangeErr
 				}
-				return nil, fmt.Errorf("document %d: %w", doc, err)
+				return nil, nil, fmt.Errorf("document %d: %w", doc, err)
 			}
 			items = append(items, one)
+			pos = append(pos, item)
+			item++
 		}
 	}
-	return items, check(items)
+	return cluster, items, check(items, pos)
+}
+
+// parseCluster decodes item i (raw) when it is the Cluster item (ok),
+// naming the item and the field of what is wrong in it.
+func parseCluster(i int, raw []byte) (cluster *model.Cluster, ok bool, err error) {
+	var keys map[string]json.RawMessage
+	if json.Unmarshal(raw, &keys) != nil {
+		return nil, false, nil
+	}
+	if _, ok := keys["Cluster"]; !ok {
+		return nil, false, nil
+	}
+	var c struct {
+		Cluster *struct {
+			ServiceCIDRs []string
+		}
+	}
+	if err := strictJSON(raw, &c); err != nil {
+		return nil, true, fmt.Errorf("item %d: Cluster: %w (a Cluster item holds only the key Cluster)", i, err)
+	}
+	if c.Cluster == nil {
+		return nil, true, nil
+	}
+	cidrs, bad := model.ParseCIDRs(c.Cluster.ServiceCIDRs...)
+	if len(bad) > 0 {
+		return nil, true, fmt.Errorf("item %d: Cluster.ServiceCIDRs: %q is not a usable CIDR", i, bad[0])
+	}
+	if len(cidrs) == 0 {
+		return nil, true, nil
+	}
+	return &model.Cluster{ServiceCIDRs: cidrs}, true, nil
 }
 
 func strictJSON(raw []byte, v any) error {
@@ -145,10 +236,12 @@ func badSourceRange(i int, raw []byte) error {
 	return nil
 }
 
-// check validates items and canonicalizes their addresses in place.
-func check(items []*model.ServiceEndpoints) error {
+// check validates items and canonicalizes their addresses in place; pos
+// are their positions in the file's list, for messages.
+func check(items []*model.ServiceEndpoints, pos []int) error {
 	seen := map[model.ServiceKey]int{}
-	for i, se := range items {
+	for n, se := range items {
+		i := pos[n]
 		if se == nil || se.Service == nil {
 			return fmt.Errorf("item %d: no Service", i)
 		}
@@ -213,7 +306,8 @@ func canonical(s model.IPSet) (model.IPSet, error) {
 	return out, nil
 }
 
-// Watch feeds sink the state in path, then every change to it, checking
+// Watch feeds sink the state in path (with its cluster-level facts, for a
+// localsink.ClusterSink), then every change to it, checking
 // the file every interval, until ctx ends. A file that cannot be read or is
 // malformed is logged and ignored: the sink keeps the last good state. The
 // first state is only delivered once the file has been read successfully.
@@ -227,8 +321,10 @@ func Watch(ctx context.Context, path string, interval time.Duration, sink locals
 		data, err := os.ReadFile(path)
 		if err == nil && !bytes.Equal(data, last) {
 			var items []*model.ServiceEndpoints
-			if items, err = Parse(data); err == nil {
+			var cluster *model.Cluster
+			if cluster, items, err = ParseState(data); err == nil {
 				klog.V(2).InfoS("Loaded state file", "path", path, "services", len(items))
+				feeder.SetCluster(cluster)
 				feeder.SetAll(items)
 				_ = feeder.Sync() // logged by the Feeder, retried
 				last = data

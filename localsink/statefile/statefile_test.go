@@ -64,6 +64,53 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	}
 }
 
+// TestStateWithCluster: the cluster-level facts are the Cluster item of
+// the list, written first, read back canonical, and given to a
+// ClusterSink by Watch.
+func TestStateWithCluster(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	cluster := &model.Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/108")}}
+	if err := WriteState(path, cluster, sample()); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	if !strings.HasPrefix(string(data), "- Cluster:\n    ServiceCIDRs:\n    - 10.96.0.0/16\n    - fd00:10:96::/108\n- Endpoints:") {
+		t.Errorf("state file:\n%s", data)
+	}
+	gotCluster, got, err := ParseState(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(cluster, gotCluster, equatePrefixes); diff != "" {
+		t.Errorf("cluster (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(sample(), got, equatePrefixes); diff != "" {
+		t.Errorf("services (-want +got):\n%s", diff)
+	}
+	if c, _, err := ParseState([]byte("- Cluster: {ServiceCIDRs: ['fd00:10:96::1/108', 10.96.0.0/16, 10.96.0.0/16]}")); err != nil || !c.Equal(cluster) {
+		t.Errorf("canonical CIDRs: %+v, %v; want %+v", c, err, cluster)
+	}
+
+	sink := sinktest.NewChecker(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx, path, 20*time.Millisecond, sink) }()
+	sink.WaitSyncs(t, 1, 10*time.Second)
+	if err := WriteState(path, nil, sample()); err != nil {
+		t.Fatal(err)
+	}
+	sink.WaitSyncs(t, 2, 10*time.Second)
+	cancel()
+	<-done
+	if err := sink.Err(); err != nil {
+		t.Errorf("the file input broke the Sink contract:\n%v", err)
+	}
+	want := []string{"Reset", "SetCluster service CIDRs 10.96.0.0/16,fd00:10:96::/108", "Update default/kpng-example service +11.0.2.2 +1100::202", "Sync", "SetCluster none", "Sync"}
+	if diff := cmp.Diff(want, sink.TakeCalls()); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+}
+
 func TestParseFormats(t *testing.T) {
 	jsonLines := `{"Service":{"Namespace":"a","Name":"x","Type":"ClusterIP","IPs":{"ClusterIPs":{"V4":["10.96.0.10"]},"ExternalIPs":{}},"Ports":null},"Endpoints":[{"IPs":{"V6":["1100:0::0202"]}}]}
 {"Service":{"Namespace":"a","Name":"y","Type":"ClusterIP","IPs":{"ClusterIPs":{},"ExternalIPs":{}},"Ports":null},"Endpoints":null}
@@ -114,6 +161,11 @@ func TestParseErrorsNameTheProblem(t *testing.T) {
 			`item 1 (service a/lb): Service.LoadBalancerSourceRanges[0]: empty, not a CIDR`},
 		{`{"Service":{"Namespace":"a","Name":"x","LoadBalancerSourceRanges":["10.0.0.0/33"]}}`,
 			`item 0 (service a/x): Service.LoadBalancerSourceRanges[0]: "10.0.0.0/33" is not a usable CIDR`},
+		// The Cluster item: items are numbered in the list, with it.
+		{"- Cluster: {ServiceCIDRs: [10.96.0.0/16, bogus]}", `item 0: Cluster.ServiceCIDRs: "bogus" is not a usable CIDR`},
+		{"- Cluster: {}\n- Cluster: {}", "item 1: a second Cluster item (the first is item 0)"},
+		{"- Cluster: {ServiceCIDRs: []}\n  Service: {Namespace: a, Name: x}", "item 0: Cluster: "},
+		{"- Cluster: {ServiceCIDRs: [10.96.0.0/16]}\n- Service: {Namespace: a}", "item 1: Service.Namespace and Service.Name are required"},
 		{"- Service: {Namespace: a, Name: x, LoadBalancerSourceRanges: ['::ffff:0.0.0.0/90']}",
 			`item 0 (service a/x): Service.LoadBalancerSourceRanges[0]: "::ffff:0.0.0.0/90" is not a usable CIDR (an IPv4-mapped prefix shorter than /96)`},
 	} {

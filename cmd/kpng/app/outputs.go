@@ -154,13 +154,15 @@ func bindToFile(fs *flag.FlagSet) (*output, func() error) {
 		if *path == "" {
 			return usagef("to-file: --output is required")
 		}
-		out.sink = localsink.NewFullState(func(items []*model.ServiceEndpoints) {
-			if err := statefile.Write(*path, items); err != nil {
+		var fs *localsink.FullState
+		fs = localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+			if err := statefile.WriteState(*path, fs.Cluster(), items); err != nil {
 				klog.ErrorS(err, "Cannot write the state file")
 				return
 			}
 			klog.V(2).InfoS("Wrote state file", "path", *path, "services", len(items))
 		})
+		out.sink = fs
 		return nil
 	}
 }
