@@ -56,6 +56,12 @@ const (
 	// service does not define is refused (TCP reset or ICMP unreachable),
 	// never routed out: cluster IPs are virtual.
 	UndefinedPorts Feature = "cluster-ip-undefined-ports-rejected"
+	// ServiceCIDRs: given the cluster's service CIDRs (model.Cluster,
+	// which only the default proxier gets, through
+	// localsink.ClusterSink), new connections to their addresses that no
+	// service holds are dropped, never routed out; without them, those
+	// addresses are left alone.
+	ServiceCIDRs Feature = "service-cidrs-dropped"
 )
 
 // Node is the node a backend programs: its network namespace and what a
@@ -176,6 +182,14 @@ func (h *harness) apply(items ...*model.ServiceEndpoints) {
 	if err := h.feeder.Sync(); err != nil {
 		h.t.Fatalf("backend %s: Sync: %v", h.b.Name, err)
 	}
+}
+
+// setCluster gives the backend cluster-level facts (nil: none), with the
+// current state, and fails the test unless it applies them.
+func (h *harness) setCluster(c *model.Cluster) {
+	h.t.Helper()
+	h.feeder.SetCluster(c)
+	h.apply(h.state...)
 }
 
 // restart starts the backend again, as a restarted process, with the

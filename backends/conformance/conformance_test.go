@@ -9,7 +9,7 @@ import "testing"
 func TestScenarios(t *testing.T) {
 	known := map[Feature]bool{UDP: true, SessionAffinity: true, ClientAddress: true, Masquerade: true,
 		RejectUDP: true, SourceRanges: true, TopologyHints: true, KeepConnections: true,
-		OtherFamilyAddresses: true, UndefinedPorts: true}
+		OtherFamilyAddresses: true, UndefinedPorts: true, ServiceCIDRs: true}
 	names := map[string]bool{}
 	for _, sc := range Scenarios() {
 		if names[sc.Name] {

@@ -19,6 +19,7 @@ var scenarios = []Scenario{
 	{Name: "headless-external-ip", run: headless},
 	{Name: "external-ip-other-family", Needs: []Feature{OtherFamilyAddresses}, run: otherFamily},
 	{Name: "cluster-ip-undefined-port", Needs: []Feature{UndefinedPorts}, run: undefinedPort},
+	{Name: "service-cidr-unused-address", Needs: []Feature{ServiceCIDRs}, run: unusedServiceAddress},
 	{Name: "load-balancer-source-ranges", Needs: []Feature{SourceRanges}, run: sourceRanges},
 	{Name: "session-affinity", Needs: []Feature{SessionAffinity}, run: sessionAffinity},
 	{Name: "external-traffic-policy-local", run: externalLocal},
@@ -157,6 +158,44 @@ func undefinedPort(h *harness) {
 				}
 				h.expectRefused(from, network, netip.AddrPortFrom(ip, 81))
 			}
+		}
+	}
+}
+
+// Addresses of the service CIDRs that no service of the kit holds.
+var (
+	unusedV4 = netip.MustParseAddr("10.96.0.99")
+	unusedV6 = netip.MustParseAddr("fd00:10:96::99")
+)
+
+// unusedServiceAddress: given the service CIDRs (the default proxier's
+// facts), the addresses in them that no service holds are dropped, from
+// a pod and from the node, while the services' own addresses work; a
+// proxier without them (a specialized proxier beside kube-proxy) leaves
+// those addresses alone, so the host beyond the node holding them
+// answers.
+func unusedServiceAddress(h *harness) {
+	h.outsideHost(unusedV4, unusedV6)
+	h.apply(with(service("web"), endpoints(netns.PodID, netns.Pod2ID)...))
+	froms := []*netns.NS{h.topo.Pod2, h.topo.Node}
+	for _, ip := range families(unusedV4, unusedV6) {
+		for _, from := range froms {
+			h.expectOutside(from, "tcp", netip.AddrPortFrom(ip, 80))
+		}
+	}
+	h.setCluster(&model.Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/108")}})
+	for i, ip := range families(unusedV4, unusedV6) {
+		for _, from := range froms {
+			for _, network := range h.networks() {
+				h.expectDropped(from, network, netip.AddrPortFrom(ip, 80))
+			}
+			h.ask(from, "tcp", netip.AddrPortFrom(families(clusterV4, clusterV6)[i], 80), netns.PodID, netns.Pod2ID)
+		}
+	}
+	h.setCluster(nil)
+	for _, ip := range families(unusedV4, unusedV6) {
+		for _, from := range froms {
+			h.expectOutside(from, "tcp", netip.AddrPortFrom(ip, 80))
 		}
 	}
 }

@@ -180,7 +180,7 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
-	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin) + len(rs.ClusterIPs)
+	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin) + len(rs.ClusterIPs) + 2*len(rs.ServiceCIDRs)
 	for _, st := range rs.Sets {
 		elements += len(st.Targets)
 	}
@@ -239,6 +239,17 @@ func (t *txn) full(rs *ruleset) error {
 	if err := t.clusterIPElements(rs.ClusterIPs, false); err != nil {
 		return err
 	}
+	var serviceCIDRs [2]*nftables.Set
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		serviceCIDRs[f] = serviceCIDRsSetRef(t.table, f)
+		if err := c.AddSet(serviceCIDRs[f], nil); err != nil {
+			return fmt.Errorf("set %s: %w", serviceCIDRs[f].Name, err)
+		}
+		t.stats.Messages++
+	}
+	if err := t.rangeElements(rs.ServiceCIDRs, false); err != nil {
+		return err
+	}
 
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
@@ -262,6 +273,9 @@ func (t *txn) full(rs *ruleset) error {
 	check := t.addChain(chainClusterIPsCheck)
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		t.addRule(check, daddrInSetExprs(f, clusterIPs[f], &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}))
+	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		t.addRule(check, daddrInSetExprs(f, serviceCIDRs[f], &expr.Verdict{Kind: expr.VerdictDrop}))
 	}
 	for _, bc := range baseChains {
 		ch := t.addBaseChain(bc)
@@ -331,7 +345,7 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		}
 	}
 	messages += 2 * len(touched)
-	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len()
+	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len() + 2*d.ServiceCIDRs.Len()
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
@@ -380,6 +394,12 @@ func (t *txn) partial(d delta) error {
 		return err
 	}
 	if err := t.clusterIPElements(d.ClusterIPs.Created, false); err != nil {
+		return err
+	}
+	if err := t.rangeElements(d.ServiceCIDRs.Deleted, true); err != nil {
+		return err
+	}
+	if err := t.rangeElements(d.ServiceCIDRs.Created, false); err != nil {
 		return err
 	}
 	for _, it := range d.Chains.Updated {
@@ -487,6 +507,21 @@ func (t *txn) clusterIPElements(addrs []netip.Addr, del bool) error {
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		if err := t.sendElements(clusterIPsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "") }, del); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rangeElements adds (or deletes) the ranges rs in the service-cidrs
+// sets.
+func (t *txn) rangeElements(rs []addrRange, del bool) error {
+	var byFamily [2][]nftables.SetElement
+	for _, r := range rs {
+		byFamily[r.family()] = append(byFamily[r.family()], rangeElements(r)...)
+	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		if err := t.sendElements(serviceCIDRsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "") }, del); err != nil {
 			return err
 		}
 	}

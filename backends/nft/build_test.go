@@ -187,10 +187,23 @@ var goldenOptions = map[string]Options{
 	},
 }
 
-// goldenText is the ruleset of items built with opts, followed by its
-// problems.
-func goldenText(opts Options, items []*model.ServiceEndpoints) string {
-	rs, problems := buildRuleset(TableName("test"), opts, items)
+// goldenClusters are the cluster-level facts of the golden cases that
+// have some: service CIDRs merged where they overlap or touch, one range
+// that is not a prefix, one up to the family's last address (an interval
+// without an end element).
+var goldenClusters = map[string]*model.Cluster{
+	"every-rule-kind": {ServiceCIDRs: []netip.Prefix{
+		netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.96.1.0/24"),
+		netip.MustParsePrefix("10.97.0.0/24"), netip.MustParsePrefix("10.97.1.0/24"),
+		netip.MustParsePrefix("10.98.0.0/24"), netip.MustParsePrefix("10.98.1.0/25"),
+		netip.MustParsePrefix("fd00:10:96::/108"), netip.MustParsePrefix("ffff:ffff::/32"),
+	}},
+}
+
+// goldenText is the ruleset of items built with opts and the cluster
+// facts c, followed by its problems.
+func goldenText(opts Options, c *model.Cluster, items []*model.ServiceEndpoints) string {
+	rs, problems := buildRulesetCluster(TableName("test"), opts, c, items)
 	var b strings.Builder
 	b.WriteString(rs.Text())
 	for _, p := range problems {
@@ -204,7 +217,7 @@ func goldenText(opts Options, items []*model.ServiceEndpoints) string {
 func TestGolden(t *testing.T) {
 	for name, items := range goldenCases() {
 		t.Run(name, func(t *testing.T) {
-			got := goldenText(goldenOptions[name], items)
+			got := goldenText(goldenOptions[name], goldenClusters[name], items)
 			path := filepath.Join("testdata", name+".golden")
 			if *update {
 				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {

@@ -40,10 +40,11 @@ const (
 	// otherwise.
 	chainReject = "reject"
 	// chainClusterIPsCheck rejects the new connections to a cluster IP
-	// that no service port took (not DNATed: a port no service defines);
-	// filter-forward and filter-output jump to it for new connections,
-	// as kube-proxy's cluster-ips-check. Cluster IPs are virtual: their
-	// traffic must never leave the node.
+	// that no service port took (not DNATed: a port no service defines),
+	// and drops those to the other addresses of the service CIDRs (the
+	// default proxier's); filter-forward and filter-output jump to it for
+	// new connections, as kube-proxy's cluster-ips-check. Cluster IPs are
+	// virtual: their traffic must never leave the node.
 	chainClusterIPsCheck = "cluster-ips-check"
 )
 
@@ -91,6 +92,12 @@ func endpointMapName(f ipFamily, shard uint32) string {
 // its destination is a pod reaching itself through a service, and is
 // masqueraded. "hairpin-v4" or "hairpin-v6".
 func mapHairpin(f ipFamily) string { return "hairpin-v" + familySuffix(f) }
+
+// setServiceCIDRs returns the name of the interval set of a family
+// holding the cluster's service CIDRs (the cluster facts the default
+// proxier gets): the addresses in them that no service took are dropped.
+// "service-cidrs-v4" or "service-cidrs-v6".
+func setServiceCIDRs(f ipFamily) string { return "service-cidrs-v" + familySuffix(f) }
 
 // setClusterIPs returns the name of the set of a family holding every
 // cluster IP of the services held: "cluster-ips-v4" or "cluster-ips-v6".

@@ -51,7 +51,7 @@ func TestKernelListingMatchesText(t *testing.T) {
 	cases := goldenCases()
 	for _, name := range slices.Sorted(maps.Keys(cases)) {
 		t.Run(name, func(t *testing.T) {
-			rs, _ := buildRuleset("kpng-"+name, goldenOptions[name], cases[name])
+			rs, _ := buildRulesetCluster("kpng-"+name, goldenOptions[name], goldenClusters[name], cases[name])
 			a := newApplier(connIn(t, ns), rs.Table)
 			defer a.Close()
 			if _, err := a.Full(rs); err != nil {
@@ -209,7 +209,7 @@ func normalize(name, line string) string {
 // family, every rule kind (every type of the package with an exprs
 // method), every kind of named set (endpoint map, balance map, affinity
 // set), the three kinds of verdicts of the lookup maps (a chain, reject,
-// drop) and hairpin elements.
+// drop), hairpin, cluster IP and service CIDR elements.
 func checkCoverage(t *testing.T) {
 	t.Helper()
 	kinds, err := ruleKinds(".")
@@ -224,7 +224,7 @@ func checkCoverage(t *testing.T) {
 		for _, k := range kinds {
 			want = append(want, k+" in family "+f)
 		}
-		for _, k := range []string{"endpoint map", "balance map", "affinity set", "verdict goto chain", "verdict goto reject", "verdict drop", "hairpin element"} {
+		for _, k := range []string{"endpoint map", "balance map", "affinity set", "verdict goto chain", "verdict goto reject", "verdict drop", "hairpin element", "cluster IP element", "service CIDR element"} {
 			want = append(want, k+" in family "+f)
 		}
 	}
@@ -259,6 +259,13 @@ func checkCoverage(t *testing.T) {
 		}
 		for _, a := range rs.Hairpin {
 			have["hairpin element in family "+familySuffix(familyOf(a))] = true
+		}
+		rs, _ = buildRulesetCluster("t", goldenOptions[name], goldenClusters[name], items)
+		for _, a := range rs.ClusterIPs {
+			have["cluster IP element in family "+familySuffix(familyOf(a))] = true
+		}
+		for _, r := range rs.ServiceCIDRs {
+			have["service CIDR element in family "+familySuffix(r.family())] = true
 		}
 	}
 	for _, w := range want {

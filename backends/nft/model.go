@@ -152,6 +152,9 @@ type ruleset struct {
 	// ClusterIPs are the addresses of the cluster-ips sets: every
 	// cluster IP of the services held.
 	ClusterIPs []netip.Addr
+	// ServiceCIDRs are the ranges of the service-cidrs sets (the
+	// cluster's service CIDRs, for the default proxier).
+	ServiceCIDRs []addrRange
 }
 
 // sortElements orders elements by map, then key (address, protocol, port).

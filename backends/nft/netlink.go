@@ -472,3 +472,20 @@ func daddrInSetExprs(f ipFamily, set *nftables.Set, v *expr.Verdict) []expr.Any 
 		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
 		v)
 }
+
+// serviceCIDRsSetRef returns the set object of the service-cidrs
+// interval set of family f.
+func serviceCIDRsSetRef(t *nftables.Table, f ipFamily) *nftables.Set {
+	return &nftables.Set{Table: t, Name: setServiceCIDRs(f), KeyType: addrType(f), Interval: true}
+}
+
+// rangeElements returns the kernel elements of a range of an interval
+// set: its start and the address after it, flagged as the end (none when
+// the range reaches the family's last address: the interval is then open).
+func rangeElements(r addrRange) []nftables.SetElement {
+	els := []nftables.SetElement{{Key: r.From.AsSlice()}}
+	if end := r.Last.Next(); end.IsValid() {
+		els = append(els, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+	}
+	return els
+}

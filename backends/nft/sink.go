@@ -123,6 +123,18 @@ func (s *sink) Reset() {
 	s.needFull = true
 }
 
+var _ localsink.ClusterSink = (*sink)(nil)
+
+// SetCluster implements localsink.ClusterSink: the service CIDRs (given
+// only to the cluster's default proxier) fill the service-cidrs sets, and
+// the traffic to their addresses that no service took is dropped.
+func (s *sink) SetCluster(c *model.Cluster) {
+	s.changed++
+	for _, p := range s.tracker.SetCluster(c) {
+		klog.InfoS("Part of the cluster facts cannot be programmed", "table", s.table, "problem", p.Error())
+	}
+}
+
 // Update implements localsink.Sink: the tracker takes the service's new
 // state, and what cannot be programmed is logged.
 func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {

@@ -142,6 +142,19 @@ func (rs *ruleset) Text() string {
 		}
 		b.WriteString("\t}\n\n")
 	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tflags interval\n", setServiceCIDRs(f), f.info().addrType)
+		var els []string
+		for _, r := range rs.ServiceCIDRs {
+			if r.family() == f {
+				els = append(els, "\t\t\t"+r.String())
+			}
+		}
+		if len(els) > 0 {
+			fmt.Fprintf(&b, "\t\telements = {\n%s\n\t\t}\n", strings.Join(els, ",\n"))
+		}
+		b.WriteString("\t}\n\n")
+	}
 	for _, s := range rs.Sets {
 		fmt.Fprintf(&b, "\t%s\n\n", s.Text(rs.Endpoints))
 	}
@@ -155,6 +168,9 @@ func (rs *ruleset) Text() string {
 	fmt.Fprintf(&b, "\tchain %s {\n", chainClusterIPsCheck)
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		fmt.Fprintf(&b, "\t\t%s @%s goto %s\n", daddrText(f), setClusterIPs(f), chainReject)
+	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		fmt.Fprintf(&b, "\t\t%s @%s drop\n", daddrText(f), setServiceCIDRs(f))
 	}
 	b.WriteString("\t}\n\n")
 	for _, lc := range lookupChains {

@@ -52,6 +52,11 @@ type tracker struct {
 	// service uses it.
 	hairpin    sharedAddrs
 	clusterIPs sharedAddrs
+	// cidrs are the ranges of the service-cidrs sets as of the last
+	// Done; stagedCIDRs those of the round in progress (when
+	// cidrsStaged).
+	cidrs, stagedCIDRs []addrRange
+	cidrsStaged        bool
 }
 
 // newTracker returns an empty tracker building rules with opts.
@@ -87,6 +92,9 @@ type delta struct {
 	// ClusterIPs are the addresses added to and deleted from the
 	// cluster-ips sets.
 	ClusterIPs addrChanges
+	// ServiceCIDRs are the ranges added to and deleted from the
+	// service-cidrs sets.
+	ServiceCIDRs rangeChanges
 	// Blocks are the endpoint blocks changed (their elements are in
 	// Endpoints): what the conntrack cleanup compares.
 	Blocks diffstore.Changes[string, *block]
@@ -103,7 +111,7 @@ func (c addrChanges) Len() int { return len(c.Created) + len(c.Deleted) }
 
 // Len returns the number of objects changed in the table.
 func (d delta) Len() int {
-	return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() + d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len()
+	return d.Chains.Len() + d.Sets.Len() + d.Elements.Len() + d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len() + d.ServiceCIDRs.Len()
 }
 
 // Services returns the services the change concerns, sorted (for logs).
@@ -201,6 +209,45 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 		t.values[key] = se
 	}
 	return problems
+}
+
+// SetCluster sets the cluster-level facts for the current round: the
+// ranges of the service CIDRs, whose addresses no service holds are
+// dropped (nil: none). It returns the problems that kept a CIDR out.
+func (t *tracker) SetCluster(c *model.Cluster) []error {
+	var problems []error
+	var prefixes []netip.Prefix
+	if c != nil {
+		var bad []netip.Prefix
+		prefixes, bad = model.CanonicalCIDRs(c.ServiceCIDRs)
+		for _, b := range bad {
+			problems = append(problems, fmt.Errorf("cluster: service CIDR %s: not a usable CIDR: ignored", b))
+		}
+	}
+	t.stagedCIDRs, t.cidrsStaged = mergedRanges(prefixes), true
+	return problems
+}
+
+// cidrsDone ends a round of the service-cidrs sets: the ranges deleted
+// and added.
+func (t *tracker) cidrsDone() rangeChanges {
+	var ch rangeChanges
+	if !t.cidrsStaged {
+		return ch
+	}
+	old, cur := t.cidrs, t.stagedCIDRs
+	t.cidrs, t.stagedCIDRs, t.cidrsStaged = cur, nil, false
+	for _, r := range old {
+		if !slices.Contains(cur, r) {
+			ch.Deleted = append(ch.Deleted, r)
+		}
+	}
+	for _, r := range cur {
+		if !slices.Contains(old, r) {
+			ch.Created = append(ch.Created, r)
+		}
+	}
+	return ch
 }
 
 // yield takes the element key k from service o, which had it, for a
@@ -385,13 +432,14 @@ func (t *tracker) ServiceKeys() []model.ServiceKey {
 func (t *tracker) Done() delta {
 	t.retryLosers()
 	return delta{
-		Chains:     t.chains.DonePartial(),
-		Sets:       t.sets.DonePartial(),
-		Elements:   t.elements.DonePartial(),
-		Endpoints:  t.endpoints.DonePartial(),
-		Hairpin:    t.hairpin.done(),
-		ClusterIPs: t.clusterIPs.done(),
-		Blocks:     t.blocks.DonePartial(),
+		Chains:       t.chains.DonePartial(),
+		Sets:         t.sets.DonePartial(),
+		Elements:     t.elements.DonePartial(),
+		Endpoints:    t.endpoints.DonePartial(),
+		Hairpin:      t.hairpin.done(),
+		ClusterIPs:   t.clusterIPs.done(),
+		Blocks:       t.blocks.DonePartial(),
+		ServiceCIDRs: t.cidrsDone(),
 	}
 }
 
@@ -409,6 +457,7 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	slices.SortFunc(rs.Endpoints, compareEndpointElements)
 	rs.Hairpin = t.hairpin.sorted()
 	rs.ClusterIPs = t.clusterIPs.sorted()
+	rs.ServiceCIDRs = t.cidrs
 	return rs
 }
 
@@ -416,8 +465,13 @@ func (t *tracker) Ruleset(table string) *ruleset {
 // conflicts, the first service in key order has the address), with the
 // problems found.
 func buildRuleset(table string, opts Options, items []*model.ServiceEndpoints) (*ruleset, []error) {
+	return buildRulesetCluster(table, opts, nil, items)
+}
+
+// buildRulesetCluster is buildRuleset with the cluster-level facts c.
+func buildRulesetCluster(table string, opts Options, c *model.Cluster, items []*model.ServiceEndpoints) (*ruleset, []error) {
 	t := newTracker(opts)
-	var problems []error
+	problems := t.SetCluster(c)
 	for _, se := range items {
 		if se == nil || se.Service == nil {
 			continue

@@ -1,0 +1,86 @@
+//go:build linux
+
+package nft
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// addrRange is an interval of addresses of one family, From to Last
+// included: an element of an interval set (the service-cidrs sets).
+type addrRange struct {
+	From, Last netip.Addr
+}
+
+// family returns the range's family.
+func (r addrRange) family() ipFamily { return familyOf(r.From) }
+
+// String returns the range as nft lists an interval set's element: a
+// prefix when the range is one ("10.96.0.0/16", an address alone for a
+// single address), else "from-last".
+func (r addrRange) String() string {
+	if p, ok := r.prefix(); ok {
+		return prefixText(p)
+	}
+	return r.From.String() + "-" + r.Last.String()
+}
+
+// prefix returns the prefix that is exactly the range, if there is one.
+func (r addrRange) prefix() (netip.Prefix, bool) {
+	for bits := 0; bits <= r.From.BitLen(); bits++ {
+		p := netip.PrefixFrom(r.From, bits)
+		if p.Masked().Addr() != r.From {
+			continue
+		}
+		if lastOf(p) == r.Last {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// lastOf returns the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// mergedRanges returns the ranges covering prefixes (in canonical form:
+// model.CanonicalCIDRs), merged where they overlap or touch (an interval
+// set refuses overlapping elements), sorted by family and address.
+func mergedRanges(prefixes []netip.Prefix) []addrRange {
+	var rs []addrRange
+	for _, p := range prefixes {
+		rs = append(rs, addrRange{From: p.Addr(), Last: lastOf(p)})
+	}
+	slices.SortFunc(rs, func(a, b addrRange) int { return a.From.Compare(b.From) })
+	var out []addrRange
+	for _, r := range rs {
+		if n := len(out); n > 0 {
+			cur := &out[n-1]
+			next := cur.Last.Next()
+			if cur.family() == r.family() && (!next.IsValid() || r.From.Compare(next) <= 0) {
+				if r.Last.Compare(cur.Last) > 0 {
+					cur.Last = r.Last
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// rangeChanges are the ranges of the service-cidrs sets deleted and
+// added in a round.
+type rangeChanges struct {
+	Created, Deleted []addrRange
+}
+
+// Len returns the number of ranges changed.
+func (c rangeChanges) Len() int { return len(c.Created) + len(c.Deleted) }
