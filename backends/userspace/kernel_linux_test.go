@@ -532,3 +532,80 @@ func TestKernelUDPFlowFollowsEndpointRemoval(t *testing.T) {
 		t.Errorf("the same client port after pod was removed: answered by %q, want pod2", got)
 	}
 }
+
+// TestKernelServiceCIDRBlackholes: the service CIDRs of the cluster facts
+// (the default proxier's) get blackhole routes of kpng's protocol; a
+// restarted default proxier replaces those of the previous run, a proxier
+// of a service-proxy-name (never given facts) never touches them, nor
+// does anyone touch a route of another protocol; Cleanup of the default
+// proxier removes them.
+func TestKernelServiceCIDRBlackholes(t *testing.T) {
+	netns.RequirePrivileged(t)
+	ns := netns.New(t, "blackhole")
+	ns.IP("route", "add", "blackhole", "10.99.0.0/16")
+	routes := func() string {
+		out := ns.IP("-4", "route", "show", "type", "blackhole") + ns.IP("-6", "route", "show", "type", "blackhole")
+		return strings.Join(strings.Fields(out), " ")
+	}
+	facts := func(cidrs ...string) *model.Cluster {
+		c := &model.Cluster{}
+		for _, s := range cidrs {
+			c.ServiceCIDRs = append(c.ServiceCIDRs, netip.MustParsePrefix(s))
+		}
+		return c
+	}
+	start := func(name string) (*Proxier, Config) {
+		t.Helper()
+		cfg := Config{ServiceProxyName: name, NetNS: ns.Path(), Options: Options{NodeIPs: []netip.Addr{netns.NodeV4}}}
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p, cfg
+	}
+	round := func(p *Proxier, c *model.Cluster) {
+		t.Helper()
+		p.Reset()
+		if c != nil {
+			p.SetCluster(c)
+		}
+		if err := p.Sync(); err != nil {
+			t.Fatalf("Sync: %v", err)
+		}
+	}
+
+	def, _ := start("")
+	round(def, facts("10.96.0.0/16", "fd00:10:96::/108"))
+	want := "blackhole 10.96.0.0/16 proto 107 blackhole 10.99.0.0/16 blackhole fd00:10:96::/108 dev lo proto 107 metric 1024 pref medium"
+	if got := routes(); got != want {
+		t.Errorf("routes:\n%s\nwant\n%s", got, want)
+	}
+	named, namedCfg := start("named")
+	round(named, nil)
+	named.Close()
+	if err := Cleanup(namedCfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes(); got != want {
+		t.Errorf("after a named proxier ran and was cleaned up:\n%s\nwant\n%s", got, want)
+	}
+	def.Close()
+	restarted, cfg := start("")
+	round(restarted, facts("10.97.0.0/16"))
+	if got, want := routes(), "blackhole 10.97.0.0/16 proto 107 blackhole 10.99.0.0/16"; got != want {
+		t.Errorf("after a restart with other CIDRs:\n%s\nwant\n%s", got, want)
+	}
+	round(restarted, nil)
+	if got, want := routes(), "blackhole 10.99.0.0/16"; got != want {
+		t.Errorf("after the facts went:\n%s\nwant\n%s", got, want)
+	}
+	round(restarted, facts("10.97.0.0/16"))
+	restarted.Close()
+	if err := Cleanup(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := routes(), "blackhole 10.99.0.0/16"; got != want {
+		t.Errorf("after Cleanup:\n%s\nwant\n%s", got, want)
+	}
+}

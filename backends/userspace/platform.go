@@ -19,6 +19,12 @@ type platform interface {
 	// nodeAddresses lists the node's unicast addresses on its other
 	// interfaces, loopback and link-local ones excluded.
 	nodeAddresses() ([]netip.Addr, error)
+	// blackhole routes prefixes nowhere, replacing the prefixes given
+	// before (and those a previous run left; nil: none): the addresses in
+	// them that the proxier does not hold (its own are local, found
+	// first) are dropped rather than routed out. The default proxier's
+	// service CIDRs.
+	blackhole(prefixes []netip.Prefix) error
 	// in runs fn where the proxier's sockets live (its network
 	// namespace on Linux, when Config.NetNS is set).
 	in(fn func() error) error

@@ -156,6 +156,79 @@ func (p *linuxPlatform) nodeAddresses() ([]netip.Addr, error) {
 	return out, nil
 }
 
+// routeProtocol marks the blackhole routes of the service CIDRs as
+// kpng's (rtm_protocol 107, unused by iproute2's rt_protos): a proxier
+// finds those of a previous run, and never touches other routes.
+const routeProtocol netlink.RouteProtocol = 107
+
+// blackhole keeps one blackhole route in the main table per prefix, of
+// protocol routeProtocol: missing ones are added, the others deleted.
+func (p *linuxPlatform) blackhole(prefixes []netip.Prefix) error {
+	have, err := blackholeRoutes(p.h)
+	if err != nil {
+		return err
+	}
+	want := map[netip.Prefix]bool{}
+	for _, pfx := range prefixes {
+		want[pfx] = true
+	}
+	var errs []error
+	for pfx, r := range have {
+		if !want[pfx] {
+			if err := p.h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("remove the blackhole route of %s: %w", pfx, err))
+			}
+		}
+	}
+	for _, pfx := range prefixes {
+		if _, ok := have[pfx]; ok {
+			continue
+		}
+		err := p.h.RouteAdd(blackholeRoute(pfx))
+		if errors.Is(err, unix.EEXIST) {
+			err = errors.New("another route of the main table has that destination: left alone, the range is not dropped")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("blackhole route of service CIDR %s: %w", pfx, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// blackholeRoute is the route dropping the addresses of pfx.
+func blackholeRoute(pfx netip.Prefix) *netlink.Route {
+	return &netlink.Route{
+		Dst:      &net.IPNet{IP: pfx.Addr().AsSlice(), Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen())},
+		Type:     unix.RTN_BLACKHOLE,
+		Protocol: routeProtocol,
+		Table:    unix.RT_TABLE_MAIN,
+	}
+}
+
+// blackholeRoutes lists the blackhole routes of kpng (routeProtocol) in
+// the main table, by destination.
+func blackholeRoutes(h *netlink.Handle) (map[netip.Prefix]netlink.Route, error) {
+	out := map[netip.Prefix]netlink.Route{}
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := h.RouteListFiltered(family, &netlink.Route{Protocol: routeProtocol, Table: unix.RT_TABLE_MAIN, Type: unix.RTN_BLACKHOLE},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TYPE)
+		if err != nil {
+			return nil, fmt.Errorf("list the blackhole routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil {
+				continue
+			}
+			a, ok := netip.AddrFromSlice(r.Dst.IP)
+			ones, _ := r.Dst.Mask.Size()
+			if ok {
+				out[netip.PrefixFrom(a.Unmap(), ones)] = r
+			}
+		}
+	}
+	return out, nil
+}
+
 // in runs fn on a thread in the proxier's network namespace. When the
 // thread cannot be brought back, it stays locked, so that the Go runtime
 // ends it rather than reuse it in the wrong namespace.
@@ -188,7 +261,9 @@ func (p *linuxPlatform) close() error {
 	return nil
 }
 
-// cleanup removes the proxier's interface, and with it its addresses.
+// cleanup removes the proxier's interface, and with it its addresses,
+// and for the proxier without a service-proxy-name (the default one) the
+// blackhole routes of the service CIDRs.
 func cleanup(cfg Config, opts Options) error {
 	ns := vnetns.None()
 	if cfg.NetNS != "" {
@@ -204,6 +279,17 @@ func cleanup(cfg Config, opts Options) error {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer h.Close()
+	if cfg.ServiceProxyName == "" {
+		routes, err := blackholeRoutes(h)
+		if err != nil {
+			return err
+		}
+		for pfx, r := range routes {
+			if err := h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("remove the blackhole route of %s: %w", pfx, err)
+			}
+		}
+	}
 	link, err := h.LinkByName(opts.Interface)
 	if errors.As(err, new(netlink.LinkNotFoundError)) {
 		return nil

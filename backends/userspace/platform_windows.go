@@ -8,13 +8,19 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
+
+	"k8s.io/klog/v2"
 )
 
 // windowsPlatform holds the service addresses on an existing interface
 // (a loopback adapter, say) with netsh, marked skipassource so that
 // Windows never picks them as the source of other traffic, and
 // store=active so that they do not outlive a reboot.
-type windowsPlatform struct{ iface string }
+type windowsPlatform struct {
+	iface string
+	// saidNoBlackhole is set once blackhole said it cannot.
+	saidNoBlackhole bool
+}
 
 // newPlatform checks that the interface exists, and removes the
 // addresses a previous run left on it.
@@ -55,6 +61,17 @@ func (p *windowsPlatform) removeAddress(a netip.Addr) error {
 }
 
 func (p *windowsPlatform) nodeAddresses() ([]netip.Addr, error) { return interfaceAddresses(p.iface) }
+
+// blackhole cannot drop the service CIDRs on Windows (it has no
+// blackhole routes): it says so once, and the addresses no service holds
+// are routed as the node routes them.
+func (p *windowsPlatform) blackhole(prefixes []netip.Prefix) error {
+	if len(prefixes) > 0 && !p.saidNoBlackhole {
+		p.saidNoBlackhole = true
+		klog.InfoS("The service CIDRs are not dropped on Windows: the addresses no service holds are routed as the node routes them", "serviceCIDRs", prefixes)
+	}
+	return nil
+}
 
 func (p *windowsPlatform) in(fn func() error) error { return fn() }
 

@@ -58,6 +58,12 @@ type Proxier struct {
 	// services, so that refused clients cannot take a service's own
 	// connections.
 	held limiter
+	// serviceCIDRs are the service CIDRs the cluster facts gave (the
+	// default proxier's), routed nowhere; cidrsDirty says the platform
+	// must be told (again, after a failure). cidrsOwned says that facts
+	// came at least once: only then does the proxier touch the routes.
+	serviceCIDRs           []netip.Prefix
+	cidrsDirty, cidrsOwned bool
 
 	// syncMu is held by Sync, and by Close while it releases the
 	// platform: a Sync never uses a closed netlink handle.
@@ -67,7 +73,7 @@ type Proxier struct {
 	closed    bool
 }
 
-var _ localsink.Sink = (*Proxier)(nil)
+var _ localsink.ClusterSink = (*Proxier)(nil)
 
 // New returns a proxier that serves nothing until its first Sync. On Linux
 // it creates its dummy interface when missing and clears the addresses a
@@ -146,6 +152,26 @@ func Cleanup(cfg Config) error {
 func (p *Proxier) Reset() {
 	p.reset = true
 	clear(p.services)
+	if p.cidrsOwned {
+		p.serviceCIDRs, p.cidrsDirty = nil, true
+	}
+}
+
+// SetCluster implements localsink.ClusterSink: the service CIDRs (given
+// only to the cluster's default proxier) get blackhole routes, so that
+// their addresses no service holds are dropped, not routed out (the
+// proxier's own addresses are local and found first). Linux only: on
+// Windows they are not dropped (said once).
+func (p *Proxier) SetCluster(c *model.Cluster) {
+	var cidrs []netip.Prefix
+	if c != nil {
+		var bad []netip.Prefix
+		cidrs, bad = model.CanonicalCIDRs(c.ServiceCIDRs)
+		for _, b := range bad {
+			klog.ErrorS(nil, "Service CIDR not usable: ignored", "serviceCIDR", b)
+		}
+	}
+	p.serviceCIDRs, p.cidrsDirty, p.cidrsOwned = cidrs, true, true
 }
 
 // Update implements localsink.Sink.
@@ -203,6 +229,13 @@ func (p *Proxier) Sync() error {
 	for _, k := range retry {
 		if p.unbound[k] && !p.tried[k] {
 			p.bind(k, &errs)
+		}
+	}
+	if p.cidrsDirty {
+		if err := p.plat.blackhole(p.serviceCIDRs); err != nil {
+			errs = append(errs, fmt.Errorf("service CIDRs %v: %w", p.serviceCIDRs, err))
+		} else {
+			p.cidrsDirty = false
 		}
 	}
 	// Only when the held addresses changed: rebuilding the set costs as

@@ -21,6 +21,8 @@ type fakePlatform struct {
 	closed bool
 	// noSockets makes every socket fail to open.
 	noSockets bool
+	// blackholes are the prefixes routed nowhere.
+	blackholes []netip.Prefix
 }
 
 func (f *fakePlatform) addAddress(a netip.Addr) error {
@@ -48,6 +50,13 @@ func (f *fakePlatform) removeAddress(a netip.Addr) error {
 }
 
 func (f *fakePlatform) nodeAddresses() ([]netip.Addr, error) { return nil, nil }
+
+func (f *fakePlatform) blackhole(prefixes []netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.blackholes = prefixes
+	return nil
+}
 func (f *fakePlatform) in(fn func() error) error {
 	if f.noSockets {
 		return errors.New("no sockets on this fake platform")
