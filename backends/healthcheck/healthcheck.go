@@ -4,6 +4,11 @@
 // over HTTP on that port, whether it has local endpoints for the service
 // (200) or not (503), to send traffic only to the nodes that do.
 //
+// As kube-proxy, a port listens only on the node's addresses that
+// --nodeport-addresses selects (Config.NodePortAddresses), in the
+// families where the service has a cluster IP: not on every address of
+// both families, and not on loopback unless a prefix asks for it.
+//
 // It is a localsink.Sink: put it beside a rule backend with localsink.Tee.
 package healthcheck
 
@@ -12,10 +17,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -27,9 +33,22 @@ import (
 
 // Config configures a health check server.
 type Config struct {
-	// Listen opens the listener of a port ("tcp", ":32000"); nil means
-	// net.Listen, in the current network namespace.
+	// Listen opens the listener of a port on one address ("tcp4",
+	// "10.0.0.2:32000"; "tcp6", "[fd00::2]:32000"); nil means net.Listen,
+	// in the current network namespace.
 	Listen func(network, address string) (net.Listener, error)
+	// Addresses lists the node's addresses; nil means those of the
+	// interfaces of the current network namespace (net.InterfaceAddrs).
+	// Use the namespace Listen listens in. They are read at every Sync
+	// that serves a port: an address that came or went is followed at
+	// the next round (or retry).
+	Addresses func() ([]netip.Addr, error)
+	// NodePortAddresses selects the addresses a port listens on, as
+	// --nodeport-addresses does for node ports: for each family, the
+	// node's addresses inside its prefixes; a family without a prefix
+	// here (or with a /0 one), every address of that family but loopback.
+	// Link-local addresses are never used.
+	NodePortAddresses []netip.Prefix
 }
 
 // Sink serves the health check node ports of the services it receives.
@@ -46,11 +65,13 @@ type Sink struct {
 	servers sync.WaitGroup
 }
 
-// port is one served health check node port.
+// port is one served health check node port: one server, listening on
+// each of the addresses chosen for it.
 type port struct {
-	server *http.Server
-	mu     sync.Mutex
-	state  answer
+	server    *http.Server
+	listeners map[netip.Addr]net.Listener
+	mu        sync.Mutex
+	state     answer
 }
 
 // answer is what a port answers: the service and its local endpoints.
@@ -74,6 +95,9 @@ func New(cfg Config) *Sink {
 	if cfg.Listen == nil {
 		cfg.Listen = net.Listen
 	}
+	if cfg.Addresses == nil {
+		cfg.Addresses = interfaceAddresses
+	}
 	return &Sink{cfg: cfg, services: map[model.ServiceKey]*model.ServiceEndpoints{}, ports: map[int32]*port{}}
 }
 
@@ -93,12 +117,15 @@ func (s *Sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 }
 
 // Sync implements localsink.Sink: it opens the ports of new health checks,
-// closes those of the health checks gone, and updates the answers. A port
-// that cannot be opened (taken by another program) is an error: the round
-// is delivered again later, and the port tried again; the other ports are
-// served meanwhile.
+// closes those of the health checks gone, and updates the answers. Each
+// port listens on the node addresses NodePortAddresses selects in the
+// families where its service has a cluster IP. A port that cannot be
+// opened on an address (taken by another program) is an error: the round
+// is delivered again later, and the port tried again; the other ports and
+// addresses are served meanwhile.
 func (s *Sink) Sync() error {
 	want := map[int32]answer{}
+	families := map[int32][2]bool{} // IPv4, IPv6
 	keys := make([]model.ServiceKey, 0, len(s.services))
 	for key := range s.services {
 		keys = append(keys, key)
@@ -121,7 +148,13 @@ func (s *Sink) Sync() error {
 				n++
 			}
 		}
+		ips := se.Service.IPs.ClusterIPs
+		if se.Service.IPs.Headless || ips.IsEmpty() {
+			klog.InfoS("Health check node port of a service without a cluster IP: not served", "service", key, "port", p)
+			continue
+		}
 		want[p] = answer{Service: key, LocalEndpoints: n}
+		families[p] = [2]bool{len(ips.V4) > 0, len(ips.V6) > 0}
 	}
 
 	s.mu.Lock()
@@ -135,40 +168,124 @@ func (s *Sink) Sync() error {
 			s.stop(p, pt)
 		}
 	}
-	for p, a := range want {
+	var addrs []netip.Addr
+	known := true
+	if len(want) > 0 {
+		var err error
+		if addrs, err = s.cfg.Addresses(); err != nil {
+			// Keep the listeners as they are; try again later.
+			errs = append(errs, fmt.Errorf("health check node ports: list the node's addresses: %w", err))
+			known = false
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(want)) {
+		a := want[p]
 		pt := s.ports[p]
 		if pt == nil {
-			var err error
-			if pt, err = s.start(p); err != nil {
-				errs = append(errs, fmt.Errorf("service %s: %w", a.Service, err))
-				continue
-			}
+			pt = &port{listeners: map[netip.Addr]net.Listener{}}
+			pt.server = &http.Server{Handler: pt, ReadHeaderTimeout: 5 * time.Second}
 			s.ports[p] = pt
 		}
 		pt.mu.Lock()
 		pt.state = a
 		pt.mu.Unlock()
+		if !known {
+			continue
+		}
+		on := selectAddresses(s.cfg.NodePortAddresses, addrs, families[p])
+		for addr, ln := range pt.listeners {
+			if !slices.Contains(on, addr) {
+				_ = ln.Close()
+				delete(pt.listeners, addr)
+				klog.V(2).InfoS("Stopped serving a health check node port on an address", "port", p, "address", addr)
+			}
+		}
+		for _, addr := range on {
+			if pt.listeners[addr] != nil {
+				continue
+			}
+			if err := s.listen(p, pt, addr); err != nil {
+				errs = append(errs, fmt.Errorf("service %s: %w", a.Service, err))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// start listens on port p and serves it.
-func (s *Sink) start(p int32) (*port, error) {
-	ln, err := s.cfg.Listen("tcp", ":"+strconv.Itoa(int(p)))
-	if err != nil {
-		return nil, fmt.Errorf("listen on health check node port %d: %w", p, err)
+// listen listens on port p of addr and serves it with pt's server.
+func (s *Sink) listen(p int32, pt *port, addr netip.Addr) error {
+	network := "tcp6"
+	if addr.Is4() {
+		network = "tcp4"
 	}
-	pt := &port{}
-	pt.server = &http.Server{Handler: pt, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := s.cfg.Listen(network, netip.AddrPortFrom(addr, uint16(p)).String())
+	if err != nil {
+		return fmt.Errorf("listen on health check node port %d of %s: %w", p, addr, err)
+	}
+	pt.listeners[addr] = ln
 	s.servers.Add(1)
 	go func() {
 		defer s.servers.Done()
-		if err := pt.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "Health check server stopped", "port", p)
+		// A listener closed alone (its address no longer chosen) ends
+		// its Serve with net.ErrClosed.
+		if err := pt.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			klog.ErrorS(err, "Health check server stopped", "port", p, "address", addr)
 		}
 	}()
-	klog.V(2).InfoS("Serving a health check node port", "port", p)
-	return pt, nil
+	klog.V(2).InfoS("Serving a health check node port", "port", p, "address", addr)
+	return nil
+}
+
+// selectAddresses returns the addresses of addrs a port listens on in the
+// families fams (IPv4, IPv6): for each family, those inside the prefixes
+// of that family, or, without any (or with a /0 one), all of that family
+// but loopback; link-local ones never (they need a zone).
+func selectAddresses(prefixes []netip.Prefix, addrs []netip.Addr, fams [2]bool) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.IsValid() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() {
+			continue
+		}
+		if (a.Is4() && !fams[0]) || (a.Is6() && !fams[1]) {
+			continue
+		}
+		all, inside := true, false
+		for _, p := range prefixes {
+			if p.Addr().Is4() != a.Is4() {
+				continue
+			}
+			if p.Bits() == 0 {
+				all = true
+				break
+			}
+			all = false
+			inside = inside || p.Contains(a)
+		}
+		if (all && !a.IsLoopback()) || (!all && inside) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// interfaceAddresses lists the addresses of the interfaces of the current
+// network namespace.
+func interfaceAddresses() ([]netip.Addr, error) {
+	ifAddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, ia := range ifAddrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if a, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out, nil
 }
 
 // stop stops serving port p.
@@ -182,13 +299,15 @@ func (s *Sink) stop(p int32, pt *port) {
 	klog.V(2).InfoS("Stopped serving a health check node port", "port", p)
 }
 
-// Ports returns the ports being served, sorted.
+// Ports returns the ports being served (on one address at least), sorted.
 func (s *Sink) Ports() []int32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ports := make([]int32, 0, len(s.ports))
-	for p := range s.ports {
-		ports = append(ports, p)
+	for p, pt := range s.ports {
+		if len(pt.listeners) > 0 {
+			ports = append(ports, p)
+		}
 	}
 	slices.Sort(ports)
 	return ports

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,9 +37,12 @@ func freePorts(t *testing.T, n int) []int32 {
 	return ports
 }
 
-// loopback listens on 127.0.0.1 only (tests never listen elsewhere).
-func loopback(network, address string) (net.Listener, error) {
-	return net.Listen(network, "127.0.0.1"+address)
+// loopback is a Config serving on 127.0.0.1 only (the unit tests never
+// listen elsewhere): the node's one address, selected explicitly (the
+// default leaves loopback out).
+var loopback = Config{
+	Addresses:         func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil },
+	NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 }
 
 // get asks the health check on port p; status 0 means no answer.
@@ -65,7 +69,8 @@ func get(t *testing.T, p int32) (int, body) {
 }
 
 func lbService(name string, hc int32, local bool) *model.Service {
-	return &model.Service{Namespace: "default", Name: name, Type: "LoadBalancer", HealthCheckNodePort: hc, ExternalTrafficToLocal: local}
+	return &model.Service{Namespace: "default", Name: name, Type: "LoadBalancer", HealthCheckNodePort: hc, ExternalTrafficToLocal: local,
+		IPs: model.ServiceIPs{ClusterIPs: model.IPSet{V4: []string{"10.96.0.1"}}}}
 }
 
 func endpoint(ip string, local, ready bool) *model.Endpoint {
@@ -96,7 +101,7 @@ func withEndpoints(svc *model.Service, eps ...*model.Endpoint) *model.ServiceEnd
 // it, and Close.
 func TestHealthCheck(t *testing.T) {
 	ports := freePorts(t, 2)
-	s := New(Config{Listen: loopback})
+	s := New(loopback)
 	defer s.Close()
 	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
 	lb := lbService("lb", ports[0], true)
@@ -169,7 +174,7 @@ func TestHealthCheckListenError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	s := New(Config{Listen: loopback})
+	s := New(loopback)
 	defer s.Close()
 	f := feed(t, s, localsink.FeederOptions{MinRetry: 50 * time.Millisecond, MaxRetry: 100 * time.Millisecond})
 	f.SetAll([]*model.ServiceEndpoints{
@@ -222,7 +227,7 @@ func TestHealthCheckListenErrorNextSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	s := New(Config{Listen: loopback})
+	s := New(loopback)
 	defer s.Close()
 	a := withEndpoints(lbService("a", ports[0], true), endpoint("10.1.0.1", true, true))
 	z := withEndpoints(lbService("z", ports[1], true), endpoint("10.1.0.2", true, true), endpoint("10.1.0.3", true, true))

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"time"
@@ -64,7 +65,7 @@ func nftBackend() app.Backend {
 				}
 				cfg.Options.MasqueradeAll = *masqAll
 				cfg.Options.MasqueradeMark = 1 << uint(*masqBit)
-				listen := net.Listen
+				hcCfg := healthcheck.Config{NodePortAddresses: cfg.Options.NodePortAddresses}
 				if *netnsPath != "" {
 					f, err := os.Open(*netnsPath)
 					if err != nil {
@@ -78,7 +79,8 @@ func nftBackend() app.Backend {
 					cfg.Conntrack = func() (*netlink.Handle, error) {
 						return netlink.NewHandleAt(vnetns.NsHandle(fd), unix.NETLINK_NETFILTER)
 					}
-					listen = listenIn(vnetns.NsHandle(fd))
+					hcCfg.Listen = listenIn(vnetns.NsHandle(fd))
+					hcCfg.Addresses = addressesIn(vnetns.NsHandle(fd))
 					go func() { <-ctx.Done(); f.Close() }()
 				}
 				if *cleanup {
@@ -88,7 +90,7 @@ func nftBackend() app.Backend {
 				if err != nil || !*healthChecks {
 					return sink, err
 				}
-				hc := healthcheck.New(healthcheck.Config{Listen: listen})
+				hc := healthcheck.New(hcCfg)
 				go func() { <-ctx.Done(); hc.Close() }()
 				return localsink.Tee(sink, hc), nil
 			}
@@ -150,11 +152,11 @@ func iptablesBackend() app.Backend {
 				if err != nil || !*healthChecks {
 					return sink, err
 				}
-				listen, err := netnsListen(ctx, *netnsPath)
+				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)
 				if err != nil {
 					return nil, fmt.Errorf("to-iptables %w", err)
 				}
-				hc := healthcheck.New(healthcheck.Config{Listen: listen})
+				hc := healthcheck.New(hcCfg)
 				go func() { <-ctx.Done(); hc.Close() }()
 				return localsink.Tee(sink, hc), nil
 			}
@@ -179,18 +181,46 @@ func cleanupTable(cfg nft.Config) error {
 	return app.ErrBackendDone
 }
 
-// netnsListen returns a function listening in the network namespace at
-// path (kept open until ctx ends); nil for an empty path (net.Listen).
-func netnsListen(ctx context.Context, path string) (func(network, address string) (net.Listener, error), error) {
+// healthCheckConfig returns the health check server's configuration: it
+// listens on the addresses nodePortAddrs selects (as the backend's node
+// ports), in the network namespace at path (kept open until ctx ends), or
+// in the current one for an empty path.
+func healthCheckConfig(ctx context.Context, path string, nodePortAddrs []netip.Prefix) (healthcheck.Config, error) {
+	cfg := healthcheck.Config{NodePortAddresses: nodePortAddrs}
 	if path == "" {
-		return nil, nil
+		return cfg, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("--netns: %w", err)
+		return cfg, fmt.Errorf("--netns: %w", err)
 	}
 	go func() { <-ctx.Done(); f.Close() }()
-	return listenIn(vnetns.NsHandle(f.Fd())), nil
+	cfg.Listen = listenIn(vnetns.NsHandle(f.Fd()))
+	cfg.Addresses = addressesIn(vnetns.NsHandle(f.Fd()))
+	return cfg, nil
+}
+
+// addressesIn returns a function listing the addresses of the network
+// namespace ns (the handle stays owned by the caller).
+func addressesIn(ns vnetns.NsHandle) func() ([]netip.Addr, error) {
+	return func() ([]netip.Addr, error) {
+		h, err := netlink.NewHandleAt(ns)
+		if err != nil {
+			return nil, fmt.Errorf("netlink in the --netns network namespace: %w", err)
+		}
+		defer h.Close()
+		list, err := h.AddrList(nil, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("list the addresses of the --netns network namespace: %w", err)
+		}
+		out := make([]netip.Addr, 0, len(list))
+		for _, a := range list {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+		return out, nil
+	}
 }
 
 // listenIn returns a function listening in the network namespace ns (the

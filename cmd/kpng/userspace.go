@@ -40,7 +40,7 @@ func userspaceBackend() app.Backend {
 					klog.InfoS("Removed the userspace proxier's addresses", "serviceProxyName", cfg.ServiceProxyName)
 					return nil, app.ErrBackendDone
 				}
-				listen, err := netnsListen(ctx, *netnsPath)
+				hcCfg, err := healthCheckConfig(ctx, *netnsPath, opts.NodePortAddresses)
 				if err != nil {
 					return nil, err
 				}
@@ -51,7 +51,7 @@ func userspaceBackend() app.Backend {
 				if !*healthChecks {
 					return p, nil
 				}
-				hc := healthcheck.New(healthcheck.Config{Listen: listen})
+				hc := healthcheck.New(hcCfg)
 				go func() { <-ctx.Done(); hc.Close() }()
 				return localsink.Tee(p, hc), nil
 			}
