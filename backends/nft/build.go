@@ -40,7 +40,7 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 	var objs serviceObjects
 	var problems []error
 	svc := se.Service
-	if svc == nil {
+	if svc == nil || (svc.IPs.Headless && opts.IgnoreHeadless) {
 		return objs, nil
 	}
 	key := svc.Key()

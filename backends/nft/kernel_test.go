@@ -461,6 +461,31 @@ func TestKernelExternalIPsAndRestart(t *testing.T) {
 	}
 }
 
+// TestKernelIgnoreHeadless: with Options.IgnoreHeadless (to-nft
+// --ignore-headless), the blog's headless service is not served, as
+// kube-proxy ignores headless services; without, it is (the default).
+func TestKernelIgnoreHeadless(t *testing.T) {
+	b := kernelTopology(t)
+	blog := svc("default", "kpng-example", model.IPSet{}, tcp(6000, 6000))
+	blog.IPs.Headless = true
+	blog.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
+	state := &model.ServiceEndpoints{Service: blog, Endpoints: podEndpoints(netns.PodID)}
+	s := newConfigSink(t, b, Config{ServiceProxyName: "headless", Options: Options{IgnoreHeadless: true}}, localsink.FeederOptions{NoRetry: true})
+	s.setAll(state)
+	s.sync()
+	for _, addr := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(addr, 6000), netns.AskOptions{Timeout: 300 * time.Millisecond}); err == nil {
+			t.Errorf("%s answered %v with IgnoreHeadless, want no answer", addr, a)
+		}
+	}
+	restartSink(t, b, "headless", state)
+	for _, addr := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
+		if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(addr, 6000), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+			t.Errorf("%s without IgnoreHeadless: %v, %v; want the pod", addr, a, err)
+		}
+	}
+}
+
 // manyServices returns n single-port services with cluster IPs
 // 10.96.1.0+i, each with pod as its endpoint.
 func manyServices(n int) []*model.ServiceEndpoints {

@@ -59,6 +59,12 @@ type Options struct {
 	// load-balancer IP routed locally makes the node's own requests to it
 	// come from it.
 	NodeIPs []netip.Addr
+	// IgnoreHeadless leaves headless services out, as kube-proxy does
+	// (its informer does not even list them). By default kpng serves
+	// their external and load-balancer IPs, of both families: the blog's
+	// all-IP case, for which a headless service with external IPs is the
+	// way to hand addresses to a specialized proxier.
+	IgnoreHeadless bool
 }
 
 // mark returns the masquerade mark bit.

@@ -43,10 +43,12 @@ func nftBackend() app.Backend {
 			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
 			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8 and ::1)")
 			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
+			ignoreHeadless := fs.Bool("ignore-headless", false, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx}
+				cfg.Options.IgnoreHeadless = *ignoreHeadless
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
