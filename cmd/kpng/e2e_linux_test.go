@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,6 +56,10 @@ func TestKubeToLocalNFT(t *testing.T) {
 
 	e2e.WaitAnswer(t, b, netns.PodID)
 	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
+	// A proxier of a service-proxy-name gets no service CIDRs.
+	if out := b.Node.MustExec("nft", "list", "set", "inet", "kpng-"+name, "service-cidrs-v4"); strings.Contains(out, "elements") {
+		t.Errorf("the proxier of %s has service CIDRs:\n%s", name, out)
+	}
 	checkLoadBalancerLocal(t, b, kc, ns, name, true)
 	// The endpoints move to the second pod: one UDP flow per family follows.
 	blog.StaleUDPFlow(t, b, 40100)
@@ -103,6 +108,66 @@ func TestKubeToLocalNFT(t *testing.T) {
 	}
 	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || strings.Contains(out, "kpng-"+name) {
 		t.Errorf("table left after --cleanup: %q, %v", out, err)
+	}
+}
+
+// TestKubeToLocalNFTDefaultProxier runs `kpng kube … to-local to-nft`
+// without a service-proxy-name, the cluster's default proxier: the
+// watcher gives the API server's service CIDRs (its ServiceCIDR object
+// "kubernetes": 10.96.0.0/16, fd00:10:96::/108), and an address of them
+// that no service holds, which a host beyond the node holds, stops
+// answering a pod; an unlabelled Service still answers on its cluster IP.
+// (TestKubeToLocalNFT checks that a named proxier gets no CIDRs.)
+func TestKubeToLocalNFTDefaultProxier(t *testing.T) {
+	cp.Require(t)
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	b := netns.Blog(t)
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	svc := kc.CreateService(kubetest.Service(ns, "web", "", func(s *v1.Service) {
+		s.Spec.Ports = []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(6000)}}
+	}))
+	kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: netns.PodV4.String(), Node: "node-a"}))
+	clusterIP := netip.MustParseAddr(svc.Spec.ClusterIP)
+	// An address of the range that no Service holds, on a host beyond
+	// the node (the client's loopback, reached by the node's default
+	// route).
+	unused := netip.MustParseAddr("10.96.255.254")
+	all, err := cp.Client().CoreV1().Services("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all.Items {
+		if s.Spec.ClusterIP == unused.String() {
+			t.Fatalf("service %s/%s holds %s, which the test takes as unused", s.Namespace, s.Name, unused)
+		}
+	}
+	b.Client.AddAddr("lo", unused.String()+"/32")
+	b.Client.Serve("outside", []netip.Addr{unused}, []uint16{80})
+	if a, err := b.Pod2.Ask("tcp", netip.AddrPortFrom(unused, 80), netns.AskOptions{}); err != nil || a.Server != "outside" {
+		t.Fatalf("before kpng, %s from pod2: %v, %v; want the outside host", unused, a, err)
+	}
+
+	bin := e2e.Build(t, "cmd/kpng")
+	kpng := e2e.Start(t, bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--node-name=node-a",
+		"to-local", "to-nft", "--netns="+b.Node.Path(), "--healthcheck=false")
+	defer kpng.Stop(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a, err := b.Pod2.Ask("tcp", netip.AddrPortFrom(clusterIP, 80), netns.AskOptions{Timeout: 300 * time.Millisecond})
+		_, uerr := b.Pod2.Ask("tcp", netip.AddrPortFrom(unused, 80), netns.AskOptions{Timeout: 300 * time.Millisecond})
+		if err == nil && a.Server == netns.PodID && uerr != nil && !errors.Is(uerr, syscall.ECONNREFUSED) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after kpng started: %s: %v, %v (want the pod); %s: %v (want no answer)\n%s", clusterIP, a, err, unused, uerr, kpng.Output.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out := b.Node.MustExec("nft", "list", "set", "inet", "kpng", "service-cidrs-v4")
+	if !strings.Contains(out, "10.96.0.0/16") {
+		t.Errorf("set service-cidrs-v4:\n%s\nwant 10.96.0.0/16", out)
 	}
 }
 
