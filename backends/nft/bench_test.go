@@ -134,7 +134,7 @@ func wantFull(tb testing.TB, r SyncResult, n int) {
 	tb.Helper()
 	// Per service: a service chain with its DNAT rule, a service map
 	// element, the start and end of 10 endpoint intervals, 10 hairpin
-	// addresses.
+	// addresses, its cluster IP.
 	if !r.Full || r.Stats.ChainsAdded != n || r.Stats.ElementsAdded != n*elementsPerBenchService || r.Stats.Rules < n {
 		tb.Fatalf("full sync of %d services: %+v (full %v), want %d chains, %d elements, %d+ rules", n, r.Stats, r.Full, n, n*elementsPerBenchService, n)
 	}
@@ -142,8 +142,9 @@ func wantFull(tb testing.TB, r SyncResult, n int) {
 
 // elementsPerBenchService is the number of kernel elements of a bench
 // service: its service map element, the start and end of each endpoint's
-// interval, each endpoint in the hairpin set.
-const elementsPerBenchService = 1 + 3*benchEndpoints
+// interval, each endpoint in the hairpin set, its cluster IP in the
+// cluster-ips set.
+const elementsPerBenchService = 1 + 3*benchEndpoints + 1
 
 // kernelElements returns the number of elements of the map
 // service-ips-v4 of the table in ns, as nft lists them
