@@ -27,6 +27,9 @@ const (
 	// chainMasqNonPod (nat) sets the mark bit unless the source is in the
 	// cluster CIDRs.
 	chainMasqNonPod = "MASQ-NONPOD"
+	// chainClusterIPs (filter) rejects new connections to a cluster IP
+	// on a port no service defines: TCP reset, ICMP port unreachable.
+	chainClusterIPs = "CLUSTER-IPS"
 	// chainCanary (nat and filter) holds one rule and nothing refers to
 	// it: when it is gone, someone flushed or replaced the table, and a
 	// full sync follows.

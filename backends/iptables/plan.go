@@ -133,6 +133,10 @@ type familyPlan struct {
 	// lost are the destinations of wants that other services own (and
 	// which): the service's rules leave them out.
 	lost map[dst]model.ServiceKey
+	// clusterIPs are the service's cluster IPs: new connections to them
+	// that were not DNATed (a port no service defines) are rejected
+	// (clusterIPChecks).
+	clusterIPs []netip.Addr
 }
 
 // table returns the plan of the table named name.
@@ -219,6 +223,8 @@ func (pl planner) fixedChains(f family, fp *familyPlan) {
 	}
 	fp.Filter.chain(pl.fixed(chainServices))
 	fp.Filter.chain(pl.fixed(chainNodePorts))
+	fp.Filter.add(pl.fixed(chainClusterIPs), "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+	fp.Filter.add(pl.fixed(chainClusterIPs), "-j", "REJECT")
 	for _, t := range []*tablePlan{nat, &fp.Filter} {
 		t.add(pl.fixed(chainCanary), canaryRule...)
 	}
@@ -226,6 +232,30 @@ func (pl planner) fixedChains(f family, fp *familyPlan) {
 
 // canaryRule is the rule of the canary chains.
 var canaryRule = []string{"-m", "comment", "--comment", `"kpng canary: if this rule goes, a full sync follows"`, "-j", "RETURN"}
+
+// clusterIPChecks adds to the filter dispatch, after every service's
+// entries, one rule per cluster IP held (ips: sorted, each once) sending
+// new connections that were not DNATed, to a port no service defines, to
+// the CLUSTER-IPS chain, which rejects them: a cluster IP is virtual and
+// its packets must never be routed out (kube-proxy's rule). The dispatch
+// sorts its entries stably, so that the rules for a port of the address
+// (no endpoints: reject or drop) stay first.
+func (pl planner) clusterIPChecks(t *tablePlan, ips []netip.Addr) {
+	for _, ip := range ips {
+		t.dispatch(ip, "-m", "comment", "--comment", `"kpng cluster IP, port not served"`, "-d", ip.String(), "-j", pl.fixed(chainClusterIPs))
+	}
+}
+
+// serviceCIDRDrops adds to the filter SERVICES chain, after the dispatch,
+// one DROP rule per service CIDR of family f: new connections to the
+// addresses in them that no service holds (the cluster IPs held were
+// DNATed or rejected before). Only the cluster's default proxier is given
+// service CIDRs.
+func (pl planner) serviceCIDRDrops(f family, t *tablePlan, cidrs []netip.Prefix) {
+	for _, c := range prefixesOf(cidrs, f) {
+		t.add(pl.fixed(chainServices), "-m", "comment", "--comment", `"kpng service CIDR, no service"`, "-d", c.String(), "-j", "DROP")
+	}
+}
 
 // nodePortJumps ends the SERVICES chains with the jump to NODEPORTS, on
 // the node's local addresses: those in the NodePortAddresses of the
@@ -263,10 +293,18 @@ func (pl planner) service(f family, fp *familyPlan, se *model.ServiceEndpoints) 
 		}
 	}
 	ports, nodePorts, portProblems := svc.UsablePorts(func(p model.Protocol) bool { return protoName(p) != "" })
-	problems = append(append(problems, rangeProblems...), portProblems...)
+	external, loadBalancer, addrProblems := svc.ServedExternalIPs()
+	problems = append(append(append(problems, rangeProblems...), portProblems...), addrProblems...)
+	if !svc.IPs.Headless {
+		for _, t := range familyTexts(svc.IPs.ClusterIPs, f) {
+			if a, err := netip.ParseAddr(t); err == nil && f.of(a.Unmap()) && a.Zone() == "" {
+				fp.clusterIPs = append(fp.clusterIPs, a.Unmap())
+			}
+		}
+	}
 	for i, p := range ports {
 		nodePort := nodePorts[i]
-		b := portBuilder{planner: pl, f: f, fp: fp, se: se, svc: svc, port: p, problems: &problems}
+		b := portBuilder{planner: pl, f: f, fp: fp, se: se, svc: svc, port: p, problems: &problems, external: external, loadBalancer: loadBalancer}
 		b.build(nodePort, ranges)
 	}
 	return problems
@@ -281,6 +319,9 @@ type portBuilder struct {
 	svc      *model.Service
 	port     *model.PortMapping
 	problems *[]error
+	// external and loadBalancer are the service's external and
+	// load-balancer IPs that it serves (model.Service.ServedExternalIPs).
+	external, loadBalancer model.IPSet
 	// chains are the policy chains built (kindCluster, kindLocal).
 	chains map[string]*policyChain
 }
@@ -336,8 +377,8 @@ func (b *portBuilder) build(nodePort int32, ranges []netip.Prefix) {
 	if !svc.IPs.Headless {
 		clusterIPs = b.addrs("clusterIPs", svc.IPs.ClusterIPs)
 	}
-	externalIPs := b.addrs("externalIPs", svc.IPs.ExternalIPs)
-	lbIPs := b.addrs("loadBalancer ingress IPs", svc.IPs.LoadBalancerIPs)
+	externalIPs := b.addrs("externalIPs", b.external)
+	lbIPs := b.addrs("loadBalancer ingress IPs", b.loadBalancer)
 	// A node port is served in a family only if the service has a
 	// cluster IP in it (as kube-proxy, whose per-family proxiers only see
 	// the service in its own families).

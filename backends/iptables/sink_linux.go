@@ -537,3 +537,14 @@ func Cleanup(cfg Config) error {
 	}
 	return errors.Join(errs...)
 }
+
+// SetCluster implements localsink.ClusterSink: the service CIDRs (given
+// to the cluster's default proxier only) whose addresses no service
+// holds are dropped; the next Sync writes the filter SERVICES chains
+// again.
+func (s *sink) SetCluster(c *model.Cluster) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = true
+	s.st.setCluster(c)
+}

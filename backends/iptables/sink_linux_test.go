@@ -123,9 +123,10 @@ func TestSinkSync(t *testing.T) {
 		t.Fatalf("second Sync: %v", err)
 	}
 	calls = r.take()
-	// IPv4: the nat table changes (filter had nothing of web); IPv6: the
-	// filter table (web rejected there: no IPv6 endpoint).
-	if diff := cmp.Diff([]string{"iptables-legacy-restore --noflush --wait", "ip6tables-legacy-restore --noflush --wait"}, names(calls)); diff != "" {
+	// IPv4: the nat table and the filter table (its cluster IP check);
+	// IPv6: the filter table (web rejected there: no IPv6 endpoint; and
+	// its cluster IP check).
+	if diff := cmp.Diff([]string{"iptables-legacy-restore --noflush --wait", "iptables-legacy-restore --noflush --wait", "ip6tables-legacy-restore --noflush --wait"}, names(calls)); diff != "" {
 		t.Fatalf("second Sync's commands (-want +got):\n%s", diff)
 	}
 	var svcChain string

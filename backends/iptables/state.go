@@ -38,6 +38,22 @@ type state struct {
 	// while sharedValid: until a fragment's dispatch entries change.
 	sharedPlans [2]familyPlan
 	sharedValid bool
+	// serviceCIDRs are the cluster's service CIDRs, given to the default
+	// proxier only (setCluster).
+	serviceCIDRs []netip.Prefix
+}
+
+// setCluster records the cluster-level facts (nil: none); the shared
+// chains follow at the next plan.
+func (st *state) setCluster(c *model.Cluster) {
+	var cidrs []netip.Prefix
+	if c != nil {
+		cidrs = c.ServiceCIDRs
+	}
+	if !slices.Equal(cidrs, st.serviceCIDRs) {
+		st.serviceCIDRs = slices.Clone(cidrs)
+		st.sharedValid = false
+	}
 }
 
 // newState returns an empty state planned by pl.
@@ -153,15 +169,15 @@ func (st *state) updateKeys(added []model.ServiceKey, removed map[model.ServiceK
 }
 
 // sameEntries reports whether fragments a and b (either may be nil: no
-// service) have the same dispatch entries: whether the shared chains
-// stay as they are.
+// service) have the same dispatch entries and cluster IPs: whether the
+// shared chains stay as they are.
 func sameEntries(a, b *fragment) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
 	for f := range a.Families {
 		x, y := &a.Families[f], &b.Families[f]
-		if !slices.Equal(x.NAT.entries, y.NAT.entries) || !slices.Equal(x.Filter.entries, y.Filter.entries) ||
+		if !slices.Equal(x.NAT.entries, y.NAT.entries) || !slices.Equal(x.Filter.entries, y.Filter.entries) || !slices.Equal(x.clusterIPs, y.clusterIPs) ||
 			!slices.Equal(x.NAT.portEntries, y.NAT.portEntries) || !slices.Equal(x.Filter.portEntries, y.Filter.portEntries) {
 			return false
 		}
@@ -274,8 +290,10 @@ func (st *state) assemble(f family, withServices bool) familyPlan {
 	if withServices {
 		fp.Reach = map[dst][]netip.AddrPort{}
 	}
+	var clusterIPs []netip.Addr
 	for _, k := range st.keys {
 		sf := &st.frags[k].Families[f]
+		clusterIPs = append(clusterIPs, sf.clusterIPs...)
 		fp.NAT.entries = append(fp.NAT.entries, sf.NAT.entries...)
 		fp.NAT.portEntries = append(fp.NAT.portEntries, sf.NAT.portEntries...)
 		fp.Filter.entries = append(fp.Filter.entries, sf.Filter.entries...)
@@ -290,8 +308,11 @@ func (st *state) assemble(f family, withServices bool) familyPlan {
 			maps.Copy(fp.Reach, sf.Reach)
 		}
 	}
+	slices.SortFunc(clusterIPs, netip.Addr.Compare)
+	st.pl.clusterIPChecks(&fp.Filter, slices.Compact(clusterIPs))
 	st.pl.dispatchTree(f, "nat", &fp.NAT)
 	st.pl.dispatchTree(f, "filter", &fp.Filter)
+	st.pl.serviceCIDRDrops(f, &fp.Filter, st.serviceCIDRs)
 	st.pl.nodePortJumps(f, &fp)
 	return fp
 }
