@@ -13,31 +13,37 @@ import (
 // server refuses that; a state file or another controller may not: the
 // first is kept). A node port out of range is reported and the port kept
 // without it. Every backend reads a service's ports through it, so that
-// they all keep and refuse the same ones.
+// they all keep and refuse the same ones. Each problem is a *Problem
+// naming the field (spec.ports[i].…).
 func (s *Service) UsablePorts(supported func(Protocol) bool) (ports []*PortMapping, nodePorts []int32, problems []error) {
 	key := s.Key()
 	seen := map[[2]int32]string{}
-	for _, p := range s.Ports {
+	for i, p := range s.Ports {
 		if p == nil {
 			continue
 		}
+		field := func(name string) string { return fmt.Sprintf("spec.ports[%d]%s", i, name) }
 		id := [2]int32{int32(p.Protocol), p.Port}
 		if first, ok := seen[id]; ok {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol and port %s/%d already used by port %q: ignored", key, p.Name, p.Protocol, p.Port, first))
+			problems = append(problems, NewProblem(key, field(""), ReasonBadField,
+				"service %s port %q: protocol and port %s/%d already used by port %q: ignored", key, p.Name, p.Protocol, p.Port, first))
 			continue
 		}
 		seen[id] = p.Name
 		if !supported(p.Protocol) {
-			problems = append(problems, fmt.Errorf("service %s port %q: protocol %d (%s) not supported", key, p.Name, p.Protocol, p.Protocol))
+			problems = append(problems, NewProblem(key, field(".protocol"), ReasonUnsupportedProtocol,
+				"service %s port %q: protocol %d (%s) not supported", key, p.Name, p.Protocol, p.Protocol))
 			continue
 		}
 		if p.Port <= 0 || p.Port > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: port %d out of range", key, p.Name, p.Port))
+			problems = append(problems, NewProblem(key, field(".port"), ReasonBadField,
+				"service %s port %q: port %d out of range", key, p.Name, p.Port))
 			continue
 		}
 		nodePort := p.NodePort
 		if nodePort < 0 || nodePort > 65535 {
-			problems = append(problems, fmt.Errorf("service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
+			problems = append(problems, NewProblem(key, field(".nodePort"), ReasonBadField,
+				"service %s port %q: node port %d out of range: ignored", key, p.Name, nodePort))
 			nodePort = 0
 		}
 		ports = append(ports, p)
@@ -49,11 +55,12 @@ func (s *Service) UsablePorts(supported func(Protocol) bool) (ports []*PortMappi
 // UsableSourceRanges returns the service's loadBalancerSourceRanges a
 // backend can program, masked: all but a zero Prefix (which kpng's
 // inputs never produce, but a program building services itself could
-// leave), reported as a problem naming the service.
+// leave), reported as a *Problem naming the service.
 func (s *Service) UsableSourceRanges() (ranges []netip.Prefix, problems []error) {
 	for _, r := range s.LoadBalancerSourceRanges {
 		if !r.IsValid() {
-			problems = append(problems, fmt.Errorf("service %s: loadBalancerSourceRanges: an invalid (zero) prefix: ignored", s.Key()))
+			problems = append(problems, NewProblem(s.Key(), "spec.loadBalancerSourceRanges", ReasonBadField,
+				"service %s: loadBalancerSourceRanges: an invalid (zero) prefix: ignored", s.Key()))
 			continue
 		}
 		ranges = append(ranges, r.Masked())

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -44,5 +45,37 @@ func TestUsableSourceRanges(t *testing.T) {
 	ranges, problems := s.UsableSourceRanges()
 	if len(ranges) != 2 || ranges[0] != netip.MustParsePrefix("10.0.0.0/8") || len(problems) != 1 || !strings.Contains(problems[0].Error(), "service ns/lb: loadBalancerSourceRanges") {
 		t.Errorf("ranges %v, problems %v", ranges, problems)
+	}
+}
+
+// TestUsablePortsProblems: the problems are Problems naming the field and
+// the reason, whose text is the message.
+func TestUsablePortsProblems(t *testing.T) {
+	s := &Service{Namespace: "ns", Name: "web", Ports: []*PortMapping{
+		{Name: "a", Protocol: TCP, Port: 80},
+		{Name: "dup", Protocol: TCP, Port: 80},
+		{Name: "sctp", Protocol: SCTP, Port: 81},
+		{Name: "np", Protocol: UDP, Port: 82, NodePort: -1},
+	}, LoadBalancerSourceRanges: []netip.Prefix{{}}}
+	_, _, problems := s.UsablePorts(func(p Protocol) bool { return p != SCTP })
+	_, rangeProblems := s.UsableSourceRanges()
+	problems = append(problems, rangeProblems...)
+	key := ServiceKey{Namespace: "ns", Name: "web"}
+	want := []Problem{
+		{key, "spec.ports[1]", ReasonBadField, `service ns/web port "dup": protocol and port TCP/80 already used by port "a": ignored`},
+		{key, "spec.ports[2].protocol", ReasonUnsupportedProtocol, `service ns/web port "sctp": protocol 3 (SCTP) not supported`},
+		{key, "spec.ports[3].nodePort", ReasonBadField, `service ns/web port "np": node port -1 out of range: ignored`},
+		{key, "spec.loadBalancerSourceRanges", ReasonBadField, `service ns/web: loadBalancerSourceRanges: an invalid (zero) prefix: ignored`},
+	}
+	if len(problems) != len(want) {
+		t.Fatalf("problems %v, want %d", problems, len(want))
+	}
+	for i, err := range problems {
+		if got := ProblemOf(key, err); got != want[i] || err.Error() != want[i].Message {
+			t.Errorf("problem %d = %+v (%q), want %+v", i, got, err, want[i])
+		}
+	}
+	if got := ProblemOf(key, errors.New("plain")); got != (Problem{Service: key, Reason: ReasonOther, Message: "plain"}) {
+		t.Errorf("ProblemOf(a plain error) = %+v", got)
 	}
 }
