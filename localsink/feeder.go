@@ -61,17 +61,60 @@ type Round struct {
 	Cluster bool
 	// Err is the sink's Sync error (nil: applied).
 	Err error
+	// Changes are the services of the Update calls, in order, with their
+	// new value (nil: deleted); after a Reset, the whole state. Filled
+	// only when FeederOptions.Observe is set.
+	Changes []Change
+	// Events is the number of source events (informer notifications,
+	// given with Feeder.Seen) behind the changes of the round, FirstEvent
+	// when the first of them was received (zero when the source does not
+	// say, and for retries). Events that changed nothing for the sink
+	// count in the next round delivered.
+	Events     int
+	FirstEvent time.Time
+	// Triggers, for a round applied (Err nil), are the times the changes
+	// it applied were triggered in the cluster, by service (given with
+	// Feeder.Triggered: the EndpointSlice controller's
+	// last-change-trigger-time), those of earlier rounds that failed
+	// included: network programming latency is measured from them.
+	Triggers map[model.ServiceKey][]time.Time
+	// PendingServices and PendingEndpoints are the service and endpoint
+	// changes delivered since the last round applied and not applied yet:
+	// 0 when Err is nil, those of this round and the failed ones before
+	// it otherwise.
+	PendingServices, PendingEndpoints int
+	// Problems are what the sink reports it could not program, after its
+	// Sync (ProblemReporter; nil when it does not report, or has none).
+	// NewProblems are those it did not report after the round before:
+	// the Feeder logs each of them once, at error level.
+	Problems, NewProblems []model.Problem
 }
+
+// Change is one service delivered in a round: its key and new value (nil:
+// deleted).
+type Change struct {
+	Key model.ServiceKey
+	Cur *model.ServiceEndpoints
+}
+
+// maxUnsyncedTriggers bounds the trigger times a Feeder keeps while its
+// sink fails: beyond, the newer ones are not measured.
+const maxUnsyncedTriggers = 10000
 
 // Feeder delivers a source's state to a Sink in rounds, keeping the Sink
 // contract: the source says what each service is now (Update, SetAll),
 // and what the cluster-level facts are (SetCluster, delivered to a
-// ClusterSink), and ends a round with Sync; the Feeder calls the sink only for the services
-// that changed since what the sink holds, in key order, with their
-// previous value, unchanged parts pointer-equal. When the sink's Sync
+// ClusterSink), and ends a round with Sync; the Feeder calls the sink only
+// for the services that changed since what the sink holds, in key order,
+// with their previous value, unchanged parts pointer-equal. When the sink's Sync
 // fails, the Feeder calls it again, with the newer changes if any, with
 // the source's next Sync or after a backoff, whichever comes first
 // (ErrResync: Reset and the whole state).
+//
+// Each round delivered has a record (Round, to FeederOptions.Observe): its
+// size and duration, the sink's result and problems (ProblemReporter),
+// and what the source said of its changes (Seen, Triggered), from which
+// kpng's metrics and health are computed.
 //
 // The source's calls may come from any goroutine, one at a time; retries
 // run on a timer, serialized with them. Close stops the retries. The
@@ -108,6 +151,23 @@ type Feeder struct {
 	retryIn time.Duration
 	backoff time.Duration
 	closed  bool
+
+	// stagedTriggers and pendingTriggers are the trigger times of the
+	// services given (Triggered), as staged and pending are; unsynced
+	// those of the services delivered and not applied yet (nUnsynced
+	// times in all).
+	stagedTriggers, pendingTriggers map[model.ServiceKey][]time.Time
+	unsynced                        map[model.ServiceKey][]time.Time
+	nUnsynced                       int
+	// stagedEvents/stagedFirst and events/firstEvent are the source's
+	// events (Seen), staged and pending.
+	stagedEvents, events    int
+	stagedFirst, firstEvent time.Time
+	// unapplied counts the service and endpoint changes delivered since
+	// the last round applied.
+	unappliedServices, unappliedEndpoints int
+	// problems are the sink's problems after the last round.
+	problems map[model.Problem]struct{}
 }
 
 // NewFeeder returns a Feeder delivering to sink. Its first round starts
@@ -129,6 +189,38 @@ func NewFeeder(sink Sink, opts FeederOptions) *Feeder {
 		staged:      map[model.ServiceKey]*model.ServiceEndpoints{},
 		reset:       true,
 		backoff:     opts.MinRetry,
+
+		stagedTriggers:  map[model.ServiceKey][]time.Time{},
+		pendingTriggers: map[model.ServiceKey][]time.Time{},
+		problems:        map[model.Problem]struct{}{},
+	}
+}
+
+// Triggered records that the changes of service key given since the
+// source's last Sync were triggered in the cluster at times (the
+// EndpointSlice controller's last-change-trigger-time annotation). When
+// the round delivering a change of key is applied, its Round.Triggers hold
+// them; the sink gets them too when it is a TriggerSink. Times of a
+// service whose value does not change for the sink are dropped: nothing
+// is programmed for them.
+func (f *Feeder) Triggered(key model.ServiceKey, times ...time.Time) {
+	if len(times) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stagedTriggers[key] = append(f.stagedTriggers[key], times...)
+}
+
+// Seen records that the changes given since the source's last Sync come
+// from n source events, the first received at first: the next round's
+// Events and FirstEvent.
+func (f *Feeder) Seen(n int, first time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stagedEvents += n
+	if f.stagedFirst.IsZero() || (!first.IsZero() && first.Before(f.stagedFirst)) {
+		f.stagedFirst = first
 	}
 }
 
@@ -260,6 +352,15 @@ func (f *Feeder) Sync() error {
 	if f.stagedReset {
 		f.reset, f.stagedReset = true, false
 	}
+	for key, times := range f.stagedTriggers {
+		f.pendingTriggers[key] = append(f.pendingTriggers[key], times...)
+	}
+	clear(f.stagedTriggers)
+	f.events += f.stagedEvents
+	if f.firstEvent.IsZero() || (!f.stagedFirst.IsZero() && f.stagedFirst.Before(f.firstEvent)) {
+		f.firstEvent = f.stagedFirst
+	}
+	f.stagedEvents, f.stagedFirst = 0, time.Time{}
 	if f.opts.Queued != nil && (len(f.pending) > 0 || f.reset || f.clusterPending) {
 		f.opts.Queued(time.Now())
 	}
@@ -314,7 +415,8 @@ func (f *Feeder) deliver(retry bool) error {
 	}
 	slices.SortFunc(keys, model.ServiceKey.Compare)
 
-	rec := Round{Start: time.Now(), Reset: reset, Retry: retry}
+	rec := Round{Start: time.Now(), Reset: reset, Retry: retry, Events: f.events, FirstEvent: f.firstEvent}
+	triggerSink, _ := f.sink.(TriggerSink)
 	if reset {
 		f.sink.Reset()
 	}
@@ -351,18 +453,37 @@ func (f *Feeder) deliver(retry bool) error {
 		f.sink.Update(key, prev, cur)
 		rec.Services++
 		rec.Endpoints += countEndpointChanges(prev, cur)
+		if f.opts.Observe != nil {
+			rec.Changes = append(rec.Changes, Change{Key: key, Cur: cur})
+		}
+		if times := f.pendingTriggers[key]; len(times) > 0 {
+			if triggerSink != nil {
+				triggerSink.Triggered(key, times)
+			}
+			f.keepTriggers(key, times)
+		}
 	}
+	// The trigger times of the services that did not change for the sink
+	// measure nothing.
+	clear(f.pendingTriggers)
 	if len(keys) > 1024 {
 		// A Go map keeps its buckets: do not hold a whole state's worth
 		// of them for the few services of later rounds.
 		f.pending = map[model.ServiceKey]*model.ServiceEndpoints{}
 	}
 	if !reset && !f.failed && rec.Services == 0 && !rec.Cluster {
-		return nil // nothing changed: no round
+		// Nothing changed: no round. Its events count in the next one.
+		f.firstEvent = time.Time{}
+		return nil
 	}
+	f.events, f.firstEvent = 0, time.Time{}
 	f.reset = false
 	rec.Err = f.sink.Sync()
 	rec.Duration = time.Since(rec.Start)
+	if pr, ok := f.sink.(ProblemReporter); ok {
+		rec.Problems = pr.Problems()
+		rec.NewProblems = f.newProblems(rec.Problems)
+	}
 	if rec.Err == nil {
 		f.failed = false
 		f.backoff = f.opts.MinRetry
@@ -370,7 +491,12 @@ func (f *Feeder) deliver(retry bool) error {
 			f.timer.Stop()
 			f.timer = nil
 		}
+		rec.Triggers, f.unsynced, f.nUnsynced = f.unsynced, nil, 0
+		f.unappliedServices, f.unappliedEndpoints = 0, 0
 	} else {
+		f.unappliedServices += rec.Services
+		f.unappliedEndpoints += rec.Endpoints
+		rec.PendingServices, rec.PendingEndpoints = f.unappliedServices, f.unappliedEndpoints
 		f.failed = true
 		f.reset = errors.Is(rec.Err, ErrResync)
 		f.scheduleRetry()
@@ -381,6 +507,47 @@ func (f *Feeder) deliver(retry bool) error {
 		f.opts.Observe(rec)
 	}
 	return rec.Err
+}
+
+// keepTriggers keeps the trigger times of a change delivered until a round
+// is applied. f.mu is held.
+func (f *Feeder) keepTriggers(key model.ServiceKey, times []time.Time) {
+	if room := maxUnsyncedTriggers - f.nUnsynced; len(times) > room {
+		klog.V(2).InfoS("Too many changes waiting for the backend: their network programming latency is not measured", "service", key, "dropped", len(times)-max(room, 0))
+		times = times[:max(room, 0)]
+	}
+	if len(times) == 0 {
+		return
+	}
+	if f.unsynced == nil {
+		f.unsynced = map[model.ServiceKey][]time.Time{}
+	}
+	f.unsynced[key] = append(f.unsynced[key], times...)
+	f.nUnsynced += len(times)
+}
+
+// newProblems returns the problems of now that were not reported after
+// the previous round, logging each of them (and, at verbosity 2, those
+// resolved), and remembers now. f.mu is held.
+func (f *Feeder) newProblems(now []model.Problem) []model.Problem {
+	var fresh []model.Problem
+	seen := make(map[model.Problem]struct{}, len(now))
+	for _, p := range now {
+		seen[p] = struct{}{}
+		if _, old := f.problems[p]; old {
+			continue
+		}
+		fresh = append(fresh, p)
+		klog.ErrorS(nil, "Part of a service cannot be programmed", "service", klog.KRef(p.Service.Namespace, p.Service.Name),
+			"field", p.Field, "reason", p.Reason, "problem", p.Message)
+	}
+	for p := range f.problems {
+		if _, ok := seen[p]; !ok {
+			klog.V(2).InfoS("Problem resolved", "service", klog.KRef(p.Service.Namespace, p.Service.Name), "field", p.Field, "reason", p.Reason)
+		}
+	}
+	f.problems = seen
+	return fresh
 }
 
 // nextRetry returns the delay of the scheduled retry (0 when none).

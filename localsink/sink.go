@@ -64,6 +64,7 @@ package localsink
 
 import (
 	"errors"
+	"time"
 
 	"sigs.k8s.io/kpng/client/model"
 )
@@ -95,3 +96,26 @@ type ClusterSink interface {
 // round's services again: for a sink that cannot return to the state it
 // held before the round.
 var ErrResync = errors.New("needs the whole state again")
+
+// ProblemReporter is a Sink that says which parts of the state it holds
+// it could not program (a bad field, an address another service has, a
+// protocol it does not proxy). Implementing it is optional: the Feeder
+// asks after each Sync, logs each problem once when it appears, and puts
+// them in the round's record (Round.Problems), from which kpng's metrics
+// count them by reason and its debug endpoint lists them.
+type ProblemReporter interface {
+	// Problems returns the problems of the state the sink holds, as of
+	// its last Sync. It is called like the Sink's methods: one call at a
+	// time, never concurrently with them.
+	Problems() []model.Problem
+}
+
+// TriggerSink is a Sink that passes trigger times on: the times the
+// changes it receives were triggered in the cluster (see
+// Feeder.Triggered), such as the gRPC stream of a kpng controller, whose
+// remote backends measure their network programming latency from them.
+// Implementing it is optional: the Feeder calls Triggered after the Update
+// of a service whose change has trigger times, in the same round.
+type TriggerSink interface {
+	Triggered(key model.ServiceKey, times []time.Time)
+}

@@ -3,6 +3,7 @@ package localsink
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"sigs.k8s.io/kpng/client/model"
 )
@@ -17,6 +18,9 @@ import (
 // that follows reaches only the sinks that failed, with the newer changes
 // when there are some (every sink gets those). A sink that asks for the
 // whole state (ErrResync) gets it with a Reset, and so do the others.
+// The tee reports the problems of the sinks that report some
+// (ProblemReporter) and passes trigger times to those that take them
+// (TriggerSink).
 func Tee(sinks ...Sink) Sink {
 	t := &tee{branches: make([]teeBranch, len(sinks))}
 	for i, s := range sinks {
@@ -77,4 +81,26 @@ func (t *tee) Sync() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Problems implements ProblemReporter: the problems of every sink that
+// reports some, in order.
+func (t *tee) Problems() []model.Problem {
+	var out []model.Problem
+	for _, b := range t.branches {
+		if pr, ok := b.sink.(ProblemReporter); ok {
+			out = append(out, pr.Problems()...)
+		}
+	}
+	return out
+}
+
+// Triggered implements TriggerSink: it passes the times to every sink
+// that takes them.
+func (t *tee) Triggered(key model.ServiceKey, times []time.Time) {
+	for _, b := range t.branches {
+		if ts, ok := b.sink.(TriggerSink); ok {
+			ts.Triggered(key, times)
+		}
+	}
 }
