@@ -81,7 +81,18 @@ type Config struct {
 	// localsink.FeederOptions).
 	Observe func(localsink.Round)
 	Queued  func(time.Time)
+	// NodeEligible, if set (and NodeName is), is told whether the node is
+	// eligible to receive load-balancer traffic, as kube-proxy's /healthz
+	// requires (KEP-3836): the Node exists, is not being deleted and has
+	// no ToBeDeletedByClusterAutoscaler taint. It is called once the
+	// informers have synced, then on each change, from the informers'
+	// goroutines, one call at a time.
+	NodeEligible func(eligible bool)
 }
+
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it
+// is about to delete: a node with it is not eligible (Config.NodeEligible).
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // Watcher follows the API server and feeds a Sink. Create it with New.
 type Watcher struct {
@@ -100,6 +111,17 @@ type Watcher struct {
 	// the last round.
 	serviceCIDRs map[string][]string
 	clusterDirty bool
+	// start is when Run started: trigger times before it are not
+	// measured (they would count the watcher's own start). triggers are
+	// the trigger times of the slices changed since the last round, by
+	// service; events the Service and EndpointSlice events received
+	// since, the first at firstEvent.
+	start      time.Time
+	triggers   map[model.ServiceKey][]time.Time
+	events     int
+	firstEvent time.Time
+	// eligible is the node's eligibility as last reported (nil: not yet).
+	eligible *bool
 }
 
 // New checks cfg and returns a Watcher.
@@ -126,6 +148,7 @@ func New(cfg Config) (*Watcher, error) {
 		owners:   map[string]model.ServiceKey{},
 		dirty:    map[model.ServiceKey]struct{}{},
 		notify:   make(chan struct{}, 1),
+		triggers: map[model.ServiceKey][]time.Time{},
 
 		serviceCIDRs: map[string][]string{},
 	}, nil
@@ -147,11 +170,22 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	watchCIDRs := w.cfg.ServiceProxyName == "" && w.serviceCIDRsServed(ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	w.mu.Lock()
+	w.start = time.Now()
+	w.mu.Unlock()
 
+	// What the watcher does not read is dropped from the caches; of the
+	// annotations, only the EndpointSlice controller's trigger time.
 	strip := func(obj any) (any, error) {
 		if m, err := meta.Accessor(obj); err == nil {
 			m.SetManagedFields(nil)
-			m.SetAnnotations(nil)
+			var keep map[string]string
+			if t, ok := m.GetAnnotations()[v1.EndpointsLastChangeTriggerTime]; ok {
+				if _, isSlice := obj.(*discovery.EndpointSlice); isSlice {
+					keep = map[string]string{v1.EndpointsLastChangeTriggerTime: t}
+				}
+			}
+			m.SetAnnotations(keep)
 		}
 		return obj, nil
 	}
@@ -213,6 +247,14 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 		return nil // ctx cancelled
 	}
 	klog.InfoS("Informers synced", "selector", w.selector)
+	if w.cfg.NodeName != "" {
+		// A node the informer did not list does not exist.
+		w.mu.Lock()
+		if w.eligible == nil {
+			w.setEligible(false, "the Node does not exist")
+		}
+		w.mu.Unlock()
+	}
 
 	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: w.cfg.Observe, Queued: w.cfg.Queued})
 	defer feeder.Close()
@@ -327,6 +369,7 @@ func (w *Watcher) onService(obj any, deleted bool) {
 	key := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.countEvent()
 	if deleted {
 		delete(w.services, key)
 	} else {
@@ -345,9 +388,14 @@ func (w *Watcher) onSlice(obj any, deleted bool) {
 	svcName := s.Labels[discovery.LabelServiceName]
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.countEvent()
 	// A slice may move to another service (its service-name label
 	// changed): take it out of its previous owner first.
 	if old, had := w.owners[id]; had && (deleted || old.Name != svcName) {
+		// As kube-proxy: a deletion's trigger time is that of the
+		// slice's last update, not of the deletion; the service's
+		// times are not measured.
+		delete(w.triggers, old)
 		delete(w.slices[old], s.Name)
 		if len(w.slices[old]) == 0 {
 			delete(w.slices, old)
@@ -360,6 +408,7 @@ func (w *Watcher) onSlice(obj any, deleted bool) {
 		if w.slices[key] == nil {
 			w.slices[key] = map[string]*discovery.EndpointSlice{}
 		}
+		w.noteTrigger(key, w.slices[key][s.Name], s)
 		w.slices[key][s.Name] = s
 		w.owners[id] = key
 		w.dirty[key] = struct{}{}
@@ -378,8 +427,10 @@ func (w *Watcher) onNode(obj any, deleted bool) {
 	if !deleted {
 		zone = n.Labels[zoneLabel]
 	}
+	eligible, why := nodeEligibility(n, deleted)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.setEligible(eligible, why)
 	if zone == w.node.Zone {
 		return
 	}
@@ -390,6 +441,70 @@ func (w *Watcher) onNode(obj any, deleted bool) {
 		w.dirty[key] = struct{}{}
 	}
 	w.signal()
+}
+
+// nodeEligibility says whether node n (deleted: its last state before
+// its deletion) is eligible for load-balancer traffic (see
+// Config.NodeEligible), and if not, why.
+func nodeEligibility(n *v1.Node, deleted bool) (bool, string) {
+	switch {
+	case deleted:
+		return false, "the Node was deleted"
+	case n.DeletionTimestamp != nil:
+		return false, "the Node is being deleted"
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == ToBeDeletedTaint {
+			return false, "the Node has the " + ToBeDeletedTaint + " taint"
+		}
+	}
+	return true, ""
+}
+
+// setEligible reports the node's eligibility when it changed. w.mu is
+// held.
+func (w *Watcher) setEligible(eligible bool, why string) {
+	if w.eligible != nil && *w.eligible == eligible {
+		return
+	}
+	w.eligible = &eligible
+	if eligible {
+		klog.InfoS("Node eligible for load-balancer traffic", "node", w.cfg.NodeName)
+	} else {
+		klog.InfoS("Node not eligible for load-balancer traffic: /healthz fails", "node", w.cfg.NodeName, "reason", why)
+	}
+	if w.cfg.NodeEligible != nil {
+		w.cfg.NodeEligible(eligible)
+	}
+}
+
+// countEvent counts a Service or EndpointSlice event for the next round.
+// w.mu is held.
+func (w *Watcher) countEvent() {
+	if w.events == 0 {
+		w.firstEvent = time.Now()
+	}
+	w.events++
+}
+
+// noteTrigger records the trigger time of slice s of service key (the
+// EndpointSlice controller's last-change-trigger-time annotation), unless
+// it is that of the slice's previous version old, or from before the
+// watcher started. w.mu is held.
+func (w *Watcher) noteTrigger(key model.ServiceKey, old, s *discovery.EndpointSlice) {
+	text, ok := s.Annotations[v1.EndpointsLastChangeTriggerTime]
+	if !ok || (old != nil && old.Annotations[v1.EndpointsLastChangeTriggerTime] == text) {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, text)
+	if err != nil {
+		klog.ErrorS(err, "Bad trigger time: the change's network programming latency is not measured", "endpointSlice", klog.KObj(s),
+			"field", "metadata.annotations["+v1.EndpointsLastChangeTriggerTime+"]")
+		return
+	}
+	if t.After(w.start) {
+		w.triggers[key] = append(w.triggers[key], t)
+	}
 }
 
 func (w *Watcher) onServiceCIDR(obj any, deleted bool) {
@@ -429,17 +544,32 @@ func (w *Watcher) cluster() *model.Cluster {
 	return &model.Cluster{ServiceCIDRs: cidrs}
 }
 
+// round is what snapshot takes for a round: the new state of the services
+// changed, with the trigger times and events behind them, and the
+// cluster-level facts when they changed (clusterChanged false: they did
+// not).
+type round struct {
+	keys           []model.ServiceKey
+	states         map[model.ServiceKey]*model.ServiceEndpoints
+	triggers       map[model.ServiceKey][]time.Time
+	events         int
+	firstEvent     time.Time
+	cluster        *model.Cluster
+	clusterChanged bool
+}
+
 // snapshot builds the new state of every dirty service (nil: gone) under the
 // lock, so that a round reflects one consistent view of the caches, and the
-// cluster-level facts when they changed (changed false: they did not).
-func (w *Watcher) snapshot() (keys []model.ServiceKey, states map[model.ServiceKey]*model.ServiceEndpoints, cluster *model.Cluster, changed bool) {
+// cluster-level facts when they changed.
+func (w *Watcher) snapshot() round {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	var r round
 	if w.clusterDirty {
-		cluster, changed, w.clusterDirty = w.cluster(), true, false
+		r.cluster, r.clusterChanged, w.clusterDirty = w.cluster(), true, false
 	}
-	keys = make([]model.ServiceKey, 0, len(w.dirty))
-	states = make(map[model.ServiceKey]*model.ServiceEndpoints, len(w.dirty))
+	keys := make([]model.ServiceKey, 0, len(w.dirty))
+	states := make(map[model.ServiceKey]*model.ServiceEndpoints, len(w.dirty))
 	for key := range w.dirty {
 		keys = append(keys, key)
 		svc, ok := w.services[key]
@@ -455,20 +585,30 @@ func (w *Watcher) snapshot() (keys []model.ServiceKey, states map[model.ServiceK
 	}
 	clear(w.dirty)
 	slices.SortFunc(keys, model.ServiceKey.Compare)
-	return keys, states, cluster, changed
+	r.keys, r.states, r.events, r.firstEvent = keys, states, w.events, w.firstEvent
+	if len(w.triggers) > 0 {
+		r.triggers, w.triggers = w.triggers, map[model.ServiceKey][]time.Time{}
+	}
+	w.events, w.firstEvent = 0, time.Time{}
+	return r
 }
 
-// deliver hands the changed services to the feeder and ends the round (the
-// feeder delivers what differs from what the sink holds, and retries what
-// the sink fails to apply).
+// deliver hands the changed services to the feeder, with their trigger
+// times and the events behind them, and ends the round (the feeder
+// delivers what differs from what the sink holds, and retries what the
+// sink fails to apply).
 func (w *Watcher) deliver(f *localsink.Feeder) {
-	keys, states, cluster, changed := w.snapshot()
-	if changed {
-		f.SetCluster(cluster)
+	r := w.snapshot()
+	if r.clusterChanged {
+		f.SetCluster(r.cluster)
 	}
-	for _, key := range keys {
-		f.Update(key, states[key])
+	for _, key := range r.keys {
+		f.Update(key, r.states[key])
 	}
+	for key, times := range r.triggers {
+		f.Triggered(key, times...)
+	}
+	f.Seen(r.events, r.firstEvent)
 	err := f.Sync()
-	klog.V(2).InfoS("Delivered state", "dirtyServices", len(keys), "services", f.Len(), "failed", err != nil)
+	klog.V(2).InfoS("Delivered state", "dirtyServices", len(r.keys), "services", f.Len(), "failed", err != nil)
 }
