@@ -105,8 +105,9 @@ var ErrResync = errors.New("needs the whole state again")
 // count them by reason and its debug endpoint lists them.
 type ProblemReporter interface {
 	// Problems returns the problems of the state the sink holds, as of
-	// its last Sync. It is called like the Sink's methods: one call at a
-	// time, never concurrently with them.
+	// its last Sync, in a slice the caller may keep (the sink does not
+	// modify it afterwards). It is called like the Sink's methods: one
+	// call at a time, never concurrently with them.
 	Problems() []model.Problem
 }
 

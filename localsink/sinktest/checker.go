@@ -27,7 +27,9 @@ import (
 // forwards the calls to Next, when set (SetCluster when Next is a
 // ClusterSink), and can make Syncs fail (FailSyncs) to check a
 // source's retries. It is safe to read (Err, State, Rounds) from another
-// goroutine than the one calling it.
+// goroutine than the one calling it. It passes on Next's problems
+// (localsink.ProblemReporter) and trigger times to Next
+// (localsink.TriggerSink), checking when they come.
 type Checker struct {
 	// Next, if set, receives every call after it is checked; its Sync
 	// error is returned.
@@ -67,7 +69,11 @@ type Checker struct {
 	errs  []error
 }
 
-var _ localsink.ClusterSink = (*Checker)(nil)
+var (
+	_ localsink.ClusterSink     = (*Checker)(nil)
+	_ localsink.ProblemReporter = (*Checker)(nil)
+	_ localsink.TriggerSink     = (*Checker)(nil)
+)
 
 // NewChecker returns a Checker forwarding to next (nil: none).
 func NewChecker(next localsink.Sink) *Checker {
@@ -293,6 +299,32 @@ func (c *Checker) Sync() error {
 	default:
 	}
 	return err
+}
+
+// Problems implements localsink.ProblemReporter: Next's problems, when it
+// reports some.
+func (c *Checker) Problems() []model.Problem {
+	defer c.enter("Problems")()
+	if pr, ok := c.Next.(localsink.ProblemReporter); ok {
+		return pr.Problems()
+	}
+	return nil
+}
+
+// Triggered implements localsink.TriggerSink: it checks that the times come
+// in a round, right after the Update of their service, with at least one
+// time, and passes them to Next when it takes them.
+func (c *Checker) Triggered(key model.ServiceKey, times []time.Time) {
+	defer c.enter("Triggered")()
+	switch {
+	case !c.inRound || c.lastKey == nil || *c.lastKey != key:
+		c.violation("Triggered for %s not right after its Update", key)
+	case len(times) == 0:
+		c.violation("Triggered for %s without a time", key)
+	}
+	if ts, ok := c.Next.(localsink.TriggerSink); ok {
+		ts.Triggered(key, times)
+	}
 }
 
 // checkFrozen checks that the values held were not modified since they
