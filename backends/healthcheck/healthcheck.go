@@ -2,7 +2,10 @@
 // kube-proxy does: a LoadBalancer Service with externalTrafficPolicy: Local
 // gets a healthCheckNodePort, and the cloud load balancer asks each node,
 // over HTTP on that port, whether it has local endpoints for the service
-// (200) or not (503), to send traffic only to the nodes that do.
+// (200) or not (503), to send traffic only to the nodes that do. As
+// kube-proxy's, a port also answers 503 while the proxier itself is not
+// healthy (Config.Healthy): a node whose rules lag behind gets no new
+// traffic.
 //
 // As kube-proxy, a port listens only on the node's addresses that
 // --nodeport-addresses selects (Config.NodePortAddresses), in the
@@ -22,6 +25,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -49,6 +53,10 @@ type Config struct {
 	// here (or with a /0 one), every address of that family but loopback.
 	// Link-local addresses are never used.
 	NodePortAddresses []netip.Prefix
+	// Healthy reports whether the proxier is healthy (its changes are
+	// applied in time: metrics.Recorder.Healthy); while it is not, every
+	// port answers 503. nil means always healthy.
+	Healthy func() bool
 }
 
 // Sink serves the health check node ports of the services it receives.
@@ -56,8 +64,10 @@ type Config struct {
 type Sink struct {
 	cfg Config
 	// services are the services that ask for a health check, as of the
-	// last Update (touched only by the caller's goroutine).
+	// last Update, and problems those of the last Sync (touched only by
+	// the caller's goroutine).
 	services map[model.ServiceKey]*model.ServiceEndpoints
+	problems []model.Problem
 
 	mu      sync.Mutex
 	ports   map[int32]*port
@@ -68,6 +78,7 @@ type Sink struct {
 // port is one served health check node port: one server, listening on
 // each of the addresses chosen for it.
 type port struct {
+	healthy   func() bool
 	server    *http.Server
 	listeners map[netip.Addr]net.Listener
 	mu        sync.Mutex
@@ -86,7 +97,8 @@ type body struct {
 		Namespace string `json:"namespace"`
 		Name      string `json:"name"`
 	} `json:"service"`
-	LocalEndpoints int `json:"localEndpoints"`
+	LocalEndpoints      int  `json:"localEndpoints"`
+	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
 // New returns a health check server that serves nothing until its first
@@ -98,10 +110,21 @@ func New(cfg Config) *Sink {
 	if cfg.Addresses == nil {
 		cfg.Addresses = interfaceAddresses
 	}
+	if cfg.Healthy == nil {
+		cfg.Healthy = func() bool { return true }
+	}
 	return &Sink{cfg: cfg, services: map[model.ServiceKey]*model.ServiceEndpoints{}, ports: map[int32]*port{}}
 }
 
-var _ localsink.Sink = (*Sink)(nil)
+var (
+	_ localsink.Sink            = (*Sink)(nil)
+	_ localsink.ProblemReporter = (*Sink)(nil)
+)
+
+// Problems implements localsink.ProblemReporter: the health check node
+// ports out of range, or used by a service before in key order, as of the
+// last Sync.
+func (s *Sink) Problems() []model.Problem { return s.problems }
 
 // Reset implements localsink.Sink.
 func (s *Sink) Reset() { clear(s.services) }
@@ -126,6 +149,7 @@ func (s *Sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 func (s *Sink) Sync() error {
 	want := map[int32]answer{}
 	families := map[int32][2]bool{} // IPv4, IPv6
+	var problems []model.Problem
 	keys := make([]model.ServiceKey, 0, len(s.services))
 	for key := range s.services {
 		keys = append(keys, key)
@@ -135,11 +159,13 @@ func (s *Sink) Sync() error {
 		se := s.services[key]
 		p := se.Service.HealthCheckNodePort
 		if p > 65535 {
-			klog.InfoS("Health check node port out of range: not served", "service", key, "field", "spec.healthCheckNodePort", "value", p)
+			problems = append(problems, *model.NewProblem(key, "spec.healthCheckNodePort", model.ReasonBadField,
+				"service %s: health check node port %d out of range: not served", key, p))
 			continue
 		}
 		if other, ok := want[p]; ok {
-			klog.InfoS("Health check node port already used by another service: not served", "service", key, "port", p, "usedBy", other.Service)
+			problems = append(problems, *model.NewProblem(key, "spec.healthCheckNodePort", model.ReasonAddressConflict,
+				"service %s: health check node port %d already used by service %s: not served", key, p, other.Service))
 			continue
 		}
 		n := 0
@@ -150,12 +176,14 @@ func (s *Sink) Sync() error {
 		}
 		ips := se.Service.IPs.ClusterIPs
 		if se.Service.IPs.Headless || ips.IsEmpty() {
-			klog.InfoS("Health check node port of a service without a cluster IP: not served", "service", key, "port", p)
+			problems = append(problems, *model.NewProblem(key, "spec.clusterIPs", model.ReasonBadField,
+				"service %s: health check node port %d of a service without a cluster IP: not served", key, p))
 			continue
 		}
 		want[p] = answer{Service: key, LocalEndpoints: n}
 		families[p] = [2]bool{len(ips.V4) > 0, len(ips.V6) > 0}
 	}
+	s.problems = problems
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -182,7 +210,7 @@ func (s *Sink) Sync() error {
 		a := want[p]
 		pt := s.ports[p]
 		if pt == nil {
-			pt = &port{listeners: map[netip.Addr]net.Listener{}}
+			pt = &port{healthy: s.cfg.Healthy, listeners: map[netip.Addr]net.Listener{}}
 			pt.server = &http.Server{Handler: pt, ReadHeaderTimeout: 5 * time.Second}
 			s.ports[p] = pt
 		}
@@ -324,7 +352,10 @@ func (s *Sink) Close() {
 	s.servers.Wait()
 }
 
-// ServeHTTP answers a health check: 200 with local endpoints, 503 without.
+// ServeHTTP answers a health check: 200 with local endpoints while the
+// proxier is healthy, 503 otherwise; the header
+// X-Load-Balancing-Endpoint-Weight holds the number of local endpoints,
+// as kube-proxy's.
 func (pt *port) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	pt.mu.Lock()
 	a := pt.state
@@ -332,9 +363,11 @@ func (pt *port) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	var b body
 	b.Service.Namespace, b.Service.Name = a.Service.Namespace, a.Service.Name
 	b.LocalEndpoints = a.LocalEndpoints
+	b.ServiceProxyHealthy = pt.healthy()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if a.LocalEndpoints == 0 {
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(a.LocalEndpoints))
+	if a.LocalEndpoints == 0 || !b.ServiceProxyHealthy {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	} else {
 		w.WriteHeader(http.StatusOK)

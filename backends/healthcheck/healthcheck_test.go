@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -259,5 +261,75 @@ func TestHealthCheckListenErrorNextSync(t *testing.T) {
 	}
 	if code, b := get(t, ports[0]); code != http.StatusOK || b.Service.Name != "a" {
 		t.Errorf("the other port: %d %+v, want 200 for default/a", code, b)
+	}
+}
+
+// TestHealthCheckProxierUnhealthy: while the proxier is not healthy, a
+// port answers 503 even with local endpoints, as kube-proxy's do; the
+// answer says so, and carries the endpoint weight header.
+func TestHealthCheckProxierUnhealthy(t *testing.T) {
+	ports := freePorts(t, 1)
+	var healthy atomic.Bool
+	healthy.Store(true)
+	cfg := loopback
+	cfg.Healthy = healthy.Load
+	s := New(cfg)
+	defer s.Close()
+	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
+	f.SetAll([]*model.ServiceEndpoints{withEndpoints(lbService("lb", ports[0], true), endpoint("10.1.0.1", true, true), endpoint("10.1.0.2", true, true))})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if code, b := get(t, ports[0]); code != http.StatusOK || !b.ServiceProxyHealthy {
+		t.Errorf("healthy proxier: %d %+v, want 200", code, b)
+	}
+	healthy.Store(false)
+	if code, b := get(t, ports[0]); code != http.StatusServiceUnavailable || b.ServiceProxyHealthy || b.LocalEndpoints != 2 {
+		t.Errorf("unhealthy proxier: %d %+v, want 503 with 2 local endpoints", code, b)
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", ports[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if w := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"); w != "2" {
+		t.Errorf("X-Load-Balancing-Endpoint-Weight: %q, want 2", w)
+	}
+	healthy.Store(true)
+	if code, _ := get(t, ports[0]); code != http.StatusOK {
+		t.Errorf("healthy again: %d, want 200", code)
+	}
+}
+
+// TestHealthCheckProblems: a port out of range, used by another service,
+// or of a service without a cluster IP is a problem the sink reports,
+// naming the service and the field.
+func TestHealthCheckProblems(t *testing.T) {
+	ports := freePorts(t, 1)
+	s := New(loopback)
+	defer s.Close()
+	headless := lbService("d", ports[0]+1, true)
+	headless.IPs = model.ServiceIPs{Headless: true}
+	var rounds []localsink.Round
+	f := feed(t, s, localsink.FeederOptions{NoRetry: true, Observe: func(r localsink.Round) { rounds = append(rounds, r) }})
+	f.SetAll([]*model.ServiceEndpoints{
+		withEndpoints(lbService("a", ports[0], true)),
+		withEndpoints(lbService("b", ports[0], true)),
+		withEndpoints(lbService("c", 70000, true)),
+		withEndpoints(headless),
+	})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	want := []model.Problem{
+		{Service: model.ServiceKey{Namespace: "default", Name: "b"}, Field: "spec.healthCheckNodePort", Reason: model.ReasonAddressConflict,
+			Message: fmt.Sprintf("service default/b: health check node port %d already used by service default/a: not served", ports[0])},
+		{Service: model.ServiceKey{Namespace: "default", Name: "c"}, Field: "spec.healthCheckNodePort", Reason: model.ReasonBadField,
+			Message: "service default/c: health check node port 70000 out of range: not served"},
+		{Service: model.ServiceKey{Namespace: "default", Name: "d"}, Field: "spec.clusterIPs", Reason: model.ReasonBadField,
+			Message: fmt.Sprintf("service default/d: health check node port %d of a service without a cluster IP: not served", ports[0]+1)},
+	}
+	if len(rounds) != 1 || !slices.Equal(rounds[0].Problems, want) {
+		t.Errorf("problems %+v, want %+v", rounds[0].Problems, want)
 	}
 }
