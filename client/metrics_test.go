@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,9 +14,14 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sigs.k8s.io/kpng/backends/healthcheck"
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/localsink"
 )
 
 // failingSink is a sink whose Sync fails while fail is set.
@@ -42,7 +48,8 @@ func freeAddr(t *testing.T) string {
 }
 
 // counters scrapes addr's /metrics with Prometheus' text parser and
-// returns the kpng counters.
+// returns the kpng counters, gauges and histograms (their sample count),
+// summed over their labels.
 func counters(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -59,8 +66,13 @@ func counters(t *testing.T, addr string) map[string]float64 {
 	for name, f := range families {
 		if strings.HasPrefix(name, "kpng_") {
 			for _, m := range f.GetMetric() {
-				if c := m.GetCounter(); c != nil {
-					out[name] += c.GetValue()
+				switch {
+				case m.GetCounter() != nil:
+					out[name] += m.GetCounter().GetValue()
+				case m.GetGauge() != nil:
+					out[name] += m.GetGauge().GetValue()
+				case m.GetHistogram() != nil:
+					out[name] += float64(m.GetHistogram().GetSampleCount())
 				}
 			}
 		}
@@ -91,35 +103,37 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-// TestMetricsAndHealth runs the watcher with --metrics-bind-address and
-// --healthz-bind-address against the real API server: one endpoint
-// change moves the change counters by exactly one; a backend whose rounds
-// fail turns /healthz and /livez to 503 after --healthz-timeout, and back
-// to 200 after a success.
-func TestMetricsAndHealth(t *testing.T) {
-	cp.Require(t)
-	kc := kubetest.Client{T: t, C: cp.Client()}
-	ns := kubetest.Namespace(t, cp.Client())
-	name := kubetest.UniqueName("metrics")
-	svc := kc.CreateService(kubetest.Service(ns, "a", name))
-	slice := kc.CreateSlice(kubetest.Slice(svc, "a-1", kubetest.EP{IP: "10.8.0.1", Node: "me"}))
+// loopback listens on 127.0.0.1 only: the health check node ports of the
+// tests.
+func loopback(network, address string) (net.Listener, error) {
+	return net.Listen(network, "127.0.0.1"+address)
+}
 
-	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
-	f := Flags{Kubeconfig: cp.KubeconfigPath(), ServiceProxyName: name, NodeName: "me",
-		MetricsBindAddress: metricsAddr, HealthzBindAddress: healthAddr, HealthzTimeout: time.Second}
-	sink := &failingSink{}
+// createNode creates a Node named uniquely and returns its name.
+func createNode(t *testing.T) string {
+	t.Helper()
+	name := kubetest.UniqueName("node")
+	if _, err := cp.Client().CoreV1().Nodes().Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// runWithMetrics runs f with sink until the test ends, and waits for its
+// servers.
+func runWithMetrics(t *testing.T, f *Flags, sink localsink.Sink) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx, sink) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	}()
-
+	})
 	waitFor(t, "the servers", func() bool {
-		for _, a := range []string{metricsAddr, healthAddr} {
+		for _, a := range []string{f.MetricsBindAddress, f.HealthzBindAddress} {
 			c, err := net.Dial("tcp", a)
 			if err != nil {
 				return false
@@ -128,25 +142,80 @@ func TestMetricsAndHealth(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestMetricsAndHealth runs the watcher with --metrics-bind-address and
+// --healthz-bind-address against the real API server, with a backend
+// beside a health check node port: one endpoint change moves the change
+// counters by exactly one and records exactly one network programming
+// latency sample; a backend whose rounds fail turns /healthz, /livez and
+// the health check node port to 503 after --healthz-timeout, and back to
+// 200 after a success; the debug endpoint lists the service.
+func TestMetricsAndHealth(t *testing.T) {
+	cp.Require(t)
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("metrics")
+	node := createNode(t)
+	svc := kc.CreateService(kubetest.Service(ns, "a", name, func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	}))
+	hcPort := svc.Spec.HealthCheckNodePort
+	slice := kc.CreateSlice(kubetest.Slice(svc, "a-1", kubetest.EP{IP: "10.8.0.1", Node: node}))
+
+	f := Flags{Kubeconfig: cp.KubeconfigPath(), ServiceProxyName: name, NodeName: node,
+		MetricsBindAddress: freeAddr(t), HealthzBindAddress: freeAddr(t), HealthzTimeout: time.Second}
+	// Started before Run, so that the health check port asks its
+	// Recorder: the servers are the test's, closed at its end.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	rec, err := f.StartMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := healthcheck.New(healthcheck.Config{Listen: loopback, Healthy: rec.Healthy})
+	defer hc.Close()
+	sink := &failingSink{}
+	runWithMetrics(t, &f, localsink.Tee(sink, hc))
+	metricsAddr, healthAddr, hcAddr := f.MetricsBindAddress, f.HealthzBindAddress, fmt.Sprintf("127.0.0.1:%d", hcPort)
+
 	waitFor(t, "the first round", func() bool { return counters(t, metricsAddr)["kpng_sync_proxy_rules_service_changes_total"] == 1 })
+	waitFor(t, "/healthz 200 (the node exists)", func() bool { return status(t, healthAddr, "/healthz") == http.StatusOK })
+	if c := status(t, hcAddr, "/"); c != http.StatusOK {
+		t.Errorf("health check node port %d: %d, want 200 (one local endpoint)", hcPort, c)
+	}
 	before := counters(t, metricsAddr)
 	slice.Endpoints[0].Addresses = []string{"10.8.0.2"}
+	// As the EndpointSlice controller does.
+	slice.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
 	slice = kc.UpdateSlice(slice)
 	waitFor(t, "the change's round", func() bool {
 		return counters(t, metricsAddr)["kpng_sync_proxy_rules_service_changes_total"] == before["kpng_sync_proxy_rules_service_changes_total"]+1
 	})
 	after := counters(t, metricsAddr)
 	// The endpoint 10.8.0.1 went and 10.8.0.2 came: two endpoint changes
-	// in one service change, in one round.
-	for name, want := range map[string]float64{"kpng_sync_proxy_rules_endpoint_changes_total": 2, "kpng_rounds_total": 1, "kpng_sync_proxy_rules_failures_total": 0} {
+	// in one service change, in one round, from one event, applied.
+	for name, want := range map[string]float64{
+		"kpng_sync_proxy_rules_endpoint_changes_total": 2, "kpng_rounds_total": 1, "kpng_sync_proxy_rules_failures_total": 0,
+		"kpng_network_programming_duration_seconds": 1, "kpng_events_total": 1, "kpng_event_delivery_duration_seconds": 1,
+		"kpng_services": 0, "kpng_endpoints": 0,
+	} {
 		if got := after[name] - before[name]; got != want {
 			t.Errorf("%s moved by %v, want %v", name, got, want)
 		}
+	}
+	if after["kpng_services"] != 1 || after["kpng_endpoints"] != 1 {
+		t.Errorf("held: %v services, %v endpoints; want 1, 1", after["kpng_services"], after["kpng_endpoints"])
 	}
 	for _, p := range []string{"/healthz", "/livez"} {
 		if c := status(t, healthAddr, p); c != http.StatusOK {
 			t.Errorf("%s: %d, want 200", p, c)
 		}
+	}
+	debug := get(t, metricsAddr, metrics.DebugPath)
+	if !strings.Contains(debug, `"Name": "a"`) || !strings.Contains(debug, `"10.8.0.2"`) {
+		t.Errorf("the debug endpoint does not list service a with 10.8.0.2:\n%s", debug)
 	}
 
 	// The backend fails: unhealthy after the timeout, healthy again after
@@ -158,11 +227,79 @@ func TestMetricsAndHealth(t *testing.T) {
 	if c := status(t, healthAddr, "/livez"); c != http.StatusServiceUnavailable {
 		t.Errorf("/livez while failing: %d, want 503", c)
 	}
-	if got := counters(t, metricsAddr)["kpng_sync_proxy_rules_failures_total"]; got < 1 {
-		t.Errorf("failures counted: %v", got)
+	if c := status(t, hcAddr, "/"); c != http.StatusServiceUnavailable {
+		t.Errorf("health check node port while failing: %d, want 503", c)
+	}
+	m := counters(t, metricsAddr)
+	if m["kpng_sync_proxy_rules_failures_total"] < 1 || m["kpng_sync_proxy_rules_service_changes_pending"] != 1 {
+		t.Errorf("failures counted: %v, pending service changes: %v (want 1)", m["kpng_sync_proxy_rules_failures_total"], m["kpng_sync_proxy_rules_service_changes_pending"])
 	}
 	sink.fail.Store(false)
 	waitFor(t, "/healthz 200 after a success", func() bool { return status(t, healthAddr, "/healthz") == http.StatusOK })
+	if c := status(t, hcAddr, "/"); c != http.StatusOK {
+		t.Errorf("health check node port after a success: %d, want 200", c)
+	}
+}
+
+// TestHealthzNodeEligibility: /healthz requires the node to be eligible
+// (KEP-3836): tainted ToBeDeletedByClusterAutoscaler or deleted, it
+// answers 503; /livez does not look at the node.
+func TestHealthzNodeEligibility(t *testing.T) {
+	cp.Require(t)
+	node := createNode(t)
+	f := Flags{Kubeconfig: cp.KubeconfigPath(), ServiceProxyName: kubetest.UniqueName("elig"), NodeName: node,
+		MetricsBindAddress: freeAddr(t), HealthzBindAddress: freeAddr(t), HealthzTimeout: time.Minute}
+	runWithMetrics(t, &f, &failingSink{})
+	addr := f.HealthzBindAddress
+	expect := func(what string, healthz int) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("/healthz %d (%s)", healthz, what), func() bool { return status(t, addr, "/healthz") == healthz })
+		if c := status(t, addr, "/livez"); c != http.StatusOK {
+			t.Errorf("%s: /livez %d, want 200", what, c)
+		}
+	}
+	expect("the node exists", http.StatusOK)
+	nodes := cp.Client().CoreV1().Nodes()
+	ctx := context.Background()
+	n, err := nodes.Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Taints = []v1.Taint{{Key: "ToBeDeletedByClusterAutoscaler", Effect: v1.TaintEffectNoSchedule}}
+	if n, err = nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("the node is tainted", http.StatusServiceUnavailable)
+	if body := get(t, addr, "/healthz"); !strings.Contains(body, `"nodeEligible":false`) {
+		t.Errorf("/healthz body %s, want nodeEligible false", body)
+	}
+	if body := get(t, addr, "/livez"); strings.Contains(body, "nodeEligible") {
+		t.Errorf("/livez body %s, want no nodeEligible", body)
+	}
+	n.Spec.Taints = nil
+	if _, err = nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("the taint is removed", http.StatusOK)
+	if err := nodes.Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("the node is deleted", http.StatusServiceUnavailable)
+}
+
+// get returns the body of GET addr/path.
+func get(t *testing.T, addr, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // TestMetricsServersEndWithRun: a Run that fails early closes the servers

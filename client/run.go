@@ -53,9 +53,11 @@ type Flags struct {
 	MetricsBindAddress, HealthzBindAddress string
 	HealthzTimeout                         time.Duration
 	// Observe and Queued, set by StartMetrics, receive each round
-	// delivered and queued (the watcher's and the remote client's).
-	Observe func(localsink.Round)
-	Queued  func(time.Time)
+	// delivered and queued (the watcher's and the remote client's);
+	// NodeEligible the node's eligibility (the watcher's).
+	Observe      func(localsink.Round)
+	Queued       func(time.Time)
+	NodeEligible func(eligible bool)
 	// recorder is what StartMetrics started (a second call returns it),
 	// stopMetrics closes its servers.
 	recorder    *metrics.Recorder
@@ -104,13 +106,16 @@ func (f *Flags) BindMetrics(fs *flag.FlagSet) {
 	fs.DurationVar(&f.HealthzTimeout, "healthz-timeout", metrics.DefaultHealthTimeout, "how long a change may wait for a successful sync before /healthz and /livez answer 503")
 }
 
-// StartMetrics serves the metrics and health endpoints these flags ask
-// for until ctx ends, and sets f.Observe and f.Queued to feed them; it
-// does nothing when neither address is set, and a second call returns
+// StartMetrics makes the Recorder of the rounds these flags run, serves
+// the endpoints they ask for until ctx ends (the metrics and the debug
+// endpoint on --metrics-bind-address, /healthz and /livez on
+// --healthz-bind-address; nothing when neither is set), and sets
+// f.Observe, f.Queued and f.NodeEligible to feed it. A second call returns
 // what the first started. The Recorder is returned for a backend's own
-// metrics (nil when nothing is served).
+// metrics and for its health (Recorder.Healthy: the health check node
+// ports answer 503 while the proxier is not healthy, served or not).
 func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
-	if f.MetricsBindAddress == "" && f.HealthzBindAddress == "" || f.recorder != nil {
+	if f.recorder != nil {
 		return f.recorder, nil
 	}
 	r := metrics.New(metrics.Options{ServiceProxyName: f.ServiceProxyName, HealthTimeout: f.HealthzTimeout})
@@ -118,14 +123,9 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 	for _, s := range []struct {
 		flag, addr string
 		h          http.Handler
-	}{{"--metrics-bind-address", f.MetricsBindAddress, r.MetricsHandler()}, {"--healthz-bind-address", f.HealthzBindAddress, r.HealthHandler()}} {
+	}{{"--metrics-bind-address", f.MetricsBindAddress, r.MetricsMux()}, {"--healthz-bind-address", f.HealthzBindAddress, r.HealthHandler()}} {
 		if s.addr == "" {
 			continue
-		}
-		if s.flag == "--metrics-bind-address" {
-			mux := http.NewServeMux()
-			mux.Handle("/metrics", s.h)
-			s.h = mux
 		}
 		stop, err := metrics.Serve(ctx, s.addr, s.h)
 		if err != nil {
@@ -137,7 +137,7 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 		stops = append(stops, stop)
 		klog.InfoS("Serving", "flag", s.flag, "address", s.addr)
 	}
-	f.Observe, f.Queued, f.recorder = r.Observe, r.Queued, r
+	f.Observe, f.Queued, f.NodeEligible, f.recorder = r.Observe, r.Queued, r.SetNodeEligible, r
 	f.stopMetrics = func() {
 		for _, stop := range stops {
 			stop()
@@ -220,7 +220,7 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 		defer func() {
 			if f.recorder != nil {
 				f.stopMetrics()
-				f.recorder, f.stopMetrics, f.Observe, f.Queued = nil, nil, nil, nil
+				f.recorder, f.stopMetrics, f.Observe, f.Queued, f.NodeEligible = nil, nil, nil, nil, nil
 			}
 		}()
 	}
@@ -259,6 +259,7 @@ func (f *Flags) Watcher() (*watcher.Watcher, kubernetes.Interface, error) {
 		MinSyncInterval:  f.MinSyncInterval,
 		Observe:          f.Observe,
 		Queued:           f.Queued,
+		NodeEligible:     f.NodeEligible,
 	})
 	if err != nil {
 		return nil, nil, usageError{err}

@@ -1,19 +1,21 @@
 // Package metrics records what a proxier built with kpng does, for
-// operators: Prometheus metrics of the rounds delivered to its sink, and
-// /healthz and /livez with kube-proxy's semantics. A Recorder observes the
-// per-round records of localsink.Feeder (watcher.Config.Observe,
-// remote.Config.Observe); client.Run programs and the kpng binary serve it
-// with --metrics-bind-address and --healthz-bind-address.
+// operators: Prometheus metrics of the rounds delivered to its sink,
+// /healthz and /livez with kube-proxy's semantics, and a debug endpoint
+// listing what the backend holds and what it could not program. A Recorder
+// observes the per-round records of localsink.Feeder
+// (watcher.Config.Observe, remote.Config.Observe); client.Run programs and
+// the kpng binary serve it with --metrics-bind-address and
+// --healthz-bind-address.
 //
 // The metric names are kube-proxy's with the kpng_ prefix instead of
 // kubeproxy_, and a service_proxy_name label: kpng runs beside kube-proxy,
 // often several proxiers on one node, and a dashboard must not add their
-// figures to kube-proxy's. The buckets are kube-proxy's.
+// figures to kube-proxy's. The buckets are kube-proxy's. kpng's rounds are
+// not per IP family, so no metric has kube-proxy's ip_family label.
 package metrics
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -25,6 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
+	"sigs.k8s.io/kpng/client/endpoints"
+	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -33,27 +37,52 @@ import (
 // is 2 × its sync period; kpng syncs changes at once, so a fixed 60 s).
 const DefaultHealthTimeout = 60 * time.Second
 
-// Recorder turns the rounds delivered to a sink into metrics and health.
-// Observe may be called from one goroutine at a time (the Feeder's
-// guarantee); the handlers from any.
+// Namespace is the prefix of kpng's metric names.
+const Namespace = "kpng"
+
+// Recorder turns the rounds delivered to a sink into metrics, health and
+// the debug endpoint's view. Observe and Queued may be called from one
+// goroutine at a time (the Feeder's guarantee); everything else from any.
 type Recorder struct {
+	name    string
 	reg     *prometheus.Registry
 	timeout time.Duration
 	now     func() time.Time
 
-	duration        prometheus.Histogram
-	lastSync        prometheus.Gauge
-	lastQueued      prometheus.Gauge
-	serviceChanges  prometheus.Counter
-	endpointChanges prometheus.Counter
-	failures        prometheus.Counter
-	rounds          *prometheus.CounterVec
-	healthz, livez  *prometheus.CounterVec
+	duration, fullDuration, partialDuration prometheus.Histogram
+	networkProgramming                      prometheus.Histogram
+	lastSync, lastQueued                    prometheus.Gauge
+	serviceChanges, endpointChanges         prometheus.Counter
+	servicesPending, endpointsPending       prometheus.Gauge
+	noLocal                                 *prometheus.GaugeVec
+	failures                                prometheus.Counter
+	rounds                                  *prometheus.CounterVec
+	healthz, livez                          *prometheus.CounterVec
+	events, coalesced                       prometheus.Counter
+	delivery                                prometheus.Histogram
+	services, endpoints                     prometheus.Gauge
+	problems                                *prometheus.GaugeVec
+	problemsSeen                            *prometheus.CounterVec
+	nodeEligibleGauge                       prometheus.Gauge
 
 	mu sync.Mutex
 	// pendingSince is when the oldest change not yet applied was
 	// delivered (zero: none); lastSynced when the last round was applied.
 	pendingSince, lastSynced time.Time
+	// nodeEligible is the node's eligibility (nil: not known, not
+	// checked).
+	nodeEligible *bool
+	// held is what the backend holds, noLocalOf each service's count of
+	// service ports with a Local policy and no local endpoint (internal,
+	// external); nEndpoints the endpoints held.
+	held       map[model.ServiceKey]*model.ServiceEndpoints
+	noLocalOf  map[model.ServiceKey][2]int
+	noLocalSum [2]int
+	nEndpoints int
+	// refused are the problems the backend reported after the last
+	// round; reasons every reason counted so far (set to 0 when gone).
+	refused []model.Problem
+	reasons map[model.Reason]bool
 }
 
 // Options configure a Recorder.
@@ -68,6 +97,19 @@ type Options struct {
 	Now func() time.Time
 }
 
+// syncBuckets are kube-proxy's buckets of sync durations: 1 ms to 16 s.
+var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// networkProgrammingBuckets are kube-proxy's buckets of network
+// programming latency: 0.25 s, 0.5 s, 1–59 s by 1 s, 60–115 s by 5 s,
+// 2–5 min by 30 s.
+func networkProgrammingBuckets() []float64 {
+	b := prometheus.LinearBuckets(0.25, 0.25, 2)
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
+}
+
 // New returns a Recorder with its own registry (the Go and process
 // collectors included).
 func New(opts Options) *Recorder {
@@ -79,31 +121,59 @@ func New(opts Options) *Recorder {
 	}
 	labels := prometheus.Labels{"service_proxy_name": opts.ServiceProxyName}
 	f := func(name, help string) prometheus.Opts {
-		return prometheus.Opts{Namespace: "kpng", Name: name, Help: help, ConstLabels: labels}
+		return prometheus.Opts{Namespace: Namespace, Name: name, Help: help, ConstLabels: labels}
+	}
+	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
 	}
 	// Nothing is applied yet: without a first successful round within
 	// the timeout, the proxier is unhealthy.
-	r := &Recorder{reg: prometheus.NewRegistry(), timeout: opts.HealthTimeout, now: opts.Now, pendingSince: opts.Now()}
-	r.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: "kpng", Name: "sync_proxy_rules_duration_seconds", ConstLabels: labels,
-		Help:    "How long one round took to reach the backend and be applied (its Sync included), in seconds.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
+	r := &Recorder{
+		name: opts.ServiceProxyName, reg: prometheus.NewRegistry(), timeout: opts.HealthTimeout, now: opts.Now, pendingSince: opts.Now(),
+		held: map[model.ServiceKey]*model.ServiceEndpoints{}, noLocalOf: map[model.ServiceKey][2]int{}, reasons: map[model.Reason]bool{},
+	}
+	r.duration = histogram("sync_proxy_rules_duration_seconds", "How long one round took to reach the backend and be applied (its Sync included), in seconds.", syncBuckets)
+	r.fullDuration = histogram("sync_full_proxy_rules_duration_seconds", "sync_proxy_rules_duration_seconds of the rounds that deliver the whole state (Reset: the first, and after the backend asked for it).", syncBuckets)
+	r.partialDuration = histogram("sync_partial_proxy_rules_duration_seconds", "sync_proxy_rules_duration_seconds of the rounds that deliver changes only.", syncBuckets)
+	r.networkProgramming = histogram("network_programming_duration_seconds", "From a change's trigger time in the cluster (the EndpointSlice controller's endpoints.kubernetes.io/last-change-trigger-time) to the backend's successful sync of it, in seconds.", networkProgrammingBuckets())
 	r.lastSync = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_last_timestamp_seconds", "When the last round was applied successfully (Unix time).")))
 	r.lastQueued = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_last_queued_timestamp_seconds", "When the oldest change not yet applied was delivered (Unix time; 0 when none is waiting).")))
 	r.serviceChanges = prometheus.NewCounter(prometheus.CounterOpts(f("sync_proxy_rules_service_changes_total", "Service changes delivered to the backend (one per Update).")))
 	r.endpointChanges = prometheus.NewCounter(prometheus.CounterOpts(f("sync_proxy_rules_endpoint_changes_total", "Endpoints added, changed or removed in the changes delivered.")))
+	r.servicesPending = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_service_changes_pending", "Service changes delivered to the backend and not applied yet (its Sync failed; kpng retries).")))
+	r.endpointsPending = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_endpoint_changes_pending", "Endpoint changes delivered to the backend and not applied yet.")))
+	r.noLocal = prometheus.NewGaugeVec(prometheus.GaugeOpts(f("sync_proxy_rules_no_local_endpoints_total", "Service ports with a Local traffic policy (internal or external) whose traffic this node drops: endpoints elsewhere, none here.")), []string{"traffic_policy"})
 	r.failures = prometheus.NewCounter(prometheus.CounterOpts(f("sync_proxy_rules_failures_total", "Rounds the backend failed to apply (its Sync returned an error; kpng retries).")))
-	r.rounds = prometheus.NewCounterVec(prometheus.CounterOpts(f("rounds_total", "Rounds delivered, by kind: change, reset (the whole state) or retry.")), []string{"kind"})
+	r.rounds = prometheus.NewCounterVec(prometheus.CounterOpts(f("rounds_total", "Rounds delivered, by kind: change, reset (the whole state) or retry (by the retry timer, after a failure).")), []string{"kind"})
 	r.healthz = prometheus.NewCounterVec(prometheus.CounterOpts(f("proxy_healthz_total", "Answers of /healthz, by HTTP code.")), []string{"code"})
 	r.livez = prometheus.NewCounterVec(prometheus.CounterOpts(f("proxy_livez_total", "Answers of /livez, by HTTP code.")), []string{"code"})
-	r.reg.MustRegister(r.duration, r.lastSync, r.lastQueued, r.serviceChanges, r.endpointChanges, r.failures, r.rounds, r.healthz, r.livez,
+	r.events = prometheus.NewCounter(prometheus.CounterOpts(f("events_total", "Service and EndpointSlice events received from the API server (kube input).")))
+	r.coalesced = prometheus.NewCounter(prometheus.CounterOpts(f("events_coalesced_total", "Events that did not become a service change of their own: merged with other events of the same service, or changing nothing the backend sees.")))
+	r.delivery = histogram("event_delivery_duration_seconds", "From the first informer event of a round to the round's delivery to the backend (coalescing and kpng's own work), in seconds.", syncBuckets)
+	r.services = prometheus.NewGauge(prometheus.GaugeOpts(f("services", "Services the backend holds.")))
+	r.endpoints = prometheus.NewGauge(prometheus.GaugeOpts(f("endpoints", "Endpoints of the services the backend holds.")))
+	r.problems = prometheus.NewGaugeVec(prometheus.GaugeOpts(f("service_problems", "Parts of services the backend could not program, by reason (AddressConflict, BadField, UnsupportedProtocol, Other); listed on /debug/kpng/services.")), []string{"reason"})
+	r.problemsSeen = prometheus.NewCounterVec(prometheus.CounterOpts(f("service_problems_total", "Problems reported by the backend, each once when it appears, by reason.")), []string{"reason"})
+	r.nodeEligibleGauge = prometheus.NewGauge(prometheus.GaugeOpts(f("node_eligible", "1 when the node is eligible for load-balancer traffic (it exists, is not being deleted, has no ToBeDeletedByClusterAutoscaler taint), 0 when not; /healthz fails then.")))
+	r.reg.MustRegister(r.duration, r.fullDuration, r.partialDuration, r.networkProgramming, r.lastSync, r.lastQueued,
+		r.serviceChanges, r.endpointChanges, r.servicesPending, r.endpointsPending, r.noLocal, r.failures, r.rounds,
+		r.healthz, r.livez, r.events, r.coalesced, r.delivery, r.services, r.endpoints, r.problems, r.problemsSeen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, policy := range []string{"internal", "external"} {
+		r.noLocal.WithLabelValues(policy)
+	}
 	return r
 }
 
 // Registry is the Recorder's registry, for a backend's own metrics.
 func (r *Recorder) Registry() *prometheus.Registry { return r.reg }
+
+// Opts returns the options of a metric of this Recorder: name with the
+// kpng_ prefix and the service_proxy_name label, for a backend's own
+// metrics.
+func (r *Recorder) Opts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: Namespace, Name: name, Help: help, ConstLabels: prometheus.Labels{"service_proxy_name": r.name}}
+}
 
 // Queued records that a round with changes was queued at t (the
 // signature of FeederOptions.Queued): from then on, it must be applied
@@ -117,11 +187,36 @@ func (r *Recorder) Queued(t time.Time) {
 	}
 }
 
+// SetNodeEligible records whether the node is eligible for load-balancer
+// traffic (the signature of watcher.Config.NodeEligible): /healthz fails
+// while it is not. Until it is first called, the node is not checked.
+func (r *Recorder) SetNodeEligible(eligible bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodeEligible == nil {
+		r.reg.MustRegister(r.nodeEligibleGauge)
+	}
+	r.nodeEligible = &eligible
+	if eligible {
+		r.nodeEligibleGauge.Set(1)
+	} else {
+		r.nodeEligibleGauge.Set(0)
+	}
+}
+
 // Observe records one round (the signature of FeederOptions.Observe).
 func (r *Recorder) Observe(round localsink.Round) {
+	end := round.Start.Add(round.Duration)
 	r.duration.Observe(round.Duration.Seconds())
+	if round.Reset {
+		r.fullDuration.Observe(round.Duration.Seconds())
+	} else {
+		r.partialDuration.Observe(round.Duration.Seconds())
+	}
 	r.serviceChanges.Add(float64(round.Services))
 	r.endpointChanges.Add(float64(round.Endpoints))
+	r.servicesPending.Set(float64(round.PendingServices))
+	r.endpointsPending.Set(float64(round.PendingEndpoints))
 	switch {
 	case round.Retry:
 		r.rounds.WithLabelValues("retry").Inc()
@@ -130,8 +225,27 @@ func (r *Recorder) Observe(round localsink.Round) {
 	default:
 		r.rounds.WithLabelValues("change").Inc()
 	}
+	if round.Events > 0 {
+		r.events.Add(float64(round.Events))
+		r.coalesced.Add(float64(max(round.Events-round.Services, 0)))
+	}
+	if !round.FirstEvent.IsZero() {
+		r.delivery.Observe(round.Start.Sub(round.FirstEvent).Seconds())
+	}
+	for key, times := range round.Triggers {
+		for _, t := range times {
+			latency := end.Sub(t)
+			r.networkProgramming.Observe(latency.Seconds())
+			klog.V(4).InfoS("Network programming", "service", klog.KRef(key.Namespace, key.Name), "elapsed", latency)
+		}
+	}
+	for _, p := range round.NewProblems {
+		r.problemsSeen.WithLabelValues(string(p.Reason)).Inc()
+	}
+
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.hold(round)
 	if round.Err != nil {
 		r.failures.Inc()
 		if r.pendingSince.IsZero() { // a retry without Queued
@@ -142,8 +256,80 @@ func (r *Recorder) Observe(round localsink.Round) {
 	}
 	r.pendingSince = time.Time{}
 	r.lastQueued.Set(0)
-	r.lastSynced = round.Start.Add(round.Duration)
+	r.lastSynced = end
 	r.lastSync.Set(float64(r.lastSynced.UnixNano()) / 1e9)
+}
+
+// hold updates the view of what the backend holds with a round. r.mu is
+// held.
+func (r *Recorder) hold(round localsink.Round) {
+	if round.Reset {
+		clear(r.held)
+		clear(r.noLocalOf)
+		r.noLocalSum, r.nEndpoints = [2]int{}, 0
+	}
+	for _, c := range round.Changes {
+		if prev := r.held[c.Key]; prev != nil {
+			r.nEndpoints -= len(prev.Endpoints)
+		}
+		old := r.noLocalOf[c.Key]
+		r.noLocalSum[0] -= old[0]
+		r.noLocalSum[1] -= old[1]
+		if c.Cur == nil || c.Cur.Service == nil {
+			delete(r.held, c.Key)
+			delete(r.noLocalOf, c.Key)
+			continue
+		}
+		r.held[c.Key] = c.Cur
+		r.nEndpoints += len(c.Cur.Endpoints)
+		n := noLocalEndpoints(c.Cur)
+		if n == ([2]int{}) {
+			delete(r.noLocalOf, c.Key)
+		} else {
+			r.noLocalOf[c.Key] = n
+		}
+		r.noLocalSum[0] += n[0]
+		r.noLocalSum[1] += n[1]
+	}
+	r.services.Set(float64(len(r.held)))
+	r.endpoints.Set(float64(r.nEndpoints))
+	r.noLocal.WithLabelValues("internal").Set(float64(r.noLocalSum[0]))
+	r.noLocal.WithLabelValues("external").Set(float64(r.noLocalSum[1]))
+
+	r.refused = round.Problems
+	count := map[model.Reason]int{}
+	for _, p := range round.Problems {
+		count[p.Reason]++
+		r.reasons[p.Reason] = true
+	}
+	for reason := range r.reasons {
+		r.problems.WithLabelValues(string(reason)).Set(float64(count[reason]))
+	}
+}
+
+// noLocalEndpoints counts the ports of se whose internal and external
+// traffic this node drops: a Local policy, usable endpoints, none on this
+// node (kube-proxy's sync_proxy_rules_no_local_endpoints_total, counted
+// per service port, both families together).
+func noLocalEndpoints(se *model.ServiceEndpoints) [2]int {
+	svc := se.Service
+	var n [2]int
+	if !svc.InternalTrafficToLocal && !svc.ExternalTrafficToLocal {
+		return n
+	}
+	for _, p := range svc.Ports {
+		if p == nil {
+			continue
+		}
+		cats := endpoints.CategorizePort(p, se.Endpoints)
+		if _, v := cats.Internal(svc); v == endpoints.Drop && svc.InternalTrafficToLocal {
+			n[0]++
+		}
+		if _, v := cats.External(svc); v == endpoints.Drop && svc.ExternalTrafficToLocal {
+			n[1]++
+		}
+	}
+	return n
 }
 
 // MetricsHandler serves the metrics in Prometheus' text format.
@@ -151,42 +337,17 @@ func (r *Recorder) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{})
 }
 
-// health is the body of /healthz and /livez, in kube-proxy's shape.
-type health struct {
-	LastUpdated  time.Time `json:"lastUpdated"`
-	CurrentTime  time.Time `json:"currentTime"`
-	NodeEligible *bool     `json:"nodeEligible,omitempty"`
-}
-
 // Healthy reports whether no change has waited longer than the health
-// timeout for a successful sync.
+// timeout for a successful sync: /livez, and /healthz but for the node's
+// eligibility. Health check node ports answer 503 while it is false.
 func (r *Recorder) Healthy() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pendingSince.IsZero() || r.now().Sub(r.pendingSince) <= r.timeout
+	return r.healthyLocked()
 }
 
-// HealthHandler serves /healthz and /livez: 200 while Healthy, 503
-// otherwise, with kube-proxy's JSON body.
-func (r *Recorder) HealthHandler() http.Handler {
-	mux := http.NewServeMux()
-	for path, counter := range map[string]*prometheus.CounterVec{"/healthz": r.healthz, "/livez": r.livez} {
-		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
-			r.mu.Lock()
-			b := health{LastUpdated: r.lastSynced, CurrentTime: r.now()}
-			r.mu.Unlock()
-			code := http.StatusOK
-			if !r.Healthy() {
-				code = http.StatusServiceUnavailable
-			}
-			counter.WithLabelValues(http.StatusText(code)).Inc()
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("X-Content-Type-Options", "nosniff")
-			w.WriteHeader(code)
-			_ = json.NewEncoder(w).Encode(b)
-		})
-	}
-	return mux
+func (r *Recorder) healthyLocked() bool {
+	return r.pendingSince.IsZero() || r.now().Sub(r.pendingSince) <= r.timeout
 }
 
 // Serve listens on addr and serves h there until ctx ends or stop is

@@ -15,7 +15,8 @@ import (
 )
 
 // scrape fetches the metrics and parses them with Prometheus' own text
-// parser: name → the value of its only sample (or sample count).
+// parser: name, then "/" and each label value but service_proxy_name →
+// the value of the sample (of a histogram: its sample count).
 func scrape(t *testing.T, r *Recorder) map[string]float64 {
 	t.Helper()
 	rec := httptest.NewRecorder()
@@ -33,19 +34,19 @@ func scrape(t *testing.T, r *Recorder) map[string]float64 {
 					t.Errorf("%s: service_proxy_name=%q, want p", name, l.GetValue())
 				}
 			}
+			key := name
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "service_proxy_name" {
+					key += "/" + l.GetValue()
+				}
+			}
 			switch {
 			case m.GetCounter() != nil:
-				key := name
-				for _, l := range m.GetLabel() {
-					if l.GetName() != "service_proxy_name" {
-						key += "/" + l.GetValue()
-					}
-				}
 				out[key] = m.GetCounter().GetValue()
 			case m.GetGauge() != nil:
-				out[name] = m.GetGauge().GetValue()
+				out[key] = m.GetGauge().GetValue()
 			case m.GetHistogram() != nil:
-				out[name] = float64(m.GetHistogram().GetSampleCount())
+				out[key] = float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
@@ -105,7 +106,7 @@ func TestRecorder(t *testing.T) {
 		t.Errorf("/healthz after a success: %d, want 200", c)
 	}
 	m = scrape(t, r)
-	if m["kpng_proxy_healthz_total/Service Unavailable"] != 1 || m["kpng_proxy_livez_total/Service Unavailable"] != 1 || m["kpng_proxy_healthz_total/OK"] != 2 {
+	if m["kpng_proxy_healthz_total/503"] != 1 || m["kpng_proxy_livez_total/503"] != 1 || m["kpng_proxy_healthz_total/200"] != 2 {
 		t.Errorf("health answers counted: %v", m)
 	}
 }
