@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"sigs.k8s.io/kpng/client/model"
 )
@@ -193,4 +194,29 @@ func (c *Cluster) Model() (*model.Cluster, error) {
 		return nil, nil
 	}
 	return &model.Cluster{ServiceCIDRs: cidrs}, nil
+}
+
+// FromTriggers converts the trigger times of service key.
+func FromTriggers(key model.ServiceKey, times []time.Time) *Triggers {
+	t := &Triggers{Service: FromServiceKey(key), UnixNanos: make([]int64, len(times))}
+	for i, tm := range times {
+		t.UnixNanos[i] = tm.UnixNano()
+	}
+	return t
+}
+
+// Model returns the service and its trigger times; times that are not
+// positive are left out. A Triggers without a service name is an error.
+func (t *Triggers) Model() (model.ServiceKey, []time.Time, error) {
+	key := t.GetService().Model()
+	if key.Name == "" {
+		return key, nil, fmt.Errorf("triggers without a service name")
+	}
+	times := make([]time.Time, 0, len(t.GetUnixNanos()))
+	for _, ns := range t.GetUnixNanos() {
+		if ns > 0 {
+			times = append(times, time.Unix(0, ns))
+		}
+	}
+	return key, times, nil
 }

@@ -367,7 +367,16 @@ type Sync struct {
 	// cluster, when set, are the cluster-level facts from this round on (an
 	// empty Cluster: none); unset, they did not change. A Reset forgets them:
 	// the round after it says them again when there are any.
-	Cluster       *Cluster `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Cluster *Cluster `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// triggers are the times the changes of the round were triggered in the
+	// cluster, by service: the EndpointSlice controller's
+	// endpoints.kubernetes.io/last-change-trigger-time of each slice change
+	// (kpng's watcher keeps those of changes after it started). A backend
+	// measures its network programming latency from them, with its own
+	// clock: as kube-proxy's measurement assumes of the control plane and
+	// the node, the controller's and the backend's clocks must agree.
+	// Controllers before this field send none.
+	Triggers      []*Triggers `protobuf:"bytes,2,rep,name=triggers,proto3" json:"triggers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -409,6 +418,67 @@ func (x *Sync) GetCluster() *Cluster {
 	return nil
 }
 
+func (x *Sync) GetTriggers() []*Triggers {
+	if x != nil {
+		return x.Triggers
+	}
+	return nil
+}
+
+// Triggers are the trigger times of the changes of one service.
+type Triggers struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *ServiceKey            `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// unix_nanos are the times in nanoseconds since the Unix epoch.
+	UnixNanos     []int64 `protobuf:"varint,2,rep,packed,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Triggers) Reset() {
+	*x = Triggers{}
+	mi := &file_kpng_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Triggers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Triggers) ProtoMessage() {}
+
+func (x *Triggers) ProtoReflect() protoreflect.Message {
+	mi := &file_kpng_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Triggers.ProtoReflect.Descriptor instead.
+func (*Triggers) Descriptor() ([]byte, []int) {
+	return file_kpng_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Triggers) GetService() *ServiceKey {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+func (x *Triggers) GetUnixNanos() []int64 {
+	if x != nil {
+		return x.UnixNanos
+	}
+	return nil
+}
+
 // Cluster holds the facts about the cluster that belong to no service.
 type Cluster struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -422,7 +492,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +504,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +517,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{5}
+	return file_kpng_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Cluster) GetServiceCidrs() []string {
@@ -468,7 +538,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +550,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +563,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{6}
+	return file_kpng_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -523,7 +593,7 @@ type SetEndpoint struct {
 
 func (x *SetEndpoint) Reset() {
 	*x = SetEndpoint{}
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +605,7 @@ func (x *SetEndpoint) String() string {
 func (*SetEndpoint) ProtoMessage() {}
 
 func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +618,7 @@ func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEndpoint.ProtoReflect.Descriptor instead.
 func (*SetEndpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{7}
+	return file_kpng_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SetEndpoint) GetService() *ServiceKey {
@@ -583,7 +653,7 @@ type EndpointKey struct {
 
 func (x *EndpointKey) Reset() {
 	*x = EndpointKey{}
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +665,7 @@ func (x *EndpointKey) String() string {
 func (*EndpointKey) ProtoMessage() {}
 
 func (x *EndpointKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +678,7 @@ func (x *EndpointKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointKey.ProtoReflect.Descriptor instead.
 func (*EndpointKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{8}
+	return file_kpng_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EndpointKey) GetService() *ServiceKey {
@@ -636,7 +706,7 @@ type IPSet struct {
 
 func (x *IPSet) Reset() {
 	*x = IPSet{}
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +718,7 @@ func (x *IPSet) String() string {
 func (*IPSet) ProtoMessage() {}
 
 func (x *IPSet) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +731,7 @@ func (x *IPSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IPSet.ProtoReflect.Descriptor instead.
 func (*IPSet) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{9}
+	return file_kpng_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *IPSet) GetV4() []string {
@@ -692,7 +762,7 @@ type ServiceIPs struct {
 
 func (x *ServiceIPs) Reset() {
 	*x = ServiceIPs{}
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +774,7 @@ func (x *ServiceIPs) String() string {
 func (*ServiceIPs) ProtoMessage() {}
 
 func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +787,7 @@ func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceIPs.ProtoReflect.Descriptor instead.
 func (*ServiceIPs) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{10}
+	return file_kpng_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ServiceIPs) GetClusterIps() *IPSet {
@@ -764,7 +834,7 @@ type PortMapping struct {
 
 func (x *PortMapping) Reset() {
 	*x = PortMapping{}
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +846,7 @@ func (x *PortMapping) String() string {
 func (*PortMapping) ProtoMessage() {}
 
 func (x *PortMapping) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +859,7 @@ func (x *PortMapping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortMapping.ProtoReflect.Descriptor instead.
 func (*PortMapping) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{11}
+	return file_kpng_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PortMapping) GetName() string {
@@ -844,7 +914,7 @@ type ClientIPAffinity struct {
 
 func (x *ClientIPAffinity) Reset() {
 	*x = ClientIPAffinity{}
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +926,7 @@ func (x *ClientIPAffinity) String() string {
 func (*ClientIPAffinity) ProtoMessage() {}
 
 func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +939,7 @@ func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientIPAffinity.ProtoReflect.Descriptor instead.
 func (*ClientIPAffinity) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{12}
+	return file_kpng_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ClientIPAffinity) GetTimeoutSeconds() int32 {
@@ -903,7 +973,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +985,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +998,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{13}
+	return file_kpng_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Service) GetNamespace() string {
@@ -1030,7 +1100,7 @@ type Hints struct {
 
 func (x *Hints) Reset() {
 	*x = Hints{}
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1112,7 @@ func (x *Hints) String() string {
 func (*Hints) ProtoMessage() {}
 
 func (x *Hints) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1125,7 @@ func (x *Hints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hints.ProtoReflect.Descriptor instead.
 func (*Hints) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{14}
+	return file_kpng_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Hints) GetZones() []string {
@@ -1107,7 +1177,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_kpng_proto_msgTypes[15]
+	mi := &file_kpng_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1189,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[15]
+	mi := &file_kpng_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1202,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{15}
+	return file_kpng_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Endpoint) GetIps() *IPSet {
@@ -1217,9 +1287,14 @@ const file_kpng_proto_rawDesc = "" +
 	"\x0fdelete_endpoint\x18\x05 \x01(\v2\x14.kpng.v1.EndpointKeyH\x00R\x0edeleteEndpoint\x12#\n" +
 	"\x04sync\x18\x06 \x01(\v2\r.kpng.v1.SyncH\x00R\x04syncB\x04\n" +
 	"\x02op\"\a\n" +
-	"\x05Reset\"2\n" +
+	"\x05Reset\"a\n" +
 	"\x04Sync\x12*\n" +
-	"\acluster\x18\x01 \x01(\v2\x10.kpng.v1.ClusterR\acluster\".\n" +
+	"\acluster\x18\x01 \x01(\v2\x10.kpng.v1.ClusterR\acluster\x12-\n" +
+	"\btriggers\x18\x02 \x03(\v2\x11.kpng.v1.TriggersR\btriggers\"X\n" +
+	"\bTriggers\x12-\n" +
+	"\aservice\x18\x01 \x01(\v2\x13.kpng.v1.ServiceKeyR\aservice\x12\x1d\n" +
+	"\n" +
+	"unix_nanos\x18\x02 \x03(\x03R\tunixNanos\".\n" +
 	"\aCluster\x12#\n" +
 	"\rservice_cidrs\x18\x01 \x03(\tR\fserviceCidrs\">\n" +
 	"\n" +
@@ -1310,7 +1385,7 @@ func file_kpng_proto_rawDescGZIP() []byte {
 }
 
 var file_kpng_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_kpng_proto_goTypes = []any{
 	(Protocol)(0),            // 0: kpng.v1.Protocol
 	(*WatchRequest)(nil),     // 1: kpng.v1.WatchRequest
@@ -1318,50 +1393,53 @@ var file_kpng_proto_goTypes = []any{
 	(*Op)(nil),               // 3: kpng.v1.Op
 	(*Reset)(nil),            // 4: kpng.v1.Reset
 	(*Sync)(nil),             // 5: kpng.v1.Sync
-	(*Cluster)(nil),          // 6: kpng.v1.Cluster
-	(*ServiceKey)(nil),       // 7: kpng.v1.ServiceKey
-	(*SetEndpoint)(nil),      // 8: kpng.v1.SetEndpoint
-	(*EndpointKey)(nil),      // 9: kpng.v1.EndpointKey
-	(*IPSet)(nil),            // 10: kpng.v1.IPSet
-	(*ServiceIPs)(nil),       // 11: kpng.v1.ServiceIPs
-	(*PortMapping)(nil),      // 12: kpng.v1.PortMapping
-	(*ClientIPAffinity)(nil), // 13: kpng.v1.ClientIPAffinity
-	(*Service)(nil),          // 14: kpng.v1.Service
-	(*Hints)(nil),            // 15: kpng.v1.Hints
-	(*Endpoint)(nil),         // 16: kpng.v1.Endpoint
-	nil,                      // 17: kpng.v1.Service.LabelsEntry
-	nil,                      // 18: kpng.v1.Endpoint.PortOverridesEntry
+	(*Triggers)(nil),         // 6: kpng.v1.Triggers
+	(*Cluster)(nil),          // 7: kpng.v1.Cluster
+	(*ServiceKey)(nil),       // 8: kpng.v1.ServiceKey
+	(*SetEndpoint)(nil),      // 9: kpng.v1.SetEndpoint
+	(*EndpointKey)(nil),      // 10: kpng.v1.EndpointKey
+	(*IPSet)(nil),            // 11: kpng.v1.IPSet
+	(*ServiceIPs)(nil),       // 12: kpng.v1.ServiceIPs
+	(*PortMapping)(nil),      // 13: kpng.v1.PortMapping
+	(*ClientIPAffinity)(nil), // 14: kpng.v1.ClientIPAffinity
+	(*Service)(nil),          // 15: kpng.v1.Service
+	(*Hints)(nil),            // 16: kpng.v1.Hints
+	(*Endpoint)(nil),         // 17: kpng.v1.Endpoint
+	nil,                      // 18: kpng.v1.Service.LabelsEntry
+	nil,                      // 19: kpng.v1.Endpoint.PortOverridesEntry
 }
 var file_kpng_proto_depIdxs = []int32{
 	3,  // 0: kpng.v1.Batch.ops:type_name -> kpng.v1.Op
 	4,  // 1: kpng.v1.Op.reset:type_name -> kpng.v1.Reset
-	14, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
-	7,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
-	8,  // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
-	9,  // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
+	15, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
+	8,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
+	9,  // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
+	10, // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
 	5,  // 6: kpng.v1.Op.sync:type_name -> kpng.v1.Sync
-	6,  // 7: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
-	7,  // 8: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
-	16, // 9: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
-	7,  // 10: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
-	10, // 11: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
-	10, // 12: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
-	10, // 13: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
-	0,  // 14: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
-	17, // 15: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
-	11, // 16: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
-	12, // 17: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
-	13, // 18: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
-	10, // 19: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
-	15, // 20: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
-	18, // 21: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
-	1,  // 22: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
-	2,  // 23: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	7,  // 7: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
+	6,  // 8: kpng.v1.Sync.triggers:type_name -> kpng.v1.Triggers
+	8,  // 9: kpng.v1.Triggers.service:type_name -> kpng.v1.ServiceKey
+	8,  // 10: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
+	17, // 11: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
+	8,  // 12: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
+	11, // 13: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
+	11, // 14: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
+	11, // 15: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
+	0,  // 16: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
+	18, // 17: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
+	12, // 18: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
+	13, // 19: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
+	14, // 20: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
+	11, // 21: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
+	16, // 22: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
+	19, // 23: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
+	1,  // 24: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
+	2,  // 25: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
+	25, // [25:26] is the sub-list for method output_type
+	24, // [24:25] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_kpng_proto_init() }
@@ -1383,7 +1461,7 @@ func file_kpng_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kpng_proto_rawDesc), len(file_kpng_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ import (
 // testServer is a controller serving a hub on a listener.
 type testServer struct {
 	hub  *server.Hub
+	srv  *server.Server
 	feed localsink.Handler // full states into the hub
 	addr string
 	g    *grpc.Server
@@ -42,8 +43,9 @@ func startServer(t *testing.T, cfg server.ListenConfig, sendTimeout time.Duratio
 		t.Fatalf("listen: %v", err)
 	}
 	g := grpc.NewServer(opts...)
-	server.NewServer(hub, sendTimeout).Register(g)
-	s := &testServer{hub: hub, feed: localsink.FromFullState(hub), addr: cfg.Address, g: g, done: make(chan struct{})}
+	srv := server.NewServer(hub, sendTimeout)
+	srv.Register(g)
+	s := &testServer{hub: hub, srv: srv, feed: localsink.FromFullState(hub), addr: cfg.Address, g: g, done: make(chan struct{})}
 	if cfg.Address == "" || lis.Addr().Network() == "tcp" {
 		s.addr = lis.Addr().String()
 	}

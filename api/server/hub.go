@@ -7,6 +7,7 @@ package server
 import (
 	"slices"
 	"sync"
+	"time"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
@@ -16,13 +17,17 @@ import (
 // its subscribers. Feeding it never blocks on a subscriber: each one keeps
 // its own set of changed services and catches up at its own pace, seeing the
 // latest state (intermediate ones may be skipped for a slow subscriber).
+// It takes the trigger times of the changes (localsink.TriggerSink) and
+// passes them on to every subscriber, those of skipped states included.
 type Hub struct {
-	// staged are the services changed in the round being fed, touched
-	// only by the feeding goroutine; stagedCluster the cluster-level
-	// facts given in it (when clusterStaged).
-	staged        map[model.ServiceKey]*model.ServiceEndpoints
-	stagedCluster *model.Cluster
-	clusterStaged bool
+	// staged are the services changed in the round being fed, and
+	// stagedTriggers their trigger times, touched only by the feeding
+	// goroutine; stagedCluster the cluster-level facts given in it (when
+	// clusterStaged).
+	staged         map[model.ServiceKey]*model.ServiceEndpoints
+	stagedTriggers map[model.ServiceKey][]time.Time
+	stagedCluster  *model.Cluster
+	clusterStaged  bool
 
 	mu        sync.RWMutex
 	published map[model.ServiceKey]*model.ServiceEndpoints
@@ -34,7 +39,15 @@ type Hub struct {
 	nodeViews bool
 }
 
-var _ localsink.ClusterSink = (*Hub)(nil)
+var (
+	_ localsink.ClusterSink = (*Hub)(nil)
+	_ localsink.TriggerSink = (*Hub)(nil)
+)
+
+// maxSubscriberTriggers bounds the trigger times a subscriber that lags
+// behind keeps: beyond, newer ones are dropped (their latency is not
+// measured).
+const maxSubscriberTriggers = 10000
 
 // NewHub returns an empty Hub. With nodeViews, each subscriber sees Local
 // and topology hint matches computed for its node (use it when the source
@@ -42,11 +55,12 @@ var _ localsink.ClusterSink = (*Hub)(nil)
 // see the state exactly as fed.
 func NewHub(nodeViews bool) *Hub {
 	return &Hub{
-		staged:    map[model.ServiceKey]*model.ServiceEndpoints{},
-		published: map[model.ServiceKey]*model.ServiceEndpoints{},
-		zones:     map[string]string{},
-		subs:      map[*subscription]struct{}{},
-		nodeViews: nodeViews,
+		staged:         map[model.ServiceKey]*model.ServiceEndpoints{},
+		stagedTriggers: map[model.ServiceKey][]time.Time{},
+		published:      map[model.ServiceKey]*model.ServiceEndpoints{},
+		zones:          map[string]string{},
+		subs:           map[*subscription]struct{}{},
+		nodeViews:      nodeViews,
 	}
 }
 
@@ -55,6 +69,7 @@ func NewHub(nodeViews bool) *Hub {
 // facts unless the round gives them again.
 func (h *Hub) Reset() {
 	clear(h.staged)
+	clear(h.stagedTriggers)
 	h.reset = true
 	h.stagedCluster, h.clusterStaged = nil, true
 }
@@ -65,6 +80,12 @@ func (h *Hub) SetCluster(c *model.Cluster) { h.stagedCluster, h.clusterStaged = 
 
 // Update implements localsink.Sink.
 func (h *Hub) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) { h.staged[key] = cur }
+
+// Triggered implements localsink.TriggerSink: the times go to every
+// subscriber with the round.
+func (h *Hub) Triggered(key model.ServiceKey, times []time.Time) {
+	h.stagedTriggers[key] = append(h.stagedTriggers[key], times...)
+}
 
 // Sync implements localsink.Sink: it publishes the staged state and tells
 // every subscriber which services changed.
@@ -94,8 +115,9 @@ func (h *Hub) Sync() error {
 	}
 	h.synced = true
 	for sub := range h.subs {
-		sub.markDirty(keys)
+		sub.markDirty(keys, h.stagedTriggers)
 	}
+	clear(h.stagedTriggers)
 	return nil
 }
 
@@ -134,12 +156,27 @@ type subscription struct {
 	mu    sync.Mutex
 	dirty map[model.ServiceKey]struct{}
 	all   bool
+	// triggers are the trigger times of the changes not yet taken,
+	// nTriggers how many in all.
+	triggers  map[model.ServiceKey][]time.Time
+	nTriggers int
 }
 
-func (s *subscription) markDirty(keys []model.ServiceKey) {
+func (s *subscription) markDirty(keys []model.ServiceKey, triggers map[model.ServiceKey][]time.Time) {
 	s.mu.Lock()
 	for _, k := range keys {
 		s.dirty[k] = struct{}{}
+	}
+	for k, times := range triggers {
+		times = times[:min(len(times), maxSubscriberTriggers-s.nTriggers)]
+		if len(times) == 0 {
+			continue
+		}
+		if s.triggers == nil {
+			s.triggers = map[model.ServiceKey][]time.Time{}
+		}
+		s.triggers[k] = append(s.triggers[k], times...)
+		s.nTriggers += len(times)
 	}
 	s.mu.Unlock()
 	s.signal()
@@ -181,12 +218,13 @@ func (h *Hub) unsubscribe(s *subscription) {
 
 // pending takes a subscriber's pending changes: the state of each changed
 // service as seen from its node (nil: gone), sorted by key, and the
-// cluster-level facts published. ok is false while no state has been
-// published yet.
-func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model.ServiceEndpoints, cluster *model.Cluster, ok bool) {
+// cluster-level facts published, and the trigger times of the changes.
+// ok is false while no state has been published yet.
+func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model.ServiceEndpoints, cluster *model.Cluster, triggers map[model.ServiceKey][]time.Time, ok bool) {
 	s.mu.Lock()
 	all, dirty := s.all, s.dirty
 	s.all, s.dirty = false, map[model.ServiceKey]struct{}{}
+	triggers, s.triggers, s.nTriggers = s.triggers, nil, 0
 	s.mu.Unlock()
 
 	h.mu.RLock()
@@ -196,7 +234,7 @@ func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model
 		s.mu.Lock()
 		s.all = s.all || all
 		s.mu.Unlock()
-		return nil, nil, nil, false
+		return nil, nil, nil, nil, false
 	}
 	if all {
 		// Everything published, plus what the subscriber may hold that is
@@ -219,5 +257,5 @@ func (h *Hub) pending(s *subscription) (keys []model.ServiceKey, states []*model
 		}
 		states[i] = se
 	}
-	return keys, states, h.cluster, true
+	return keys, states, h.cluster, triggers, true
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
@@ -35,6 +36,33 @@ type Server struct {
 	hub         *Hub
 	batchOps    int
 	sendTimeout time.Duration
+
+	// The counters of Stats.
+	connected                                    atomic.Int64
+	connections, dropped, sentBytes, sentBatches atomic.Uint64
+}
+
+// Stats are a Server's counters since it was made, for its metrics.
+type Stats struct {
+	// Connected is the number of backends watching now; Connections the
+	// number of Watch streams opened.
+	Connected   int
+	Connections uint64
+	// Dropped is the number of streams the server ended: a backend that
+	// did not read its stream for the send timeout, or a send that
+	// failed while the backend was still there.
+	Dropped uint64
+	// SentBytes and SentBatches are what was sent: the Batch messages
+	// and their size in the protobuf encoding (before gRPC's framing).
+	SentBytes, SentBatches uint64
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats {
+	return Stats{
+		Connected: int(s.connected.Load()), Connections: s.connections.Load(), Dropped: s.dropped.Load(),
+		SentBytes: s.sentBytes.Load(), SentBatches: s.sentBatches.Load(),
+	}
 }
 
 // NewServer returns a Server publishing hub's state. sendTimeout of 0 means
@@ -68,13 +96,19 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	}
 	node := req.GetNodeName()
 	klog.InfoS("Backend connected", "node", node, "peer", who)
+	s.connections.Add(1)
+	s.connected.Add(1)
+	defer s.connected.Add(-1)
 	sub := s.hub.subscribe(node)
 	defer s.hub.unsubscribe(sub)
 
 	// The loop runs in its own goroutine so that a backend that stops
 	// reading (Send blocked on flow control) can be dropped: returning from
 	// Watch ends the stream, which unblocks Send.
-	out := &batchSender{stream: stream, max: s.batchOps}
+	out := &batchSender{stream: stream, max: s.batchOps, sent: func(batch *kpngv1.Batch) {
+		s.sentBatches.Add(1)
+		s.sentBytes.Add(uint64(proto.Size(batch)))
+	}}
 	done := make(chan error, 1)
 	go func() { done <- s.serve(ctx, sub, out) }()
 	tick := time.NewTicker(min(s.sendTimeout/4, time.Second))
@@ -86,10 +120,14 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 			if errors.Is(err, context.Canceled) {
 				return nil
 			}
+			if stream.Context().Err() == nil {
+				s.dropped.Add(1) // the backend was still there
+			}
 			return err
 		case <-tick.C:
 			if since := out.sendingSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
 				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", node, "peer", who, "timeout", s.sendTimeout)
+				s.dropped.Add(1)
 				return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
 			}
 		}
@@ -107,13 +145,16 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 			return ctx.Err()
 		case <-sub.notify:
 		}
-		keys, states, cluster, ok := s.hub.pending(sub)
+		keys, states, cluster, triggers, ok := s.hub.pending(sub)
 		if !ok {
 			continue
 		}
 		f.SetCluster(cluster)
 		for i, key := range keys {
 			f.Update(key, states[i])
+		}
+		for key, times := range triggers {
+			f.Triggered(key, times...)
 		}
 		if err := f.Sync(); err != nil {
 			return fmt.Errorf("send to backend: %w", err)
@@ -124,13 +165,15 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 // batchSender is the sending edge of the wire format: a localsink.Sink that
 // turns each service's change into per-endpoint operations (which save
 // bytes when one endpoint of a large service changes) in Batch messages on
-// a stream. A batch is sent when full and at each Sync. The first error
-// stops all further sends and is returned by every later Sync.
+// a stream, and the changes' trigger times (localsink.TriggerSink) into the
+// round's Sync. A batch is sent when full and at each Sync. The first
+// error stops all further sends and is returned by every later Sync.
 type batchSender struct {
-	stream grpc.ServerStreamingServer[kpngv1.Batch]
-	max    int
-	ops    []*kpngv1.Op
-	err    error
+	stream   grpc.ServerStreamingServer[kpngv1.Batch]
+	max      int
+	ops      []*kpngv1.Op
+	triggers []*kpngv1.Triggers
+	err      error
 	// cluster is the cluster-level facts of the round, sent on its Sync
 	// (when clusterSet).
 	cluster    *kpngv1.Cluster
@@ -138,6 +181,8 @@ type batchSender struct {
 	// sendingSince is the start time (Unix ns) of the Send in progress, 0
 	// when none is.
 	sendingSince atomic.Int64
+	// sent, if set, is called with each batch sent.
+	sent func(*kpngv1.Batch)
 }
 
 func (b *batchSender) add(op *kpngv1.Op) {
@@ -153,8 +198,12 @@ func (b *batchSender) flush() {
 		return
 	}
 	b.sendingSince.Store(time.Now().UnixNano())
-	b.err = b.stream.Send(&kpngv1.Batch{Ops: b.ops})
+	batch := &kpngv1.Batch{Ops: b.ops}
+	b.err = b.stream.Send(batch)
 	b.sendingSince.Store(0)
+	if b.err == nil && b.sent != nil {
+		b.sent(batch)
+	}
 	b.ops = nil
 }
 
@@ -190,10 +239,17 @@ func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpo
 	}
 }
 
+// Triggered implements localsink.TriggerSink: the times go in the round's
+// Sync.
+func (b *batchSender) Triggered(key model.ServiceKey, times []time.Time) {
+	b.triggers = append(b.triggers, kpngv1.FromTriggers(key, times))
+}
+
 // Sync implements localsink.Sink: it ends the round on the wire and sends
 // it, returning the stream's error.
 func (b *batchSender) Sync() error {
-	sync := &kpngv1.Sync{}
+	sync := &kpngv1.Sync{Triggers: b.triggers}
+	b.triggers = nil
 	if b.clusterSet {
 		sync.Cluster, b.cluster, b.clusterSet = b.cluster, nil, false
 	}

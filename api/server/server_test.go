@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -322,6 +323,10 @@ func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {
 	if n := s.hub.Subscribers(); n != 1 {
 		t.Errorf("%d subscribers, want the stalled one dropped", n)
 	}
+	st := s.srv.Stats()
+	if st.Connected != 1 || st.Connections != 2 || st.Dropped != 1 || st.SentBatches < 2 || st.SentBytes < 1<<20 {
+		t.Errorf("stats %+v, want 1 connected of 2 connections, 1 dropped, the first state's megabytes sent", st)
+	}
 }
 
 // TestRemoteClientRetriesFailedSync checks that when a remote backend's
@@ -397,5 +402,67 @@ func TestClusterFactsOverTheWire(t *testing.T) {
 	r.WaitSyncs(t, 5, 20*time.Second)
 	if diff := cmp.Diff([]string{"SetCluster none", "Sync"}, r.TakeCalls()); diff != "" {
 		t.Errorf("after a restart without facts (-want +got):\n%s", diff)
+	}
+}
+
+// TestTriggerTimesReachRemoteBackends: the trigger times of the changes
+// fed to the controller reach each remote backend's round record once,
+// with the round that applies them (whether the backend gets the two
+// rounds apart or coalesced); a change without trigger times has none.
+func TestTriggerTimesReachRemoteBackends(t *testing.T) {
+	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	feeder := localsink.NewFeeder(s.hub, localsink.FeederOptions{NoRetry: true})
+	defer feeder.Close()
+	a := model.ServiceKey{Namespace: "ns", Name: "a"}
+	feeder.Update(a, svc("ns", "a", ep("10.0.0.1", "node-a")))
+	if err := feeder.Sync(); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var got []time.Time
+	c := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", Observe: func(r localsink.Round) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, r.Triggers[a]...)
+	}})
+	c.WaitSyncs(t, 1, 20*time.Second)
+	t1, t2 := time.Unix(1700000000, 1), time.Unix(1700000001, 2)
+	feeder.Update(a, svc("ns", "a", ep("10.0.0.2", "node-a")))
+	feeder.Triggered(a, t1)
+	if err := feeder.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	feeder.Update(a, svc("ns", "a", ep("10.0.0.3", "node-a")))
+	feeder.Triggered(a, t2)
+	if err := feeder.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st := c.State(); len(st) == 1 && len(st[0].Endpoints) == 1 && st[0].Endpoints[0].Key() == "10.0.0.3" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the backend never got 10.0.0.3: %v", c.State())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	feeder.Update(a, svc("ns", "a", ep("10.0.0.4", "node-a"))) // no trigger time
+	if err := feeder.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if st := c.State(); len(st) == 1 && st[0].Endpoints[0].Key() == "10.0.0.4" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the backend never got 10.0.0.4")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || !got[0].Equal(t1) || !got[1].Equal(t2) {
+		t.Errorf("trigger times measured by the backend: %v, want %v and %v", got, t1, t2)
 	}
 }

@@ -91,6 +91,13 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 			}
 			m.cluster = cluster
 		}
+		for _, t := range o.Sync.GetTriggers() {
+			key, times, err := t.Model()
+			if err != nil {
+				return fmt.Errorf("sync: %w", err)
+			}
+			m.feeder.Triggered(key, times...)
+		}
 		m.sync()
 	default:
 		return fmt.Errorf("unknown operation %T", o)

@@ -96,6 +96,7 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 		{&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{Cluster: &kpngv1.Cluster{ServiceCidrs: []string{"10.96.0.0/16", "bogus"}}}}},
 			`sync: cluster: service_cidrs: "bogus" is not a usable CIDR`},
 		{&kpngv1.Op{}, "unknown operation"},
+		{&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{Triggers: []*kpngv1.Triggers{{UnixNanos: []int64{1}}}}}}, "sync: triggers without a service name"},
 	} {
 		if err := m.apply(tc.op); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("apply(%v): %v, want an error containing %q", tc.op, err, tc.want)
