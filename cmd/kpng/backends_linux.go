@@ -92,9 +92,7 @@ func nftBackend() app.Backend {
 				if err != nil || !*healthChecks {
 					return sink, err
 				}
-				hc := healthcheck.New(hcCfg)
-				go func() { <-ctx.Done(); hc.Close() }()
-				return localsink.Tee(sink, hc), nil
+				return withHealthChecks(ctx, sink, hcCfg, env), nil
 			}
 		},
 	}
@@ -158,9 +156,7 @@ func iptablesBackend() app.Backend {
 				if err != nil {
 					return nil, fmt.Errorf("to-iptables %w", err)
 				}
-				hc := healthcheck.New(hcCfg)
-				go func() { <-ctx.Done(); hc.Close() }()
-				return localsink.Tee(sink, hc), nil
+				return withHealthChecks(ctx, sink, hcCfg, env), nil
 			}
 		},
 	}

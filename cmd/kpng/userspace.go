@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"sigs.k8s.io/kpng/backends/healthcheck"
 	"sigs.k8s.io/kpng/backends/userspace"
 	"sigs.k8s.io/kpng/cmd/kpng/app"
 	"sigs.k8s.io/kpng/localsink"
@@ -51,9 +50,7 @@ func userspaceBackend() app.Backend {
 				if !*healthChecks {
 					return p, nil
 				}
-				hc := healthcheck.New(hcCfg)
-				go func() { <-ctx.Done(); hc.Close() }()
-				return localsink.Tee(p, hc), nil
+				return withHealthChecks(ctx, p, hcCfg, env), nil
 			}
 		},
 	}

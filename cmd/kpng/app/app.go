@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client"
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -44,6 +45,10 @@ type BackendEnv struct {
 	// ServiceProxyName is the kube input's --service-proxy-name; empty for
 	// the other inputs, and for the services without that label.
 	ServiceProxyName string
+	// Metrics records the rounds fed to the backend (the kube and api
+	// inputs; nil for file): its Healthy is what the health check node
+	// ports follow, its Registry takes the backend's own metrics.
+	Metrics *metrics.Recorder
 }
 
 // ErrBackendDone is returned by a backend's build function when the

@@ -3,6 +3,8 @@ package app
 import (
 	"bytes"
 	"context"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	pmodel "github.com/prometheus/common/model"
 
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/manifests"
@@ -97,12 +102,43 @@ func jsonBackend(t *testing.T, addr, node string) string {
 	return stdout.String()
 }
 
+// scrape returns the kpng_ samples of addr's /metrics, parsed with
+// Prometheus' text parser, by name (summed over labels).
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			out[name] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// TestKubeToAPIServesSeveralBackends: two backends watch a controller,
+// each seeing its node's view; the controller's metrics count them.
 func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 	cp.Require(t)
 	setup(t)
 	sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
 	startKpng(t, nil, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
-		"--node-name=controller", "to-api", "--listen="+sock)
+		"--node-name=controller", "--metrics-bind-address="+metricsAddr, "to-api", "--listen="+sock)
 
 	var wg sync.WaitGroup
 	outs := map[string]string{}
@@ -129,6 +165,19 @@ func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 	}
 	if outs["node-b"] != wantB {
 		t.Errorf("kpng-json --api for node-b:\n%s\nwant:\n%s", outs["node-b"], wantB)
+	}
+	// Both backends came and went (--once).
+	var m map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m = scrape(t, metricsAddr); m["kpng_api_backends"] == 0 {
+			break
+		}
+	}
+	if m["kpng_api_backend_connections_total"] != 2 || m["kpng_api_backends"] != 0 || m["kpng_api_backends_dropped_total"] != 0 ||
+		m["kpng_api_sent_batches_total"] < 2 || m["kpng_api_sent_bytes_total"] < float64(len(golden(t))/2) {
+		t.Errorf("to-api metrics: %d connections, %d connected, %d dropped, %d batches, %d bytes; want 2, 0, 0, at least 2 and the state's size",
+			int(m["kpng_api_backend_connections_total"]), int(m["kpng_api_backends"]), int(m["kpng_api_backends_dropped_total"]),
+			int(m["kpng_api_sent_batches_total"]), int(m["kpng_api_sent_bytes_total"]))
 	}
 }
 

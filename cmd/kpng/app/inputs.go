@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"sigs.k8s.io/kpng/client"
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/statefile"
@@ -38,11 +39,14 @@ func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 	var f client.Flags
 	f.BindKube(fs)
 	f.BindMetrics(fs)
-	env := func() BackendEnv { return BackendEnv{ServiceProxyName: f.ServiceProxyName} }
+	var rec *metrics.Recorder
+	env := func() BackendEnv { return BackendEnv{ServiceProxyName: f.ServiceProxyName, Metrics: rec} }
 	return func(ctx context.Context, out *output) error {
-		if _, err := f.StartMetrics(ctx); err != nil {
+		var err error
+		if rec, err = f.StartMetrics(ctx); err != nil {
 			return err
 		}
+		out.metrics = rec
 		w, cs, err := f.Watcher()
 		if err != nil {
 			return usagef("%v", err)
@@ -91,6 +95,8 @@ func bindAPI(fs *flag.FlagSet) (func(context.Context, *output) error, func() Bac
 	f.BindAPI(fs)
 	f.BindNodeName(fs)
 	f.BindMetrics(fs)
+	var rec *metrics.Recorder
+	env := func() BackendEnv { return BackendEnv{Metrics: rec} }
 	return func(ctx context.Context, out *output) error {
 		if f.API == "" {
 			return usagef("kpng api: --api is required")
@@ -98,8 +104,13 @@ func bindAPI(fs *flag.FlagSet) (func(context.Context, *output) error, func() Bac
 		if _, err := f.RemoteConfig(); err != nil {
 			return usagef("%v", err)
 		}
+		var err error
+		if rec, err = f.StartMetrics(ctx); err != nil {
+			return err
+		}
+		out.metrics = rec
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
 			return f.Run(ctx, sink)
 		})
-	}, noEnv
+	}, env
 }

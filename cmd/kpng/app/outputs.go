@@ -10,11 +10,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/api/address"
 	"sigs.k8s.io/kpng/api/server"
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/statefile"
@@ -30,6 +32,9 @@ type output struct {
 	// build, when set, makes the sink once everything is parsed.
 	build func(ctx context.Context, env BackendEnv) (localsink.Sink, error)
 	env   func() BackendEnv
+	// metrics, set by the input when it records its rounds, takes the
+	// output's own metrics (to-api's).
+	metrics *metrics.Recorder
 }
 
 // run runs feed into the output, with the output's server beside it; both
@@ -121,7 +126,13 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 				return err
 			}
 			g := grpc.NewServer(opts...)
-			server.NewServer(hub, *sendTimeout).Register(g)
+			srv := server.NewServer(hub, *sendTimeout)
+			srv.Register(g)
+			if out.metrics != nil {
+				if err := registerAPIMetrics(out.metrics, srv); err != nil {
+					return err
+				}
+			}
 			klog.InfoS("Serving backends", "address", cfg.Address)
 			errc := make(chan error, 1)
 			go func() { errc <- g.Serve(lis) }()
@@ -217,4 +228,24 @@ func JSONBackend(w io.Writer) Backend {
 			}
 		},
 	}
+}
+
+// registerAPIMetrics adds the metrics of to-api's server to rec.
+func registerAPIMetrics(rec *metrics.Recorder, srv *server.Server) error {
+	counter := func(name, help string, v func(server.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts(rec.Opts(name, help)), func() float64 { return float64(v(srv.Stats())) })
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts(rec.Opts("api_backends", "Backends watching this controller now (to-api).")),
+			func() float64 { return float64(srv.Stats().Connected) }),
+		counter("api_backend_connections_total", "Watch streams opened by backends.", func(s server.Stats) uint64 { return s.Connections }),
+		counter("api_backends_dropped_total", "Streams the controller ended: a backend that did not read for --send-timeout, or a send that failed.", func(s server.Stats) uint64 { return s.Dropped }),
+		counter("api_sent_batches_total", "Batch messages sent to backends.", func(s server.Stats) uint64 { return s.SentBatches }),
+		counter("api_sent_bytes_total", "Bytes of the batches sent to backends (protobuf encoding, before gRPC framing).", func(s server.Stats) uint64 { return s.SentBytes }),
+	} {
+		if err := rec.Registry().Register(c); err != nil {
+			return fmt.Errorf("to-api metrics: %w", err)
+		}
+	}
+	return nil
 }
