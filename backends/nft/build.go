@@ -257,13 +257,15 @@ func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 	}
 	addr, err := netip.ParseAddr(text)
 	if err != nil || familyOf(addr.Unmap()) != b.family {
-		*b.problems = append(*b.problems, fmt.Errorf("service %s: endpoint %q is not an %s address", b.key, text, b.family))
+		*b.problems = append(*b.problems, model.NewProblem(b.key, "endpoints[].addresses", model.ReasonBadField,
+			"service %s: endpoint %q is not an %s address", b.key, text, b.family))
 		return netip.AddrPort{}, false
 	}
 	addr = addr.Unmap()
 	port, ok := ep.PortFor(b.port)
 	if !ok || port <= 0 || port > 65535 {
-		*b.problems = append(*b.problems, fmt.Errorf("service %s port %q: endpoint %s: target port %d out of range", b.key, b.port.Name, addr, port))
+		*b.problems = append(*b.problems, model.NewProblem(b.key, "endpoints[].ports", model.ReasonBadField,
+			"service %s port %q: endpoint %s: target port %d out of range", b.key, b.port.Name, addr, port))
 		return netip.AddrPort{}, false
 	}
 	b.objs.Hairpin = append(b.objs.Hairpin, addr)
@@ -307,13 +309,35 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 		} else {
 			addr, err := netip.ParseAddr(a)
 			if err != nil || familyOf(addr.Unmap()) != b.family {
-				*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: bad %s address %q", b.key, field, b.family, a))
+				*b.problems = append(*b.problems, model.NewProblem(b.key, b.fieldPath(field), model.ReasonBadField,
+					"service %s: %s: bad %s address %q", b.key, field, b.family, a))
 				continue
 			}
 			k.Addr = addr.Unmap()
 		}
-		b.objs.Elements = append(b.objs.Elements, mapElement{Map: m, Family: b.family, Key: k, Verdict: target, Service: b.key})
+		b.objs.Elements = append(b.objs.Elements, mapElement{Map: m, Family: b.family, Key: k, Verdict: target, Service: b.key, Field: b.fieldPath(field)})
 	}
+}
+
+// fieldPath returns the API path of the field the builder's addresses
+// come from, named field in messages.
+func (b *portBuilder) fieldPath(field string) string {
+	switch field {
+	case "clusterIPs":
+		return "spec.clusterIPs"
+	case "externalIPs":
+		return "spec.externalIPs"
+	case "loadBalancer ingress IPs":
+		return "status.loadBalancer.ingress"
+	case "nodePort":
+		for i, p := range b.svc.Ports {
+			if p == b.port {
+				return fmt.Sprintf("spec.ports[%d].nodePort", i)
+			}
+		}
+		return "spec.ports[].nodePort"
+	}
+	return field
 }
 
 // firewall adds the chain enforcing the service's loadBalancerSourceRanges

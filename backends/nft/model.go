@@ -74,8 +74,10 @@ type mapElement struct {
 	Family  ipFamily
 	Key     mapKey
 	Verdict verdict
-	// Service is the service the element belongs to (for logs).
+	// Service is the service the element belongs to (for logs), Field
+	// the field of the service it comes from (for problems).
 	Service model.ServiceKey
+	Field   string
 }
 
 // ID returns the element's identity in the table: its map and key.

@@ -136,13 +136,18 @@ func (s *sink) SetCluster(c *model.Cluster) {
 }
 
 // Update implements localsink.Sink: the tracker takes the service's new
-// state, and what cannot be programmed is logged.
+// state; what cannot be programmed is reported by Problems.
 func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 	s.changed++
-	for _, p := range s.tracker.Update(key, cur) {
-		klog.InfoS("Part of a service cannot be programmed", "table", s.table, "service", key, "problem", p.Error())
-	}
+	s.tracker.Update(key, cur)
 }
+
+var _ localsink.ProblemReporter = (*sink)(nil)
+
+// Problems implements localsink.ProblemReporter: the parts of the services
+// held that are not in the table (a bad field, an address and port another
+// service has, a protocol nftables is not given).
+func (s *sink) Problems() []model.Problem { return s.tracker.Problems() }
 
 // Sync implements localsink.Sink: it applies the round in one transaction.
 func (s *sink) Sync() error {

@@ -37,6 +37,9 @@ type tracker struct {
 	// gives the losers another chance.
 	losers   map[model.ServiceKey]*model.ServiceEndpoints
 	released bool
+	// problems are the problems of each service as of its last Update
+	// (with those of the addresses another service took from it since).
+	problems map[model.ServiceKey][]model.Problem
 
 	// blocks are the endpoint blocks by ID, endpoints the elements of
 	// the endpoint maps, placed by slot: slotOf the slot of each block,
@@ -70,6 +73,7 @@ func newTracker(opts Options) *tracker {
 		owner:    map[string]model.ServiceKey{},
 		values:   map[model.ServiceKey]*model.ServiceEndpoints{},
 		losers:   map[model.ServiceKey]*model.ServiceEndpoints{},
+		problems: map[model.ServiceKey][]model.Problem{},
 
 		blocks:     diffstore.New[string](equalBlocks),
 		endpoints:  diffstore.NewComparable[uint64, endpointElement](),
@@ -174,12 +178,23 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 		id, k := e.ID(), e.Key.String()
 		if o, ok := t.owner[k]; ok && o != key {
 			if o.Compare(key) < 0 {
-				problems = append(problems, fmt.Errorf("service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
+				problems = append(problems, model.NewProblem(key, e.Field, model.ReasonAddressConflict,
+					"service %s: %s %s is already used by service %s: ignored", key, strings.ToLower(e.Family.String()), e.Key, o))
 				t.losers[key] = se
 				continue
 			}
+			field := e.Field
+			for _, oe := range t.services[o].Elements {
+				if oe.Key.String() == k {
+					field = oe.Field
+					break
+				}
+			}
 			t.yield(o, k)
-			problems = append(problems, fmt.Errorf("service %s: %s %s is taken by service %s, first in order: ignored", o, strings.ToLower(e.Family.String()), e.Key, key))
+			p := model.NewProblem(o, field, model.ReasonAddressConflict,
+				"service %s: %s %s is taken by service %s, first in order: ignored", o, strings.ToLower(e.Family.String()), e.Key, key)
+			problems = append(problems, p)
+			t.problems[o] = append(t.problems[o], *p)
 		}
 		if newElems[id] {
 			continue
@@ -200,6 +215,17 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	}
 	objs.Elements = kept
 
+	var own []model.Problem
+	for _, err := range problems {
+		if p := model.ProblemOf(key, err); p.Service == key {
+			own = append(own, p)
+		}
+	}
+	if len(own) > 0 {
+		t.problems[key] = own
+	} else {
+		delete(t.problems, key)
+	}
 	if se == nil || se.Service == nil {
 		delete(t.services, key)
 		delete(t.losers, key)
@@ -414,6 +440,15 @@ func (t *tracker) retryLosers() {
 	for _, k := range keys {
 		t.Update(k, t.losers[k])
 	}
+}
+
+// Problems returns the problems of the services held, in key order.
+func (t *tracker) Problems() []model.Problem {
+	var out []model.Problem
+	for _, k := range slices.SortedFunc(maps.Keys(t.problems), model.ServiceKey.Compare) {
+		out = append(out, t.problems[k]...)
+	}
+	return out
 }
 
 // ServiceKeys returns the services held as of the last Done, sorted.

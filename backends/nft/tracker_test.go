@@ -4,6 +4,7 @@ package nft
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -149,4 +150,49 @@ func TestTrackerDuplicatePort(t *testing.T) {
 	if len(slots) != 2 {
 		t.Errorf("slots %v, want b's and c's", slots)
 	}
+}
+
+// TestTrackerProblems: the problems of the services held, each naming its
+// service, field and reason: a conflict is the loser's, whoever came
+// first, and goes when the winner lets the address go; a bad field stays
+// with its service until it changes.
+func TestTrackerProblems(t *testing.T) {
+	tr := newTracker(Options{})
+	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 80))}
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.1"), tcp(80, 81))}
+	unknown := &model.PortMapping{Name: "s", Protocol: model.ProtocolUnknown, Port: 90}
+	c := &model.ServiceEndpoints{Service: svc("ns", "c", ipset("10.96.0.3"), tcp(80, 80), unknown)}
+	bKey := b.Service.Key()
+	conflict := model.Problem{Service: bKey, Field: "spec.clusterIPs", Reason: model.ReasonAddressConflict}
+	badProto := model.Problem{Service: c.Service.Key(), Field: "spec.ports[1].protocol", Reason: model.ReasonUnsupportedProtocol}
+	check := func(what string, want ...model.Problem) {
+		t.Helper()
+		got := tr.Problems()
+		for i := range got {
+			got[i].Message = "" // compared apart
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: problems %+v, want %+v", what, got, want)
+		}
+	}
+	// b first, then a, before it in key order: a takes the address.
+	tr.Update(bKey, b)
+	tr.Update(a.Service.Key(), a)
+	tr.Update(c.Service.Key(), c)
+	tr.Done()
+	check("b yielded to a", conflict, badProto)
+	if p := tr.Problems()[0].Message; p != "service ns/b: ipv4 10.96.0.1 . tcp . 80 is taken by service ns/a, first in order: ignored" {
+		t.Errorf("the conflict's message: %q", p)
+	}
+	// b updated while a holds it: still a conflict, said by b itself.
+	tr.Update(bKey, &model.ServiceEndpoints{Service: b.Service, Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}})
+	tr.Done()
+	check("b updated", conflict, badProto)
+	// a goes: b gets the address, its problem is gone.
+	tr.Update(a.Service.Key(), nil)
+	tr.Done()
+	check("a gone", badProto)
+	tr.Update(c.Service.Key(), nil)
+	tr.Done()
+	check("c gone")
 }
