@@ -34,6 +34,19 @@ const (
 // the node's own addresses).
 func (k kind) holdsAddress() bool { return k != nodePort }
 
+// field is the field of the Service the frontends of kind k come from.
+func (k kind) field() string {
+	switch k {
+	case clusterIP:
+		return "spec.clusterIPs"
+	case externalIP:
+		return "spec.externalIPs"
+	case loadBalancerIP:
+		return "status.loadBalancer.ingress"
+	}
+	return "spec.ports[].nodePort"
+}
+
 // route is what a frontend does with a new connection or flow. A route is
 // never modified once built: a change is a new route.
 type route struct {
@@ -172,7 +185,8 @@ func plan(se *model.ServiceEndpoints, n node) (map[frontendKey]*route, []error) 
 // as a cluster and an external IP, say): the first use is kept.
 func add(out map[frontendKey]*route, problems *[]error, k frontendKey, r *route) {
 	if first, ok := out[k]; ok {
-		*problems = append(*problems, fmt.Errorf("service %s port %q: %s already used by port %q: ignored", r.service, r.port, k, first.port))
+		*problems = append(*problems, model.NewProblem(r.service, r.kind.field(), model.ReasonAddressConflict,
+			"service %s port %q: %s already used by port %q: ignored", r.service, r.port, k, first.port))
 		return
 	}
 	out[k] = r

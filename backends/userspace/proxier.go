@@ -43,6 +43,9 @@ type Proxier struct {
 	owners  map[frontendKey]model.ServiceKey
 	losers  map[model.ServiceKey]bool
 	limits  map[model.ServiceKey]*limiter
+	// planProblems are the problems found planning each service,
+	// conflicts those of the frontends another service has.
+	planProblems, conflicts map[model.ServiceKey][]model.Problem
 	// addrRefs counts the frontends of each service address; onLink are
 	// the addresses actually on the interface (added once, when the
 	// first frontend needs one, or retried after a failure); unbound are
@@ -73,7 +76,10 @@ type Proxier struct {
 	closed    bool
 }
 
-var _ localsink.ClusterSink = (*Proxier)(nil)
+var (
+	_ localsink.ClusterSink     = (*Proxier)(nil)
+	_ localsink.ProblemReporter = (*Proxier)(nil)
+)
 
 // New returns a proxier that serves nothing until its first Sync. On Linux
 // it creates its dummy interface when missing and clears the addresses a
@@ -100,6 +106,7 @@ func newProxier(cfg Config, opts Options, plat platform) (*Proxier, error) {
 		services: map[model.ServiceKey]*model.ServiceEndpoints{}, dirty: map[model.ServiceKey]bool{},
 		planned: map[model.ServiceKey]map[frontendKey]*route{}, owners: map[frontendKey]model.ServiceKey{},
 		losers: map[model.ServiceKey]bool{}, limits: map[model.ServiceKey]*limiter{},
+		planProblems: map[model.ServiceKey][]model.Problem{}, conflicts: map[model.ServiceKey][]model.Problem{},
 		addrRefs: map[netip.Addr]int{}, onLink: map[netip.Addr]bool{}, unbound: map[frontendKey]bool{},
 		tried: map[frontendKey]bool{}, frontends: map[frontendKey]*frontend{},
 		held: limiter{max: maxHeld},
@@ -248,15 +255,35 @@ func (p *Proxier) Sync() error {
 	return errors.Join(errs...)
 }
 
+// Problems implements localsink.ProblemReporter: the parts of the services
+// held that are not proxied (a bad port, an address another service has),
+// in key order, as of the last Sync.
+func (p *Proxier) Problems() []model.Problem {
+	keys := slices.Collect(maps.Keys(p.planProblems))
+	for k := range p.conflicts {
+		if _, ok := p.planProblems[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	var out []model.Problem
+	for _, k := range keys {
+		out = append(out, p.planProblems[k]...)
+		out = append(out, p.conflicts[k]...)
+	}
+	return out
+}
+
 // replan plans service key again, releases the frontends it no longer
 // wants and claims the others; it returns how many frontends changed.
 func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
 	var want map[frontendKey]*route
+	delete(p.planProblems, key)
 	if se := p.services[key]; se != nil && se.Service != nil {
 		var problems []error
 		want, problems = plan(se, p.node)
 		for _, err := range problems {
-			klog.ErrorS(err, "Service not fully proxied")
+			p.planProblems[key] = append(p.planProblems[key], model.ProblemOf(key, err))
 		}
 	}
 	changed := 0
@@ -270,6 +297,7 @@ func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
 		delete(p.planned, key)
 		delete(p.losers, key)
 		delete(p.limits, key)
+		delete(p.conflicts, key)
 		return changed
 	}
 	p.planned[key] = want
@@ -279,8 +307,8 @@ func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
 // claim gives service key the frontends of want that are free or its
 // own; it returns how many frontends changed.
 func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs *[]error) int {
-	waiting := p.losers[key] // logged when it started waiting
 	delete(p.losers, key)
+	delete(p.conflicts, key)
 	lim := p.limits[key]
 	if lim == nil {
 		lim = &limiter{max: int64(p.opts.MaxConnectionsPerService)}
@@ -291,15 +319,18 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 		r := want[k]
 		if owner, ok := p.owners[k]; ok && owner != key {
 			if owner.Compare(key) < 0 {
-				if !waiting {
-					klog.ErrorS(nil, "Address and port already used by another service: not proxied until it lets go", "service", key, "port", r.port, "frontend", k, "usedBy", owner)
-				}
+				p.conflicts[key] = append(p.conflicts[key], *model.NewProblem(key, r.kind.field(), model.ReasonAddressConflict,
+					"service %s port %q: %s already used by service %s: not proxied until it lets go", key, r.port, k, owner))
 				p.losers[key] = true
 				continue
 			}
 			// The first service in key order has it, whatever the
 			// history, as a fresh proxier would: the other waits.
-			klog.ErrorS(nil, "Address and port taken by a service first in order: not proxied until it lets go", "service", owner, "frontend", k, "takenBy", key)
+			if f := p.frontends[k]; f != nil {
+				or := f.route.Load()
+				p.conflicts[owner] = append(p.conflicts[owner], *model.NewProblem(owner, or.kind.field(), model.ReasonAddressConflict,
+					"service %s port %q: %s taken by service %s, first in order: not proxied until it lets go", owner, or.port, k, key))
+			}
 			p.release(k)
 			p.losers[owner] = true
 			changed++

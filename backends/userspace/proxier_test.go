@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -201,6 +202,11 @@ func TestWaitingServiceGetsAddress(t *testing.T) {
 		if !p.losers[b.Service.Key()] {
 			t.Fatalf("b is not waiting: %v", p.losers)
 		}
+		want := []model.Problem{{Service: b.Service.Key(), Field: "spec.clusterIPs", Reason: model.ReasonAddressConflict,
+			Message: `service default/b port "": TCP 127.0.0.13:18095 already used by service default/a: not proxied until it lets go`}}
+		if got := p.Problems(); !slices.Equal(got, want) {
+			t.Errorf("problems while b waits: %+v, want %+v", got, want)
+		}
 	}
 	p.Update(a.Service.Key(), a, nil)
 	if err := p.Sync(); err != nil {
@@ -209,5 +215,8 @@ func TestWaitingServiceGetsAddress(t *testing.T) {
 	k := frontendKey{model.TCP, netip.MustParseAddrPort("127.0.0.13:18095")}
 	if owner := p.owners[k]; owner != b.Service.Key() || len(p.losers) != 0 {
 		t.Errorf("after a left: owner %v, waiting %v; want b, nobody", owner, p.losers)
+	}
+	if got := p.Problems(); len(got) != 0 {
+		t.Errorf("problems after a left: %+v, want none", got)
 	}
 }
