@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -26,15 +27,15 @@ func TestServedExternalIPs(t *testing.T) {
 			ips:          ServiceIPs{ClusterIPs: set("10.96.0.1"), ExternalIPs: set("192.0.2.1", "2001:db8::1"), LoadBalancerIPs: set("2001:db8::2")},
 			wantExternal: set("192.0.2.1"),
 			wantProblems: []string{
-				"service ns/web: externalIPs: 2001:db8::1 ignored: the service has no IPv6 cluster IP (as kube-proxy)",
-				"service ns/web: loadBalancer ingress IPs: 2001:db8::2 ignored: the service has no IPv6 cluster IP (as kube-proxy)",
+				"spec.externalIPs BadField: service ns/web: externalIPs: 2001:db8::1 ignored: the service has no IPv6 cluster IP (as kube-proxy)",
+				"status.loadBalancer.ingress BadField: service ns/web: loadBalancer ingress IPs: 2001:db8::2 ignored: the service has no IPv6 cluster IP (as kube-proxy)",
 			},
 		},
 		{
 			name:         "IPv6 only: the IPv4 addresses are ignored",
 			ips:          ServiceIPs{ClusterIPs: set("fd00::1"), ExternalIPs: set("192.0.2.1", "2001:db8::1")},
 			wantExternal: set("2001:db8::1"),
-			wantProblems: []string{"service ns/web: externalIPs: 192.0.2.1 ignored: the service has no IPv4 cluster IP (as kube-proxy)"},
+			wantProblems: []string{"spec.externalIPs BadField: service ns/web: externalIPs: 192.0.2.1 ignored: the service has no IPv4 cluster IP (as kube-proxy)"},
 		},
 		{
 			name:         "headless: everything served (the blog's all-IP case)",
@@ -48,8 +49,9 @@ func TestServedExternalIPs(t *testing.T) {
 			s := &Service{Namespace: "ns", Name: "web", IPs: tc.ips}
 			ext, lb, problems := s.ServedExternalIPs()
 			var got []string
-			for _, p := range problems {
-				got = append(got, p.Error())
+			for _, err := range problems {
+				p := ProblemOf(s.Key(), err) // a *Problem: its field and reason
+				got = append(got, fmt.Sprintf("%s %s: %s", p.Field, p.Reason, p.Message))
 			}
 			if diff := cmp.Diff(tc.wantExternal, ext); diff != "" {
 				t.Errorf("external IPs (-want +got):\n%s", diff)
