@@ -25,9 +25,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client"
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/examples/callout/internal/callout"
 	"sigs.k8s.io/kpng/localsink"
 )
@@ -96,21 +98,61 @@ func run(args []string, calloutEnv string, stdout, stderr io.Writer) int {
 		return usage(stderr, fmt.Errorf("$CALLOUT: %w", err))
 	}
 
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	defer klog.Flush()
+	// The metrics and health servers start before the watch, so that the
+	// callout's metrics join the Recorder's; they end with ctx.
+	rec, err := kpng.StartMetrics(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
 	o.callout.Command = command
 	o.callout.Stdout, o.callout.Stderr = stdout, stderr
 	o.callout.Once = kpng.Once
 	if kpng.Once {
 		o.callout.MaxAttempts = o.onceAttempts
 	}
+	if o.callout.Observe, err = calloutMetrics(rec); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
 	runner, err := callout.NewRunner(o.callout)
 	if err != nil {
 		return usage(stderr, err)
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	defer klog.Flush()
 	return watch(ctx, &kpng, runner, stderr)
+}
+
+// calloutMetrics registers the callout's metrics with rec and returns
+// what records each run: kpng_callout_runs_total{result} (success,
+// failure, timeout) and kpng_callout_duration_seconds.
+func calloutMetrics(rec *metrics.Recorder) (func(callout.Outcome), error) {
+	runs := prometheus.NewCounterVec(prometheus.CounterOpts(rec.Opts("callout_runs_total",
+		"Runs of the callout, by result: success, failure (it exited with an error or could not start) or timeout (killed after --timeout).")), []string{"result"})
+	o := rec.Opts("callout_duration_seconds", "How long each run of the callout took, in seconds.")
+	duration := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: o.Namespace, Name: o.Name, Help: o.Help, ConstLabels: o.ConstLabels,
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
+	for _, c := range []prometheus.Collector{runs, duration} {
+		if err := rec.Registry().Register(c); err != nil {
+			return nil, fmt.Errorf("callout metrics: %w", err)
+		}
+	}
+	for _, r := range []string{"success", "failure", "timeout"} {
+		runs.WithLabelValues(r)
+	}
+	return func(out callout.Outcome) {
+		duration.Observe(out.Duration.Seconds())
+		switch {
+		case out.TimedOut:
+			runs.WithLabelValues("timeout").Inc()
+		case out.Err != nil:
+			runs.WithLabelValues("failure").Inc()
+		default:
+			runs.WithLabelValues("success").Inc()
+		}
+	}, nil
 }
 
 // watch runs the watcher and the runner until ctx is done, or with --once

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/expfmt"
+	pmodel "github.com/prometheus/common/model"
 
 	"sigs.k8s.io/kpng/client"
 	"sigs.k8s.io/kpng/internal/controlplane"
@@ -154,7 +158,13 @@ echo "callout stderr" >&2`)
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("callout")
 
-	p := startCallout(t, bin, sh+` '`+state+`'`, "--service-proxy-name="+name, "--node-name=me")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	p := startCallout(t, bin, sh+` '`+state+`'`, "--service-proxy-name="+name, "--node-name=me", "--metrics-bind-address="+metricsAddr)
 
 	// The first state is empty: the callout runs with an empty input.
 	waitForFile(t, state, func(s string) bool { return s == "" })
@@ -183,6 +193,17 @@ echo "callout stderr" >&2`)
 
 	kc.DeleteService(ns, "web")
 	waitForFile(t, state, func(s string) bool { return s == "" })
+
+	// Three runs (empty, web, empty again), each counted once it ended.
+	var m map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m = scrapeCallout(t, metricsAddr); m["kpng_callout_runs_total/success"] >= 3 {
+			break
+		}
+	}
+	if m["kpng_callout_runs_total/success"] < 3 || m["kpng_callout_duration_seconds"] != m["kpng_callout_runs_total/success"] || m["kpng_callout_runs_total/failure"] != 0 {
+		t.Errorf("callout metrics: %v, want at least 3 successful runs, each timed, no failure", m)
+	}
 
 	p.stop(t, syscall.SIGTERM)
 	if n := strings.Count(p.stdout.String(), "ran\n"); n < 3 {
@@ -461,6 +482,39 @@ func withoutCallout(env []string) []string {
 	for _, kv := range env {
 		if !strings.HasPrefix(kv, "CALLOUT=") {
 			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// scrapeCallout returns the callout's samples of addr's /metrics, parsed
+// with Prometheus' text parser: name/result → value (histograms: their
+// sample count).
+func scrapeCallout(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		if !strings.HasPrefix(name, "kpng_callout_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			key := name
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					key += "/" + l.GetValue()
+				}
+			}
+			out[key] = m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return out

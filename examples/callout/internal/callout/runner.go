@@ -71,6 +71,19 @@ type Config struct {
 	// Logger receives the runner's log lines; the zero value means
 	// klog.Background(), i.e. klog's global logger.
 	Logger klog.Logger
+	// Observe, if set, is called after each run of the callout, from
+	// Run's goroutine, with its outcome: for metrics.
+	Observe func(Outcome)
+}
+
+// Outcome is what one run of the callout came to.
+type Outcome struct {
+	// Duration is how long the run took.
+	Duration time.Duration
+	// Err is nil when the callout succeeded.
+	Err error
+	// TimedOut is set when the callout was killed after Config.Timeout.
+	TimedOut bool
 }
 
 // Runner runs the callout for the latest submitted state. Create it with
@@ -156,6 +169,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 
 		res := r.runOnce(ctx, state)
+		// A run killed because ctx ended is no outcome of the callout.
+		if r.cfg.Observe != nil && (res.err == nil || ctx.Err() == nil) {
+			r.cfg.Observe(Outcome{Duration: res.duration, Err: res.err, TimedOut: res.timedOut})
+		}
 		if ctx.Err() != nil {
 			return r.stopped(ctx)
 		}
@@ -232,6 +249,8 @@ type result struct {
 	// stderr is the end of what the callout wrote on its standard error.
 	stderr   string
 	duration time.Duration
+	// timedOut is set when the callout was killed after the timeout.
+	timedOut bool
 }
 
 // runOnce runs the callout once with state on its standard input, killing
@@ -263,6 +282,7 @@ func (r *Runner) runOnce(ctx context.Context, state []byte) result {
 		r.log.Info("Callout exited successfully but left processes holding its output open; not waiting for them",
 			"command", r.cfg.Command[0], "waited", waitDelay)
 	case ctx.Err() == nil && errors.Is(runCtx.Err(), context.DeadlineExceeded):
+		res.timedOut = true
 		res.err = fmt.Errorf("callout %s timed out after %v and was killed: %w", r.cfg.Command[0], r.cfg.Timeout, err)
 	default:
 		res.err = fmt.Errorf("callout %s: %w", r.cfg.Command[0], err)

@@ -400,7 +400,13 @@ if [ $n = 1 ]; then
 fi
 echo "ok:$n"`)
 	const timeout = 300 * time.Millisecond
-	h := start(t, Config{Command: []string{sh, count}, Timeout: timeout})
+	var mu sync.Mutex
+	var outcomes []Outcome
+	h := start(t, Config{Command: []string{sh, count}, Timeout: timeout, Observe: func(o Outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		outcomes = append(outcomes, o)
+	}})
 
 	h.r.Submit([]byte("x"))
 	started := time.Now()
@@ -410,7 +416,21 @@ echo "ok:$n"`)
 		t.Errorf("the retry came %v after the hanging run started, before the %v timeout", took, timeout)
 	}
 	expectGone(t, hung...)
+	// The output comes before the callout exits: wait for its outcome.
+	for deadline := time.Now().Add(patience); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n := len(outcomes)
+		mu.Unlock()
+		if n == 2 {
+			break
+		}
+	}
 	h.stop()
+	mu.Lock()
+	if len(outcomes) != 2 || !outcomes[0].TimedOut || outcomes[0].Err == nil || outcomes[0].Duration < timeout || outcomes[1].TimedOut || outcomes[1].Err != nil {
+		t.Errorf("outcomes %+v, want a timeout of at least %v, then a success", outcomes, timeout)
+	}
+	mu.Unlock()
 	log := h.log.String()
 	if !regexp.MustCompile(`"Callout failed, will retry" err="callout \S+ timed out after 300ms and was killed: signal: killed" command="\S+" exitStatus=-1 stderr="" duration="[^"]+" failures=1 retryIn="10ms"`).MatchString(log) {
 		t.Errorf("no log of the timeout:\n%s", log)
