@@ -1,7 +1,8 @@
 // Command kpng-demo is `make demo`: it starts a local kube-apiserver and etcd
 // on loopback, applies the blog post's Service, application and
-// EndpointSlices, runs kpng-json against them once, pretty-prints what it
-// says, and cleans everything up.
+// EndpointSlices, runs kpng-json against them with its metrics and health
+// served on loopback ports, pretty-prints what it says, shows where to look
+// at the metrics (and a few of them), and cleans everything up.
 package main
 
 import (
@@ -10,11 +11,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/manifests"
 )
@@ -63,14 +73,45 @@ func run(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("build kpng-json: %w", err)
 	}
 
-	args := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=kpng-example", "--once"}
+	// /healthz also requires this node to exist (as kube-proxy's): the
+	// demo has no kubelet to register it.
+	step(out, "Creating the Node "+localNode)
+	if _, err := cp.Client().CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: localNode}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create node %s: %w", localNode, err)
+	}
+
+	metricsAddr, err := freeLoopback()
+	if err != nil {
+		return err
+	}
+	healthAddr, err := freeLoopback()
+	if err != nil {
+		return err
+	}
+	args := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+		"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthAddr}
 	step(out, fmt.Sprintf("Running NODE_NAME=%s kpng-json %s", localNode, strings.Join(args, " ")))
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr syncBuffer
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "NODE_NAME="+localNode)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("kpng-json: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	metricsText, err := waitApplied(metricsAddr, exited)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
 		return fmt.Errorf("kpng-json: %w\n%s", err, stderr.String())
+	}
+	health := fetch("http://" + healthAddr + "/healthz")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		_ = cmd.Process.Kill() // no SIGTERM (Windows)
+	}
+	if err := <-exited; err != nil {
+		return fmt.Errorf("kpng-json after SIGTERM: %w\n%s", err, stderr.String())
 	}
 	if stdout.Len() == 0 {
 		return fmt.Errorf("kpng-json printed nothing\n%s", stderr.String())
@@ -89,7 +130,99 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 		fmt.Fprintln(out, pretty.String())
 	}
+
+	step(out, "While it ran, kpng-json served its metrics and health (docs/operating.md):")
+	fmt.Fprintf(out, "    http://%s/metrics              Prometheus metrics (kube-proxy's names, kpng_ prefix)\n", metricsAddr)
+	fmt.Fprintf(out, "    http://%s%s  what the backend holds and what it refused (JSON)\n", metricsAddr, metrics.DebugPath)
+	fmt.Fprintf(out, "    http://%s/healthz and /livez   health, as kube-proxy's\n", healthAddr)
+	fmt.Fprintf(out, "    (a program of yours gets them with --metrics-bind-address and --healthz-bind-address)\n")
+	fmt.Fprintf(out, "  Some of the metrics:\n")
+	for _, l := range strings.Split(metricsText, "\n") {
+		for _, name := range []string{"kpng_services{", "kpng_endpoints{", "kpng_rounds_total{", "kpng_sync_proxy_rules_service_changes_total{", "kpng_sync_proxy_rules_duration_seconds_count{"} {
+			if strings.HasPrefix(l, name) {
+				fmt.Fprintf(out, "    %s\n", l)
+			}
+		}
+	}
+	fmt.Fprintf(out, "  /healthz: %s\n", strings.TrimSpace(health))
 	return nil
 }
 
 func step(out io.Writer, msg string) { fmt.Fprintf(out, "==> %s\n", msg) }
+
+// freeLoopback returns a loopback address with a port free a moment ago.
+func freeLoopback() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// waitApplied waits until the metrics at addr say that a round was applied
+// (kpng-json printed the state), and returns them; it gives up when the
+// program exits or after 60 s.
+func waitApplied(addr string, exited <-chan error) (string, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return "", fmt.Errorf("exited before its first state: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		text := fetch("http://" + addr + "/metrics")
+		for _, l := range strings.Split(text, "\n") {
+			if strings.HasPrefix(l, "kpng_sync_proxy_rules_last_timestamp_seconds{") && !strings.HasSuffix(l, " 0") {
+				return text, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no state applied within 60s")
+}
+
+// fetch returns the body at url, or the error's text.
+func fetch(url string) string {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+// syncBuffer is a bytes.Buffer safe for the writes of a command and the
+// reads of the demo.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Read(p)
+}
+
+func (b *syncBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Len()
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
