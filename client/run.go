@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client/metrics"
+	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/localsink"
@@ -340,6 +341,14 @@ func (o *onceSink) Sync() error {
 		o.done()
 	}
 	return err
+}
+
+// Problems passes on the sink's problems (localsink.ProblemReporter).
+func (o *onceSink) Problems() []model.Problem {
+	if pr, ok := o.Sink.(localsink.ProblemReporter); ok {
+		return pr.Problems()
+	}
+	return nil
 }
 
 // IsUsageError reports whether err comes from the command line or the
