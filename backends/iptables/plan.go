@@ -281,7 +281,8 @@ func (pl planner) nodePortJumps(f family, fp *familyPlan) {
 	}
 }
 
-// service adds the rules of one service in family f.
+// service adds the rules of one service in family f. Its problems are
+// *model.Problem values, with the field and the reason.
 func (pl planner) service(f family, fp *familyPlan, se *model.ServiceEndpoints) []error {
 	svc := se.Service
 	var problems []error
@@ -553,12 +554,34 @@ func (b *portBuilder) claim(field string, addrs []netip.Addr, port int32) []neti
 			if !a.IsValid() {
 				what = "node port"
 			}
-			*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: %s %d/%s already used by service %s: ignored", b.svc.Key(), field, what, port, protoName(b.port.Protocol), owner))
+			*b.problems = append(*b.problems, model.NewProblem(b.svc.Key(), b.fieldPath(field), model.ReasonAddressConflict,
+				"service %s: %s: %s %d/%s already used by service %s: ignored", b.svc.Key(), field, what, port, protoName(b.port.Protocol), owner))
 			continue
 		}
 		out = append(out, a)
 	}
 	return out
+}
+
+// fieldPath returns the API path of the field the builder's addresses
+// come from, named field in messages (as the nft backend names them).
+func (b *portBuilder) fieldPath(field string) string {
+	switch field {
+	case "clusterIPs":
+		return "spec.clusterIPs"
+	case "externalIPs":
+		return "spec.externalIPs"
+	case "loadBalancer ingress IPs":
+		return "status.loadBalancer.ingress"
+	case "nodePort":
+		for i, p := range b.svc.Ports {
+			if p == b.port {
+				return fmt.Sprintf("spec.ports[%d].nodePort", i)
+			}
+		}
+		return "spec.ports[].nodePort"
+	}
+	return field
 }
 
 // reach records the endpoints a UDP destination is DNATed to.
@@ -645,7 +668,8 @@ func (b *portBuilder) addrs(field string, s model.IPSet) []netip.Addr {
 	for _, t := range familyTexts(s, b.f) {
 		a, err := netip.ParseAddr(t)
 		if err != nil || !b.f.of(a.Unmap()) || a.Zone() != "" {
-			*b.problems = append(*b.problems, fmt.Errorf("service %s: %s: bad %s address %q: ignored", b.svc.Key(), field, b.f, t))
+			*b.problems = append(*b.problems, model.NewProblem(b.svc.Key(), b.fieldPath(field), model.ReasonBadField,
+				"service %s: %s: bad %s address %q: ignored", b.svc.Key(), field, b.f, t))
 			continue
 		}
 		out = append(out, a.Unmap())
@@ -682,11 +706,13 @@ func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 	}
 	addr, err := netip.ParseAddr(texts[0])
 	if err != nil || !b.f.of(addr.Unmap()) || addr.Zone() != "" {
-		*b.problems = append(*b.problems, fmt.Errorf("service %s: endpoint %q is not an %s address: ignored", b.svc.Key(), texts[0], b.f))
+		*b.problems = append(*b.problems, model.NewProblem(b.svc.Key(), "endpoints[].addresses", model.ReasonBadField,
+			"service %s: endpoint %q is not an %s address: ignored", b.svc.Key(), texts[0], b.f))
 		return netip.AddrPort{}, false
 	}
 	if port <= 0 || port > 65535 {
-		*b.problems = append(*b.problems, fmt.Errorf("service %s port %q: endpoint %s: target port %d out of range: ignored", b.svc.Key(), b.port.Name, addr, port))
+		*b.problems = append(*b.problems, model.NewProblem(b.svc.Key(), "endpoints[].ports", model.ReasonBadField,
+			"service %s port %q: endpoint %s: target port %d out of range: ignored", b.svc.Key(), b.port.Name, addr, port))
 		return netip.AddrPort{}, false
 	}
 	return netip.AddrPortFrom(addr.Unmap(), uint16(port)), true

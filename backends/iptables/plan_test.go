@@ -302,13 +302,15 @@ func TestHostileInput(t *testing.T) {
 	if !strings.Contains(input.String(), "evil__-A_INPUT_-j_DROP__/x:80/tcp") {
 		t.Errorf("the service's comment is not its name made safe:\n%s", input.String())
 	}
-	var zoned int
+	var zoned []string
 	for _, e := range problems {
 		if strings.Contains(e.Error(), "%eth0") {
-			zoned++
+			p := model.ProblemOf(svc.Key(), e)
+			zoned = append(zoned, fmt.Sprintf("%s %s", p.Field, p.Reason))
 		}
 	}
-	if zoned != 2 {
-		t.Errorf("problems %v: want the zoned external IP and endpoint reported", problems)
+	// Reported with the field and the reason (a *model.Problem each).
+	if diff := cmp.Diff([]string{"spec.externalIPs BadField", "endpoints[].addresses BadField"}, zoned); diff != "" {
+		t.Errorf("problems %v: want the zoned external IP and endpoint reported (-want +got):\n%s", problems, diff)
 	}
 }

@@ -90,8 +90,6 @@ type sink struct {
 	// appliedShared the other chains (fixed, dispatch), per family.
 	applied       map[model.ServiceKey]*fragment
 	appliedShared [2]familyPlan
-	// problems are those logged already.
-	problems map[string]bool
 	// staleFlows wait for the next successful sync.
 	staleFlows []conntrack.Flow
 }
@@ -207,6 +205,22 @@ func newSink(cfg Config, variant string, j jumper) *sink {
 	}
 }
 
+var (
+	_ localsink.ClusterSink     = (*sink)(nil)
+	_ localsink.ProblemReporter = (*sink)(nil)
+)
+
+// Problems implements localsink.ProblemReporter: the parts of the
+// services held that are not programmed (a bad field, an address and
+// port another service has, a protocol iptables is not given), in key
+// order, as of the last Sync (kpng logs each once, counts and lists
+// them).
+func (s *sink) Problems() []model.Problem {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st.reported()
+}
+
 // Reset implements localsink.Sink.
 func (s *sink) Reset() {
 	s.mu.Lock()
@@ -252,14 +266,6 @@ func (s *sink) sync() error {
 		s.dirty[k] = true
 	}
 	s.changed = map[model.ServiceKey]bool{}
-	seen := map[string]bool{}
-	for _, e := range s.st.problems() {
-		seen[e.Error()] = true
-		if !s.problems[e.Error()] {
-			klog.InfoS("Part of a service cannot be programmed", "prefix", s.prefix, "problem", e.Error())
-		}
-	}
-	s.problems = seen
 	period := s.cfg.FullSyncPeriod
 	if period <= 0 {
 		period = DefaultFullSyncPeriod

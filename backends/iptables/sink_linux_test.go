@@ -6,15 +6,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"net/netip"
-
 	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/localsink/sinktest"
 )
 
 // call is one command the fake runner ran.
@@ -380,5 +382,72 @@ func TestChangeInputProportional(t *testing.T) {
 	// The same up to the length of names and addresses.
 	if small == 0 || big > small+32 || big > 2000 {
 		t.Errorf("one endpoint change: %d bytes of restore input at 100 services, %d at 5,000; want about the same, under 2 kB", small, big)
+	}
+}
+
+// TestSinkProblems: the sink reports the problems of its plan
+// (localsink.ProblemReporter), with the field and the reason, in key
+// order, as of the last Sync: the Feeder puts them in the round's record;
+// an address conflict is the loser's, and follows the owner when the
+// first owner goes. Without root: a fake runner.
+func TestSinkProblems(t *testing.T) {
+	r := &fakeRunner{}
+	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantLegacy, &fakeJumper{})
+	var rounds []localsink.Round
+	c := sinktest.NewChecker(s)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true, Observe: func(r localsink.Round) { rounds = append(rounds, r) }})
+	defer f.Close()
+
+	bad := svc("bad", ipset("10.96.0.99"), port(model.ProtocolUnknown, 1, 1), port(model.TCP, 70000, 1), port(model.TCP, 80, 8080), port(model.TCP, 80, 9090))
+	bad.IPs.ExternalIPs = ipset("2001:db8::9") // no IPv6 cluster IP
+	state := append(conflicts(), &model.ServiceEndpoints{Service: bad, Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}})
+	f.SetAll(state)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	key := func(name string) model.ServiceKey { return model.ServiceKey{Namespace: "default", Name: name} }
+	badProblems := []model.Problem{
+		{Service: key("bad"), Field: "spec.ports[0].protocol", Reason: model.ReasonUnsupportedProtocol,
+			Message: `service default/bad port "": protocol 0 (Unknown) not supported`},
+		{Service: key("bad"), Field: "spec.ports[1].port", Reason: model.ReasonBadField,
+			Message: `service default/bad port "": port 70000 out of range`},
+		{Service: key("bad"), Field: "spec.ports[3]", Reason: model.ReasonBadField,
+			Message: `service default/bad port "": protocol and port TCP/80 already used by port "": ignored`},
+		{Service: key("bad"), Field: "spec.externalIPs", Reason: model.ReasonBadField,
+			Message: "service default/bad: externalIPs: 2001:db8::9 ignored: the service has no IPv6 cluster IP (as kube-proxy)"},
+	}
+	conflict := func(loser, field, what, owner string) model.Problem {
+		path := map[string]string{"clusterIPs": "spec.clusterIPs", "externalIPs": "spec.externalIPs", "nodePort": "spec.ports[0].nodePort"}[field]
+		return model.Problem{Service: key(loser), Field: path, Reason: model.ReasonAddressConflict,
+			Message: fmt.Sprintf("service default/%s: %s: %s/tcp already used by service default/%s: ignored", loser, field, what, owner)}
+	}
+	want := slices.Concat(
+		[]model.Problem{conflict("b", "externalIPs", "192.0.2.1 80", "a"), conflict("b", "nodePort", "node port 30080", "a")},
+		badProblems,
+		[]model.Problem{conflict("c", "clusterIPs", "10.96.0.1 80", "a"), conflict("c", "externalIPs", "192.0.2.1 80", "a"), conflict("c", "nodePort", "node port 30080", "a")},
+	)
+	if diff := cmp.Diff(want, s.Problems()); diff != "" {
+		t.Errorf("problems (-want +got):\n%s", diff)
+	}
+	if len(rounds) != 1 || !slices.Equal(rounds[0].Problems, want) || !slices.Equal(rounds[0].NewProblems, want) {
+		t.Errorf("round records: %+v, want one with the problems, all new", rounds)
+	}
+
+	// a goes: c keeps the cluster IP, and loses the rest to b, first in
+	// order after a.
+	f.Update(key("a"), nil)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := []model.Problem{conflict("c", "externalIPs", "192.0.2.1 80", "b"), conflict("c", "nodePort", "node port 30080", "b")}
+	want = slices.Concat(badProblems, fresh)
+	if diff := cmp.Diff(want, s.Problems()); diff != "" {
+		t.Errorf("problems after a left (-want +got):\n%s", diff)
+	}
+	if len(rounds) != 2 || !slices.Equal(rounds[1].NewProblems, fresh) {
+		t.Errorf("new problems after a left: %+v, want %+v", rounds[len(rounds)-1].NewProblems, fresh)
+	}
+	if err := c.Err(); err != nil {
+		t.Errorf("Sink contract broken:\n%v", err)
 	}
 }

@@ -258,6 +258,19 @@ func (st *state) problems() []error {
 	return out
 }
 
+// reported returns the problems of every service, in key order, as
+// localsink.ProblemReporter gives them: the field and reason planning
+// found (ReasonOther for a plain error).
+func (st *state) reported() []model.Problem {
+	var out []model.Problem
+	for _, k := range slices.SortedFunc(maps.Keys(st.troubled), model.ServiceKey.Compare) {
+		for _, err := range st.frags[k].Problems {
+			out = append(out, model.ProblemOf(k, err))
+		}
+	}
+	return out
+}
+
 // plan returns the whole plan: the fixed chains, every service's chains
 // in key order, then the dispatch.
 func (st *state) plan() *plan {
