@@ -6,7 +6,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 )
@@ -16,15 +15,14 @@ import (
 // changes, until ctx ends. A controller serving backends on many nodes uses
 // it to match topology hints for each of them.
 func WatchNodeZones(ctx context.Context, client kubernetes.Interface, set func(node, zone string)) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTransform(func(obj any) (any, error) {
-			// Only the name and labels are needed.
-			if n, ok := obj.(*v1.Node); ok {
-				return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels, ResourceVersion: n.ResourceVersion}}, nil
-			}
-			return obj, nil
-		}))
-	inf := factory.Core().V1().Nodes().Informer()
+	infs := &informers{client: client}
+	inf := infs.nodes(nil, func(obj any) (any, error) {
+		// Only the name and labels are needed.
+		if n, ok := obj.(*v1.Node); ok {
+			return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels, ResourceVersion: n.ResourceVersion}}, nil
+		}
+		return obj, nil
+	})
 	zones := map[string]string{} // only touched by the informer's handler goroutine
 	update := func(obj any, deleted bool) {
 		n, ok := obj.(*v1.Node)
@@ -46,8 +44,8 @@ func WatchNodeZones(ctx context.Context, client kubernetes.Interface, set func(n
 	if _, err := inf.AddEventHandler(handlers(update)); err != nil {
 		return fmt.Errorf("watch nodes: %w", err)
 	}
-	factory.Start(ctx.Done())
+	infs.start(ctx)
 	<-ctx.Done()
-	factory.Shutdown()
+	infs.wait()
 	return nil
 }

@@ -41,7 +41,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -189,11 +188,10 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 		}
 		return obj, nil
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = w.selector }),
-		informers.WithTransform(strip))
-	svcInformer := factory.Core().V1().Services().Informer()
-	sliceInformer := factory.Discovery().V1().EndpointSlices().Informer()
+	byLabel := func(o *metav1.ListOptions) { o.LabelSelector = w.selector }
+	infs := &informers{client: w.cfg.Client}
+	svcInformer := infs.services(byLabel, strip)
+	sliceInformer := infs.endpointSlices(byLabel, strip)
 	// The first state must hold everything the initial lists returned, so
 	// wait until each handler (not just each informer's store) has seen
 	// it: the registrations' HasSynced say so.
@@ -208,38 +206,27 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
 	synced = append(synced, reg.HasSynced)
-	factories := []informers.SharedInformerFactory{factory}
 	if watchCIDRs {
-		cidrFactory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0, informers.WithTransform(strip))
-		reg, err := cidrFactory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handlers(w.onServiceCIDR))
+		reg, err := infs.serviceCIDRs(strip).AddEventHandler(handlers(w.onServiceCIDR))
 		if err != nil {
 			return fmt.Errorf("watch servicecidrs: %w", err)
 		}
 		synced = append(synced, reg.HasSynced)
-		factories = append(factories, cidrFactory)
 	}
 	if w.cfg.NodeName != "" {
-		nodeFactory := informers.NewSharedInformerFactoryWithOptions(w.cfg.Client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.cfg.NodeName).String()
-			}),
-			informers.WithTransform(strip))
-		nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
+		nodeInformer := infs.nodes(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.cfg.NodeName).String()
+		}, strip)
 		reg, err := nodeInformer.AddEventHandler(handlers(w.onNode))
 		if err != nil {
 			return fmt.Errorf("watch node %s: %w", w.cfg.NodeName, err)
 		}
 		synced = append(synced, reg.HasSynced)
-		factories = append(factories, nodeFactory)
 	}
-	for _, f := range factories {
-		f.Start(ctx.Done())
-	}
+	infs.start(ctx)
 	defer func() {
 		cancel()
-		for _, f := range factories {
-			f.Shutdown()
-		}
+		infs.wait()
 	}()
 
 	klog.InfoS("Waiting for informers to sync", "selector", w.selector, "node", w.cfg.NodeName)
