@@ -231,7 +231,7 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 	if f.API != "" {
 		return f.runRemote(ctx, sink)
 	}
-	w, _, err := f.Watcher()
+	w, _, err := f.watcher(newWatchClient)
 	if err != nil {
 		return err
 	}
@@ -239,13 +239,20 @@ func (f *Flags) Run(ctx context.Context, sink localsink.Sink) error {
 }
 
 // Watcher builds the Kubernetes watcher these flags describe, and the
-// client it uses. Errors are configuration errors (exit status 2 in Main).
+// client it uses (a full clientset, for the caller's other uses). Errors
+// are configuration errors (exit status 2 in Main).
 func (f *Flags) Watcher() (*watcher.Watcher, kubernetes.Interface, error) {
+	return f.watcher(func(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) })
+}
+
+// watcher is Watcher with the client newClient builds: Run uses
+// newWatchClient, which links only the API groups the watcher reads.
+func (f *Flags) watcher(newClient func(*rest.Config) (kubernetes.Interface, error)) (*watcher.Watcher, kubernetes.Interface, error) {
 	cfg, err := f.restConfig()
 	if err != nil {
 		return nil, nil, usageError{err}
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := newClient(cfg)
 	if err != nil {
 		return nil, nil, usageError{fmt.Errorf("kubernetes client: %w", err)}
 	}
