@@ -1,6 +1,8 @@
 // Package manifests applies YAML manifests to an API server with typed
 // clients, for the demo and the integration tests (the test control plane
-// has no kubectl).
+// has no kubectl). Decoding is strict: a field that the kind does not have,
+// or a field given twice, is an error, as kubectl's server-side field
+// validation would report it.
 package manifests
 
 import (
@@ -18,12 +20,18 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
-// Decode reads every object of a multi-document YAML (or JSON) stream.
+// strict decodes the kinds client-go knows, refusing unknown and
+// duplicated fields.
+var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+
+// Decode reads every object of a multi-document YAML (or JSON) stream,
+// strictly (see the package documentation).
 func Decode(r io.Reader) ([]runtime.Object, error) {
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(r))
 	var objs []runtime.Object
@@ -38,7 +46,7 @@ func Decode(r io.Reader) ([]runtime.Object, error) {
 		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
 			continue
 		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		obj, _, err := strict.Decode(doc, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("decode document %d: %w", i, err)
 		}
@@ -78,7 +86,13 @@ func ApplyFile(ctx context.Context, c kubernetes.Interface, path string) error {
 
 // Create creates one object of the kinds the examples use.
 func Create(ctx context.Context, c kubernetes.Interface, obj runtime.Object) error {
-	opts := metav1.CreateOptions{}
+	return CreateWith(ctx, c, obj, metav1.CreateOptions{})
+}
+
+// CreateWith is Create with options: for example a server-side dry run
+// with strict field validation (DryRun: []string{metav1.DryRunAll},
+// FieldValidation: "Strict").
+func CreateWith(ctx context.Context, c kubernetes.Interface, obj runtime.Object, opts metav1.CreateOptions) error {
 	var err error
 	switch o := obj.(type) {
 	case *v1.Namespace:
