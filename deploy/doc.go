@@ -1,0 +1,15 @@
+// Package deploy holds what runs kpng's reference proxiers in a cluster:
+// the DaemonSets in this directory (kpng-nft.yaml for `kpng kube … to-local
+// to-nft`, kpng-iptables.yaml for `… to-local to-iptables`, each with its
+// ServiceAccount and least-privilege RBAC) and, at the repository's root, the
+// Dockerfile of the image they run. docs/operating.md explains both.
+//
+// The package has no code, only tests, because Docker is not needed to
+// check them: the tests build the image's programs exactly as the
+// Dockerfile does (its `make image-binaries` line, run as written) and
+// check the paths it copies (static, stripped executables); they decode the
+// manifests strictly, dry-run every object against a real API server, run
+// the watcher with the ServiceAccount's permissions, and run each backend in
+// a network namespace with exactly the capabilities its DaemonSet grants,
+// and with one fewer.
+package deploy
