@@ -1,0 +1,432 @@
+package deploy_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"sigs.k8s.io/kpng/client"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/manifests"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
+
+// daemonSets are the manifests of this directory: the backend each runs
+// and the capabilities it needs (capabilities_linux_test.go shows that it
+// works with them and not with one fewer, with each of variants: backend
+// flags, the first of which needs every capability).
+var daemonSets = []struct {
+	file     string
+	backend  string
+	caps     []v1.Capability
+	variants [][]string
+}{
+	{"kpng-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}},
+	{"kpng-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}},
+}
+
+// watcherRules are the permissions of the watcher (client/watcher): it
+// lists, then watches, Services and EndpointSlices (by label) and its Node
+// (by name); it gets, creates, updates or deletes nothing.
+var watcherRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+}
+
+// proxier is one manifest, decoded.
+type proxier struct {
+	objs    []runtime.Object
+	sa      *v1.ServiceAccount
+	role    *rbacv1.ClusterRole
+	binding *rbacv1.ClusterRoleBinding
+	ds      *appsv1.DaemonSet
+}
+
+// container returns the DaemonSet's only container.
+func (p *proxier) container(t *testing.T) *v1.Container {
+	t.Helper()
+	cs := p.ds.Spec.Template.Spec.Containers
+	if len(cs) != 1 {
+		t.Fatalf("DaemonSet %s: %d containers, want 1", p.ds.Name, len(cs))
+	}
+	return &cs[0]
+}
+
+// decode reads a manifest of this directory, strictly.
+func decode(t *testing.T, file string) *proxier {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	objs, err := manifests.Decode(f)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	p := &proxier{objs: objs}
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *v1.ServiceAccount:
+			p.sa = o
+		case *rbacv1.ClusterRole:
+			p.role = o
+		case *rbacv1.ClusterRoleBinding:
+			p.binding = o
+		case *appsv1.DaemonSet:
+			p.ds = o
+		default:
+			t.Fatalf("%s: unexpected %T", file, o)
+		}
+	}
+	if len(objs) != 4 || p.sa == nil || p.role == nil || p.binding == nil || p.ds == nil {
+		t.Fatalf("%s: %d objects, want a ServiceAccount, a ClusterRole, a ClusterRoleBinding and a DaemonSet", file, len(objs))
+	}
+	return p
+}
+
+// command is a DaemonSet's command line, split as kpng reads it.
+type command struct {
+	kube    map[string]string // the kube input's flags
+	backend string            // after to-local
+	args    []string          // the whole command, $(VAR) expanded
+}
+
+var envRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// parseCommand splits c's command and expands its $(VAR) references with
+// values for the variables of its env (the kubelet expands them from the
+// env): an undeclared variable is an error, as the kubelet would leave it
+// unexpanded.
+func parseCommand(t *testing.T, c *v1.Container, values map[string]string) command {
+	t.Helper()
+	declared := map[string]bool{}
+	for _, e := range c.Env {
+		declared[e.Name] = true
+	}
+	cmd := command{kube: map[string]string{}}
+	for _, a := range append(slices.Clone(c.Command), c.Args...) {
+		a = envRef.ReplaceAllStringFunc(a, func(ref string) string {
+			name := envRef.FindStringSubmatch(ref)[1]
+			if !declared[name] {
+				t.Errorf("%s refers to $(%s), which the container's env does not declare", a, name)
+			}
+			return values[name]
+		})
+		cmd.args = append(cmd.args, a)
+	}
+	if len(cmd.args) < 4 || cmd.args[0] != "kpng" || cmd.args[1] != "kube" {
+		t.Fatalf("command %q: want kpng kube … to-local <backend>", cmd.args)
+	}
+	i := slices.Index(cmd.args, "to-local")
+	if i < 0 || i+1 >= len(cmd.args) {
+		t.Fatalf("command %q: no to-local <backend>", cmd.args)
+	}
+	cmd.backend = cmd.args[i+1]
+	for _, a := range cmd.args[2:i] {
+		k, v, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		cmd.kube[k] = v
+	}
+	return cmd
+}
+
+// port returns the port of a bind address flag.
+func port(t *testing.T, cmd command, flag string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(cmd.kube[flag])
+	if err != nil {
+		t.Fatalf("--%s=%s: %v", flag, cmd.kube[flag], err)
+	}
+	n, err := net.LookupPort("tcp", p)
+	if err != nil {
+		t.Fatalf("--%s=%s: %v", flag, cmd.kube[flag], err)
+	}
+	return int32(n)
+}
+
+// TestDaemonSetsAreConsistent checks each manifest against itself, the
+// image and kpng's command line, without an API server.
+func TestDaemonSetsAreConsistent(t *testing.T) {
+	// The image's programs, for the command's binary and flags.
+	b := buildImage(t)
+	df, err := parseDockerfile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inImage := map[string]bool{}
+	for _, cp := range df.stages[len(df.stages)-1].all("COPY") {
+		for _, src := range cp.args[:len(cp.args)-1] {
+			inImage[filepath.Base(src)] = true
+		}
+	}
+	ports := map[int32]string{}
+	for _, d := range daemonSets {
+		t.Run(d.file, func(t *testing.T) {
+			p := decode(t, d.file)
+			// The RBAC objects name each other and the DaemonSet runs as
+			// the ServiceAccount, in its namespace.
+			if p.ds.Namespace != p.sa.Namespace || p.ds.Spec.Template.Spec.ServiceAccountName != p.sa.Name {
+				t.Errorf("DaemonSet %s/%s runs as %q, want the ServiceAccount %s/%s", p.ds.Namespace, p.ds.Name, p.ds.Spec.Template.Spec.ServiceAccountName, p.sa.Namespace, p.sa.Name)
+			}
+			if r := p.binding.RoleRef; r.Kind != "ClusterRole" || r.Name != p.role.Name || r.APIGroup != rbacv1.GroupName {
+				t.Errorf("ClusterRoleBinding refers to %+v, want the ClusterRole %s", r, p.role.Name)
+			}
+			if want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: p.sa.Name, Namespace: p.sa.Namespace}}; !cmp.Equal(p.binding.Subjects, want) {
+				t.Errorf("ClusterRoleBinding subjects %+v, want %+v", p.binding.Subjects, want)
+			}
+			// Least privilege: the watcher's permissions, no more.
+			if diff := cmp.Diff(watcherRules, p.role.Rules); diff != "" {
+				t.Errorf("ClusterRole rules, not the watcher's (-want +got):\n%s", diff)
+			}
+
+			spec := p.ds.Spec.Template.Spec
+			if !spec.HostNetwork {
+				t.Error("hostNetwork is false: the rules would go into the pod's own network namespace")
+			}
+			c := p.container(t)
+			if !inImage[c.Command[0]] {
+				t.Errorf("command %s: not a program of the image (%v)", c.Command[0], inImage)
+			}
+			cmd := parseCommand(t, c, map[string]string{"POD_IP": "127.0.0.1", "NODE_NAME": "node-a"})
+			if cmd.backend != d.backend {
+				t.Errorf("backend %s, want %s", cmd.backend, d.backend)
+			}
+			if cmd.kube["service-proxy-name"] == "" {
+				t.Error("no --service-proxy-name: it would proxy the services kube-proxy handles")
+			}
+			// NODE_NAME is the node's name (Local endpoints, topology).
+			nodeName := false
+			for _, e := range c.Env {
+				if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+					nodeName = true
+				}
+			}
+			if !nodeName && cmd.kube["node-name"] == "" {
+				t.Error("neither NODE_NAME from spec.nodeName nor --node-name")
+			}
+
+			// Ports: named, those of the flags, not kube-proxy's, not the
+			// other DaemonSet's.
+			metrics, healthz := port(t, cmd, "metrics-bind-address"), port(t, cmd, "healthz-bind-address")
+			named := map[string]int32{}
+			for _, cp := range c.Ports {
+				named[cp.Name] = cp.ContainerPort
+			}
+			if named["metrics"] != metrics || named["healthz"] != healthz {
+				t.Errorf("container ports %v, want metrics %d and healthz %d (the bind addresses)", named, metrics, healthz)
+			}
+			for _, n := range []int32{metrics, healthz} {
+				if n == 10249 || n == 10256 {
+					t.Errorf("port %d is kube-proxy's", n)
+				}
+				if other, ok := ports[n]; ok {
+					t.Errorf("port %d is also %s's", n, other)
+				}
+				ports[n] = d.file
+			}
+			for _, pr := range []struct {
+				name, path string
+				probe      *v1.Probe
+			}{{"liveness", "/livez", c.LivenessProbe}, {"readiness", "/healthz", c.ReadinessProbe}} {
+				if pr.probe == nil || pr.probe.HTTPGet == nil {
+					t.Errorf("no HTTP %s probe", pr.name)
+					continue
+				}
+				if g := pr.probe.HTTPGet; g.Path != pr.path || (g.Port.StrVal != "healthz" && g.Port.IntVal != healthz) {
+					t.Errorf("%s probe GET %s on %s, want %s on the healthz port", pr.name, g.Path, g.Port.String(), pr.path)
+				}
+			}
+
+			// Capabilities, not privileges.
+			sc := c.SecurityContext
+			if sc == nil || sc.Capabilities == nil {
+				t.Fatal("no securityContext with capabilities")
+			}
+			if sc.Privileged != nil && *sc.Privileged {
+				t.Error("privileged")
+			}
+			if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Error("allowPrivilegeEscalation not false")
+			}
+			if !cmp.Equal(sc.Capabilities.Drop, []v1.Capability{"ALL"}) {
+				t.Errorf("drops %v, want ALL", sc.Capabilities.Drop)
+			}
+			if !cmp.Equal(sc.Capabilities.Add, d.caps) {
+				t.Errorf("adds %v, want %v", sc.Capabilities.Add, d.caps)
+			}
+
+			// kpng accepts the command line (a wrong flag name exits 2).
+			run := exec.Command(filepath.Join(b.out, cmd.args[0]), append(cmd.args[1:], "--help")...)
+			if out, err := run.CombinedOutput(); err != nil {
+				t.Errorf("%s --help: %v\n%s", strings.Join(cmd.args, " "), err, out)
+			}
+		})
+	}
+}
+
+// TestDaemonSetsDryRun creates every object of each manifest on a real API
+// server with a server-side dry run and strict field validation, then
+// checks that the ServiceAccount's permissions run the watcher and allow
+// nothing else.
+func TestDaemonSetsDryRun(t *testing.T) {
+	cp.Require(t)
+	ctx := context.Background()
+	for _, d := range daemonSets {
+		t.Run(d.file, func(t *testing.T) {
+			p := decode(t, d.file)
+			for _, o := range p.objs {
+				opts := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict}
+				if err := manifests.CreateWith(ctx, cp.Client(), o, opts); err != nil {
+					t.Errorf("dry run: %v", err)
+				}
+			}
+			// A dry run leaves nothing behind.
+			if _, err := cp.Client().AppsV1().DaemonSets(p.ds.Namespace).Get(ctx, p.ds.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("after the dry run, get DaemonSet %s: %v, want not found", p.ds.Name, err)
+			}
+
+			// The RBAC objects for real, then act as the ServiceAccount.
+			for _, o := range []runtime.Object{p.sa, p.role, p.binding} {
+				if err := manifests.Create(ctx, cp.Client(), o); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() {
+				c := cp.Client()
+				_ = c.RbacV1().ClusterRoleBindings().Delete(ctx, p.binding.Name, metav1.DeleteOptions{})
+				_ = c.RbacV1().ClusterRoles().Delete(ctx, p.role.Name, metav1.DeleteOptions{})
+				_ = c.CoreV1().ServiceAccounts(p.sa.Namespace).Delete(ctx, p.sa.Name, metav1.DeleteOptions{})
+			})
+			user := "system:serviceaccount:" + p.sa.Namespace + ":" + p.sa.Name
+			cmd := parseCommand(t, p.container(t), map[string]string{"POD_IP": "127.0.0.1"})
+			checkWatcherRuns(t, user, cmd.kube["service-proxy-name"])
+			checkNothingElse(t, user)
+		})
+	}
+}
+
+// checkWatcherRuns runs the watcher as `kpng kube` does (client.Flags)
+// with the identity of user, and expects it to deliver a service of
+// proxyName.
+func checkWatcherRuns(t *testing.T, user, proxyName string) {
+	t.Helper()
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	svc := kc.CreateService(kubetest.Service(ns, "a", proxyName))
+	kc.CreateSlice(kubetest.Slice(svc, "a-1", kubetest.EP{IP: "10.9.0.1", Node: "node-a"}))
+
+	// A kubeconfig that impersonates user.
+	cfg, err := clientcmd.LoadFromFile(cp.KubeconfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range cfg.AuthInfos {
+		a.Impersonate = user
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	f := client.Flags{Kubeconfig: path, ServiceProxyName: proxyName, NodeName: "node-a"}
+	w, _, err := f.Watcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan []*model.ServiceEndpoints, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- w.Run(ctx, localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+			select {
+			case got <- items:
+			default:
+			}
+		}))
+	}()
+	select {
+	case items := <-got:
+		if len(items) != 1 || items[0].Service.Name != "a" || len(items[0].Endpoints) != 1 || !items[0].Endpoints[0].Local {
+			t.Errorf("as %s, the watcher got %d services, want %s/a with its local endpoint", user, len(items), ns)
+		}
+	case <-ctx.Done():
+		t.Errorf("as %s, the watcher delivered nothing within 30s", user)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("watcher: %v", err)
+	}
+}
+
+// checkNothingElse checks that user may not read or write what the
+// watcher does not need.
+func checkNothingElse(t *testing.T, user string) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := cp.RESTConfig()
+	cfg.Impersonate.UserName = user
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, call := range map[string]func() error{
+		"get a service": func() error {
+			_, err := c.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+			return err
+		},
+		"get a node": func() error {
+			_, err := c.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
+			return err
+		},
+		"list secrets": func() error {
+			_, err := c.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"list pods": func() error {
+			_, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"list endpoints": func() error {
+			_, err := c.CoreV1().Endpoints("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"create an event": func() error {
+			_, err := c.CoreV1().Events("default").Create(ctx, &v1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+			return err
+		},
+		"delete a service": func() error {
+			return c.CoreV1().Services("default").Delete(ctx, "kubernetes", metav1.DeleteOptions{})
+		},
+		"patch a node": func() error {
+			_, err := c.CoreV1().Nodes().Patch(ctx, "node-a", "application/merge-patch+json", []byte(`{}`), metav1.PatchOptions{})
+			return err
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("as %s, %s: %v, want forbidden", user, what, err)
+		}
+	}
+}
