@@ -95,13 +95,14 @@ image-binaries:
 	done
 
 ## image-sizes: the size of each program of the image, stripped as in the
-## image, unstripped, and as a plain go build (the table in docs/operating.md).
+## image, unstripped, and built with no flag (but CGO_ENABLED=0): see the
+## table in docs/operating.md.
 image-sizes:
 	@d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
 	$(MAKE) -s image-binaries IMAGE_BIN_DIR=$$d/stripped >/dev/null && \
 	$(MAKE) -s image-binaries IMAGE_BIN_DIR=$$d/unstripped IMAGE_LDFLAGS= >/dev/null && \
 	$(MAKE) -s image-binaries IMAGE_BIN_DIR=$$d/plain IMAGE_BUILD_FLAGS= IMAGE_LDFLAGS= >/dev/null && \
-	printf '%-16s %10s %12s %10s\n' program stripped unstripped 'go build' && \
+	printf '%-16s %10s %12s %10s\n' program image unstripped 'no flags' && \
 	for p in $(IMAGE_PROGRAMS); do \
 		n=$${p%%=*}; \
 		printf '%-16s %7.1f MB %9.1f MB %7.1f MB\n' $$n \
