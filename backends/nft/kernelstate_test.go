@@ -93,7 +93,13 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 		for _, e := range els {
 			lines = append(lines, elementText(e))
 		}
+		// A hash set's dump may list an element twice when the kernel
+		// resizes the table during the walk (found by the 10,000-round
+		// convergence run, in a map filled the moment before): a set
+		// never holds two elements with one key, so duplicates are the
+		// walk's.
 		sort.Strings(lines)
+		lines = slices.Compact(lines)
 		kt.Sets[s.Name] = append([]string{decl}, lines...)
 	}
 	sort.Strings(kt.EndpointMaps)
@@ -196,6 +202,7 @@ func valueText(val []byte) string {
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_VERDICT_CODE:
+			ad.ByteOrder = binary.BigEndian
 			code = int32(ad.Uint32())
 		case unix.NFTA_VERDICT_CHAIN:
 			chain = ad.String()
