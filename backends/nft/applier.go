@@ -93,6 +93,10 @@ type applier struct {
 	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
 	lasting *nftables.Conn // reused across transactions; nil until needed
 	table   *nftables.Table
+	// fixed are the table's fixed chains (base, lookup, reject and
+	// masquerading chains) with the number of rules the last successful
+	// Full gave each: what Check expects of them.
+	fixed map[string]int
 }
 
 // txn is one transaction being built: its connection, what it sent so
@@ -102,6 +106,8 @@ type txn struct {
 	conn  *nftables.Conn
 	stats Stats
 	sets  map[string]*nftables.Set
+	// rules counts the rules added to each chain.
+	rules map[string]int
 }
 
 // newApplier returns an applier writing the inet table named table, on
@@ -132,18 +138,13 @@ func (a *applier) Close() {
 // transaction abandoned halfway must not leave them behind for the next
 // one: end drops the connection on error).
 func (a *applier) begin(messages, elements int) (*txn, error) {
-	t := &txn{table: a.table, sets: map[string]*nftables.Set{}}
+	t := &txn{table: a.table, sets: map[string]*nftables.Set{}, rules: map[string]int{}}
 	if messages <= lastingMessages && elements <= lastingElements {
-		if a.lasting == nil {
-			conn, err := a.newConn(nftables.AsLasting(), nftables.WithSockOptions(
-				receiveBuffer(receiveBufferFor(lastingMessages)),
-				sendBuffer(sendBufferFor(lastingMessages, lastingElements))))
-			if err != nil {
-				return nil, fmt.Errorf("nftables connection: %w", err)
-			}
-			a.lasting = conn
+		conn, err := a.lastingConn()
+		if err != nil {
+			return nil, err
 		}
-		t.conn = a.lasting
+		t.conn = conn
 		return t, nil
 	}
 	// A connection of its own, its socket buffers sized when it is made
@@ -157,6 +158,20 @@ func (a *applier) begin(messages, elements int) (*txn, error) {
 	}
 	t.conn = conn
 	return t, nil
+}
+
+// lastingConn returns the lasting connection, opened if needed.
+func (a *applier) lastingConn() (*nftables.Conn, error) {
+	if a.lasting == nil {
+		conn, err := a.newConn(nftables.AsLasting(), nftables.WithSockOptions(
+			receiveBuffer(receiveBufferFor(lastingMessages)),
+			sendBuffer(sendBufferFor(lastingMessages, lastingElements))))
+		if err != nil {
+			return nil, fmt.Errorf("nftables connection: %w", err)
+		}
+		a.lasting = conn
+	}
+	return a.lasting, nil
 }
 
 // flush sends the transaction t.
@@ -194,6 +209,10 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	}
 	if err := a.flush(t); err != nil {
 		return t.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
+	}
+	a.fixed = t.rules
+	for _, ch := range rs.Chains {
+		delete(a.fixed, ch.Name)
 	}
 	return t.stats, nil
 }
@@ -650,6 +669,7 @@ func (t *txn) addBaseChain(bc baseChain) *nftables.Chain {
 
 func (t *txn) addRule(ch *nftables.Chain, exprs []expr.Any) {
 	t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: ch, Exprs: exprs})
+	t.rules[ch.Name]++
 	t.stats.Messages++
 	t.stats.Rules++
 }

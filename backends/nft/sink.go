@@ -41,8 +41,20 @@ type Config struct {
 	// transaction (or tried to), with its result.
 	AfterSync func(SyncResult)
 	// Context, if set, closes the sink's lasting netlink connection when
-	// it ends (a later Sync opens another).
+	// it ends (a later Sync opens another), and stops the checks of
+	// CheckPeriod.
 	Context context.Context
+	// CheckPeriod, if positive, is how often the sink checks, between
+	// rounds, that its table is as it left it: the table there, its fixed
+	// chains (base, lookup, reject, masquerading) with their rules, and
+	// checkChains of its service and endpoint chains in turn with theirs.
+	// When someone deleted or flushed the table or a chain (nft delete
+	// table, nft flush table, nft flush ruleset, ...), the sink rewrites
+	// the whole table at once; a full rewrite that failed (kpng's or the
+	// check's) is tried again too. The checks run until Context ends, so
+	// they need one: without a Context, or with 0, there are none
+	// (DefaultCheckPeriod is the command's default).
+	CheckPeriod time.Duration
 }
 
 // SyncResult describes one transaction of a Sync.
@@ -60,17 +72,30 @@ type SyncResult struct {
 	// Err is the error of the transaction, if it failed: then nothing of it
 	// was applied and the next Sync is a full one.
 	Err error
+	// Repair, when not empty, says why the periodic check (Config.
+	// CheckPeriod) rewrote the table: it is not a Sync of kpng's.
+	Repair string
 }
 
-// sink is the localsink.Sink of this package. Its methods are called one
-// at a time; mu guards the applier against the Context's closing it.
+// sink is the localsink.Sink of this package. kpng calls its methods one
+// at a time; mu serializes them with the Context's closing the applier
+// and with the periodic check. inRound is true between a round's first
+// Reset or Update and its Sync, when the tracker is half-updated.
 type sink struct {
 	mu       sync.Mutex
+	inRound  bool
 	cfg      Config
 	table    string
 	tracker  *tracker
 	applier  *applier
 	needFull bool
+	// applied is true once a transaction succeeded: the check has a
+	// table to look at.
+	applied bool
+	// checkOrder are the regular chains the check counts the rules of,
+	// checkChains at a time from checkPos on.
+	checkOrder []string
+	checkPos   int
 	// changed counts the Updates of the round (for logs).
 	changed int
 	// staleFlows are the conntrack entries to delete after the next
@@ -93,7 +118,8 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		tracker:  newTracker(cfg.Options),
 		needFull: true,
 	}
-	if s.cfg.Context == nil {
+	ctxGiven := s.cfg.Context != nil
+	if !ctxGiven {
 		s.cfg.Context = context.Background()
 	}
 	if err := cfg.Options.Validate(); err != nil {
@@ -112,6 +138,9 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		defer s.mu.Unlock()
 		s.applier.Close()
 	})
+	if cfg.CheckPeriod > 0 && ctxGiven {
+		go s.watch(cfg.CheckPeriod)
+	}
 	return s, nil
 }
 
@@ -119,6 +148,9 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 // nothing, services in key order (on a conflict, the first service in
 // key order has the address, as in every round).
 func (s *sink) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = true
 	s.tracker = newTracker(s.cfg.Options)
 	s.needFull = true
 }
@@ -138,6 +170,9 @@ func (s *sink) SetCluster(c *model.Cluster) {
 // Update implements localsink.Sink: the tracker takes the service's new
 // state; what cannot be programmed is reported by Problems.
 func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = true
 	s.changed++
 	s.tracker.Update(key, cur)
 }
@@ -153,13 +188,21 @@ func (s *sink) Problems() []model.Problem { return s.tracker.Problems() }
 func (s *sink) Sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.inRound = false
+	return s.sync("")
+}
+
+// sync applies what the tracker holds: the round's changes, or the whole
+// table when needFull; repair says why the check rewrites the table (""
+// for kpng's Syncs). mu is held.
+func (s *sink) sync(repair string) error {
 	start := time.Now()
 	changed := s.changed
 	s.changed = 0
 	delta := s.tracker.Done()
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
-	res := SyncResult{Full: s.needFull}
+	res := SyncResult{Full: s.needFull, Repair: repair}
 	if s.needFull {
 		res.Services = s.tracker.ServiceKeys()
 		res.Stats, res.Err = s.applier.Full(s.tracker.Ruleset(s.table))
@@ -179,7 +222,7 @@ func (s *sink) Sync() error {
 		s.needFull = true
 		res.Err = fmt.Errorf("nftables table %s: transaction rejected, nothing of it applied (the whole table will be written on the next sync): %w", s.table, res.Err)
 	} else {
-		s.needFull = false
+		s.needFull, s.applied = false, true
 		klog.V(2).InfoS("nftables table synced", "table", s.table, "full", res.Full,
 			"services", len(res.Services), "messages", res.Stats.Messages, "objects", res.Stats.Objects(), "duration", res.Duration)
 		s.flushStaleFlows()

@@ -461,6 +461,24 @@ func (t *tracker) ServiceKeys() []model.ServiceKey {
 	return keys
 }
 
+// ChainNames returns the names of the regular chains as of the last
+// Done, sorted.
+func (t *tracker) ChainNames() []string {
+	names := make([]string, 0, t.chains.Len())
+	t.chains.Each(func(name string, _ *regularChain) { names = append(names, name) })
+	return names
+}
+
+// RuleCount returns the number of rules of the regular chain name, and
+// whether there is one.
+func (t *tracker) RuleCount(name string) (int, bool) {
+	c, ok := t.chains.Get(name)
+	if !ok {
+		return 0, false
+	}
+	return len(c.Rules), true
+}
+
 // Done ends a round and returns what changed since the previous one. A
 // service that lost an address to another one gets it in the same round
 // when the other lets it go.

@@ -45,9 +45,13 @@ func nftBackend() app.Backend {
 			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
 			ignoreHeadless := fs.Bool("ignore-headless", false, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
+			checkPeriod := fs.Duration("check-period", nft.DefaultCheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx}
+				if *checkPeriod < 0 {
+					return nil, app.Usagef("to-nft --check-period=%v: must not be negative", *checkPeriod)
+				}
+				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx, CheckPeriod: *checkPeriod}
 				cfg.Options.IgnoreHeadless = *ignoreHeadless
 				if *name != "" {
 					cfg.ServiceProxyName = *name

@@ -1,0 +1,137 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+	"k8s.io/klog/v2"
+)
+
+// DefaultCheckPeriod is how often `to-local to-nft` checks its table
+// (Config.CheckPeriod).
+const DefaultCheckPeriod = 10 * time.Second
+
+// checkChains is the number of service and endpoint chains one check
+// counts the rules of, in turn: at 10,000 services (some 40,000 chains),
+// each is looked at every 100 minutes with a 10-second period; the fixed
+// chains, which a flush of the table or of the ruleset empties or removes
+// first, are looked at every time.
+const checkChains = 64
+
+// Check looks for changes made to the table behind the applier's back,
+// since its last transaction: the table gone (nft delete table, nft flush
+// ruleset), a fixed chain (base, lookup, reject, masquerading) gone or
+// with another number of rules than the last full transaction gave it
+// (nft flush table empties them all), or one of the regular chains given
+// gone or with another number of rules than want. It returns what it
+// found changed ("" when nothing), and an error when it could not look.
+// Elements of maps and sets are not checked.
+func (a *applier) Check(want map[string]int) (string, error) {
+	conn, err := a.lastingConn()
+	if err != nil {
+		return "", err
+	}
+	drift, err := a.check(conn, want)
+	if err != nil {
+		a.Close() // nothing half-read stays in the connection
+	}
+	return drift, err
+}
+
+func (a *applier) check(conn *nftables.Conn, want map[string]int) (string, error) {
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return "", fmt.Errorf("list tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == a.table.Name }) {
+		return fmt.Sprintf("table inet %s is gone", a.table.Name), nil
+	}
+	for _, chains := range []map[string]int{a.fixed, want} {
+		for _, name := range slices.Sorted(maps.Keys(chains)) {
+			// The kernel lists no rule for a chain that is gone.
+			rules, err := conn.GetRules(a.table, &nftables.Chain{Name: name, Table: a.table})
+			if err != nil {
+				return "", fmt.Errorf("list the rules of chain %s: %w", name, err)
+			}
+			switch n := len(rules); {
+			case n == 0:
+				return fmt.Sprintf("chain %s was flushed or deleted (no rules instead of %d)", name, chains[name]), nil
+			case n != chains[name]:
+				return fmt.Sprintf("chain %s has %d rules instead of %d", name, n, chains[name]), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// watch checks the table every period until the sink's Context ends.
+func (s *sink) watch(period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.cfg.Context.Done():
+			return
+		case <-t.C:
+			s.check()
+		}
+	}
+}
+
+// check checks the table once, between rounds, and rewrites it whole when
+// it changed behind the sink's back or when the last full transaction
+// (kpng's, or one of the check's) failed.
+func (s *sink) check() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.applied || s.inRound || s.cfg.Context.Err() != nil {
+		return // nothing applied yet (kpng's Syncs come first), or a round's Sync is due
+	}
+	why := ""
+	if s.needFull {
+		why = "the last full sync failed"
+	} else {
+		drift, err := s.applier.Check(s.nextChecked())
+		if err != nil {
+			klog.ErrorS(err, "Cannot check the nftables table", "table", s.table)
+			return
+		}
+		if drift == "" {
+			return
+		}
+		klog.InfoS("The nftables table was changed behind kpng's back: rewriting it", "table", s.table, "change", drift)
+		why = drift
+	}
+	s.needFull = true
+	if err := s.sync(why); err != nil {
+		klog.ErrorS(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", why)
+	}
+}
+
+// nextChecked returns the next checkChains regular chains to check, in
+// turn, with their numbers of rules.
+func (s *sink) nextChecked() map[string]int {
+	want := map[string]int{}
+	for range checkChains {
+		if s.checkPos >= len(s.checkOrder) {
+			s.checkOrder, s.checkPos = s.tracker.ChainNames(), 0
+			if len(s.checkOrder) == 0 {
+				break
+			}
+		}
+		name := s.checkOrder[s.checkPos]
+		s.checkPos++
+		if n, ok := s.tracker.RuleCount(name); ok {
+			want[name] = n
+		}
+		if len(want) >= len(s.checkOrder) {
+			break
+		}
+	}
+	return want
+}
