@@ -28,10 +28,11 @@
 //     not compile; set types and elements), applier.go (one transaction
 //     per call, built in a txn value: the whole table, which atomically
 //     replaces any previous table of the same name, or only what changed;
-//     a rejected transaction changes nothing), sockbuf.go, conntrack_linux.go
-//     and sink.go (the localsink.Sink: each Update goes to the tracker,
+//     a rejected transaction changes nothing), sockbuf.go, conntrack_linux.go,
+//     sink.go (the localsink.Sink: each Update goes to the tracker,
 //     each Sync is one transaction; a failure makes the next Sync a full
-//     one).
+//     one) and check.go (the periodic check that rewrites the table when
+//     someone deleted or flushed it or its chains).
 //
 // The table layout is documented in docs/backends/nft.md. In short: one
 // table of family inet named "kpng-<service-proxy-name>"; NAT base chains
