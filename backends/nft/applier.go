@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"sigs.k8s.io/kpng/diffstore"
 )
@@ -700,9 +701,22 @@ func Cleanup(conn *nftables.Conn, serviceProxyName string) error {
 }
 
 // ConnInNetNS returns a Config.Conn for the network namespace open as fd:
-// nftables.New with nftables.WithNetNSFd(fd) and the options given.
+// nftables.New with nftables.WithNetNSFd(fd) and the options given. Each
+// connection first checks that fd is still an open network namespace:
+// once closed, its number is soon another file's, and the namespace
+// library, which opens the current thread's namespace for itself, would
+// then quietly work in the current namespace (found when a test's
+// *os.File holding fd was garbage collected: its table went to the host).
+// Keep the file open as long as the sink lives.
 func ConnInNetNS(fd int) func(...nftables.ConnOption) (*nftables.Conn, error) {
 	return func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+		if typ, err := unix.IoctlRetInt(fd, nsGetNSType); err != nil || typ != unix.CLONE_NEWNET {
+			return nil, fmt.Errorf("network namespace file descriptor %d: not an open network namespace (closed too early?): type %#x, %v", fd, typ, err)
+		}
 		return nftables.New(append([]nftables.ConnOption{nftables.WithNetNSFd(fd)}, opts...)...)
 	}
 }
+
+// nsGetNSType is the ioctl NS_GET_NSTYPE (linux/nsfs.h): the type of the
+// namespace a file descriptor refers to, as its CLONE_NEW* flag.
+const nsGetNSType = 0xb703
