@@ -1,0 +1,262 @@
+//go:build linux
+
+package nft
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/localsink"
+)
+
+// killHelperEnv makes the test binary run killHelper instead of the tests:
+// its value is the path of the network namespace to program.
+const killHelperEnv = "KPNG_NFT_KILL_HELPER"
+
+// TestMain runs the tests, or killHelper in a process of its own.
+func TestMain(m *testing.M) {
+	if path := os.Getenv(killHelperEnv); path != "" {
+		os.Exit(killHelper(path, os.Getenv("KPNG_NFT_KILL_FIRST"), os.Getenv("KPNG_NFT_KILL_ONCE") != ""))
+	}
+	os.Exit(m.Run())
+}
+
+// killStates are the two states the killed proxier alternates between:
+// 1,500 services of 4 endpoints; from A to B, every service's endpoints
+// change, 400 services go and 400 others come (a partial transaction of
+// some 10,000 objects).
+func killStates() (a, b []*model.ServiceEndpoints) {
+	service := func(i, shift int) *model.ServiceEndpoints {
+		ip := netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(1 + i%250)})
+		var eps []*model.Endpoint
+		for j := range 4 {
+			n := i*4 + j + shift
+			eps = append(eps, ep(netip.AddrFrom4([4]byte{10, 1, byte(n / 250), byte(1 + n%250)}).String(), j == 0))
+		}
+		return &model.ServiceEndpoints{Service: svc("kill", fmt.Sprintf("svc-%04d", i), ipset(ip.String()), tcp(80, 8080)), Endpoints: eps}
+	}
+	for i := range 1500 {
+		a = append(a, service(i, 0))
+		b = append(b, service(i+400, 1))
+	}
+	return a, b
+}
+
+// killHelper is the proxier the test kills: in the network namespace at
+// path, it syncs the state first ("a" or "b") then the other, alternately,
+// forever (or once with once), printing "begin <state>" before each Sync,
+// "send" when a large transaction's connection is made (right before its
+// batch is sent) and "end <state> <ms in the sink> <ms in all> <µs since
+// send>" after it.
+func killHelper(path, first string, once bool) int {
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// Open until the end: a closed descriptor would make the
+	// connections below work in another namespace.
+	defer f.Close()
+	fd := int(f.Fd())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Large transactions get a connection of their own, dialled right
+	// before the batch is sent: say when.
+	inNS := ConnInNetNS(fd)
+	var sent time.Time
+	newConn := func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+		return inNS(append(opts, nftables.WithSockOptions(func(*netlink.Conn) error {
+			sent = time.Now()
+			fmt.Println("send")
+			return nil
+		}))...)
+	}
+	var last SyncResult
+	s, err := NewSink(Config{ServiceProxyName: "kill", Conn: newConn, Conntrack: conntrackAt(fd), Context: ctx,
+		AfterSync: func(r SyncResult) { last = r }})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	feeder := localsink.NewFeeder(s, localsink.FeederOptions{NoRetry: true})
+	a, b := killStates()
+	states := map[string][]*model.ServiceEndpoints{"a": a, "b": b}
+	name := first
+	for {
+		feeder.SetAll(states[name])
+		fmt.Printf("begin %s\n", name)
+		start := time.Now()
+		if err := feeder.Sync(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("end %s %d %d %d\n", name, last.Duration.Milliseconds(), time.Since(start).Milliseconds(), time.Since(sent).Microseconds())
+		if once {
+			return 0
+		}
+		name = map[string]string{"a": "b", "b": "a"}[name]
+	}
+}
+
+// TestKernelKilledWhileProgramming starts a proxier process that
+// alternates between two large states (killHelper), and kills it with
+// SIGKILL at a random moment of a random transaction, a few times in a
+// row, each new process starting from the table the previous one left.
+// After each kill the table read back from the kernel must be the first
+// state's or the second's as a fresh sink programs them (or none, before
+// the first transaction), never a mix of the two; a process started after
+// the last kill converges to the state it is given. How many kills landed
+// between a "begin" and its "end" is logged: the kernel applies a batch
+// in the system call that sends it, so a kill takes effect before it
+// (nothing applied) or after (all of it).
+func TestKernelKilledWhileProgramming(t *testing.T) {
+	netns.RequirePrivileged(t)
+	ns := netns.New(t, "kill")
+	a, b := killStates()
+	wantA := freshKernelTable(t, "kill", Options{}, a)
+	wantB := freshKernelTable(t, "kill", Options{}, b)
+	conn := connIn(t, ns)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+
+	kills := 12
+	if n := os.Getenv("KPNG_KILLS"); n != "" {
+		fmt.Sscan(n, &kills)
+	}
+	start := time.Now()
+	var midway, kept, replaced, atBatch int
+	var durations []string
+	for i := range kills {
+		first := []string{"a", "b"}[i%2]
+		cmd, lines := startKillHelper(t, ns, first, false)
+		// Kill it during its 1st to 3rd transaction: a third of the time
+		// at a random moment after it began (mostly while the sink
+		// computes it), else at a random moment within the time its
+		// previous transactions took from their connection (made right
+		// before the batch is sent) to their end: while the batch is
+		// encoded, applied by the kernel in sendmsg(2), or acknowledged.
+		target, atSend := 1+r.IntN(3), r.IntN(3) != 0
+		begun, sent, state := 0, false, ""
+		var sendToEnd time.Duration
+		for begun < target || (atSend && !sent) {
+			line, ok := <-lines
+			if !ok {
+				t.Fatalf("kill %d: the proxier exited before its transaction %d", i, target)
+			}
+			switch f := strings.Fields(line); f[0] {
+			case "begin":
+				begun, state = begun+1, f[1]
+			case "send":
+				sent = begun == target
+			case "end":
+				durations = append(durations, f[2]+"ms")
+				var us int64
+				fmt.Sscan(f[4], &us)
+				sendToEnd = max(sendToEnd, time.Duration(us)*time.Microsecond)
+			}
+		}
+		switch {
+		case !atSend:
+			time.Sleep(time.Duration(r.IntN(250)) * time.Millisecond)
+		case sendToEnd > 0:
+			time.Sleep(time.Duration(r.Int64N(int64(sendToEnd))))
+			atBatch++
+		default: // the first transaction: no measure yet
+			time.Sleep(time.Duration(r.IntN(100)) * time.Millisecond)
+			atBatch++
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		ended := false
+		for line := range lines {
+			if f := strings.Fields(line); f[0] == "end" {
+				ended = true
+				durations = append(durations, f[2]+"ms")
+			}
+		}
+		if !ended {
+			midway++
+		}
+		got := mustReadKernelTable(t, conn, TableName("kill"))
+		gotState := ""
+		switch {
+		case got == nil:
+			gotState = "none"
+		case diffKernelTables(wantA, got) == "":
+			gotState = "a"
+		case diffKernelTables(wantB, got) == "":
+			gotState = "b"
+		default:
+			t.Fatalf("kill %d: the table is neither the first state nor the second (-first +kernel):\n%s", i, diffKernelTables(wantA, got))
+		}
+		switch {
+		case gotState == state:
+			replaced++
+		case target == 1 && i == 0 && gotState == "none":
+			kept++ // killed before the first table was written
+		case gotState == "none":
+			t.Errorf("kill %d: no table, but one was written before", i)
+		default:
+			kept++
+		}
+	}
+	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d after its batch was encoded or sent): %d left the state before the transaction, %d the new one, never a mix (transactions took %v in the sink)",
+		kills, time.Since(start).Round(time.Millisecond), midway, atBatch, kept, replaced, durations)
+
+	// A proxier started after the kills converges.
+	cmd, lines := startKillHelper(t, ns, "b", true)
+	for range lines {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the last proxier: %v", err)
+	}
+	if diff := diffKernelTables(wantB, mustReadKernelTable(t, conn, TableName("kill"))); diff != "" {
+		t.Fatalf("after a clean run (-fresh +kernel):\n%s", diff)
+	}
+}
+
+// startKillHelper starts killHelper in ns and returns its process and
+// the lines it prints (closed when it exits).
+func startKillHelper(t *testing.T, ns *netns.NS, first string, once bool) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), killHelperEnv+"="+ns.Path(), "KPNG_NFT_KILL_FIRST="+first)
+	if once {
+		cmd.Env = append(cmd.Env, "KPNG_NFT_KILL_ONCE=1")
+	}
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, lines
+}
