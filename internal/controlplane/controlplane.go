@@ -130,12 +130,13 @@ type ControlPlane struct {
 	binaryDir  string
 	token      string
 	etcdURL    string
+	etcdArgs   []string
 	apiPort    int
 	apiArgs    []string
 	kubeconfig string
 
-	// opMu serializes Stop, StopAPIServer, KillAPIServer and
-	// StartAPIServer.
+	// opMu serializes Stop, StopAPIServer, KillAPIServer,
+	// StartAPIServer, KillEtcd and StartEtcd.
 	opMu sync.Mutex
 
 	mu        sync.Mutex // guards the fields below
@@ -321,7 +322,14 @@ func (c *ControlPlane) startEtcdOnce() error {
 		"--initial-cluster-state=new",
 		"--unsafe-no-fsync",
 	}
-	p, err := startProcess("etcd", filepath.Join(c.binaryDir, EtcdBinary), args, c.etcdLogPath())
+	c.etcdArgs = args
+	return c.runEtcd()
+}
+
+// runEtcd starts etcd with c.etcdArgs and waits until it is healthy. The
+// caller must not hold c.mu.
+func (c *ControlPlane) runEtcd() error {
+	p, err := startProcess("etcd", filepath.Join(c.binaryDir, EtcdBinary), c.etcdArgs, c.etcdLogPath())
 	if err != nil {
 		return err
 	}
@@ -670,6 +678,53 @@ func (c *ControlPlane) StartAPIServer() error {
 		return fmt.Errorf("restarting kube-apiserver: %w", err)
 	}
 	c.opts.logf("controlplane: kube-apiserver ready again after %v", time.Since(begin).Round(time.Millisecond))
+	return nil
+}
+
+// KillEtcd kills etcd with SIGKILL, as in a crash, and waits for it to
+// exit. kube-apiserver keeps running (its requests fail meanwhile), and
+// StartEtcd brings etcd back with its data.
+func (c *ControlPlane) KillEtcd() error {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	c.mu.Lock()
+	p := c.etcd
+	c.mu.Unlock()
+	if p == nil {
+		return errors.New("etcd is not running")
+	}
+	if done, _ := p.exited(); done {
+		return errors.New("etcd is not running")
+	}
+	begin := time.Now()
+	if err := p.stop(syscall.SIGKILL, 0); err != nil {
+		return fmt.Errorf("killing etcd: %w", err)
+	}
+	c.opts.logf("controlplane: etcd killed in %v", time.Since(begin).Round(time.Millisecond))
+	return nil
+}
+
+// StartEtcd starts etcd again after KillEtcd, on the same ports, with the
+// same flags and data directory, and waits until it is healthy.
+func (c *ControlPlane) StartEtcd() error {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	c.mu.Lock()
+	p, stopped := c.etcd, c.stopped
+	c.mu.Unlock()
+	if stopped {
+		return errors.New("starting etcd: the control plane was stopped")
+	}
+	if p != nil {
+		if done, _ := p.exited(); !done {
+			return errors.New("starting etcd: it is already running")
+		}
+	}
+	begin := time.Now()
+	if err := c.runEtcd(); err != nil {
+		return fmt.Errorf("restarting etcd: %w", err)
+	}
+	c.opts.logf("controlplane: etcd healthy again after %v", time.Since(begin).Round(time.Millisecond))
 	return nil
 }
 

@@ -199,3 +199,45 @@ func TestStartFailureIncludesLog(t *testing.T) {
 	}
 	t.Logf("Start failed as expected: %.300s...", err)
 }
+
+// TestObjectsSurviveEtcdRestart kills etcd under a running kube-apiserver
+// and starts it again: the objects written before are read back, and the
+// API server takes writes again.
+func TestObjectsSurviveEtcdRestart(t *testing.T) {
+	cp.Require(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	client := cp.Client()
+	const ns = "etcd-restart"
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	if err := cp.KillEtcd(); err != nil {
+		t.Fatalf("KillEtcd: %v", err)
+	}
+	t.Cleanup(func() { _ = cp.StartEtcd() }) // for the next tests, if this one fails early
+	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
+	_, err := client.CoreV1().Namespaces().Create(short, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns + "-down"}}, metav1.CreateOptions{})
+	cancelShort()
+	if err == nil {
+		t.Fatalf("a write succeeded with etcd down")
+	}
+	begin := time.Now()
+	if err := cp.StartEtcd(); err != nil {
+		t.Fatalf("StartEtcd: %v", err)
+	}
+	for {
+		_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns + "-up"}}, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no write accepted after etcd came back: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("writes accepted again %v after StartEtcd began", time.Since(begin).Round(time.Millisecond))
+	if _, err := client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the namespace written before the restart: %v", err)
+	}
+}
