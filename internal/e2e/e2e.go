@@ -167,6 +167,16 @@ func (p *Proc) Stop(t *testing.T) {
 	}
 }
 
+// Kill kills the process with SIGKILL, as in a crash, and waits for it.
+func (p *Proc) Kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	p.stopped = true
+}
+
 // Build builds the main package at dir (relative to the repository root)
 // into a temporary directory and returns the binary's path.
 func Build(t *testing.T, dir string) string {
