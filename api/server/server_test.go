@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -465,4 +467,111 @@ func TestTriggerTimesReachRemoteBackends(t *testing.T) {
 	if len(got) != 2 || !got[0].Equal(t1) || !got[1].Equal(t2) {
 		t.Errorf("trigger times measured by the backend: %v, want %v and %v", got, t1, t2)
 	}
+}
+
+// TestStalledClientMemoryIsBounded keeps a backend that opened a watch and
+// never reads it (its first state alone is larger than the flow-control
+// windows) while 200 rounds change a 2,000-service state: the controller's
+// heap after the last round is no larger than after the 20th, give or
+// take 8 MiB (the hub keeps, per backend, the set of the services changed
+// since its last send, never a queue of states); the backend that reads
+// ends with the last state; the stalled one is dropped after the send
+// timeout.
+func TestStalledClientMemoryIsBounded(t *testing.T) {
+	addr := socketAddr(t)
+	const sendTimeout = 8 * time.Second
+	s := startServer(t, server.ListenConfig{Address: addr}, sendTimeout)
+	node := strings.Repeat("n", 300) // large endpoints: a first state over the windows
+	var state []*model.ServiceEndpoints
+	for i := range 2000 {
+		var eps []*model.Endpoint
+		for j := range 8 {
+			eps = append(eps, ep(net.IPv4(10, byte(i>>8), byte(i), byte(j+1)).String(), node))
+		}
+		state = append(state, svc("ns", fmt.Sprintf("s%05d", i), eps...))
+	}
+	s.feed(state)
+	good := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
+	good.WaitSyncs(t, 1, 20*time.Second)
+
+	target, opts, _ := remote.Config{Address: addr}.DialOptions()
+	stalledConn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalledConn.Close()
+	if _, err := kpngv1.NewControllerClient(stalledConn).Watch(context.Background(), &kpngv1.WatchRequest{NodeName: "stalled"}); err != nil {
+		t.Fatal(err)
+	}
+	stalledSince := time.Now()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.hub.Subscribers() != 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	var at20 uint64
+	start := time.Now()
+	for round := 1; round <= 200; round++ {
+		// 50 services get a new endpoint each round.
+		for k := range 50 {
+			i := (round*50 + k) % len(state)
+			eps := append(slices.Clone(state[i].Endpoints[:7]), ep(fmt.Sprintf("10.200.%d.%d", round%250, k+1), node))
+			state[i] = svc("ns", state[i].Service.Name, eps...)
+		}
+		s.feed(state)
+		if round == 20 {
+			at20 = heap()
+		}
+	}
+	after := heap()
+	if n := s.hub.Subscribers(); n != 2 {
+		t.Fatalf("%d subscribers after the rounds (%v after the stall began), want the stalled one still there: measure while it stalls", n, time.Since(stalledSince))
+	}
+	t.Logf("heap with a stalled backend: %d MiB after 20 rounds, %d MiB after 200 (%v)", at20>>20, after>>20, time.Since(start).Round(time.Millisecond))
+	if after > at20+8<<20 {
+		t.Errorf("the heap grew from %d MiB to %d MiB over 180 rounds while a backend stalled", at20>>20, after>>20)
+	}
+	// The reading backend ends with the last state.
+	same := func() string {
+		got := good.State()
+		if len(got) != len(state) {
+			return fmt.Sprintf("%d services, want %d", len(got), len(state))
+		}
+		for i, se := range got {
+			if !slices.Equal(endpointKeys(se), endpointKeys(state[i])) {
+				return fmt.Sprintf("%s: %v, want %v", se.Service.Name, endpointKeys(se), endpointKeys(state[i]))
+			}
+		}
+		return ""
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for same() != "" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if diff := same(); diff != "" {
+		t.Fatalf("the reading backend, 20 s after the last round: %s", diff)
+	}
+	// The stalled one is dropped after the send timeout.
+	deadline = stalledSince.Add(sendTimeout + 10*time.Second)
+	for s.hub.Subscribers() != 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.hub.Subscribers(); n != 1 {
+		t.Errorf("%d subscribers %v after the stall began, want the stalled one dropped", n, time.Since(stalledSince))
+	}
+}
+
+func endpointKeys(se *model.ServiceEndpoints) []string {
+	var keys []string
+	for _, e := range se.Endpoints {
+		keys = append(keys, e.Key())
+	}
+	slices.Sort(keys)
+	return keys
 }
