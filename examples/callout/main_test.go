@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -106,6 +107,7 @@ func TestKpngCallout(t *testing.T) {
 	t.Run("each state reaches the callout", func(t *testing.T) { testStates(t, bin) })
 	t.Run("the blog's CALLOUT=jq with --once", func(t *testing.T) { testBlogOnce(t, bin) })
 	t.Run("--once with a failing callout", func(t *testing.T) { testOnceFailing(t, bin) })
+	t.Run("a callout that hangs, then crashes", func(t *testing.T) { testHangThenCrash(t, bin) })
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String()+" kills a hanging callout", func(t *testing.T) { testSignal(t, bin, sig) })
 	}
@@ -211,6 +213,54 @@ echo "callout stderr" >&2`)
 	}
 	if !strings.Contains(p.stderr.String(), "callout stderr\n") {
 		t.Errorf("kpng-callout's stderr lacks the callout's:\n%s", p.stderr.String())
+	}
+}
+
+// testHangThenCrash runs kpng-callout with a callout whose first run hangs
+// (with a child) and whose second dies of SIGSEGV, while the services
+// change: the hanging run is killed after --timeout with its child, the
+// crash is retried after the backoff, the third run gets the latest state,
+// and kpng-callout goes on: a later change reaches the callout too.
+func testHangThenCrash(t *testing.T, bin string) {
+	dir := t.TempDir()
+	state, count, child := filepath.Join(dir, "state"), filepath.Join(dir, "count"), filepath.Join(dir, "child")
+	sh := writeScript(t, `n=$(( $(cat "$2" 2>/dev/null || echo 0) + 1 ))
+echo $n > "$2"
+case $n in
+1) sleep 1000 & echo $! > "$3"; wait ;;
+2) cat > /dev/null; kill -SEGV $$ ;;
+esac
+cat > "$1.tmp" && mv "$1.tmp" "$1"
+echo "ran:$n"`)
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("crash")
+	p := startCallout(t, bin, sh+" "+state+" "+count+" "+child, "--service-proxy-name="+name, "--timeout=1s", "--retry-min=100ms", "--retry-max=200ms")
+
+	// While the first run hangs, a service comes.
+	waitForFile(t, count, func(s string) bool { return s == "1\n" })
+	svc := kc.CreateService(kubetest.Service(ns, "web", name))
+	kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: "10.9.1.1"}))
+	waitForFile(t, state, func(s string) bool { return strings.Contains(s, "10.9.1.1") })
+	if n := readFile(t, count); n != "3\n" {
+		t.Errorf("the state reached the callout on run %q, want the third (hung, crashed, ran)", n)
+	}
+	var pid int
+	if _, err := fmt.Sscan(readFile(t, child), &pid); err != nil {
+		t.Fatal(err)
+	}
+	if proc.Alive(pid) {
+		t.Errorf("the hanging callout's child %d is still running", pid)
+	}
+	// kpng-callout goes on.
+	kc.DeleteService(ns, "web")
+	waitForFile(t, state, func(s string) bool { return s == "" })
+	p.stop(t, syscall.SIGTERM)
+	stderr := p.stderr.String()
+	for _, want := range []string{"timed out after 1s and was killed", "signal: segmentation fault"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("kpng-callout's log lacks %q:\n%s", want, stderr)
+		}
 	}
 }
 
@@ -518,4 +568,14 @@ func scrapeCallout(t *testing.T, addr string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// readFile returns the content of path, failing the test if it cannot.
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
