@@ -62,8 +62,10 @@ func MarshalState(cluster *model.Cluster, items []*model.ServiceEndpoints) ([]by
 	return yaml.Marshal(all)
 }
 
-// Write writes a state to path atomically (a temporary file renamed over
-// it), so that a reader never sees half a file.
+// Write writes a state to path atomically: a temporary file in the same
+// directory, flushed to the disk, renamed over it. A reader never sees half
+// a file, and when the write fails (a full disk, say) path keeps its
+// previous content whole and the temporary file is removed.
 func Write(path string, items []*model.ServiceEndpoints) error {
 	return WriteState(path, nil, items)
 }
@@ -81,11 +83,17 @@ func WriteState(path string, cluster *model.Cluster, items []*model.ServiceEndpo
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return fmt.Errorf("write state %s: %w", path, err)
+		return fmt.Errorf("write state %s (%d bytes): %w", path, len(data), err)
 	}
 	if err := tmp.Chmod(0o644); err != nil {
 		tmp.Close()
 		return fmt.Errorf("write state %s: %w", path, err)
+	}
+	// Without it, a crash soon after the rename can leave an empty file
+	// (the rename reaches the disk before the data).
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write state %s (%d bytes): %w", path, len(data), err)
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write state %s: %w", path, err)
@@ -93,6 +101,33 @@ func WriteState(path string, cluster *model.Cluster, items []*model.ServiceEndpo
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("write state %s: %w", path, err)
 	}
+	return nil
+}
+
+// fileSink is the Sink of NewSink.
+type fileSink struct {
+	*localsink.FullState
+	path string
+}
+
+// NewSink returns a localsink.Sink (a localsink.ClusterSink too) that
+// writes the whole state, with its cluster-level facts, to path
+// (WriteState) on each Sync and returns the write's error: the source's
+// Feeder then calls Sync again after a backoff, so that the file catches
+// up once the write can succeed (space freed on a full disk), whether or
+// not the state changes meanwhile; until then path keeps the last state
+// written, whole.
+func NewSink(path string) localsink.Sink {
+	return fileSink{FullState: localsink.NewFullState(func([]*model.ServiceEndpoints) {}), path: path}
+}
+
+// Sync implements localsink.Sink.
+func (f fileSink) Sync() error {
+	items := f.State()
+	if err := WriteState(f.path, f.Cluster(), items); err != nil {
+		return err
+	}
+	klog.V(2).InfoS("Wrote state file", "path", f.path, "services", len(items))
 	return nil
 }
 

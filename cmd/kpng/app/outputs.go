@@ -155,7 +155,8 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 }
 
 const toFileHelp = `to-file: write the state to a file (YAML) on every change, atomically. The
-file is what "kpng file --input" reads.
+file is what "kpng file --input" reads. A write that fails (a full disk) is
+tried again after a backoff; the file keeps the last state written, whole.
 `
 
 func bindToFile(fs *flag.FlagSet) (*output, func() error) {
@@ -165,15 +166,7 @@ func bindToFile(fs *flag.FlagSet) (*output, func() error) {
 		if *path == "" {
 			return usagef("to-file: --output is required")
 		}
-		var fs *localsink.FullState
-		fs = localsink.NewFullState(func(items []*model.ServiceEndpoints) {
-			if err := statefile.WriteState(*path, fs.Cluster(), items); err != nil {
-				klog.ErrorS(err, "Cannot write the state file")
-				return
-			}
-			klog.V(2).InfoS("Wrote state file", "path", *path, "services", len(items))
-		})
-		out.sink = fs
+		out.sink = statefile.NewSink(*path)
 		return nil
 	}
 }
