@@ -131,10 +131,46 @@ func (f fileSink) Sync() error {
 	return nil
 }
 
-// Read reads and checks a state file (its services: ParseState has the
-// cluster-level facts too).
+// DefaultMaxSize is the largest state file Read and Watch read unless told
+// otherwise: 64 MiB, some five times a state of 10,000 services of 10
+// endpoints (13 MB of YAML, whose decoding allocates about 70 times its
+// size in all).
+const DefaultMaxSize = 64 << 20
+
+// readFile reads the regular file path, refusing one larger than maxSize
+// bytes: on its size before reading it, and while reading it (a file
+// that grows meanwhile), so that reading never holds more than maxSize+1
+// bytes.
+func readFile(path string, maxSize int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a regular file (%v)", path, fi.Mode().Type())
+	case fi.Size() > maxSize:
+		return nil, fmt.Errorf("%s is %d bytes, more than the limit of %d", path, fi.Size(), maxSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > maxSize {
+		return nil, fmt.Errorf("%s grew past the limit of %d bytes while read", path, maxSize)
+	}
+	return data, nil
+}
+
+// Read reads and checks a state file of at most DefaultMaxSize bytes (its
+// services: ParseState has the cluster-level facts too).
 func Read(path string) ([]*model.ServiceEndpoints, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFile(path, DefaultMaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
@@ -342,18 +378,22 @@ func canonical(s model.IPSet) (model.IPSet, error) {
 }
 
 // Watch feeds sink the state in path (with its cluster-level facts, for a
-// localsink.ClusterSink), then every change to it, checking
-// the file every interval, until ctx ends. A file that cannot be read or is
+// localsink.ClusterSink), then every change to it, checking the file every
+// interval, until ctx ends. A file that cannot be read, is larger than
+// maxSize bytes (0: DefaultMaxSize; it is not read then) or is
 // malformed is logged and ignored: the sink keeps the last good state. The
 // first state is only delivered once the file has been read successfully.
 // A round the sink fails to apply is delivered again (localsink.Feeder).
-func Watch(ctx context.Context, path string, interval time.Duration, sink localsink.Sink) error {
+func Watch(ctx context.Context, path string, interval time.Duration, maxSize int64, sink localsink.Sink) error {
+	if maxSize <= 0 {
+		maxSize = DefaultMaxSize
+	}
 	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{})
 	defer feeder.Close()
 	var last []byte
 	logged := ""
 	for {
-		data, err := os.ReadFile(path)
+		data, err := readFile(path, maxSize)
 		if err == nil && !bytes.Equal(data, last) {
 			var items []*model.ServiceEndpoints
 			var cluster *model.Cluster

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -94,7 +95,7 @@ func TestStateWithCluster(t *testing.T) {
 	sink := sinktest.NewChecker(nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, path, 20*time.Millisecond, sink) }()
+	go func() { done <- Watch(ctx, path, 20*time.Millisecond, 0, sink) }()
 	sink.WaitSyncs(t, 1, 10*time.Second)
 	if err := WriteState(path, nil, sample()); err != nil {
 		t.Fatal(err)
@@ -223,7 +224,7 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, path, 20*time.Millisecond, sink) }()
+	go func() { done <- Watch(ctx, path, 20*time.Millisecond, 0, sink) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -252,5 +253,98 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	}
 	if diff := cmp.Diff(changed, rec.last(t, 2), equatePrefixes); diff != "" {
 		t.Errorf("state after the edit (-want +got):\n%s", diff)
+	}
+}
+
+// TestReadRefusesWhatIsTooLarge: a sparse file of 1 GiB is refused on its
+// size, without being read (a few KiB allocated); a file larger than its
+// size says (a /proc file says 0) is cut at the limit while read; what is
+// not a regular file is refused.
+func TestReadRefusesWhatIsTooLarge(t *testing.T) {
+	huge := filepath.Join(t.TempDir(), "huge.yaml")
+	f, err := os.Create(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = Read(huge)
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "1073741824 bytes, more than the limit of 67108864") {
+		t.Errorf("Read of a 1 GiB file: %v, want an error naming its size and the limit", err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Errorf("Read of a 1 GiB file allocated %d bytes, want it refused before reading", alloc)
+	}
+	if _, err := readFile("/proc/self/maps", 100); err == nil || !strings.Contains(err.Error(), "grew past the limit of 100 bytes") {
+		t.Errorf("a file longer than its size: %v, want it cut at the limit", err)
+	}
+	if _, err := Read("/dev/zero"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("Read(/dev/zero): %v, want it refused", err)
+	}
+}
+
+// TestWatchKeepsServingPastAHugeFile replaces a watched state file with a
+// sparse file of 1 GiB for a few intervals: nothing is delivered, next to
+// nothing allocated, and the next good file is delivered.
+func TestWatchKeepsServingPastAHugeFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.yaml")
+	if err := Write(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	rec := &stateSink{}
+	sink := sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+		rec.mu.Lock()
+		rec.states = append(rec.states, items)
+		rec.mu.Unlock()
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx, path, 20*time.Millisecond, 0, sink) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+		if err := sink.Err(); err != nil {
+			t.Errorf("the file input broke the Sink contract:\n%v", err)
+		}
+	}()
+	rec.last(t, 1)
+
+	huge := filepath.Join(dir, "huge")
+	f, err := os.Create(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := os.Rename(huge, path); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // some 15 checks of the file
+	runtime.ReadMemStats(&after)
+	if n := rec.count(); n != 1 {
+		t.Errorf("the 1 GiB file produced %d states, want the first one only", n)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 4<<20 {
+		t.Errorf("%d bytes allocated while the file was 1 GiB, want it not read", alloc)
+	}
+	changed := sample()
+	changed[0].Endpoints = changed[0].Endpoints[:1]
+	if err := Write(path, changed); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(changed, rec.last(t, 2), equatePrefixes); diff != "" {
+		t.Errorf("state after the huge file (-want +got):\n%s", diff)
 	}
 }

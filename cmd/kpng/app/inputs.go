@@ -71,6 +71,7 @@ Usage: kpng file --input=state.yaml [flags] <output> [output flags]
 func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() BackendEnv) {
 	path := fs.String("input", "", "state file to read (required)")
 	interval := fs.Duration("interval", time.Second, "how often to check the file for changes")
+	maxMiB := fs.Int64("max-size-mib", statefile.DefaultMaxSize>>20, "the largest file read, in MiB: a larger one is reported and not read")
 	return func(ctx context.Context, out *output) error {
 		if *path == "" {
 			return usagef("kpng file: --input is required")
@@ -78,8 +79,11 @@ func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 		if *interval <= 0 {
 			return usagef("kpng file: --interval must be positive")
 		}
+		if *maxMiB <= 0 || *maxMiB > 1<<20 {
+			return usagef("kpng file: --max-size-mib=%d: must be between 1 and 1048576", *maxMiB)
+		}
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
-			return statefile.Watch(ctx, *path, *interval, sink)
+			return statefile.Watch(ctx, *path, *interval, *maxMiB<<20, sink)
 		})
 	}, noEnv
 }
