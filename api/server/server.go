@@ -27,6 +27,16 @@ const (
 	// DefaultSendTimeout is how long a backend may take to accept a batch
 	// before it is considered stalled and dropped.
 	DefaultSendTimeout = 30 * time.Second
+	// batchBytes bounds the encoded size of a Batch: a batch is sent when
+	// it holds DefaultBatchOps operations or this many bytes, well under
+	// kpngv1.MaxBatchSize (a thousand services with large labels are more).
+	batchBytes = 4 << 20
+	// maxOpBytes is the largest operation a Batch can carry within
+	// kpngv1.MaxBatchSize (the batch's own encoding aside).
+	maxOpBytes = kpngv1.MaxBatchSize - 64
+	// opOverhead bounds the encoding of an operation inside a Batch
+	// beyond the operation itself: its field tag and length.
+	opOverhead = 6
 )
 
 // Server implements the Controller gRPC service on top of a Hub.
@@ -172,6 +182,7 @@ type batchSender struct {
 	stream   grpc.ServerStreamingServer[kpngv1.Batch]
 	max      int
 	ops      []*kpngv1.Op
+	bytes    int // the encoded size of ops in a Batch
 	triggers []*kpngv1.Triggers
 	err      error
 	// cluster is the cluster-level facts of the round, sent on its Sync
@@ -185,8 +196,15 @@ type batchSender struct {
 	sent func(*kpngv1.Batch)
 }
 
+// add adds op to the batch, sending the batch first when op would take it
+// past batchBytes, and after when it holds max operations.
 func (b *batchSender) add(op *kpngv1.Op) {
+	n := proto.Size(op) + opOverhead
+	if len(b.ops) > 0 && b.bytes+n > batchBytes {
+		b.flush()
+	}
 	b.ops = append(b.ops, op)
+	b.bytes += n
 	if len(b.ops) >= b.max {
 		b.flush()
 	}
@@ -194,7 +212,7 @@ func (b *batchSender) add(op *kpngv1.Op) {
 
 func (b *batchSender) flush() {
 	if b.err != nil || len(b.ops) == 0 {
-		b.ops = b.ops[:0]
+		b.ops, b.bytes = b.ops[:0], 0
 		return
 	}
 	b.sendingSince.Store(time.Now().UnixNano())
@@ -204,7 +222,7 @@ func (b *batchSender) flush() {
 	if b.err == nil && b.sent != nil {
 		b.sent(batch)
 	}
-	b.ops = nil
+	b.ops, b.bytes = nil, 0
 }
 
 // Reset implements localsink.Sink.
@@ -219,11 +237,23 @@ func (b *batchSender) SetCluster(c *model.Cluster) {
 // Update implements localsink.Sink with the wire's operations: set_service
 // when the service is new or changed, delete_endpoint for the endpoints
 // gone, set_endpoint for the new and changed ones; for a deleted service,
-// delete_endpoint for each endpoint, then delete_service.
+// delete_endpoint for each endpoint, then delete_service. A service too
+// large for a message (labels of megabytes, from a state file) is not
+// sent: an error log names it, and the backend loses what it had of it.
 func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
 	wireKey := kpngv1.FromServiceKey(key)
 	if cur != nil && (prev == nil || (prev.Service != cur.Service && !reflect.DeepEqual(prev.Service, cur.Service))) {
-		b.add(&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(cur.Service)}})
+		op := &kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(cur.Service)}}
+		if n := proto.Size(op); n > maxOpBytes {
+			klog.ErrorS(nil, "A service is larger than a message to a backend may be: the backend does not get it",
+				"service", key, "bytes", n, "limit", maxOpBytes)
+			if prev == nil {
+				return
+			}
+			cur = nil
+		} else {
+			b.add(op)
+		}
 	}
 	removed, set := localsink.EndpointChanges(prev, cur)
 	for _, ep := range removed {
