@@ -3,9 +3,13 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +123,119 @@ func TestRequestPastTheSizeLimit(t *testing.T) {
 	}
 	good := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a"})
 	good.WaitSyncs(t, 1, 20*time.Second)
+}
+
+// rawCodec sends and receives bytes as they are: a client sending
+// whatever it likes in a gRPC message.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)      { return v.([]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error { *v.(*[]byte) = data; return nil }
+func (rawCodec) Name() string                       { return "proto" }
+
+// TestGarbageAndUncertifiedClients serves over TCP with client
+// certificates required while clients misbehave: 50 connections sending
+// random bytes, 50 sending a TLS client hello and then garbage, a gRPC
+// watch whose request is not a WatchRequest (InvalidArgument or Internal,
+// saying it cannot be decoded), and a client without a certificate (its
+// stream fails saying a certificate is required). The controller's heap
+// does not grow with them, and a good backend keeps getting changes.
+func TestGarbageAndUncertifiedClients(t *testing.T) {
+	certs := writeCerts(t)
+	s := startServer(t, server.ListenConfig{Address: "127.0.0.1:0", TLSCert: certs.serverCert, TLSKey: certs.serverKey, TLSClientCA: certs.ca}, 0)
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.1", "node-a"))})
+	good := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey})
+	good.WaitSyncs(t, 1, 20*time.Second)
+
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	garbage := make([]byte, 64<<10)
+	for i := range garbage {
+		garbage[i] = byte(i*7 + i>>8)
+	}
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.DialTimeout("tcp", s.addr, 5*time.Second)
+			if err != nil {
+				t.Errorf("dial: %v", err)
+				return
+			}
+			defer c.Close()
+			if i%2 == 1 {
+				// A TLS client hello, then garbage.
+				c.Write([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00})
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c.Write(garbage)
+			io.Copy(io.Discard, c) // until the server closes it
+		}()
+	}
+	wg.Wait()
+
+	// A gRPC watch whose request is no WatchRequest.
+	tlsOpts := func(cert bool) []grpc.DialOption {
+		cfg := remote.Config{Address: s.addr, TLSCA: certs.ca}
+		if cert {
+			cfg.TLSCert, cfg.TLSKey = certs.clientCert, certs.clientKey
+		}
+		_, opts, err := cfg.DialOptions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return opts
+	}
+	conn, err := grpc.NewClient("passthrough:///"+s.addr, tlsOpts(true)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, kpngv1.Controller_Watch_FullMethodName, grpc.ForceCodec(rawCodec{}))
+	if err == nil {
+		err = stream.SendMsg([]byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0x01})
+	}
+	if err == nil {
+		err = stream.CloseSend()
+	}
+	if err == nil {
+		var out []byte
+		err = stream.RecvMsg(&out)
+	}
+	if c := status.Code(err); (c != codes.Internal && c != codes.InvalidArgument) || !strings.Contains(err.Error(), "unmarshal") {
+		t.Errorf("a request that is no WatchRequest: %v, want an error saying it cannot be decoded", err)
+	}
+
+	// No client certificate.
+	noCert, err := grpc.NewClient("passthrough:///"+s.addr, tlsOpts(false)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noCert.Close()
+	w, err := kpngv1.NewControllerClient(noCert).Watch(ctx, &kpngv1.WatchRequest{NodeName: "node-a"})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate required") {
+		t.Errorf("a client without a certificate: %v, want an error saying a certificate is required", err)
+	}
+
+	after := heap()
+	t.Logf("heap %d KiB before the bad clients, %d KiB after", before>>10, after>>10)
+	if after > before+4<<20 {
+		t.Errorf("the heap grew from %d KiB to %d KiB with the bad clients", before>>10, after>>10)
+	}
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.1", "node-a"), ep("10.1.0.2", "node-b"))})
+	good.WaitSyncs(t, 2, 20*time.Second)
+	if calls := good.TakeCalls(); !slices.Contains(calls, "Update ns/a +10.1.0.2") {
+		t.Errorf("the good backend after the bad clients: %q, want the change", calls)
+	}
 }
