@@ -3,25 +3,34 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
+// listenUnix listens on the unix socket path, created with mode 0600. Its
+// directory is created 0755 if missing; an existing one must belong to
+// this process's user or to root and must not be writable by others
+// (unless sticky, as /tmp): whoever can write to it could replace the
+// socket. An existing file at path is replaced only when it is a socket
+// of this process's user that nobody listens on (a previous run's): a
+// live socket is another controller's, and another user's is not ours to
+// remove.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("listen unix:%s: file exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listen unix:%s: remove stale socket: %w", path, err)
-		}
+	if err := checkDir(dir); err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
+	}
+	if err := removeStale(path); err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
 	}
 	// The umask makes the socket 0600 from its creation: no window where
 	// another user could connect.
@@ -36,4 +45,51 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
 	}
 	return l, nil
+}
+
+// checkDir checks that the socket's directory belongs to this process's
+// user or to root, and that nobody else can write to it (but for a sticky
+// directory, where only a file's owner may remove or rename it).
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	if uid := int(st.Uid); uid != os.Geteuid() && uid != 0 {
+		return fmt.Errorf("directory %s belongs to uid %d, not to this process's (%d) or root: refusing to serve from it", dir, uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+		return fmt.Errorf("directory %s is writable by others (mode %v): anyone could replace the socket", dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// removeStale removes a previous run's socket at path, and refuses any
+// other file there.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return errors.New("file exists and is not a socket")
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("the socket there belongs to uid %d, not to this process's (%d): refusing to replace it", st.Uid, os.Geteuid())
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return errors.New("another process is serving on this socket (a controller already running?)")
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	return nil
 }

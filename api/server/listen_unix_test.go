@@ -1,0 +1,85 @@
+//go:build linux
+
+package server_test
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kpng/api/server"
+	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/client/remote"
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// nobody is the uid of another user.
+const nobody = 65534
+
+// TestUnixSocketPathChecks: a controller does not take a socket path from
+// another controller serving on it (which keeps serving), nor a socket
+// that belongs to another user, nor serves from a directory that belongs
+// to another user or that others can write to; each is refused with an
+// error saying why, and nothing is removed. (root, for chown.)
+func TestUnixSocketPathChecks(t *testing.T) {
+	netns.RequirePrivileged(t)
+	addr := socketAddr(t)
+	first := startServer(t, server.ListenConfig{Address: addr}, 0)
+	first.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.0.0.1", "node-a"))})
+	if _, _, err := (server.ListenConfig{Address: addr}).Listen(); err == nil || !strings.Contains(err.Error(), "another process is serving on this socket") {
+		t.Errorf("a second controller on a live socket: %v, want it refused", err)
+	}
+	r := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
+	r.WaitSyncs(t, 1, 20*time.Second)
+
+	// Another user's socket, nobody listening.
+	dir := t.TempDir()
+	theirs := filepath.Join(dir, "theirs.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: theirs, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	if err := os.Chown(theirs, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := (server.ListenConfig{Address: "unix://" + theirs}).Listen(); err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") {
+		t.Errorf("another user's socket: %v, want it refused", err)
+	}
+	if _, err := os.Lstat(theirs); err != nil {
+		t.Errorf("another user's socket was removed: %v", err)
+	}
+
+	// Another user's directory; a directory anyone can write to.
+	for _, tc := range []struct {
+		what  string
+		setup func(dir string) error
+		want  string
+	}{
+		{"another user's directory", func(dir string) error { return os.Chown(dir, nobody, nobody) }, "belongs to uid 65534"},
+		{"a directory writable by others", func(dir string) error { return os.Chmod(dir, 0o777) }, "writable by others"},
+	} {
+		dir := filepath.Join(t.TempDir(), "run")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := tc.setup(dir); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := (server.ListenConfig{Address: "unix://" + filepath.Join(dir, "kpng.sock")}).Listen(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.what, err, tc.want)
+		}
+	}
+	// /tmp is writable by all, but sticky: fine.
+	tmp := filepath.Join(os.TempDir(), "kpng-test-"+filepath.Base(t.TempDir())+".sock")
+	l2, _, err := (server.ListenConfig{Address: "unix://" + tmp}).Listen()
+	if err != nil {
+		t.Errorf("a socket in %s (sticky): %v", os.TempDir(), err)
+	} else {
+		l2.Close()
+	}
+}
