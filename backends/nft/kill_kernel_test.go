@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -139,7 +141,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 	}
 	start := time.Now()
 	var midway, kept, replaced, atBatch int
-	var durations []string
+	var durations []int // ms in the sink, of the transactions that ended
 	for i := range kills {
 		first := []string{"a", "b"}[i%2]
 		cmd, lines := startKillHelper(t, ns, first, false)
@@ -163,7 +165,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 			case "send":
 				sent = begun == target
 			case "end":
-				durations = append(durations, f[2]+"ms")
+				durations = append(durations, atoi(f[2]))
 				var us int64
 				fmt.Sscan(f[4], &us)
 				sendToEnd = max(sendToEnd, time.Duration(us)*time.Microsecond)
@@ -187,7 +189,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 		for line := range lines {
 			if f := strings.Fields(line); f[0] == "end" {
 				ended = true
-				durations = append(durations, f[2]+"ms")
+				durations = append(durations, atoi(f[2]))
 			}
 		}
 		if !ended {
@@ -216,8 +218,13 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 			kept++
 		}
 	}
-	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d after its batch was encoded or sent): %d left the state before the transaction, %d the new one, never a mix (transactions took %v in the sink)",
-		kills, time.Since(start).Round(time.Millisecond), midway, atBatch, kept, replaced, durations)
+	var median, fastest, slowest int
+	if n := len(durations); n > 0 {
+		slices.Sort(durations)
+		median, fastest, slowest = durations[n/2], durations[0], durations[n-1]
+	}
+	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d after its batch was encoded or sent): %d left the state before the transaction, %d the new one, never a mix (the %d transactions that ended took %d ms in the sink at the median, %d-%d)",
+		kills, time.Since(start).Round(time.Millisecond), midway, atBatch, kept, replaced, len(durations), median, fastest, slowest)
 
 	// A proxier started after the kills converges.
 	cmd, lines := startKillHelper(t, ns, "b", true)
@@ -229,6 +236,12 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 	if diff := diffKernelTables(wantB, mustReadKernelTable(t, conn, TableName("kill"))); diff != "" {
 		t.Fatalf("after a clean run (-fresh +kernel):\n%s", diff)
 	}
+}
+
+// atoi returns the number s, 0 if it is none.
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 // startKillHelper starts killHelper in ns and returns its process and
