@@ -9,7 +9,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo test unit controlplane lint cross fuzz bench build generate check-generate image-binaries image-sizes image
+.PHONY: demo test unit controlplane lint cross fuzz bench reliability build generate check-generate image-binaries image-sizes image
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -65,6 +65,15 @@ fuzz:
 		echo "fuzz: $${t#*:} in $${t%:*} for $(FUZZTIME)"; \
 		$(GO) test -short -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%:*}" || exit 1; \
 	done
+
+## reliability: the benchmark-tier runs recorded in docs/reliability.md
+## (root, about 20 minutes): 10,000 rounds of churn against the kernel
+## for two seeds and against the tracker, 100 kills of an nft proxier in
+## the middle of its transactions.
+reliability:
+	KPNG_CHURN_ROUNDS=10000 $(GO) test -count=1 -timeout 60m -run '^(TestKernelConvergence|TestTrackerConvergence)$$' ./backends/nft/
+	KPNG_CHURN_ROUNDS=10000 KPNG_CHURN_SEED=12 $(GO) test -count=1 -timeout 60m -run '^TestKernelConvergence$$' ./backends/nft/
+	KPNG_KILLS=100 $(GO) test -count=1 -timeout 30m -run '^TestKernelKilledWhileProgramming$$' ./backends/nft/
 
 ## bench: the benchmarks recorded in docs/benchmarks.md.
 bench: controlplane
