@@ -380,10 +380,14 @@ func canonical(s model.IPSet) (model.IPSet, error) {
 // Watch feeds sink the state in path (with its cluster-level facts, for a
 // localsink.ClusterSink), then every change to it, checking the file every
 // interval, until ctx ends. A file that cannot be read, is larger than
-// maxSize bytes (0: DefaultMaxSize; it is not read then) or is
-// malformed is logged and ignored: the sink keeps the last good state. The
-// first state is only delivered once the file has been read successfully.
-// A round the sink fails to apply is delivered again (localsink.Feeder).
+// maxSize bytes (0: DefaultMaxSize; it is not read then), is empty (an
+// empty state is "[]") or is malformed is logged and ignored: the sink
+// keeps the last good state. A new content is taken once it reads the
+// same twice, settleDelay (100 ms) apart: a file written in place,
+// truncated and then filled, is seen half-written in between, and half a
+// list of services can be a valid shorter list. The first state is only
+// delivered once the file has been read successfully. A round the sink
+// fails to apply is delivered again (localsink.Feeder).
 func Watch(ctx context.Context, path string, interval time.Duration, maxSize int64, sink localsink.Sink) error {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxSize
@@ -395,9 +399,13 @@ func Watch(ctx context.Context, path string, interval time.Duration, maxSize int
 	for {
 		data, err := readFile(path, maxSize)
 		if err == nil && !bytes.Equal(data, last) {
+			err = settled(ctx, path, maxSize, data, settleDelay)
 			var items []*model.ServiceEndpoints
 			var cluster *model.Cluster
-			if cluster, items, err = ParseState(data); err == nil {
+			if err == nil {
+				cluster, items, err = ParseState(data)
+			}
+			if err == nil {
 				klog.V(2).InfoS("Loaded state file", "path", path, "services", len(items))
 				feeder.SetCluster(cluster)
 				feeder.SetAll(items)
@@ -408,7 +416,7 @@ func Watch(ctx context.Context, path string, interval time.Duration, maxSize int
 				err = fmt.Errorf("state file %s: %w", path, err)
 			}
 		}
-		if err != nil && err.Error() != logged {
+		if err != nil && err.Error() != logged && ctx.Err() == nil {
 			klog.ErrorS(err, "Keeping the last good state")
 			logged = err.Error()
 		}
@@ -418,4 +426,29 @@ func Watch(ctx context.Context, path string, interval time.Duration, maxSize int
 		case <-time.After(interval):
 		}
 	}
+}
+
+// settleDelay is how long a new content of a watched file must stay the
+// same before it is taken.
+const settleDelay = 100 * time.Millisecond
+
+// settled reads path again after delay and says whether it still holds
+// data, which must not be empty.
+func settled(ctx context.Context, path string, maxSize int64, data []byte, delay time.Duration) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return errors.New("the file is empty (being written? an empty state is written [])")
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(delay):
+	}
+	again, err := readFile(path, maxSize)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(again, data) {
+		return errors.New("the file changed while read (being written?): read again at the next check")
+	}
+	return nil
 }

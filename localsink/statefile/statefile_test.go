@@ -2,10 +2,12 @@ package statefile
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -346,5 +348,81 @@ func TestWatchKeepsServingPastAHugeFile(t *testing.T) {
 	}
 	if diff := cmp.Diff(changed, rec.last(t, 2), equatePrefixes); diff != "" {
 		t.Errorf("state after the huge file (-want +got):\n%s", diff)
+	}
+}
+
+// TestWatchWaitsForAFileBeingWritten rewrites a watched file in place, as
+// an editor may: truncated, then written one service at a time with 20 ms
+// pauses, five times over. No state with fewer services than the file
+// holds whole may be delivered (half a list of services is a valid
+// shorter list); the last one is.
+func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	state := func(gen int) []*model.ServiceEndpoints {
+		var items []*model.ServiceEndpoints
+		for i := range 5 {
+			se := sample()[0]
+			se.Service.Name = fmt.Sprintf("svc-%d", i)
+			se.Endpoints[0].IPs = model.IPSet{V4: []string{fmt.Sprintf("10.1.%d.%d", gen, i+1)}}
+			items = append(items, se)
+		}
+		return items
+	}
+	if err := Write(path, state(0)); err != nil {
+		t.Fatal(err)
+	}
+	rec := &stateSink{}
+	sink := sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
+		rec.mu.Lock()
+		rec.states = append(rec.states, items)
+		rec.mu.Unlock()
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx, path, 10*time.Millisecond, 0, sink) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+		if err := sink.Err(); err != nil {
+			t.Errorf("the file input broke the Sink contract:\n%v", err)
+		}
+	}()
+	rec.last(t, 1)
+	for gen := 1; gen <= 5; gen++ {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, se := range state(gen) {
+			b, err := Marshal([]*model.ServiceEndpoints{se})
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			if _, err := f.Write(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec.mu.Lock()
+		states := slices.Clone(rec.states)
+		rec.mu.Unlock()
+		if last := states[len(states)-1]; cmp.Equal(state(5), last, equatePrefixes) {
+			for i, st := range states {
+				if len(st) != 5 {
+					t.Errorf("state %d of %d holds %d services: half a file was taken", i, len(states), len(st))
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the last state was not delivered (%d states)", len(states))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
