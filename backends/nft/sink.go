@@ -161,6 +161,9 @@ var _ localsink.ClusterSink = (*sink)(nil)
 // only to the cluster's default proxier) fill the service-cidrs sets, and
 // the traffic to their addresses that no service took is dropped.
 func (s *sink) SetCluster(c *model.Cluster) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inRound = true
 	s.changed++
 	for _, p := range s.tracker.SetCluster(c) {
 		klog.InfoS("Part of the cluster facts cannot be programmed", "table", s.table, "problem", p.Error())
