@@ -352,8 +352,8 @@ func TestWatchKeepsServingPastAHugeFile(t *testing.T) {
 }
 
 // TestWatchWaitsForAFileBeingWritten rewrites a watched file in place, as
-// an editor may: truncated, then written one service at a time with 20 ms
-// pauses, five times over. No state with fewer services than the file
+// an editor may: truncated, then written one service at a time with 5 ms
+// pauses, five times over, the file checked every 10 ms. No state with fewer services than the file
 // holds whole may be delivered (half a list of services is a valid
 // shorter list); the last one is.
 func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
@@ -391,21 +391,28 @@ func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
 	}()
 	rec.last(t, 1)
 	for gen := 1; gen <= 5; gen++ {
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// Encoded first: the pauses between the writes are the test's,
+		// well under settleDelay even on a loaded machine.
+		var chunks [][]byte
 		for _, se := range state(gen) {
 			b, err := Marshal([]*model.ServiceEndpoints{se})
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(20 * time.Millisecond)
+			chunks = append(chunks, b)
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range chunks {
+			time.Sleep(5 * time.Millisecond)
 			if _, err := f.Write(b); err != nil {
 				t.Fatal(err)
 			}
 		}
 		f.Close()
+		time.Sleep(20 * time.Millisecond)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
