@@ -389,10 +389,16 @@ func canonical(s model.IPSet) (model.IPSet, error) {
 // delivered once the file has been read successfully. A round the sink
 // fails to apply is delivered again (localsink.Feeder).
 func Watch(ctx context.Context, path string, interval time.Duration, maxSize int64, sink localsink.Sink) error {
+	return WatchWithOptions(ctx, path, interval, maxSize, sink, localsink.FeederOptions{})
+}
+
+// WatchWithOptions is Watch with the options of its Feeder: Observe and
+// Queued give the rounds to metrics (client.Flags.StartMetrics).
+func WatchWithOptions(ctx context.Context, path string, interval time.Duration, maxSize int64, sink localsink.Sink, opts localsink.FeederOptions) error {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxSize
 	}
-	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{})
+	feeder := localsink.NewFeeder(sink, opts)
 	defer feeder.Close()
 	var last []byte
 	logged := ""

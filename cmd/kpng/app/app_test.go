@@ -192,9 +192,25 @@ func TestToFileAndFileInputRoundTrip(t *testing.T) {
 
 	// The file replays through another kpng to a file again, unchanged...
 	replayed := filepath.Join(dir, "replayed.yaml")
-	startKpng(t, nil, "file", "--input="+recorded, "to-file", "--output="+replayed)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	startKpng(t, nil, "file", "--input="+recorded, "--metrics-bind-address="+metricsAddr, "to-file", "--output="+replayed)
 	if second := waitFile(t, replayed); second != first {
 		t.Errorf("file → to-file changed the state:\n%s\nwant:\n%s", second, first)
+	}
+	// The file input serves the metrics of its rounds too.
+	var m map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m = scrape(t, metricsAddr); m["kpng_services"] > 0 {
+			break
+		}
+	}
+	if m["kpng_services"] != 1 || m["kpng_rounds_total"] < 1 {
+		t.Errorf("kpng file's metrics: kpng_services %v, kpng_rounds_total %v; want 1 service (the blog's) and a round", m["kpng_services"], m["kpng_rounds_total"])
 	}
 	// ...and served to a backend, gives the in-process output.
 	sock := "unix://" + filepath.Join(dir, "kpng.sock")

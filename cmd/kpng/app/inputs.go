@@ -20,8 +20,6 @@ type input struct {
 	bind func(fs *flag.FlagSet) (func(ctx context.Context, out *output) error, func() BackendEnv)
 }
 
-func noEnv() BackendEnv { return BackendEnv{} }
-
 var inputs = map[string]input{
 	"kube": {help: kubeHelp, bind: bindKube},
 	"file": {help: fileHelp, bind: bindFile},
@@ -72,6 +70,10 @@ func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 	path := fs.String("input", "", "state file to read (required)")
 	interval := fs.Duration("interval", time.Second, "how often to check the file for changes")
 	maxMiB := fs.Int64("max-size-mib", statefile.DefaultMaxSize>>20, "the largest file read, in MiB: a larger one is reported and not read")
+	var f client.Flags
+	f.BindMetrics(fs)
+	var rec *metrics.Recorder
+	env := func() BackendEnv { return BackendEnv{Metrics: rec} }
 	return func(ctx context.Context, out *output) error {
 		if *path == "" {
 			return usagef("kpng file: --input is required")
@@ -82,10 +84,15 @@ func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 		if *maxMiB <= 0 || *maxMiB > 1<<20 {
 			return usagef("kpng file: --max-size-mib=%d: must be between 1 and 1048576", *maxMiB)
 		}
+		var err error
+		if rec, err = f.StartMetrics(ctx); err != nil {
+			return err
+		}
+		out.metrics = rec
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
-			return statefile.Watch(ctx, *path, *interval, *maxMiB<<20, sink)
+			return statefile.WatchWithOptions(ctx, *path, *interval, *maxMiB<<20, sink, localsink.FeederOptions{Observe: f.Observe, Queued: f.Queued})
 		})
-	}, noEnv
+	}, env
 }
 
 const apiHelp = `kpng api: watch another kpng controller (to chain controllers, or to
