@@ -564,25 +564,8 @@ func (b *portBuilder) claim(field string, addrs []netip.Addr, port int32) []neti
 }
 
 // fieldPath returns the API path of the field the builder's addresses
-// come from, named field in messages (as the nft backend names them).
-func (b *portBuilder) fieldPath(field string) string {
-	switch field {
-	case "clusterIPs":
-		return "spec.clusterIPs"
-	case "externalIPs":
-		return "spec.externalIPs"
-	case "loadBalancer ingress IPs":
-		return "status.loadBalancer.ingress"
-	case "nodePort":
-		for i, p := range b.svc.Ports {
-			if p == b.port {
-				return fmt.Sprintf("spec.ports[%d].nodePort", i)
-			}
-		}
-		return "spec.ports[].nodePort"
-	}
-	return field
-}
+// come from, named field in messages.
+func (b *portBuilder) fieldPath(field string) string { return b.svc.AddressFieldPath(field, b.port) }
 
 // reach records the endpoints a UDP destination is DNATed to.
 func (b *portBuilder) reach(d netip.AddrPort, eps []netip.AddrPort) {

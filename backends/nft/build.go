@@ -3,7 +3,6 @@
 package nft
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -321,24 +320,7 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 
 // fieldPath returns the API path of the field the builder's addresses
 // come from, named field in messages.
-func (b *portBuilder) fieldPath(field string) string {
-	switch field {
-	case "clusterIPs":
-		return "spec.clusterIPs"
-	case "externalIPs":
-		return "spec.externalIPs"
-	case "loadBalancer ingress IPs":
-		return "status.loadBalancer.ingress"
-	case "nodePort":
-		for i, p := range b.svc.Ports {
-			if p == b.port {
-				return fmt.Sprintf("spec.ports[%d].nodePort", i)
-			}
-		}
-		return "spec.ports[].nodePort"
-	}
-	return field
-}
+func (b *portBuilder) fieldPath(field string) string { return b.svc.AddressFieldPath(field, b.port) }
 
 // firewall adds the chain enforcing the service's loadBalancerSourceRanges
 // on its load-balancer IPs (of this family: allowed, the prefixes of this

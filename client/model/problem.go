@@ -63,3 +63,26 @@ func ProblemOf(key ServiceKey, err error) Problem {
 	}
 	return Problem{Service: key, Reason: ReasonOther, Message: err.Error()}
 }
+
+// AddressFieldPath returns the API path of the field of s that a backend
+// names field in its messages ("clusterIPs", "externalIPs",
+// "loadBalancer ingress IPs", "nodePort" of port), for a Problem's
+// Field; any other field is returned as it is.
+func (s *Service) AddressFieldPath(field string, port *PortMapping) string {
+	switch field {
+	case "clusterIPs":
+		return "spec.clusterIPs"
+	case "externalIPs":
+		return "spec.externalIPs"
+	case "loadBalancer ingress IPs":
+		return "status.loadBalancer.ingress"
+	case "nodePort":
+		for i, p := range s.Ports {
+			if p == port {
+				return fmt.Sprintf("spec.ports[%d].nodePort", i)
+			}
+		}
+		return "spec.ports[].nodePort"
+	}
+	return field
+}
