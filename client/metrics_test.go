@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -103,10 +104,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-// loopback listens on 127.0.0.1 only: the health check node ports of the
-// tests.
-func loopback(network, address string) (net.Listener, error) {
-	return net.Listen(network, "127.0.0.1"+address)
+// loopback is the health check Config of the tests: the node's one
+// address is 127.0.0.1, selected explicitly (the default leaves loopback
+// out).
+var loopback = healthcheck.Config{
+	Addresses:         func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil },
+	NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 }
 
 // createNode creates a Node named uniquely and returns its name.
@@ -174,7 +177,9 @@ func TestMetricsAndHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := healthcheck.New(healthcheck.Config{Listen: loopback, Healthy: rec.Healthy})
+	hcCfg := loopback
+	hcCfg.Healthy = rec.Healthy
+	hc := healthcheck.New(hcCfg)
 	defer hc.Close()
 	sink := &failingSink{}
 	runWithMetrics(t, &f, localsink.Tee(sink, hc))
