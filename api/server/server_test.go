@@ -535,12 +535,3 @@ func TestStalledClientMemoryIsBounded(t *testing.T) {
 		t.Errorf("the heap grew from %d KiB to %d KiB over 120 rounds while a backend stalled", at30>>10, after>>10)
 	}
 }
-
-func endpointKeys(se *model.ServiceEndpoints) []string {
-	var keys []string
-	for _, e := range se.Endpoints {
-		keys = append(keys, e.Key())
-	}
-	slices.Sort(keys)
-	return keys
-}
