@@ -34,14 +34,15 @@ func bigLabels(n int) map[string]string {
 	return l
 }
 
-// TestBatchesStayUnderTheMessageLimit serves a state whose first 1,000
-// operations (a batch by count: 500 services with their endpoint) would be some 20 MiB, more than the 16
-// MiB a message may carry: the backend must receive it all, in more
-// messages, each within the limit.
+// TestBatchesStayUnderTheMessageLimit serves 600 services with 40 KiB of
+// labels each: the first 1,000 operations (a batch by count: 500 services
+// with their endpoint) would be some 20 MiB, more than the 16 MiB a
+// message may carry. The backend must receive it all, in more messages,
+// each within the limit.
 func TestBatchesStayUnderTheMessageLimit(t *testing.T) {
 	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
 	var state []*model.ServiceEndpoints
-	for i := range 1100 {
+	for i := range 600 {
 		se := svc("ns", fmt.Sprintf("s%04d", i), ep(fmt.Sprintf("10.1.%d.%d", i/250, 1+i%250), "node-a"))
 		se.Service.Labels = bigLabels(40 << 10)
 		state = append(state, se)

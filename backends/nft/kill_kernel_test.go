@@ -117,8 +117,8 @@ func killHelper(path, first string, once bool) int {
 
 // TestKernelKilledWhileProgramming starts a proxier process that
 // alternates between two large states (killHelper), and kills it with
-// SIGKILL at a random moment of a random transaction, a few times in a
-// row, each new process starting from the table the previous one left.
+// SIGKILL at a random moment of a random transaction, 12 times in a row
+// (KPNG_KILLS; 4 under the race detector), each new process starting from the table the previous one left.
 // After each kill the table read back from the kernel must be the first
 // state's or the second's as a fresh sink programs them (or none, before
 // the first transaction), never a mix of the two; a process started after
@@ -136,6 +136,9 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 
 	kills := 12
+	if raceEnabled {
+		kills = 4 // each killed process is a race-detecting test binary, ten times slower
+	}
 	if n := os.Getenv("KPNG_KILLS"); n != "" {
 		fmt.Sscan(n, &kills)
 	}
