@@ -145,6 +145,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 	start := time.Now()
 	var midway, kept, replaced, atBatch int
 	var durations []int // ms in the sink, of the transactions that ended
+	last := "none"      // the state the kernel held after the previous kill
 	for i := range kills {
 		first := []string{"a", "b"}[i%2]
 		cmd, lines := startKillHelper(t, ns, first, false)
@@ -155,9 +156,12 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 		// before the batch is sent) to their end: while the batch is
 		// encoded, applied by the kernel in sendmsg(2), or acknowledged.
 		target, atSend := 1+r.IntN(3), r.IntN(3) != 0
-		begun, sent, state := 0, false, ""
+		// before is the state the kernel holds when the target
+		// transaction begins: the last one's before this process, then
+		// that of each of its transactions that ended.
+		begun, sent, ended, state, before := 0, false, false, "", last
 		var sendToEnd time.Duration
-		for begun < target || (atSend && !sent) {
+		for (begun < target || (atSend && !sent)) && !ended {
 			line, ok := <-lines
 			if !ok {
 				t.Fatalf("kill %d: the proxier exited before its transaction %d", i, target)
@@ -172,6 +176,10 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 				var us int64
 				fmt.Sscan(f[4], &us)
 				sendToEnd = max(sendToEnd, time.Duration(us)*time.Microsecond)
+				ended = begun == target // the target ended before its send was seen
+				if !ended {
+					before = f[1]
+				}
 			}
 		}
 		switch {
@@ -188,10 +196,15 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = cmd.Wait()
-		ended := false
+		// What the process printed before it died: the target's end,
+		// even the next transaction's begin and end when the kill came
+		// late.
 		for line := range lines {
-			if f := strings.Fields(line); f[0] == "end" {
-				ended = true
+			switch f := strings.Fields(line); f[0] {
+			case "begin":
+				state = f[1]
+			case "end":
+				ended, before = true, f[1]
 				durations = append(durations, atoi(f[2]))
 			}
 		}
@@ -210,23 +223,27 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 		default:
 			t.Fatalf("kill %d: the table is neither the first state nor the second (-first +kernel):\n%s", i, diffKernelTables(wantA, got))
 		}
+		// The kernel holds the last state a transaction ended with, or
+		// the one of the transaction in progress (applied, the process
+		// killed before it said so).
 		switch {
+		case gotState == before && ended:
+			// Killed once the transaction had ended.
 		case gotState == state:
 			replaced++
-		case target == 1 && i == 0 && gotState == "none":
-			kept++ // killed before the first table was written
-		case gotState == "none":
-			t.Errorf("kill %d: no table, but one was written before", i)
-		default:
+		case gotState == before:
 			kept++
+		default:
+			t.Errorf("kill %d: the table is %s, neither the state of the last transaction that ended (%s) nor that of the one in progress (%s)", i, gotState, before, state)
 		}
+		last = gotState
 	}
 	var median, fastest, slowest int
 	if n := len(durations); n > 0 {
 		slices.Sort(durations)
 		median, fastest, slowest = durations[n/2], durations[0], durations[n-1]
 	}
-	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d after its batch was encoded or sent): %d left the state before the transaction, %d the new one, never a mix (the %d transactions that ended took %d ms in the sink at the median, %d-%d)",
+	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d of all after its batch was encoded or sent): of these, %d left the state before the transaction, %d the new one, never a mix (the %d transactions that ended took %d ms in the sink at the median, %d-%d)",
 		kills, time.Since(start).Round(time.Millisecond), midway, atBatch, kept, replaced, len(durations), median, fastest, slowest)
 
 	// A proxier started after the kills converges.

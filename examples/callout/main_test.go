@@ -219,7 +219,7 @@ echo "callout stderr" >&2`)
 // testHangThenCrash runs kpng-callout with a callout whose first run hangs
 // (with a child) and whose second dies of SIGSEGV, while the services
 // change: the hanging run is killed after --timeout with its child, the
-// crash is retried after the backoff, the third run gets the latest state,
+// crash is retried after the backoff, a later run gets the latest state,
 // and kpng-callout goes on: a later change reaches the callout too.
 func testHangThenCrash(t *testing.T, bin string) {
 	dir := t.TempDir()
@@ -242,8 +242,10 @@ echo "ran:$n"`)
 	svc := kc.CreateService(kubetest.Service(ns, "web", name))
 	kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: "10.9.1.1"}))
 	waitForFile(t, state, func(s string) bool { return strings.Contains(s, "10.9.1.1") })
-	if n := readFile(t, count); n != "3\n" {
-		t.Errorf("the state reached the callout on run %q, want the third (hung, crashed, ran)", n)
+	// The third run or a later one: the service and its slice may come
+	// as two states.
+	if n, err := strconv.Atoi(strings.TrimSpace(readFile(t, count))); err != nil || n < 3 {
+		t.Errorf("the state reached the callout on run %d (%v), want the third or later (hung, crashed, ran)", n, err)
 	}
 	var pid int
 	if _, err := fmt.Sscan(readFile(t, child), &pid); err != nil {
