@@ -513,6 +513,14 @@ func (g *apiChurn) fixPorts(spec *v1.ServiceSpec, i int) {
 		spec.Ports[i].Port = pickOne(g.r, churnPorts)
 		spec.Ports[i].Protocol = pickOne(g.r, []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP})
 	}
+	// Two ports may share a node port only with different protocols (the
+	// API server rejects the duplicate): a port whose protocol changed
+	// onto another's node port gets a new one, allocated by the server.
+	if clash(func(a, b *v1.ServicePort) bool {
+		return a.NodePort != 0 && a.NodePort == b.NodePort && a.Protocol == b.Protocol
+	}) {
+		spec.Ports[i].NodePort = 0
+	}
 }
 
 // externalIPs draws zero to two external IPs.
