@@ -216,11 +216,10 @@ func TestGarbageAndUncertifiedClients(t *testing.T) {
 	}
 
 	// No client certificate: with TLS 1.3 the client learns it from the
-	// server's alert after its handshake, or, when the server has closed
-	// the connection first, from a failed write; it retries (as the remote
-	// client does) and is told at least once.
-	var errs []string
-	for range 10 {
+	// server's alert after its own side of the handshake, and the server
+	// keeps reading until the client has read it (without that, the
+	// client's first write made the connection reset: "broken pipe").
+	for i := range 3 {
 		noCert, err := grpc.NewClient("passthrough:///"+s.addr, tlsOpts(false)...)
 		if err != nil {
 			t.Fatal(err)
@@ -230,16 +229,9 @@ func TestGarbageAndUncertifiedClients(t *testing.T) {
 			_, err = w.Recv()
 		}
 		noCert.Close()
-		if err == nil {
-			t.Fatalf("a client without a certificate received a batch")
+		if err == nil || !strings.Contains(err.Error(), "certificate required") {
+			t.Errorf("a client without a certificate, try %d: %v, want an error saying a certificate is required", i+1, err)
 		}
-		errs = append(errs, err.Error())
-		if strings.Contains(err.Error(), "certificate required") {
-			break
-		}
-	}
-	if !strings.Contains(errs[len(errs)-1], "certificate required") {
-		t.Errorf("a client without a certificate, 10 tries: %q, want one saying a certificate is required", errs)
 	}
 
 	after := heap()

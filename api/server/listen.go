@@ -4,7 +4,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -93,5 +96,59 @@ func (c ListenConfig) serverTLS() (credentials.TransportCredentials, error) {
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return credentials.NewTLS(cfg), nil
+	return lingerOnReject{credentials.NewTLS(cfg)}, nil
+}
+
+// rejectLinger is how long a connection whose TLS handshake the server
+// refused stays open for reading, after the server's alert.
+const rejectLinger = time.Second
+
+// lingerOnReject gives a client the reason its handshake was refused. With
+// TLS 1.3 a client without a certificate finishes its side of the
+// handshake before the server checks it, and gRPC writes at once; when the
+// server closed the connection right after its alert, that unread write
+// made the kernel reset the connection and the client saw only "broken
+// pipe". Instead the server ends its side of the connection and reads what
+// the client sends until it closes (at most rejectLinger), so that the
+// client reads "tls: certificate required".
+type lingerOnReject struct {
+	credentials.TransportCredentials
+}
+
+// ServerHandshake runs the TLS handshake and, when it fails, ends the
+// server's side and drains the connection before closing it.
+func (l lingerOnReject) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	held := &heldConn{Conn: raw}
+	conn, info, err := l.TransportCredentials.ServerHandshake(held)
+	if err != nil {
+		if cw, ok := raw.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil &&
+			raw.SetReadDeadline(time.Now().Add(rejectLinger)) == nil {
+			_, _ = io.Copy(io.Discard, raw)
+		}
+		_ = raw.Close()
+		return nil, nil, err
+	}
+	held.pass.Store(true)
+	return conn, info, nil
+}
+
+// Clone keeps the wrapper.
+func (l lingerOnReject) Clone() credentials.TransportCredentials {
+	return lingerOnReject{l.TransportCredentials.Clone()}
+}
+
+// heldConn ignores Close until the handshake has succeeded: gRPC's TLS
+// credentials close the connection as soon as the handshake fails, and
+// lingerOnReject closes it itself after draining.
+type heldConn struct {
+	net.Conn
+	pass atomic.Bool
+}
+
+// Close closes the connection once the handshake has succeeded.
+func (c *heldConn) Close() error {
+	if c.pass.Load() {
+		return c.Conn.Close()
+	}
+	return nil
 }

@@ -46,12 +46,21 @@ func kubeToLocalIPTables(t *testing.T, bin, variant string) {
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("ipt")
 	prefix := iptables.ChainPrefix(name)
+	// saved lists both families' tables: a round restores IPv4 then IPv6, so
+	// a wait on one family alone can end before the other is programmed.
 	saved := func() string {
-		out, _, err := b.Node.Exec(nil, "iptables-"+variant+"-save")
-		if err != nil {
-			t.Fatalf("iptables-%s-save: %v", variant, err)
+		var all strings.Builder
+		for _, save := range []string{"iptables-" + variant + "-save", "ip6tables-" + variant + "-save"} {
+			out, _, err := b.Node.Exec(nil, save)
+			if err != nil {
+				t.Fatalf("%s: %v", save, err)
+			}
+			all.WriteString(out)
 		}
-		return out
+		return all.String()
+	}
+	deleted := func(out string) bool {
+		return !strings.Contains(out, netns.ServiceV4.String()) && !strings.Contains(out, netns.ServiceV6.String())
 	}
 
 	blog := e2e.CreateBlogService(kc, ns, name)
@@ -68,10 +77,10 @@ func kubeToLocalIPTables(t *testing.T, bin, variant string) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) && strings.Contains(saved(), netns.ServiceV4.String()) {
+	for time.Now().Before(deadline) && !deleted(saved()) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if out := saved(); strings.Contains(out, netns.ServiceV4.String()) {
+	if out := saved(); !deleted(out) {
 		t.Errorf("the deleted Service's rules are still there:\n%s", out)
 	}
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
