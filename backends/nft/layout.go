@@ -37,8 +37,9 @@ const (
 	// chains jump to it.
 	chainNoEndpoints = "no-endpoint-services"
 	// chainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
-	// otherwise.
-	chainReject = "reject"
+	// otherwise. Not "reject", a keyword of nft's syntax: a listing
+	// naming a chain so cannot be loaded back (nft -f).
+	chainReject = "reject-chain"
 	// chainClusterIPsCheck rejects the new connections to a cluster IP
 	// that no service port took (not DNATed: a port no service defines),
 	// and drops those to the other addresses of the service CIDRs (the
@@ -232,18 +233,29 @@ func portID(svc model.ServiceKey, p *model.PortMapping) string {
 // chainName builds a deterministic, collision-free chain name:
 // "<prefix>-<HASH>-<readable>", where HASH is the first 8 characters of the
 // base32 SHA-256 of prefix and readable, and readable is the object's full
-// identity. The readable part makes names unique by construction; it is
-// only cut, from its end, when the name would exceed the kernel's limit, and
-// the hash (computed before the cut) then keeps names apart.
+// identity, written with nameSafe. The readable part makes names unique by
+// construction; it is only cut, from its end, when the name would exceed
+// the kernel's limit, and the hash (computed on the identity, before the
+// cut) then keeps names apart.
 func chainName(prefix, readable string) string {
 	sum := sha256.Sum256([]byte(prefix + "\x00" + readable))
 	h := base32.StdEncoding.EncodeToString(sum[:])[:hashLen]
-	name := prefix + "-" + h + "-" + readable
+	name := prefix + "-" + h + "-" + nameSafe.Replace(readable)
 	if len(name) > maxNameLen {
 		name = name[:maxNameLen]
 	}
 	return name
 }
+
+// nameSafe rewrites what nft's syntax does not allow in a name: a name is
+// a letter, "_" or "." followed by letters, digits and "/-_.", and is not
+// quoted in a listing, so a listing naming an object otherwise cannot be
+// loaded back with nft -f. Namespaces, service names, protocols and ports
+// are made of allowed characters already; IPv6 addresses (in the names of
+// endpoint chains and affinity sets) have their ":" written "."
+// ("fd00.1..2/8080"), which keeps them apart from each other and, the
+// family being in the prefix (ep6, aff6), from IPv4 addresses.
+var nameSafe = strings.NewReplacer(":", ".")
 
 // serviceChainName names the chain choosing among the endpoints of a
 // service port for one family: "svc4-HASH-ns/name/tcp/80" for cluster IP

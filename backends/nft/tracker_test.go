@@ -4,6 +4,7 @@ package nft
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -112,6 +113,50 @@ func TestChainNames(t *testing.T) {
 	b := endpointChainName(ipv6, long, p, strings.Repeat("f", 200)+"/2")
 	if len(a) > maxNameLen || len(b) > maxNameLen || a == b {
 		t.Errorf("long names: %d and %d bytes, equal %v", len(a), len(b), a == b)
+	}
+}
+
+// nftIdentifier is the syntax of a name in nft's language (nftables
+// 1.0.6, src/scanner.l): a listing prints names unquoted, and nft -f
+// reads back only these.
+var nftIdentifier = regexp.MustCompile(`^[a-zA-Z_.][a-zA-Z0-9/_.-]*$`)
+
+// TestNamesReadBackByNft checks that every object of the golden cases
+// (both families, every kind of chain and set, IPv6 endpoints among them)
+// is named with nft's syntax for names and not with a keyword of it that
+// the layout could use: what a listing must hold to be loaded back
+// (TestKernelListingReloads loads them).
+func TestNamesReadBackByNft(t *testing.T) {
+	keywords := map[string]bool{"reject": true, "drop": true, "accept": true, "return": true, "jump": true, "goto": true, "masquerade": true}
+	check := func(kind, name string) {
+		if !nftIdentifier.MatchString(name) || keywords[name] {
+			t.Errorf("%s %q: not a name nft reads back", kind, name)
+		}
+	}
+	for _, c := range baseChains {
+		check("base chain", c.name)
+	}
+	for _, lc := range lookupChains {
+		check("chain", lc.name)
+	}
+	for _, name := range []string{chainReject, chainMasquerading, chainMarkForMasquerade, chainClusterIPsCheck, mapHairpin(ipv4), mapHairpin(ipv6),
+		setClusterIPs(ipv4), setClusterIPs(ipv6), setServiceCIDRs(ipv4), setServiceCIDRs(ipv6)} {
+		check("object", name)
+	}
+	for name, items := range goldenCases() {
+		rs, _ := buildRuleset(TableName(name), goldenOptions[name], items)
+		check("table", rs.Table)
+		for _, c := range rs.Chains {
+			check("chain", c.Name)
+		}
+		for _, s := range rs.Sets {
+			check("set", s.Name)
+		}
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			for _, k := range mapKinds {
+				check("map", k.name(f))
+			}
+		}
 	}
 }
 
