@@ -29,10 +29,10 @@ const minElementsPerMessage = 128
 // elements (found by the 1,000-service benchmark: 219 elements of 1,000).
 const elementBytesPerMessage = 60000
 
-// elementBytes is an upper bound of the encoded size of a verdict map
-// element with a key of keyLen bytes going to chain: its nested attributes
-// (list element, key, data, verdict code and chain, at most 64 bytes of
-// headers and padding), key and chain name.
+// elementBytes is an upper bound of the encoded size of a map element
+// with a key and data of keyLen bytes going to chain: its nested
+// attributes (list element, key, data, verdict code and chain, at most 64
+// bytes of headers and padding), key, data and chain name.
 func elementBytes(keyLen int, chain string) int { return 64 + keyLen + len(chain) }
 
 // chunkEnd returns the end of the message that carries the elements from
@@ -90,14 +90,27 @@ const (
 // for the kernel (4 to 25 ms measured with strace, the process idle
 // meanwhile), many times the cost of a one-endpoint change. The connection is dropped after
 // any error, so that nothing of a failed transaction stays in it.
+//
+// Each connection is an nftables.Conn from newConn sending through a relay
+// (relay.go), which owns the socket and gives the endpoint and balance
+// maps the user data nft reads their types from (typeof.go).
 type applier struct {
 	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
-	lasting *nftables.Conn // reused across transactions; nil until needed
-	table   *nftables.Table
+	lasting *txnConn // reused across transactions; nil until needed
+	// reader reads the table for Check; nil until needed.
+	reader *nftables.Conn
+	table  *nftables.Table
 	// fixed are the table's fixed chains (base, lookup, reject and
 	// masquerading chains) with the number of rules the last successful
 	// Full gave each: what Check expects of them.
 	fixed map[string]int
+}
+
+// txnConn is a connection transactions are written on: the Conn that
+// marshals them and the relay that sends them.
+type txnConn struct {
+	conn  *nftables.Conn
+	relay *relay
 }
 
 // txn is one transaction being built: its connection, what it sent so
@@ -105,6 +118,7 @@ type applier struct {
 type txn struct {
 	table *nftables.Table
 	conn  *nftables.Conn
+	relay *relay
 	stats Stats
 	sets  map[string]*nftables.Set
 	// rules counts the rules added to each chain.
@@ -112,11 +126,13 @@ type txn struct {
 }
 
 // newApplier returns an applier writing the inet table named table, on
-// connections from newConn, which must apply the options it is given
-// (nil means nftables.New, in the current network namespace). Close
-// releases its lasting connection. newConn is also the seam of the
-// unprivileged tests: a factory adding nftables.WithTestDial sees every
-// message without a kernel (applier_test.go).
+// connections from newConn (nil means nftables.New, in the current
+// network namespace): the applier reads the namespace of a connection
+// (its NetNS) and sends through a socket of its own there, or through the
+// connection's TestDial if it has one. Close releases its lasting
+// connection. newConn is also the seam of the unprivileged tests: a
+// factory adding nftables.WithTestDial sees every message, as the kernel
+// would, without a kernel (applier_test.go).
 func newApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), table string) *applier {
 	if newConn == nil {
 		newConn = nftables.New
@@ -124,13 +140,31 @@ func newApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), ta
 	return &applier{newConn: newConn, table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
 }
 
-// Close closes the lasting connection, if one is open. The applier may
-// still be used: it opens another one when needed.
+// Close closes the lasting connections, if open. The applier may still
+// be used: it opens others when needed.
 func (a *applier) Close() {
 	if a.lasting != nil {
-		_ = a.lasting.CloseLasting()
+		_ = a.lasting.relay.Close()
 		a.lasting = nil
 	}
+	if a.reader != nil {
+		_ = a.reader.CloseLasting()
+		a.reader = nil
+	}
+}
+
+// dial returns a new connection whose socket has buffers for transactions
+// of messages messages and elements elements.
+func (a *applier) dial(messages, elements int) (*txnConn, error) {
+	conn, err := a.newConn()
+	if err != nil {
+		return nil, fmt.Errorf("nftables connection: %w", err)
+	}
+	r, err := newRelay(conn, receiveBuffer(receiveBufferFor(messages)), sendBuffer(sendBufferFor(messages, elements)))
+	if err != nil {
+		return nil, fmt.Errorf("nftables connection: %w", err)
+	}
+	return &txnConn{conn: conn, relay: r}, nil
 }
 
 // begin starts a transaction of about messages messages and elements
@@ -140,48 +174,56 @@ func (a *applier) Close() {
 // one: end drops the connection on error).
 func (a *applier) begin(messages, elements int) (*txn, error) {
 	t := &txn{table: a.table, sets: map[string]*nftables.Set{}, rules: map[string]int{}}
+	var tc *txnConn
 	if messages <= lastingMessages && elements <= lastingElements {
-		conn, err := a.lastingConn()
+		if a.lasting == nil {
+			c, err := a.dial(lastingMessages, lastingElements)
+			if err != nil {
+				return nil, err
+			}
+			a.lasting = c
+		}
+		tc = a.lasting
+	} else {
+		// A connection of its own, its socket buffers sized when it is
+		// made for the transaction's estimated size (an upper bound of
+		// what it sends).
+		c, err := a.dial(messages, elements)
 		if err != nil {
 			return nil, err
 		}
-		t.conn = conn
-		return t, nil
+		tc = c
 	}
-	// A connection of its own, its socket buffers sized when it is made
-	// for the transaction's estimated size (an upper bound of what it
-	// sends).
-	conn, err := a.newConn(nftables.WithSockOptions(
-		receiveBuffer(receiveBufferFor(messages)),
-		sendBuffer(sendBufferFor(messages, elements))))
-	if err != nil {
-		return nil, fmt.Errorf("nftables connection: %w", err)
-	}
-	t.conn = conn
+	t.conn, t.relay = tc.conn, tc.relay
+	t.relay.begin()
 	return t, nil
 }
 
-// lastingConn returns the lasting connection, opened if needed.
-func (a *applier) lastingConn() (*nftables.Conn, error) {
-	if a.lasting == nil {
-		conn, err := a.newConn(nftables.AsLasting(), nftables.WithSockOptions(
-			receiveBuffer(receiveBufferFor(lastingMessages)),
-			sendBuffer(sendBufferFor(lastingMessages, lastingElements))))
+// readConn returns the lasting connection that reads the table (Check),
+// opened if needed: a plain nftables.Conn, the relay carrying only
+// transactions.
+func (a *applier) readConn() (*nftables.Conn, error) {
+	if a.reader == nil {
+		conn, err := a.newConn(nftables.AsLasting())
 		if err != nil {
 			return nil, fmt.Errorf("nftables connection: %w", err)
 		}
-		a.lasting = conn
+		a.reader = conn
 	}
-	return a.lasting, nil
+	return a.reader, nil
 }
 
 // flush sends the transaction t.
 func (a *applier) flush(t *txn) error { return t.conn.Flush() }
 
-// end ends the transaction t; after an error, the lasting connection is
-// closed if t used it, with whatever t left in it.
+// end ends the transaction t: a connection of its own is closed, and after
+// an error, the lasting connection is closed if t used it, with whatever t
+// left in it.
 func (a *applier) end(t *txn, err error) {
-	if err != nil && t.conn == a.lasting {
+	switch {
+	case a.lasting == nil || t.relay != a.lasting.relay:
+		_ = t.relay.Close()
+	case err != nil:
 		a.Close()
 	}
 }
@@ -498,7 +540,7 @@ func (t *txn) endpointElements(els []endpointElement, del bool) error {
 		if s := t.sets[name]; s != nil {
 			m = s
 		}
-		if err := t.sendElements(m, byMap[name], func(int) int { return elementBytes(40, "") }, del); err != nil {
+		if err := t.sendElements(m, byMap[name], func(int) int { return elementBytes(24, "") }, del); err != nil {
 			return err
 		}
 	}
@@ -574,6 +616,9 @@ func (t *txn) sendElements(m *nftables.Set, els []nftables.SetElement, size func
 // transaction that refer to it.
 func (t *txn) addSet(st *namedSet) error {
 	ns := setRef(t.table, st)
+	if ud := st.userData(); ud != nil {
+		t.relay.userData[st.Name] = ud
+	}
 	if err := t.conn.AddSet(ns, nil); err != nil {
 		return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
 	}

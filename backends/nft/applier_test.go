@@ -3,6 +3,10 @@
 package nft
 
 import (
+	"bytes"
+	"encoding/binary"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -40,6 +44,117 @@ func recordingConns() (func(...nftables.ConnOption) (*nftables.Conn, error), fun
 		return out
 	}
 	return newConn, take
+}
+
+// setUserDataSent returns the user data of the sets created by msgs (by
+// name): what the kernel is sent.
+func setUserDataSent(t *testing.T, msgs []netlink.Message) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, m := range msgs {
+		if m.Header.Type != newSetMessage {
+			continue
+		}
+		attrs, err := netlink.UnmarshalAttributes(m.Data[4:])
+		if err != nil {
+			t.Fatalf("NEWSET message: %v", err)
+		}
+		var name string
+		var ud []byte
+		for _, a := range attrs {
+			switch a.Type {
+			case unix.NFTA_SET_NAME:
+				name = strings.TrimSuffix(string(a.Data), "\x00")
+			case unix.NFTA_SET_USERDATA:
+				ud = a.Data
+			}
+		}
+		out[name] = ud
+	}
+	return out
+}
+
+// TestApplierSetUserData checks, without privileges, that the maps keyed
+// by a random number are created with the user data of their typeof
+// declaration (typeof.go, written into the message by the relay), and
+// that the other sets keep what google/nftables writes: the kernel test
+// TestKernelListingReloads checks that it is what nft writes.
+func TestApplierSetUserData(t *testing.T) {
+	var msgs []netlink.Message
+	var mu sync.Mutex
+	dial := func(req []netlink.Message) ([]netlink.Message, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		msgs = append(msgs, req...)
+		return req, nil
+	}
+	a := newApplier(func(...nftables.ConnOption) (*nftables.Conn, error) { return nftables.New(nftables.WithTestDial(dial)) }, "kpng-unit")
+	defer a.Close()
+	rs, _ := buildRuleset("kpng-unit", goldenOptions["every-rule-kind"], goldenCases()["every-rule-kind"])
+	if _, err := a.Full(rs); err != nil {
+		t.Fatalf("Full: %v", err)
+	}
+	sent := setUserDataSent(t, msgs)
+	typed := 0
+	for _, s := range rs.Sets {
+		want := s.userData()
+		if want == nil {
+			continue
+		}
+		typed++
+		if got := sent[s.Name]; !bytes.Equal(got, want) {
+			t.Errorf("set %s: user data\n% x, want\n% x", s.Name, got, want)
+		}
+	}
+	if typed < 4 {
+		t.Errorf("%d maps with typeof user data, want the endpoint and balance maps of both families", typed)
+	}
+	// google/nftables' own: the key's byte order only.
+	if got, want := sent[mapServices(ipv4)], []byte{0, 4, 2, 0, 0, 0}; !bytes.Equal(got, want) && sent[mapServices(ipv4)] != nil {
+		t.Errorf("%s: user data % x, want google/nftables' % x or none", mapServices(ipv4), got, want)
+	}
+}
+
+// TestWithUserData checks the rewriting of a NEWSET message's attributes:
+// the user data replaced or added, the other attributes kept byte for
+// byte (a last one without its padding included), other sets untouched,
+// a malformed message refused.
+func TestWithUserData(t *testing.T) {
+	attr := func(typ uint16, data []byte) []byte {
+		b := binary.NativeEndian.AppendUint16(nil, uint16(4+len(data)))
+		b = binary.NativeEndian.AppendUint16(b, typ)
+		return append(b, data...)
+	}
+	pad := func(b []byte) []byte { return append(b, make([]byte, nlaAlign(len(b))-len(b))...) }
+	header := []byte{unix.NFPROTO_INET, 0, 0, 0}
+	name := pad(attr(unix.NFTA_SET_NAME, []byte("m\x00")))
+	keyLen := pad(attr(unix.NFTA_SET_KEY_LEN, []byte{0, 0, 0, 4}))
+	oldUD := attr(unix.NFTA_SET_USERDATA, []byte{0, 4, 2, 0, 0, 0})
+	newUD := []byte{1, 2, 3}
+	ud := map[string][]byte{"m": newUD}
+	want := slices.Concat(header, name, keyLen, pad(attr(unix.NFTA_SET_USERDATA, newUD)))
+	for _, tc := range []struct {
+		name string
+		in   []byte
+	}{
+		{"replaced", slices.Concat(header, name, pad(oldUD), keyLen)},
+		{"added", slices.Concat(header, name, keyLen)},
+		{"last attribute unpadded", slices.Concat(header, name, pad(oldUD), attr(unix.NFTA_SET_KEY_LEN, []byte{0, 0, 0, 4})[:8])},
+	} {
+		got, err := withUserData(tc.in, ud)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: % x, %v; want % x", tc.name, got, err, want)
+		}
+	}
+	other := slices.Concat(header, pad(attr(unix.NFTA_SET_NAME, []byte("other\x00"))), pad(oldUD))
+	if got, err := withUserData(other, ud); err != nil || !bytes.Equal(got, other) {
+		t.Errorf("another set: % x, %v; want it unchanged", got, err)
+	}
+	for _, bad := range [][]byte{{1}, slices.Concat(header, []byte{2, 0}), slices.Concat(header, attr(unix.NFTA_SET_NAME, []byte("m"))[:4])} {
+		if _, err := withUserData(bad, ud); err == nil {
+			t.Errorf("% x: no error", bad)
+		}
+	}
 }
 
 // msgTypeName names an nftables netlink message type (batch markers

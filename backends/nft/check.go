@@ -32,7 +32,7 @@ const checkChains = 64
 // found changed ("" when nothing), and an error when it could not look.
 // Elements of maps and sets are not checked.
 func (a *applier) Check(want map[string]int) (string, error) {
-	conn, err := a.lastingConn()
+	conn, err := a.readConn()
 	if err != nil {
 		return "", err
 	}

@@ -41,14 +41,14 @@ var families = [2]familyInfo{
 		name: "ipv4", suffix: "4", nft: "ip", addrType: "ipv4_addr",
 		setType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4,
 		addrLen: 4, saddr: 12, daddr: 16,
-		regL4: reg32v4L4, regDport: reg32v4Dp, regHairpinDst: reg32HairpinDstV4, regEndpointPort: reg32Endpoint + 1,
+		regL4: reg32v4L4, regDport: reg32v4Dp, regHairpinDst: reg32HairpinDstV4, regEndpointPort: reg32EndpointPortV4,
 		loopback: loopbackV4,
 	},
 	ipv6: {
 		name: "ipv6", suffix: "6", nft: "ip6", addrType: "ipv6_addr",
 		setType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6,
 		addrLen: 16, saddr: 8, daddr: 24,
-		regL4: reg32v6L4, regDport: reg32v6Dp, regHairpinDst: reg32HairpinDstV6, regEndpointPort: reg32Endpoint + 4,
+		regL4: reg32v6L4, regDport: reg32v6Dp, regHairpinDst: reg32HairpinDstV6, regEndpointPort: reg32EndpointPortV6,
 		loopback: loopbackV6,
 	},
 }

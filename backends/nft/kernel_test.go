@@ -332,7 +332,7 @@ func TestKernelClusterIP(t *testing.T) {
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
 		"10.96.0.10 . tcp . 80 : goto svc4-", "fd00:10:96::10 . udp . 80 : goto svc6-",
-		"numgen random mod 4294967295 map @endpoints-v4-0", "numgen random mod 4294967295 map @endpoints-v6-0",
+		"numgen random mod 100000000 map @endpoints-v4-0", "numgen random mod 100000000 map @endpoints-v6-0",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
 	} {
 		if !strings.Contains(listing, want) {
@@ -695,8 +695,8 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 		t.Fatalf("delete two, add one: %+v, want a partial sync deleting the second endpoint map", r)
 	}
 	listing := nftList(t, b.Node, "kpng-blocks")
-	// Slot 0's one interval (nft prints the 8-byte keys as one number).
-	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, "0-4294967294 : "+netns.Pod2V4.String()+" . 6000") {
+	// Slot 0's one interval, the whole of block 0 of map 0.
+	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, "0-99999999 : "+netns.Pod2V4.String()+" . 6000") {
 		t.Errorf("want the second endpoint map gone and slot 0 reused by pod2:\n%s", listing)
 	}
 	pod2Only := map[string]uint16{netns.Pod2ID: 6000}

@@ -186,6 +186,9 @@ func elementText(e nftables.SetElement) string {
 	if e.VerdictData != nil {
 		s += fmt.Sprintf(" : %s", exprText(e.VerdictData))
 	}
+	if e.Comment != "" {
+		s += fmt.Sprintf(" comment %q", e.Comment)
+	}
 	return s
 }
 
@@ -216,10 +219,12 @@ func valueText(val []byte) string {
 	return fmt.Sprintf("verdict %d %s", code, chain)
 }
 
-// endpointIntervals returns the intervals of an endpoint map by slot:
-// "[from,to)→address:port", in order. Each interval is a start element
-// (slot . from, with the endpoint) and the end element (slot . to) that
-// the next start or end follows.
+// endpointIntervals returns the intervals of an endpoint map by block
+// (the block's number in the map, its first key / blockRange):
+// "[from,to)→address:port \"comment\"", in order, from and to counted
+// from the block's first key. Each interval is a start element (with the
+// endpoint and the comment) and the end element (the key after its last)
+// that the next start or end follows.
 func endpointIntervals(s *nftables.Set, els []nftables.SetElement) (map[uint32][]string, error) {
 	// By key, and for one key the end of an interval before the start of
 	// the next.
@@ -240,15 +245,15 @@ func endpointIntervals(s *nftables.Set, els []nftables.SetElement) (map[uint32][
 		if e.IntervalEnd {
 			continue
 		}
-		if len(e.Key) != 8 || i+1 >= len(els) {
+		if len(e.Key) != 4 || i+1 >= len(els) || len(els[i+1].Key) != 4 {
 			return nil, fmt.Errorf("element %x: not the start of an interval with an end", e.Key)
 		}
-		end := els[i+1].Key
-		if len(end) != 8 || !bytes.Equal(end[:4], e.Key[:4]) {
-			return nil, fmt.Errorf("interval from %x ends at %x, in another slot", e.Key, end)
+		from, end := binary.BigEndian.Uint32(e.Key), binary.BigEndian.Uint32(els[i+1].Key)
+		block := from / blockRange
+		if end <= from || end > (block+1)*blockRange {
+			return nil, fmt.Errorf("interval from %d ends at %d, in another block", from, end)
 		}
-		slot := binary.BigEndian.Uint32(e.Key[:4])
-		to := fmt.Sprint(binary.BigEndian.Uint32(end[4:]))
+		to := fmt.Sprint(end - block*blockRange)
 		if !els[i+1].IntervalEnd {
 			to += " (next start)"
 		}
@@ -256,7 +261,7 @@ func endpointIntervals(s *nftables.Set, els []nftables.SetElement) (map[uint32][
 		if err != nil {
 			return nil, fmt.Errorf("element %x: %w", e.Key, err)
 		}
-		out[slot] = append(out[slot], fmt.Sprintf("[%d,%s)→%s", binary.BigEndian.Uint32(e.Key[4:]), to, target))
+		out[block] = append(out[block], fmt.Sprintf("[%d,%s)→%s %q", from-block*blockRange, to, target, e.Comment))
 	}
 	return out, nil
 }
@@ -274,9 +279,9 @@ func endpointTarget(s *nftables.Set, val []byte) (string, error) {
 }
 
 // ruleText is a rule's expressions in order; for a rule drawing from an
-// endpoint map, m is the map and slot the slot it draws from, which the
-// text leaves out.
-func ruleText(exprs []expr.Any) (text, m string, slot uint32) {
+// endpoint map, m is the map and block the block it draws from (its
+// numgen's offset / blockRange), which the text leaves out.
+func ruleText(exprs []expr.Any) (text, m string, block uint32) {
 	for _, e := range exprs {
 		if l, ok := e.(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "endpoints-v") {
 			m = l.SetName
@@ -285,12 +290,12 @@ func ruleText(exprs []expr.Any) (text, m string, slot uint32) {
 	parts := make([]string, 0, len(exprs))
 	for _, e := range exprs {
 		switch v := e.(type) {
-		case *expr.Immediate:
-			// The kernel lists NFT_REG32_00 as NFT_REG_1, which starts
-			// at the same place.
-			if m != "" && (v.Register == reg32Slot || v.Register == reg1) && len(v.Data) == 4 {
-				slot = binary.BigEndian.Uint32(v.Data)
-				parts = append(parts, "immediate slot")
+		case *expr.Numgen:
+			if m != "" {
+				block = v.Offset / blockRange
+				c := *v
+				c.Offset = 0
+				parts = append(parts, exprText(&c)+" offset of the block")
 				continue
 			}
 		case *expr.Lookup:
@@ -312,7 +317,7 @@ func ruleText(exprs []expr.Any) (text, m string, slot uint32) {
 		}
 		parts = append(parts, exprText(e))
 	}
-	return strings.Join(parts, "; "), m, slot
+	return strings.Join(parts, "; "), m, block
 }
 
 // exprText writes an expression with its type and every field, following

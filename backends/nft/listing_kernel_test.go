@@ -3,7 +3,6 @@
 package nft
 
 import (
-	"encoding/binary"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -14,7 +13,6 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -33,10 +31,8 @@ import (
 // Compared: the same chains, sets and maps on both sides; for each chain
 // its declaration (type, hook, priority, policy) and its rules, in order;
 // for each set and map its declaration (type, size, flags, timeout) and
-// its elements, as a sorted list. Lines are compared after the
-// normalizations of listingNormalizations and nothing else: whitespace,
-// and three spellings of nft 1.0.6 for values it has no type information
-// about. The order of the objects in the listing and the layout of
+// its elements, as a sorted list. Lines are compared as they are, but for
+// whitespace. The order of the objects in the listing and the layout of
 // elements (nft puts several on a line, in its own order) are not
 // compared: nft chooses them.
 //
@@ -57,56 +53,20 @@ func TestKernelListingMatchesText(t *testing.T) {
 			if _, err := a.Full(rs); err != nil {
 				t.Fatalf("program table %s: %v", rs.Table, err)
 			}
-			want, err := parseListing(rs.Text(), false)
+			want, err := parseListing(rs.Text())
 			if err != nil {
 				t.Fatalf("Text: %v", err)
 			}
 			listing := nftList(t, ns, rs.Table)
-			got, err := parseListing(listing, true)
+			got, err := parseListing(listing)
 			if err != nil {
 				t.Fatalf("nft list table: %v\n%s", err, listing)
 			}
 			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("table %s: the kernel's listing differs from Text (-Text +kernel, after normalization):\n%s", rs.Table, diff)
+				t.Errorf("table %s: the kernel's listing differs from Text (-Text +kernel):\n%s", rs.Table, diff)
 			}
 		})
 	}
-}
-
-// listingNormalizations rewrite the kernel's listing where nft 1.0.6
-// spells something differently from the nft syntax Text writes (applied
-// to the lines of the objects whose kind and name start with scope).
-var listingNormalizations = []struct {
-	why   string
-	scope string
-	re    *regexp.Regexp
-	repl  func(match string) string
-}{
-	{
-		why:   "the slot of an endpoint-map key is loaded as a plain 4-byte value (dnatMapRule), which nft has no type for: it prints 0x7 [invalid type] for 7",
-		scope: "chain ",
-		re:    regexp.MustCompile(`0x[0-9a-f]+ \[invalid type\]`),
-		repl: func(m string) string {
-			n, _ := strconv.ParseUint(strings.TrimPrefix(strings.Fields(m)[0], "0x"), 16, 64)
-			return strconv.FormatUint(n, 10)
-		},
-	},
-	{
-		why:   "an integer key (endpoint maps, balance maps) is listed as type 0 without nft's own user data (nft -j says integer)",
-		scope: "map ",
-		re:    regexp.MustCompile(`^type 0 :`),
-		repl:  func(string) string { return "type integer :" },
-	},
-	{
-		why:   "a balance map's key is in host byte order (numgen's result), which nft reads as big-endian: 1 is 16777216 on a little-endian host",
-		scope: "map bal",
-		re:    regexp.MustCompile(`^\d+ :`),
-		repl: func(m string) string {
-			n, _ := strconv.ParseUint(strings.Fields(m)[0], 10, 32)
-			host := binary.NativeEndian.Uint32(binary.BigEndian.AppendUint32(nil, uint32(n)))
-			return fmt.Sprintf("%d :", host)
-		},
-	},
 }
 
 // listedObject is one chain, set or map of a listing.
@@ -122,10 +82,10 @@ type listedObject struct {
 
 var spaces = regexp.MustCompile(`\s+`)
 
-// parseListing parses a table in nft syntax (Text, or nft list table
-// with kernel set: then normalized) into its objects by kind and name
-// ("chain services", "map service-ips-v4").
-func parseListing(text string, kernel bool) (map[string]*listedObject, error) {
+// parseListing parses a table in nft syntax (Text, or nft list table)
+// into its objects by kind and name ("chain services", "map
+// service-ips-v4").
+func parseListing(text string) (map[string]*listedObject, error) {
 	objs := map[string]*listedObject{}
 	var name string
 	var cur *listedObject
@@ -170,14 +130,7 @@ func parseListing(text string, kernel bool) (map[string]*listedObject, error) {
 	if cur != nil || elements != nil {
 		return nil, fmt.Errorf("unterminated %s", name)
 	}
-	for name, o := range objs {
-		if kernel {
-			for _, lines := range [][]string{o.Decl, o.Rules, o.Elements} {
-				for i := range lines {
-					lines[i] = normalize(name, lines[i])
-				}
-			}
-		}
+	for _, o := range objs {
 		sort.Strings(o.Elements)
 	}
 	return objs, nil
@@ -193,16 +146,6 @@ func splitElements(s string) []string {
 		}
 	}
 	return out
-}
-
-// normalize applies listingNormalizations to a line of the object name.
-func normalize(name, line string) string {
-	for _, n := range listingNormalizations {
-		if strings.HasPrefix(name, n.scope) {
-			line = n.re.ReplaceAllStringFunc(line, n.repl)
-		}
-	}
-	return line
 }
 
 // checkCoverage fails the test unless the golden cases hold, in each

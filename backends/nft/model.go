@@ -83,6 +83,10 @@ type mapElement struct {
 // ID returns the element's identity in the table: its map and key.
 func (e mapElement) ID() string { return e.Map + " " + e.Key.String() }
 
+// text returns the element in nft syntax, as nft lists it:
+// `10.96.0.10 . tcp . 80 : goto svc4-…`.
+func (e mapElement) text() string { return fmt.Sprintf("%s : %s", e.Key, e.Verdict) }
+
 // regularChain is a regular (non-base) chain of the table, owned by one service.
 type regularChain struct {
 	Name    string
@@ -177,25 +181,34 @@ func compareElements(a, b mapElement) int {
 	return int(a.Key.Port) - int(b.Key.Port)
 }
 
-// endpointModulus is the range of the random number that chooses an
-// endpoint: numgen draws in [0, endpointModulus), and each endpoint of a
-// block owns an interval of it in proportion (1 / N, give or take one
-// number in 2^32: uniform for any N). The number being fixed, the rule
-// that draws it never changes with the endpoints: only map elements do.
-const endpointModulus = 0xFFFFFFFF
+// blockRange is the range of the random number that chooses an endpoint
+// of a block: the block's rule draws in [0, blockRange), and each endpoint
+// of the block owns an interval of it in proportion (1 / N, give or take
+// one number in 10^8: uniform for any N). The range being fixed, the rule
+// that draws never changes with the endpoints: only map elements do. A
+// power of ten, so that the keys of a listing read as the blocks they
+// belong to: block 3 of a map is 300000000-399999999.
+const blockRange = 100_000_000
 
 // blocksPerMap is the number of blocks that share one endpoint map. The
 // kernel walks the rules bound to a map for every element added to it, and
 // the sets of a table by name for every message naming one: about sqrt of
-// 10,000 blocks keeps both walks short.
+// 10,000 blocks keeps both walks short. blocksPerMap·blockRange must fit
+// in 32 bits (the key of an endpoint map).
 const blocksPerMap = 16
 
+// blockOffset is the first key of the block of slot in its endpoint map:
+// the rule of the block draws numgen random mod blockRange offset
+// blockOffset(slot), one 32-bit number that is the whole key.
+func blockOffset(slot uint32) uint32 { return slot % blocksPerMap * blockRange }
+
 // block is the set of endpoints one service chain DNATs to (without
-// session affinity): a block of an endpoint map, keyed by the block's
-// slot and a random number. The chain's dnatMapRule draws the number;
+// session affinity): a block of an endpoint map, keyed by a random number
+// in the block's range. The chain's dnatMapRule draws the number;
 // changing the endpoints changes only the block's elements.
 type block struct {
-	// ID identifies the block: its chain's kind, family and service port.
+	// ID identifies the block: its chain's kind and family and its
+	// service port ("svc4/default/web/tcp/80").
 	ID      string
 	Family  ipFamily
 	Service model.ServiceKey
@@ -215,7 +228,8 @@ func equalBlocks(a, b *block) bool {
 }
 
 // elements returns the intervals of the block in its endpoint map: the
-// i-th endpoint of N owns [i·M/N, (i+1)·M/N), M being endpointModulus.
+// i-th endpoint of N owns [i·R/N, (i+1)·R/N) of the draw, R being
+// blockRange.
 func (bl *block) elements() []endpointElement {
 	n := uint64(len(bl.Endpoints))
 	els := make([]endpointElement, len(bl.Endpoints))
@@ -223,8 +237,8 @@ func (bl *block) elements() []endpointElement {
 		els[i] = endpointElement{
 			Family: bl.Family,
 			Slot:   bl.Slot,
-			From:   uint32(uint64(i) * endpointModulus / n),
-			To:     uint32(uint64(i+1) * endpointModulus / n),
+			From:   uint32(uint64(i) * blockRange / n),
+			To:     uint32(uint64(i+1) * blockRange / n),
 			Target: ep,
 		}
 	}
@@ -232,8 +246,9 @@ func (bl *block) elements() []endpointElement {
 }
 
 // endpointElement is one interval of an endpoint map: the keys
-// Slot . [From, To) lead to Target. It holds no string, so that the
-// hundreds of thousands of a large table cost the garbage collector little.
+// [From, To) of the block of Slot (offset by blockOffset) lead to Target.
+// It holds no string, so that the hundreds of thousands of a large table
+// cost the garbage collector little.
 type endpointElement struct {
 	Family   ipFamily
 	Slot     uint32
@@ -252,16 +267,22 @@ func (e endpointElement) ID() uint64 {
 	return uint64(e.Family)<<63 | uint64(e.Slot&(1<<31-1))<<32 | uint64(e.From)
 }
 
-// String returns the element in nft syntax, as nft prints it: the key is
-// one 8-byte integer, slot·2^32 + the random number, so slot 7's interval
-// [0, 429496729) is "30064771072-30494267800 : 10.1.0.2 . 8080" (an
-// interval of one number is that number alone).
-func (e endpointElement) String() string {
-	from, last := uint64(e.Slot)<<32|uint64(e.From), uint64(e.Slot)<<32|uint64(e.To-1)
-	if from == last {
-		return fmt.Sprintf("%d : %s . %d", from, e.Target.Addr(), e.Target.Port())
+// keys returns the first and the last key of the element in its map.
+func (e endpointElement) keys() (first, last uint32) {
+	off := blockOffset(e.Slot)
+	return off + e.From, off + e.To - 1
+}
+
+// text returns the element in nft syntax, as nft lists it: slot 19's
+// interval [0, 50000000) is "300000000-349999999 : 10.1.0.2 . 8080" (slot
+// 19 is block 3 of map 1; an interval of one number is that number alone).
+func (e endpointElement) text() string {
+	first, last := e.keys()
+	key := fmt.Sprintf("%d-%d", first, last)
+	if first == last {
+		key = fmt.Sprint(first)
 	}
-	return fmt.Sprintf("%d-%d : %s . %d", from, last, e.Target.Addr(), e.Target.Port())
+	return fmt.Sprintf("%s : %s . %d", key, e.Target.Addr(), e.Target.Port())
 }
 
 // compareEndpointElements orders elements by family, slot and first key
@@ -269,8 +290,9 @@ func (e endpointElement) String() string {
 func compareEndpointElements(a, b endpointElement) int { return cmp.Compare(a.ID(), b.ID()) }
 
 // dnatMapRule DNATs to an endpoint of a block drawn at random:
-// "meta l4proto tcp dnat ip to 7 . numgen random mod 4294967295 map
-// @endpoints-v4-0", where 7 is the block's slot.
+// "meta l4proto tcp dnat ip to numgen random mod 100000000 offset
+// 300000000 map @endpoints-v4-1", where the offset is the first key of the
+// block (slot 19, block 3 of map 1).
 type dnatMapRule struct {
 	Family ipFamily
 	Proto  model.Protocol
@@ -283,5 +305,14 @@ type dnatMapRule struct {
 
 // String implements rule.
 func (r dnatMapRule) String() string {
-	return fmt.Sprintf("meta l4proto %s dnat %s to %d . numgen random mod %d map @%s", protoName(r.Proto), r.Family.info().nft, r.Slot, uint32(endpointModulus), r.Map)
+	return fmt.Sprintf("meta l4proto %s dnat %s to %s map @%s", protoName(r.Proto), r.Family.info().nft, numgenText(blockRange, blockOffset(r.Slot)), r.Map)
+}
+
+// numgenText writes "numgen random mod N [offset O]" as nft does (no
+// offset when it is 0).
+func numgenText(mod, offset uint32) string {
+	if offset == 0 {
+		return fmt.Sprintf("numgen random mod %d", mod)
+	}
+	return fmt.Sprintf("numgen random mod %d offset %d", mod, offset)
 }

@@ -26,23 +26,24 @@ const (
 	// protocol of a node-port key.
 	reg32NodePortDp = 9
 	regVerdict      = 0
-	// reg32Slot and reg32Draw hold the key of an endpoint map (slot .
-	// random number), reg32Endpoint the endpoint found (address . port).
-	reg32Slot     = 8 // NFT_REG32_00
-	reg32Draw     = 9 // NFT_REG32_01
-	reg32Endpoint = 10
+	// reg32EndpointPortV4 and reg32EndpointPortV6 hold the port of the
+	// endpoint an endpoint map gives, after its address in register 1.
+	reg32EndpointPortV4 = 9  // after 4 bytes
+	reg32EndpointPortV6 = 12 // NFT_REG32_04: after 16 bytes
 	// reg32HairpinDst holds the destination of a hairpin key, after the
 	// source in register 1.
 	reg32HairpinDstV4 = 9  // after 4 bytes
 	reg32HairpinDstV6 = 12 // NFT_REG32_04: after 16 bytes
 )
 
-// endpointMapKey is the key type of the endpoint maps: slot . number, one
-// 8-byte integer for the kernel (not a concatenation, for which it would
-// choose a set type slow to update: the intervals are on the whole key).
+// endpointMapKey is the key type of the endpoint maps: the random number
+// drawn by numgen, offset by its block's place in the map, one 4-byte
+// integer in network byte order (the map is an interval map, compared as
+// bytes). nft knows the key from the map's user data (typeof numgen
+// random mod 100000000: setUserData).
 var endpointMapKey = func() nftables.SetDatatype {
 	t := nftables.TypeInteger
-	t.Bytes = 8
+	t.Bytes = 4
 	return t
 }()
 
@@ -74,15 +75,16 @@ func hairpinElement(a netip.Addr) nftables.SetElement {
 }
 
 // endpointMapElements returns the two kernel elements of an interval of an
-// endpoint map: its start (slot . From, with the endpoint unless del) and
-// its end (slot . To, flagged as such).
+// endpoint map: its start (its first key, with the endpoint unless del)
+// and its end (the key after its last one, flagged as such).
 func endpointMapElements(e endpointElement, del bool) [2]nftables.SetElement {
-	start := nftables.SetElement{Key: binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, e.Slot), e.From)}
+	first, last := e.keys()
+	start := nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, first)}
 	if !del {
 		start.Val = binary.BigEndian.AppendUint16(e.Target.Addr().AsSlice(), e.Target.Port())
 		start.Val = append(start.Val, 0, 0)
 	}
-	end := nftables.SetElement{Key: binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, e.Slot), e.To), IntervalEnd: true}
+	end := nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, last+1), IntervalEnd: true}
 	return [2]nftables.SetElement{start, end}
 }
 
@@ -106,9 +108,10 @@ func hairpinExprs(f ipFamily, bit uint32, set *nftables.Set) []expr.Any {
 // (IPS_DST_NAT).
 const ipsDstNAT = 1 << 5
 
-// dnatMapExprs returns the expressions of a dnatMapRule: the protocol
-// match, then slot . hton(numgen random mod endpointModulus) looked up in
-// the block's endpoint map, and the DNAT to the address and port found.
+// dnatMapExprs returns the expressions of a dnatMapRule, those nft
+// generates for its text: the protocol match, then hton(numgen random mod
+// blockRange offset the block's first key) looked up in the block's
+// endpoint map, and the DNAT to the address and port found.
 func dnatMapExprs(r dnatMapRule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 	proto, ok := l4proto(r.Proto)
 	if !ok {
@@ -121,11 +124,10 @@ func dnatMapExprs(r dnatMapRule, sets map[string]*nftables.Set) ([]expr.Any, err
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
-		&expr.Immediate{Register: reg32Slot, Data: binary.BigEndian.AppendUint32(nil, r.Slot)},
-		&expr.Numgen{Register: reg32Draw, Modulus: endpointModulus, Type: unix.NFT_NG_RANDOM},
-		&expr.Byteorder{SourceRegister: reg32Draw, DestRegister: reg32Draw, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		&expr.Lookup{SourceRegister: reg32Slot, DestRegister: reg32Endpoint, IsDestRegSet: true, SetName: r.Map, SetID: setID(sets, r.Map)},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: reg32Endpoint, RegProtoMin: regPort, Specified: true},
+		&expr.Numgen{Register: reg1, Modulus: blockRange, Offset: blockOffset(r.Slot), Type: unix.NFT_NG_RANDOM},
+		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: r.Map, SetID: setID(sets, r.Map)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: reg1, RegProtoMin: regPort, Specified: true},
 	}, nil
 }
 

@@ -236,20 +236,35 @@ func equalSets(a, b *namedSet) bool {
 	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
+// userData returns the user data nft keeps in the set, for the sets
+// keyed by a random number (setUserData), nil for the others, whose types
+// nft knows from the kernel's.
+func (s *namedSet) userData() []byte {
+	switch {
+	case s.EndpointMap:
+		return endpointMapUserData(s.Family)
+	case len(s.Targets) > 0:
+		return balanceMapUserData(len(s.Targets))
+	}
+	return nil
+}
+
 // affinitySetSize is the number of clients an affinity set holds at most:
 // the kernel's default for a set that packets add to, given explicitly so
 // that the text says it.
 const affinitySetSize = 65535
 
-// Text returns the set's declaration in nft syntax, with the elements
-// of an endpoint map given in els.
+// Text returns the set's declaration in nft syntax, as nft lists it, with
+// the elements of an endpoint map given in els. The maps keyed by a random
+// number are declared with typeof (setUserData): nft has no type name for
+// an integer key.
 func (s *namedSet) Text(els []endpointElement) string {
 	if s.EndpointMap {
-		text := fmt.Sprintf("map %s {\n\t\ttype integer : %s . inet_service\n\t\tflags interval", s.Name, s.Family.info().addrType)
+		text := fmt.Sprintf("map %s {\n\t\ttypeof %s : %s\n\t\tflags interval", s.Name, numgenText(blockRange, 0), endpointDataTypeof(s.Family))
 		var lines []string
 		for _, e := range els {
 			if e.Map() == s.Name {
-				lines = append(lines, "\t\t\t"+e.String())
+				lines = append(lines, "\t\t\t"+e.text())
 			}
 		}
 		if len(lines) > 0 {
@@ -262,7 +277,7 @@ func (s *namedSet) Text(els []endpointElement) string {
 		for i, t := range s.Targets {
 			els[i] = fmt.Sprintf("%d : goto %s", i, t)
 		}
-		return fmt.Sprintf("map %s {\n\t\ttype integer : verdict\n\t\tflags constant\n\t\telements = { %s }\n\t}", s.Name, strings.Join(els, ", "))
+		return fmt.Sprintf("map %s {\n\t\ttypeof %s : verdict\n\t\tflags constant\n\t\telements = { %s }\n\t}", s.Name, numgenText(uint32(len(s.Targets)), 0), strings.Join(els, ", "))
 	}
 	return fmt.Sprintf("set %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n\t\ttimeout %s\n\t}", s.Name, s.Family.info().addrType, affinitySetSize, durationText(s.Timeout))
 }

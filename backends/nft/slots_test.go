@@ -36,10 +36,10 @@ func TestBlockIntervals(t *testing.T) {
 			bl.Endpoints = append(bl.Endpoints, benchEndpointIPPort(i))
 		}
 		els := bl.elements()
-		if len(els) != n || els[0].From != 0 || els[n-1].To != endpointModulus {
+		if len(els) != n || els[0].From != 0 || els[n-1].To != blockRange {
 			t.Fatalf("n=%d: %d intervals from %d to %d", n, len(els), els[0].From, els[n-1].To)
 		}
-		lo, hi := uint32(endpointModulus), uint32(0)
+		lo, hi := uint32(blockRange), uint32(0)
 		for i, e := range els {
 			if i > 0 && e.From != els[i-1].To {
 				t.Fatalf("n=%d: interval %d starts at %d, the previous one ends at %d", n, i, e.From, els[i-1].To)

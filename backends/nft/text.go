@@ -89,9 +89,9 @@ func lookupRules(opts Options, kinds []mapKind, fn func(ipFamily, mapKind, nodeP
 // Text renders the ruleset in nft's syntax, for reading and golden files:
 // each chain, set and map as `nft list table` prints it once the ruleset is
 // programmed, which TestKernelListingMatchesText checks against the
-// kernel (but for the order of the objects, elements one per line and in
-// the ruleset's order, and the three spellings of nft that the test
-// normalizes: listingNormalizations).
+// kernel (but for the order of the objects and elements one per line and
+// in the ruleset's order); TestKernelListingReloads loads that listing
+// back with nft -f.
 func (rs *ruleset) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", rs.Table)
@@ -106,7 +106,7 @@ func (rs *ruleset) Text() string {
 			var els []string
 			for _, e := range rs.Elements {
 				if e.Map == m {
-					els = append(els, fmt.Sprintf("\t\t\t%s : %s", e.Key, e.Verdict))
+					els = append(els, "\t\t\t"+e.text())
 				}
 			}
 			if len(els) > 0 {

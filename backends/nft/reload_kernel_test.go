@@ -1,0 +1,128 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// TestKernelListingReloads programs the ruleset of each golden case
+// (together they hold every rule, set and map kind in both families:
+// checkCoverage) into a namespace, lists it with `nft list table`, loads
+// that listing with `nft -f` into a fresh namespace and lists it again.
+// Loading must succeed (a node saving and restoring its ruleset, `nft
+// list ruleset > file` then `nft -f file`, must not fail on kpng's table),
+// the second listing must read as the first, and each set must hold the
+// same user data: the typeof declarations kpng writes for the maps keyed
+// by a random number (typeof.go) are byte for byte those nft writes when
+// it reads them. TestConformanceReloaded sends traffic through reloaded
+// rules.
+func TestKernelListingReloads(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	checkCoverage(t)
+	src := netns.New(t, "listed")
+	cases := goldenCases()
+	for _, name := range slices.Sorted(maps.Keys(cases)) {
+		t.Run(name, func(t *testing.T) {
+			rs, _ := buildRuleset("kpng-"+name, goldenOptions[name], cases[name])
+			a := newApplier(connIn(t, src), rs.Table)
+			defer a.Close()
+			if _, err := a.Full(rs); err != nil {
+				t.Fatalf("program table %s: %v", rs.Table, err)
+			}
+			listing := nftList(t, src, rs.Table)
+			dst := netns.New(t, "reloaded")
+			if _, stderr, err := dst.Exec([]byte(listing), "nft", "-f", "-"); err != nil {
+				t.Fatalf("nft -f of the listing: %v\n%s\nlisting:\n%s", err, stderr, listing)
+			}
+			again := nftList(t, dst, rs.Table)
+			want, err := parseListing(listing)
+			if err != nil {
+				t.Fatalf("listing: %v\n%s", err, listing)
+			}
+			got, err := parseListing(again)
+			if err != nil {
+				t.Fatalf("listing of the reloaded table: %v\n%s", err, again)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("table %s: the reloaded table lists otherwise (-programmed +reloaded):\n%s", rs.Table, diff)
+			}
+			// The sets kpng declares with typeof; nft writes user data of
+			// its own for the others (the types of the kernel are enough
+			// for them, whatever the user data says).
+			kpng, nft := kernelSetUserData(t, src, rs.Table), kernelSetUserData(t, dst, rs.Table)
+			for _, s := range rs.Sets {
+				if s.userData() == nil {
+					continue
+				}
+				if kpng[s.Name] == "" || kpng[s.Name] != nft[s.Name] {
+					t.Errorf("table %s, map %s: user data\nkpng %s\nnft  %s", rs.Table, s.Name, kpng[s.Name], nft[s.Name])
+				}
+			}
+		})
+	}
+}
+
+// kernelSetUserData returns the user data of each set of the inet table in the
+// namespace ns, by name (as hex), read with a netlink dump of the sets
+// (google/nftables does not read a set's user data).
+func kernelSetUserData(t *testing.T, ns *netns.NS, table string) map[string]string {
+	t.Helper()
+	f, err := os.Open(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(f.Fd())})
+	if err != nil {
+		t.Fatalf("netlink socket in %s: %v", ns, err)
+	}
+	defer c.Close()
+	req := netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSET), Flags: netlink.Request | netlink.Dump},
+		Data:   []byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0},
+	}
+	msgs, err := c.Execute(req)
+	if err != nil {
+		t.Fatalf("dump the sets of %s: %v", ns, err)
+	}
+	out := map[string]string{}
+	for _, m := range msgs {
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tbl, name, ud string
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_SET_TABLE:
+				tbl = ad.String()
+			case unix.NFTA_SET_NAME:
+				name = ad.String()
+			case unix.NFTA_SET_USERDATA:
+				ud = fmt.Sprintf("% x", ad.Bytes())
+			}
+		}
+		if err := ad.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if tbl == table {
+			out[name] = ud
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no set in table %s of %s", table, ns)
+	}
+	return out
+}
