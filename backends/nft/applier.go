@@ -30,10 +30,18 @@ const minElementsPerMessage = 128
 const elementBytesPerMessage = 60000
 
 // elementBytes is an upper bound of the encoded size of a map element
-// with a key and data of keyLen bytes going to chain: its nested
-// attributes (list element, key, data, verdict code and chain, at most 64
-// bytes of headers and padding), key, data and chain name.
-func elementBytes(keyLen int, chain string) int { return 64 + keyLen + len(chain) }
+// with a key and data of keyLen bytes going to chain, with comment: its
+// nested attributes (list element, key, data, verdict code and chain, at
+// most 64 bytes of headers and padding), key, data and chain name, and
+// its comment (an attribute of user data holding one TLV and the
+// comment's final NUL, at most 10 bytes more than the comment).
+func elementBytes(keyLen int, chain, comment string) int {
+	n := 64 + keyLen + len(chain)
+	if comment != "" {
+		n += 10 + len(comment)
+	}
+	return n
+}
 
 // chunkEnd returns the end of the message that carries the elements from
 // start on, of n in all, the i-th of size(i) bytes: at most
@@ -365,7 +373,7 @@ func (t *txn) full(rs *ruleset) error {
 			return err
 		}
 	}
-	if err := t.endpointElements(rs.Endpoints, false); err != nil {
+	if err := t.endpointElements(rs.Endpoints, commentsOf(rs.Blocks), false); err != nil {
 		return err
 	}
 	byMap := map[string][]mapElement{}
@@ -440,10 +448,13 @@ func (t *txn) partial(d delta) error {
 	}
 	// Endpoint map and hairpin elements: deleted and updated ones are
 	// removed, created and updated ones added.
-	if err := t.endpointElements(append(items(d.Endpoints.Deleted, true), items(d.Endpoints.Updated, true)...), true); err != nil {
+	if err := t.endpointElements(append(items(d.Endpoints.Deleted, true), items(d.Endpoints.Updated, true)...), nil, true); err != nil {
 		return err
 	}
-	if err := t.endpointElements(append(items(d.Endpoints.Updated, false), items(d.Endpoints.Created, false)...), false); err != nil {
+	// The elements added are those of blocks created or updated in the
+	// round: their comments are those blocks'.
+	comments := commentsOf(items(d.Blocks.Created, false), items(d.Blocks.Updated, false))
+	if err := t.endpointElements(append(items(d.Endpoints.Updated, false), items(d.Endpoints.Created, false)...), comments, false); err != nil {
 		return err
 	}
 	if err := t.hairpinElements(d.Hairpin.Deleted, true); err != nil {
@@ -521,9 +532,37 @@ func items[K cmp.Ordered, V any](its []diffstore.Item[K, V], prev bool) []V {
 	return out
 }
 
+// blockComments are the comments of blocks by family and slot.
+type blockComments map[blockPlace]string
+
+// blockPlace is the family and slot of a block.
+type blockPlace struct {
+	family ipFamily
+	slot   uint32
+}
+
+// commentsOf returns the comments of the blocks in lists.
+func commentsOf(lists ...[]*block) blockComments {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	c := make(blockComments, n)
+	for _, l := range lists {
+		for _, bl := range l {
+			c[blockPlace{bl.Family, bl.Slot}] = bl.Comment()
+		}
+	}
+	return c
+}
+
+// of returns the comment of the block of e ("" if comments has none).
+func (c blockComments) of(e endpointElement) string { return c[blockPlace{e.Family, e.Slot}] }
+
 // endpointElements adds (or deletes) the intervals els in their endpoint
-// maps, each as its start and end elements.
-func (t *txn) endpointElements(els []endpointElement, del bool) error {
+// maps, each as its start and end elements; an added interval's start has
+// its block's comment, from comments.
+func (t *txn) endpointElements(els []endpointElement, comments blockComments, del bool) error {
 	byMap := map[string][]nftables.SetElement{}
 	var order []endpointElement
 	for _, e := range els {
@@ -531,7 +570,7 @@ func (t *txn) endpointElements(els []endpointElement, del bool) error {
 		if _, ok := byMap[name]; !ok {
 			order = append(order, e)
 		}
-		pair := endpointMapElements(e, del)
+		pair := endpointMapElements(e, comments.of(e), del)
 		byMap[name] = append(byMap[name], pair[0], pair[1])
 	}
 	for _, first := range order {
@@ -540,7 +579,8 @@ func (t *txn) endpointElements(els []endpointElement, del bool) error {
 		if s := t.sets[name]; s != nil {
 			m = s
 		}
-		if err := t.sendElements(m, byMap[name], func(int) int { return elementBytes(24, "") }, del); err != nil {
+		els := byMap[name]
+		if err := t.sendElements(m, els, func(i int) int { return elementBytes(24, "", els[i].Comment) }, del); err != nil {
 			return err
 		}
 	}
@@ -554,7 +594,7 @@ func (t *txn) hairpinElements(addrs []netip.Addr, del bool) error {
 		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], hairpinElement(addr))
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		if err := t.sendElements(hairpinSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(32, "") }, del); err != nil {
+		if err := t.sendElements(hairpinSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(32, "", "") }, del); err != nil {
 			return err
 		}
 	}
@@ -568,7 +608,7 @@ func (t *txn) clusterIPElements(addrs []netip.Addr, del bool) error {
 		byFamily[familyOf(addr)] = append(byFamily[familyOf(addr)], addrElement(addr))
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		if err := t.sendElements(clusterIPsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "") }, del); err != nil {
+		if err := t.sendElements(clusterIPsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "", "") }, del); err != nil {
 			return err
 		}
 	}
@@ -583,7 +623,7 @@ func (t *txn) rangeElements(rs []addrRange, del bool) error {
 		byFamily[r.family()] = append(byFamily[r.family()], rangeElements(r)...)
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		if err := t.sendElements(serviceCIDRsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "") }, del); err != nil {
+		if err := t.sendElements(serviceCIDRsSetRef(t.table, f), byFamily[f], func(int) int { return elementBytes(16, "", "") }, del); err != nil {
 			return err
 		}
 	}
@@ -627,7 +667,7 @@ func (t *txn) addSet(st *namedSet) error {
 	// message's elements stay within a 16-bit netlink attribute (AddSet
 	// would put them all in one).
 	els := balanceElements(st.Targets)
-	size := func(i int) int { return elementBytes(4, st.Targets[i]) }
+	size := func(i int) int { return elementBytes(4, st.Targets[i], "") }
 	for start, end := 0, 0; start < len(els); start = end {
 		end = chunkEnd(start, len(els), size)
 		if err := t.conn.SetAddElements(ns, els[start:end]); err != nil {
@@ -672,9 +712,10 @@ func (t *txn) setElements(m *nftables.Set, els []mapElement, del bool) error {
 		nels[i] = nftables.SetElement{Key: k}
 		if !del {
 			nels[i].VerdictData = verdictExpr(e.Verdict)
+			nels[i].Comment = e.Comment()
 		}
 	}
-	return t.sendElements(m, nels, func(i int) int { return elementBytes(24, els[i].Verdict.Goto) }, del)
+	return t.sendElements(m, nels, func(i int) int { return elementBytes(24, els[i].Verdict.Goto, nels[i].Comment) }, del)
 }
 
 func (t *txn) chainRef(name string) *nftables.Chain {

@@ -26,7 +26,7 @@ var churnPools = churn.Pools{
 
 // canonical is a ruleset in a form that does not depend on history: the
 // endpoint-map slots a service's blocks got are replaced by the endpoints
-// they hold.
+// they hold, with the comment of the block each element belongs to.
 type canonical struct {
 	Chains   map[string][]string
 	Elements []string
@@ -34,10 +34,23 @@ type canonical struct {
 }
 
 func canonicalize(rs *ruleset) canonical {
+	blocks := map[[2]uint32]*block{}
+	for _, bl := range rs.Blocks {
+		blocks[[2]uint32{uint32(bl.Family), bl.Slot}] = bl
+	}
 	bySlot := map[[2]uint32][]string{}
 	for _, e := range rs.Endpoints {
 		k := [2]uint32{uint32(e.Family), e.Slot}
-		bySlot[k] = append(bySlot[k], fmt.Sprintf("[%d,%d)→%s", e.From, e.To, e.Target))
+		// An element whose owner is not the block at its slot would
+		// keep the comment of a block gone.
+		owner := "no block"
+		if bl := blocks[k]; bl != nil {
+			owner = bl.Comment()
+			if ownerOf(bl.ID) != e.Owner {
+				owner = "another block's element"
+			}
+		}
+		bySlot[k] = append(bySlot[k], fmt.Sprintf("[%d,%d)→%s (%s)", e.From, e.To, e.Target, owner))
 	}
 	c := canonical{Chains: map[string][]string{}, Hairpin: rs.Hairpin}
 	for _, ch := range rs.Chains {

@@ -331,9 +331,10 @@ func TestKernelClusterIP(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-cip")
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
-		"10.96.0.10 . tcp . 80 : goto svc4-", "fd00:10:96::10 . udp . 80 : goto svc6-",
+		`10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-`, `fd00:10:96::10 . udp . 80 comment "default/web" : goto svc6-`,
 		"numgen random mod 100000000 map @endpoints-v4-0", "numgen random mod 100000000 map @endpoints-v6-0",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
+		`comment "svc4 default/web/tcp/80" : `, `comment "svc6 default/web/udp/80" : `,
 	} {
 		if !strings.Contains(listing, want) {
 			t.Errorf("nft list table lacks %q:\n%s", want, listing)
@@ -391,7 +392,7 @@ func TestKernelClusterIP(t *testing.T) {
 			}
 		}
 	}
-	if listing := nftList(t, b.Node, "kpng-cip"); !strings.Contains(listing, "10.96.0.10 . tcp . 80 : goto reject") || strings.Contains(listing, "dnat ip to") || strings.Contains(listing, "dnat ip6 to") {
+	if listing := nftList(t, b.Node, "kpng-cip"); !strings.Contains(listing, `10.96.0.10 . tcp . 80 comment "default/web" : goto reject-chain`) || strings.Contains(listing, "dnat ip to") || strings.Contains(listing, "dnat ip6 to") {
 		t.Errorf("no endpoints: want a reject element and no dnat:\n%s", listing)
 	}
 
@@ -695,8 +696,9 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 		t.Fatalf("delete two, add one: %+v, want a partial sync deleting the second endpoint map", r)
 	}
 	listing := nftList(t, b.Node, "kpng-blocks")
-	// Slot 0's one interval, the whole of block 0 of map 0.
-	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, "0-99999999 : "+netns.Pod2V4.String()+" . 6000") {
+	// Slot 0's one interval, the whole of block 0 of map 0, with the
+	// comment of its new block.
+	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, `0-99999999 comment "svc4 default/zmoved/tcp/80" : `+netns.Pod2V4.String()+" . 6000") {
 		t.Errorf("want the second endpoint map gone and slot 0 reused by pod2:\n%s", listing)
 	}
 	pod2Only := map[string]uint16{netns.Pod2ID: 6000}

@@ -74,8 +74,9 @@ type mapElement struct {
 	Family  ipFamily
 	Key     mapKey
 	Verdict verdict
-	// Service is the service the element belongs to (for logs), Field
-	// the field of the service it comes from (for problems).
+	// Service is the service the element belongs to (for logs, and the
+	// element's comment), Field the field of the service it comes from
+	// (for problems).
 	Service model.ServiceKey
 	Field   string
 }
@@ -83,9 +84,16 @@ type mapElement struct {
 // ID returns the element's identity in the table: its map and key.
 func (e mapElement) ID() string { return e.Map + " " + e.Key.String() }
 
+// Comment returns the comment of the element in the kernel: the service
+// it belongs to ("default/web"), which its key and verdict do not always
+// say (a reject or drop element).
+func (e mapElement) Comment() string { return comment(e.Service.String()) }
+
 // text returns the element in nft syntax, as nft lists it:
-// `10.96.0.10 . tcp . 80 : goto svc4-…`.
-func (e mapElement) text() string { return fmt.Sprintf("%s : %s", e.Key, e.Verdict) }
+// `10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-…`.
+func (e mapElement) text() string {
+	return fmt.Sprintf("%s comment %q : %s", e.Key, e.Comment(), e.Verdict)
+}
 
 // regularChain is a regular (non-base) chain of the table, owned by one service.
 type regularChain struct {
@@ -151,8 +159,10 @@ type ruleset struct {
 	Chains   []*regularChain
 	Sets     []*namedSet
 	Elements []mapElement
-	// Endpoints are the elements of the endpoint maps (named in Sets).
+	// Endpoints are the elements of the endpoint maps (named in Sets),
+	// and Blocks the blocks they belong to (for their comments).
 	Endpoints []endpointElement
+	Blocks    []*block
 	// Hairpin are the endpoint addresses of the hairpin sets.
 	Hairpin []netip.Addr
 	// ClusterIPs are the addresses of the cluster-ips sets: every
@@ -202,6 +212,18 @@ const blocksPerMap = 16
 // blockOffset(slot), one 32-bit number that is the whole key.
 func blockOffset(slot uint32) uint32 { return slot % blocksPerMap * blockRange }
 
+// maxCommentLen is the longest comment nft reads back (its
+// NFTNL_UDATA_COMMENT_MAXLEN): a listing with a longer one fails to load.
+const maxCommentLen = 128
+
+// comment cuts s to maxCommentLen bytes.
+func comment(s string) string {
+	if len(s) > maxCommentLen {
+		return s[:maxCommentLen]
+	}
+	return s
+}
+
 // block is the set of endpoints one service chain DNATs to (without
 // session affinity): a block of an endpoint map, keyed by a random number
 // in the block's range. The chain's dnatMapRule draws the number;
@@ -222,6 +244,11 @@ type block struct {
 // Map returns the name of the endpoint map holding the block.
 func (bl *block) Map() string { return endpointMapName(bl.Family, bl.Slot/blocksPerMap) }
 
+// Comment returns the comment of the block's elements in the kernel, what
+// an operator reads in a listing: its chain's kind and family, and its
+// service port, as in the chain's name ("svc4 default/web/tcp/80").
+func (bl *block) Comment() string { return comment(strings.Replace(bl.ID, "/", " ", 1)) }
+
 // equalBlocks reports whether two blocks are the same.
 func equalBlocks(a, b *block) bool {
 	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && slices.Equal(a.Endpoints, b.Endpoints)
@@ -232,6 +259,7 @@ func equalBlocks(a, b *block) bool {
 // blockRange.
 func (bl *block) elements() []endpointElement {
 	n := uint64(len(bl.Endpoints))
+	owner := ownerOf(bl.ID)
 	els := make([]endpointElement, len(bl.Endpoints))
 	for i, ep := range bl.Endpoints {
 		els[i] = endpointElement{
@@ -240,20 +268,36 @@ func (bl *block) elements() []endpointElement {
 			From:   uint32(uint64(i) * blockRange / n),
 			To:     uint32(uint64(i+1) * blockRange / n),
 			Target: ep,
+			Owner:  owner,
 		}
 	}
 	return els
 }
 
+// ownerOf returns the 64-bit FNV-1a hash of a block's ID: what an
+// endpoint element holds of the block it belongs to, so that the element
+// of another block that takes the same slot with the same endpoint is
+// another element (its comment names the new block), without a string.
+func ownerOf(id string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(id); i++ {
+		h ^= uint64(id[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
 // endpointElement is one interval of an endpoint map: the keys
 // [From, To) of the block of Slot (offset by blockOffset) lead to Target.
 // It holds no string, so that the hundreds of thousands of a large table
-// cost the garbage collector little.
+// cost the garbage collector little: its comment is its block's.
 type endpointElement struct {
 	Family   ipFamily
 	Slot     uint32
 	From, To uint32
 	Target   netip.AddrPort
+	// Owner is ownerOf the block's ID.
+	Owner uint64
 }
 
 // Map returns the name of the endpoint map holding the element.
@@ -273,16 +317,18 @@ func (e endpointElement) keys() (first, last uint32) {
 	return off + e.From, off + e.To - 1
 }
 
-// text returns the element in nft syntax, as nft lists it: slot 19's
-// interval [0, 50000000) is "300000000-349999999 : 10.1.0.2 . 8080" (slot
-// 19 is block 3 of map 1; an interval of one number is that number alone).
-func (e endpointElement) text() string {
+// text returns the element in nft syntax, as nft lists it, with the
+// comment of its block: slot 19's interval [0, 50000000) is
+// `300000000-349999999 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080`
+// (slot 19 is block 3 of map 1; an interval of one number is that number
+// alone).
+func (e endpointElement) text(comment string) string {
 	first, last := e.keys()
 	key := fmt.Sprintf("%d-%d", first, last)
 	if first == last {
 		key = fmt.Sprint(first)
 	}
-	return fmt.Sprintf("%s : %s . %d", key, e.Target.Addr(), e.Target.Port())
+	return fmt.Sprintf("%s comment %q : %s . %d", key, comment, e.Target.Addr(), e.Target.Port())
 }
 
 // compareEndpointElements orders elements by family, slot and first key

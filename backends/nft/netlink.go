@@ -75,14 +75,16 @@ func hairpinElement(a netip.Addr) nftables.SetElement {
 }
 
 // endpointMapElements returns the two kernel elements of an interval of an
-// endpoint map: its start (its first key, with the endpoint unless del)
-// and its end (the key after its last one, flagged as such).
-func endpointMapElements(e endpointElement, del bool) [2]nftables.SetElement {
+// endpoint map: its start (its first key, with the endpoint and the
+// comment unless del) and its end (the key after its last one, flagged as
+// such).
+func endpointMapElements(e endpointElement, comment string, del bool) [2]nftables.SetElement {
 	first, last := e.keys()
 	start := nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, first)}
 	if !del {
 		start.Val = binary.BigEndian.AppendUint16(e.Target.Addr().AsSlice(), e.Target.Port())
 		start.Val = append(start.Val, 0, 0)
+		start.Comment = comment
 	}
 	end := nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, last+1), IntervalEnd: true}
 	return [2]nftables.SetElement{start, end}

@@ -255,16 +255,16 @@ func (s *namedSet) userData() []byte {
 const affinitySetSize = 65535
 
 // Text returns the set's declaration in nft syntax, as nft lists it, with
-// the elements of an endpoint map given in els. The maps keyed by a random
-// number are declared with typeof (setUserData): nft has no type name for
-// an integer key.
-func (s *namedSet) Text(els []endpointElement) string {
+// the elements of an endpoint map given in els and their comments in
+// comments. The maps keyed by a random number are declared with typeof
+// (setUserData): nft has no type name for an integer key.
+func (s *namedSet) Text(els []endpointElement, comments blockComments) string {
 	if s.EndpointMap {
 		text := fmt.Sprintf("map %s {\n\t\ttypeof %s : %s\n\t\tflags interval", s.Name, numgenText(blockRange, 0), endpointDataTypeof(s.Family))
 		var lines []string
 		for _, e := range els {
 			if e.Map() == s.Name {
-				lines = append(lines, "\t\t\t"+e.text())
+				lines = append(lines, "\t\t\t"+e.text(comments.of(e)))
 			}
 		}
 		if len(lines) > 0 {

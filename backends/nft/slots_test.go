@@ -44,7 +44,7 @@ func TestBlockIntervals(t *testing.T) {
 			if i > 0 && e.From != els[i-1].To {
 				t.Fatalf("n=%d: interval %d starts at %d, the previous one ends at %d", n, i, e.From, els[i-1].To)
 			}
-			if e.Target != bl.Endpoints[i] || e.Slot != 7 || e.Family != ipv6 {
+			if e.Target != bl.Endpoints[i] || e.Slot != 7 || e.Family != ipv6 || e.Owner != ownerOf(bl.ID) {
 				t.Fatalf("n=%d: interval %d: %+v", n, i, e)
 			}
 			lo, hi = min(lo, e.To-e.From), max(hi, e.To-e.From)

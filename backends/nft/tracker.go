@@ -508,6 +508,8 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	sortElements(rs.Elements)
 	t.endpoints.Each(func(_ uint64, e endpointElement) { rs.Endpoints = append(rs.Endpoints, e) })
 	slices.SortFunc(rs.Endpoints, compareEndpointElements)
+	t.blocks.Each(func(_ string, bl *block) { rs.Blocks = append(rs.Blocks, bl) })
+	slices.SortFunc(rs.Blocks, func(a, b *block) int { return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Slot, b.Slot)) })
 	rs.Hairpin = t.hairpin.sorted()
 	rs.ClusterIPs = t.clusterIPs.sorted()
 	rs.ServiceCIDRs = t.cidrs

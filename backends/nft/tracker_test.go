@@ -160,6 +160,54 @@ func TestNamesReadBackByNft(t *testing.T) {
 	}
 }
 
+// TestTrackerSlotTakenOver checks that a block taking, in one round, the
+// slot of a deleted block with the same endpoint has its elements sent
+// again: the kernel's copy of an element carries the comment of its
+// block, which must name the new one.
+func TestTrackerSlotTakenOver(t *testing.T) {
+	tr := newTracker(Options{})
+	eps := []*model.Endpoint{ep("10.1.0.2", false)}
+	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 8080)), Endpoints: eps}
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.2"), tcp(80, 8080)), Endpoints: eps}
+	tr.Update(a.Service.Key(), a)
+	tr.Done()
+	// In key order, as a round is delivered: a's slot is free when b
+	// takes one.
+	tr.Update(a.Service.Key(), nil)
+	tr.Update(b.Service.Key(), b)
+	d := tr.Done()
+	if len(d.Blocks.Created) != 1 || d.Blocks.Created[0].Value.Slot != 0 {
+		t.Fatalf("b's block: %+v, want it created on a's slot 0", d.Blocks.Created)
+	}
+	if len(d.Endpoints.Updated) != 1 || d.Endpoints.Updated[0].Value.Owner != ownerOf(d.Blocks.Created[0].Value.ID) {
+		t.Fatalf("endpoint elements changed %+v, want a's element updated to b's", d.Endpoints)
+	}
+	comments := commentsOf([]*block{d.Blocks.Created[0].Value})
+	if got, want := comments.of(d.Endpoints.Updated[0].Value), "svc4 ns/b/tcp/80"; got != want {
+		t.Errorf("comment %q, want %q", got, want)
+	}
+}
+
+// TestComments checks the comments of map elements: the service of a
+// verdict map element, the chain kind and service port of an endpoint
+// map element, and the cut at nft's 128 bytes (a longer comment does not
+// load back).
+func TestComments(t *testing.T) {
+	// Longer than the API server allows (63 and 63): a state file may.
+	long := model.ServiceKey{Namespace: strings.Repeat("n", 63), Name: strings.Repeat("s", 100)}
+	el := mapElement{Service: long}
+	if c := el.Comment(); len(c) != maxCommentLen || !strings.HasPrefix(c, long.String()[:100]) {
+		t.Errorf("comment of %s: %q (%d bytes)", long, c, len(c))
+	}
+	if c := (mapElement{Service: model.ServiceKey{Namespace: "default", Name: "web"}}).Comment(); c != "default/web" {
+		t.Errorf("comment %q", c)
+	}
+	bl := &block{ID: "ext6/" + portID(long, udp(53, 53))}
+	if c := bl.Comment(); len(c) != maxCommentLen || !strings.HasPrefix(c, "ext6 "+long.Namespace) {
+		t.Errorf("block comment %q (%d bytes)", c, len(c))
+	}
+}
+
 // TestTrackerDuplicatePort checks that a service listing the same protocol
 // and port twice (the API server refuses it, other sources may not) gets
 // one block, with a problem for the second port, and that deleting it
