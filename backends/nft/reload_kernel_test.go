@@ -3,17 +3,26 @@
 package nft
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mdlayher/netlink"
+	vnetlink "github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"sigs.k8s.io/kpng/backends/conformance"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/localsink"
 )
 
 // TestKernelListingReloads programs the ruleset of each golden case
@@ -125,4 +134,95 @@ func kernelSetUserData(t *testing.T, ns *netns.NS, table string) map[string]stri
 		t.Fatalf("no set in table %s of %s", table, ns)
 	}
 	return out
+}
+
+// TestConformanceReloaded runs the whole conformance kit (real TCP and
+// UDP traffic, both families, every scenario) against rules that nft
+// loaded from a listing of kpng's table, never against what kpng sent:
+// the sink programs a scratch namespace, and after each of its Syncs the
+// table is listed there with `nft list table` and that listing loaded
+// with `nft -f` into the kit's node namespace, replacing the table of the
+// previous Sync in one transaction. A listing that loads but means
+// something else (a key, an offset, a type, a verdict read otherwise)
+// fails the scenario whose traffic it carries.
+func TestConformanceReloaded(t *testing.T) {
+	netns.RequireCommands(t, "nft", "ip")
+	conformance.Run(t, conformance.Backend{Name: "nft, reloaded with nft -f", Start: startReloaded})
+}
+
+// startReloaded builds the nft sink of a scratch namespace, whose table
+// reloadingSink copies into the kit's node namespace through nft.
+func startReloaded(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+	scratch := netns.New(t, "scratch")
+	f, err := os.Open(node.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { f.Close() })
+	nodeFD := int(f.Fd())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cfg := Config{
+		ServiceProxyName: "conformance",
+		Context:          ctx,
+		Conn:             connIn(t, scratch),
+		// The flows are the node's.
+		Conntrack: func() (*vnetlink.Handle, error) {
+			return vnetlink.NewHandleAt(vnetns.NsHandle(nodeFD), unix.NETLINK_NETFILTER)
+		},
+		Options: Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
+	}
+	sink, err := NewSink(cfg)
+	if err != nil {
+		return nil, err
+	}
+	inner, ok := sink.(fullSink)
+	if !ok {
+		return nil, fmt.Errorf("the nft sink %T is not a ClusterSink and ProblemReporter", sink)
+	}
+	table := TableName(cfg.ServiceProxyName)
+	t.Cleanup(func() {
+		if c, err := ConnInNetNS(nodeFD)(); err == nil {
+			_ = Cleanup(c, cfg.ServiceProxyName)
+		}
+	})
+	return &reloadingSink{fullSink: inner, scratch: scratch, node: filepath.Base(node.NetNS), table: table}, nil
+}
+
+// fullSink is what the nft sink implements: the kit gives it the
+// cluster's facts and asks for its problems.
+type fullSink interface {
+	localsink.ClusterSink
+	localsink.ProblemReporter
+}
+
+// reloadingSink is a sink whose Syncs end by copying its table, through a
+// listing and nft -f, from the scratch namespace it programs to the node
+// namespace (named node under /run/netns).
+type reloadingSink struct {
+	fullSink
+	scratch *netns.NS
+	node    string
+	table   string
+}
+
+// Sync implements localsink.Sink.
+func (s *reloadingSink) Sync() error {
+	if err := s.fullSink.Sync(); err != nil {
+		return err
+	}
+	listing, _, err := s.scratch.Exec(nil, "nft", "list", "table", "inet", s.table)
+	if err != nil {
+		return fmt.Errorf("list the table: %w", err)
+	}
+	// One transaction: the table created if missing, deleted, loaded.
+	script := fmt.Sprintf("table inet %s\ndelete table inet %s\n%s", s.table, s.table, listing)
+	cmd := exec.Command("ip", "netns", "exec", s.node, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("nft -f of the listing into %s: %w: %s\nlisting:\n%s", s.node, err, stderr.String(), listing)
+	}
+	return nil
 }
