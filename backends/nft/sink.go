@@ -26,7 +26,13 @@ type Config struct {
 	// Conn returns a new nftables connection with the options given
 	// added to its own; nil means nftables.New, in the current network
 	// namespace (to work in another one, pass a function calling
-	// nftables.New with nftables.WithNetNSFd(fd) and the options).
+	// nftables.New with nftables.WithNetNSFd(fd) and the options:
+	// ConnInNetNS). The sink writes its transactions through a socket of
+	// its own in the connection's namespace (its NetNS), or through the
+	// connection's TestDial if it has one, adding to them what
+	// google/nftables cannot write (the typeof declarations of its maps):
+	// the connection must not be lasting (nftables.AsLasting), whose
+	// socket would bypass that.
 	Conn func(...nftables.ConnOption) (*nftables.Conn, error)
 	// Conntrack returns a new netlink handle for deleting, after a
 	// transaction, the UDP conntrack entries it made stale (flows DNATed
