@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -58,6 +59,11 @@ type Config struct {
 	// that failed. It runs until Context ends, so it needs one: without a
 	// Context, or with 0, there is no check.
 	CanaryPeriod time.Duration
+	// RestoreFailures, if set, counts the iptables-restore runs that
+	// failed (kube-proxy's sync_proxy_rules_iptables_restore_failures_total),
+	// and PartialRestoreFailures those of partial syncs
+	// (…_iptables_partial_restore_failures_total).
+	RestoreFailures, PartialRestoreFailures prometheus.Counter
 }
 
 // DefaultFullSyncPeriod is the period of full syncs when Config does not
@@ -395,6 +401,7 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 			slices.Sort(stale)
 			in := restoreInput(table, &tablePlan{Chains: write}, stale, inserts[i]...)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
+				s.countRestoreFailure(full)
 				return stats, fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write), len(in), err)
 			}
 			stats.restores++
@@ -404,6 +411,17 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 		}
 	}
 	return stats, nil
+}
+
+// countRestoreFailure counts a failed iptables-restore in the counters of
+// Config that are set.
+func (s *sink) countRestoreFailure(full bool) {
+	if s.cfg.RestoreFailures != nil {
+		s.cfg.RestoreFailures.Inc()
+	}
+	if !full && s.cfg.PartialRestoreFailures != nil {
+		s.cfg.PartialRestoreFailures.Inc()
+	}
 }
 
 // changedChains appends to write the chains of after whose rules differ

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
@@ -80,7 +82,8 @@ func TestSinkSync(t *testing.T) {
 		"iptables-legacy-save -t nat": "*nat\n:PREROUTING ACCEPT [0:0]\n:" + stale + " - [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
 	}}
 	j := &fakeJumper{}
-	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantLegacy, j)
+	failures, partialFailures := prometheus.NewCounter(prometheus.CounterOpts{Name: "f"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "p"})
+	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background(), RestoreFailures: failures, PartialRestoreFailures: partialFailures}, VariantLegacy, j)
 
 	web := &model.ServiceEndpoints{
 		Service:   svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.UDP, 53, 5353)),
@@ -153,6 +156,17 @@ func TestSinkSync(t *testing.T) {
 	err := s.Sync()
 	if err == nil || !strings.Contains(err.Error(), "IPv6 table filter") || !strings.Contains(err.Error(), "line 3 failed") {
 		t.Fatalf("Sync with a failing ip6tables-restore: %v, want the IPv6 filter table's error", err)
+	}
+	if f, p := testutil.ToFloat64(failures), testutil.ToFloat64(partialFailures); f != 1 || p != 1 {
+		t.Errorf("after a failed partial restore: %v restore failures, %v partial ones; want 1 and 1", f, p)
+	}
+	r.take()
+	// The full sync that follows fails too: counted, not as partial.
+	if err := s.Sync(); err == nil {
+		t.Fatal("full Sync with a failing ip6tables-restore: no error")
+	}
+	if f, p := testutil.ToFloat64(failures), testutil.ToFloat64(partialFailures); f != 2 || p != 1 {
+		t.Errorf("after a failed full restore: %v restore failures, %v partial ones; want 2 and 1", f, p)
 	}
 	r.take()
 	r.fail = nil

@@ -17,6 +17,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -173,6 +174,23 @@ func (r *Recorder) Registry() *prometheus.Registry { return r.reg }
 // metrics.
 func (r *Recorder) Opts(name, help string) prometheus.Opts {
 	return prometheus.Opts{Namespace: Namespace, Name: name, Help: help, ConstLabels: prometheus.Labels{"service_proxy_name": r.name}}
+}
+
+// Counter returns the counter of this Recorder named name (with Opts' prefix
+// and label), registering it the first time, for a backend's own counts
+// (the reference backends' failure counters).
+func (r *Recorder) Counter(name, help string) (prometheus.Counter, error) {
+	c := prometheus.NewCounter(prometheus.CounterOpts(r.Opts(name, help)))
+	if err := r.reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
+				return existing, nil
+			}
+		}
+		return nil, fmt.Errorf("metric %s_%s: %w", Namespace, name, err)
+	}
+	return c, nil
 }
 
 // Queued records that a round with changes was queued at t (the

@@ -141,3 +141,25 @@ func TestRecorderQueued(t *testing.T) {
 		t.Errorf("last queued: %v, want 1012", m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"])
 	}
 }
+
+// TestRecorderCounter: a backend's counter has the kpng_ prefix and the
+// proxy name's label, and asking for it twice gives the same counter.
+func TestRecorderCounter(t *testing.T) {
+	r := New(Options{ServiceProxyName: "p"})
+	c, err := r.Counter("sync_proxy_rules_nftables_sync_failures_total", "failures")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := r.Counter("sync_proxy_rules_nftables_sync_failures_total", "failures")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Inc()
+	again.Inc()
+	if got := scrape(t, r)["kpng_sync_proxy_rules_nftables_sync_failures_total"]; got != 2 {
+		t.Errorf("the counter scraped: %v, want 2", got)
+	}
+	if _, err := r.Counter("sync_proxy_rules_duration_seconds", "x"); err == nil {
+		t.Error("a counter named as the Recorder's histogram: no error")
+	}
+}

@@ -92,6 +92,17 @@ func nftBackend() app.Backend {
 				if *cleanup {
 					return nil, cleanupTable(cfg)
 				}
+				if env.Metrics != nil {
+					failures, err := env.Metrics.Counter("sync_proxy_rules_nftables_sync_failures_total", "nftables transactions that failed (kpng's rounds and the check's repairs): nothing of them applied, the next sync rewrites the table.")
+					if err != nil {
+						return nil, fmt.Errorf("to-nft: %w", err)
+					}
+					cfg.AfterSync = func(res nft.SyncResult) {
+						if res.Err != nil {
+							failures.Inc()
+						}
+					}
+				}
 				sink, err := nft.NewSink(cfg)
 				if err != nil || !*healthChecks {
 					return sink, err
@@ -151,6 +162,14 @@ func iptablesBackend() app.Backend {
 					}
 					klog.InfoS("Removed the iptables chains", "prefix", iptables.ChainPrefix(cfg.ServiceProxyName))
 					return nil, app.ErrBackendDone
+				}
+				if env.Metrics != nil {
+					if cfg.RestoreFailures, err = env.Metrics.Counter("sync_proxy_rules_iptables_restore_failures_total", "iptables-restore runs that failed (that table unchanged; the next sync rewrites every chain)."); err != nil {
+						return nil, fmt.Errorf("to-iptables: %w", err)
+					}
+					if cfg.PartialRestoreFailures, err = env.Metrics.Counter("sync_proxy_rules_iptables_partial_restore_failures_total", "iptables-restore runs of partial syncs that failed."); err != nil {
+						return nil, fmt.Errorf("to-iptables: %w", err)
+					}
 				}
 				sink, err := iptables.NewSink(cfg)
 				if err != nil || !*healthChecks {

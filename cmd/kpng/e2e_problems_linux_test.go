@@ -14,6 +14,7 @@ import (
 	pmodel "github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 
+	"sigs.k8s.io/kpng/backends/nft"
 	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/e2e"
@@ -46,7 +47,7 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	kpng := e2e.Start(t, e2e.Build(t, "cmd/kpng"), "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
-		"--node-name=node-a", "--metrics-bind-address="+addr, "to-local", "to-nft", "--netns="+node.Path())
+		"--node-name=node-a", "--metrics-bind-address="+addr, "to-local", "to-nft", "--check-period=0", "--netns="+node.Path())
 
 	scrape := func() map[string]float64 {
 		resp, err := http.Get("http://" + addr + "/metrics")
@@ -121,16 +122,32 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 		t.Errorf("%d error lines for the conflict, want 1:\n%s", lines, kpng.Output.String())
 	}
 
+	if m := scrape(); m["kpng_sync_proxy_rules_nftables_sync_failures_total"] != 0 {
+		t.Errorf("nftables sync failures before any: %v", m["kpng_sync_proxy_rules_nftables_sync_failures_total"])
+	}
+	// Someone deletes the table (the check is off): the next round's
+	// transaction fails, is counted, and the retry writes the table whole.
+	table := nft.TableName(name)
+	node.MustExec("nft", "delete", "table", "inet", table)
+
 	// a goes: b has the address, the problem is gone.
 	kc.DeleteService(ns, "a")
 	var m map[string]float64
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if m = scrape(); m["kpng_services"] == 1 && m["kpng_service_problems/AddressConflict"] == 0 {
-			break
-		}
+	done := func() bool {
+		return m["kpng_services"] == 1 && m["kpng_service_problems/AddressConflict"] == 0 &&
+			m["kpng_sync_proxy_rules_nftables_sync_failures_total"] == 1 && m["kpng_sync_proxy_rules_failures_total"] == 1 &&
+			m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"] == 0
 	}
-	if m["kpng_services"] != 1 || m["kpng_service_problems/AddressConflict"] != 0 {
-		t.Errorf("after a went: %v services, %v conflicts; want 1, 0", m["kpng_services"], m["kpng_service_problems/AddressConflict"])
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !done(); time.Sleep(50 * time.Millisecond) {
+		m = scrape()
+	}
+	if !done() {
+		t.Errorf("after a went (and the table): %v services, %v conflicts, %v nftables sync failures, %v failed rounds, last queued %v; want 1, 0, 1, 1, 0",
+			m["kpng_services"], m["kpng_service_problems/AddressConflict"], m["kpng_sync_proxy_rules_nftables_sync_failures_total"],
+			m["kpng_sync_proxy_rules_failures_total"], m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"])
+	}
+	if out := node.MustExec("nft", "list", "table", "inet", table); !strings.Contains(out, "192.0.2.80") {
+		t.Errorf("the table after the retry lacks b's external IP:\n%s", out)
 	}
 	kpng.Stop(t)
 }
