@@ -583,9 +583,17 @@ func (w *Watcher) snapshot() round {
 // deliver hands the changed services to the feeder, with their trigger
 // times and the events behind them, and ends the round (the feeder
 // delivers what differs from what the sink holds, and retries what the
-// sink fails to apply).
+// sink fails to apply). Its log says how long the round's first event
+// waited for it (waited: the coalescing, and the wake-up of Run) and how
+// long the delivery took, the sink's Sync included (duration): with the
+// log line's time, these place a change's path through kpng.
 func (w *Watcher) deliver(f *localsink.Feeder) {
+	start := time.Now()
 	r := w.snapshot()
+	var waited time.Duration
+	if !r.firstEvent.IsZero() {
+		waited = start.Sub(r.firstEvent)
+	}
 	if r.clusterChanged {
 		f.SetCluster(r.cluster)
 	}
@@ -597,5 +605,6 @@ func (w *Watcher) deliver(f *localsink.Feeder) {
 	}
 	f.Seen(r.events, r.firstEvent)
 	err := f.Sync()
-	klog.V(2).InfoS("Delivered state", "dirtyServices", len(r.keys), "services", f.Len(), "failed", err != nil)
+	klog.V(2).InfoS("Delivered state", "dirtyServices", len(r.keys), "services", f.Len(), "failed", err != nil,
+		"waited", waited, "duration", time.Since(start))
 }
