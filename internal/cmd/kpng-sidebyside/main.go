@@ -3,16 +3,27 @@
 // Command kpng-sidebyside runs kube-proxy and `kpng kube … to-local
 // to-<backend>` one after the other, each in a network namespace of its
 // own, on the same Services and EndpointSlices in the test control plane
-// (a real kube-apiserver and etcd), and prints what each took: cold start
-// to the first complete sync, one endpoint change and one service added
-// and deleted (from the API call to the end of the sync that applied
-// it, the sync's own duration and the bytes handed to iptables-restore),
-// the latency of a connection's first packet at a small and at the full
-// number of services, and memory. hack/bench-iptables.sh builds the
-// binaries and runs it; the results go to docs/benchmarks.md.
+// (a real kube-apiserver and etcd), and prints what each took.
 //
-// Both proxiers handle the services without a service-proxy-name (kpng
-// runs without one): the same objects, loaded once.
+// --mode=iptables (kube-proxy --proxy-mode=iptables, kpng to-iptables):
+// cold start to the first complete sync, one endpoint change and one
+// service added and deleted (from the API call to the end of the sync
+// that applied it, the sync's own duration and the bytes handed to
+// iptables-restore), the latency of a connection's first packet at a
+// small and at the full number of services, and memory.
+// hack/bench-iptables.sh builds the binaries and runs it.
+//
+// --mode=nftables (kube-proxy --proxy-mode=nftables, kpng to-nft): cold
+// start, then for each of many endpoint changes the time from the
+// EndpointSlice update's API call to the new endpoint's map element being
+// committed in the kernel, as the namespace's nftables notifications
+// (netlink) show it, and kpng's path through its own log: watch event,
+// round, transaction. hack/bench-e2e-nft.sh builds the binaries and runs
+// it.
+//
+// The results go to docs/benchmarks.md. Both proxiers handle the services
+// without a service-proxy-name (kpng runs without one): the same
+// objects, loaded once.
 package main
 
 import (
@@ -57,15 +68,24 @@ type config struct {
 	coldTimeout     time.Duration
 	shimDir         string
 	logDir          string
+	// nftables mode only.
+	proxiers      []string
+	quiet         time.Duration
+	changeTimeout time.Duration
+	kpngV         int
 }
 
 func main() {
 	var cfg config
-	var variants string
+	var variants, proxiers string
 	flag.StringVar(&cfg.kubeProxy, "kube-proxy", "", "the kube-proxy binary")
 	flag.StringVar(&cfg.kpng, "kpng", "", "the kpng binary")
-	flag.StringVar(&cfg.mode, "mode", "iptables", "iptables (kube-proxy --proxy-mode=iptables, kpng to-iptables)")
-	flag.StringVar(&variants, "variants", "legacy,nft", "the iptables variants, in order")
+	flag.StringVar(&cfg.mode, "mode", "iptables", "iptables (kube-proxy --proxy-mode=iptables, kpng to-iptables) or nftables (kube-proxy --proxy-mode=nftables, kpng to-nft: API call to the element in the kernel)")
+	flag.StringVar(&variants, "variants", "legacy,nft", "the iptables variants, in order (iptables mode)")
+	flag.StringVar(&proxiers, "proxiers", "kpng,kube-proxy", "the proxiers, in order (nftables mode)")
+	flag.DurationVar(&cfg.quiet, "quiet", 1500*time.Millisecond, "the time without changes before each endpoint change, once the previous one is in the kernel and synced (nftables mode; kube-proxy's minimum sync period is 1 s)")
+	flag.DurationVar(&cfg.changeTimeout, "change-timeout", 2*time.Minute, "how long to wait for one endpoint change to reach the kernel (nftables mode)")
+	flag.IntVar(&cfg.kpngV, "kpng-v", 2, "kpng's log verbosity (nftables mode; its breakdown needs 2 or more)")
 	flag.IntVar(&cfg.services, "services", 10000, "services in the full state")
 	flag.IntVar(&cfg.small, "small", 100, "services in the small state (first-packet latency)")
 	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
@@ -75,6 +95,7 @@ func main() {
 	flag.StringVar(&cfg.logDir, "log-dir", filepath.Join(os.TempDir(), "kpng-sidebyside"), "where the proxiers' logs go")
 	flag.Parse()
 	cfg.variants = strings.Split(variants, ",")
+	cfg.proxiers = strings.Split(proxiers, ",")
 	if cfg.kubeProxy == "" || cfg.kpng == "" {
 		fmt.Fprintln(os.Stderr, "usage: kpng-sidebyside --kube-proxy=PATH --kpng=PATH [flags]")
 		os.Exit(2)
@@ -101,7 +122,10 @@ const ns = "bench"
 func run(cfg config) error {
 	dir := os.Getenv("KPNG_CONTROLPLANE_DIR")
 	if dir == "" {
-		return errors.New("KPNG_CONTROLPLANE_DIR is not set (hack/bench-iptables.sh sets it)")
+		return errors.New("KPNG_CONTROLPLANE_DIR is not set (hack/bench-iptables.sh and hack/bench-e2e-nft.sh set it)")
+	}
+	if cfg.mode != "iptables" && cfg.mode != "nftables" {
+		return fmt.Errorf("--mode=%q: want iptables or nftables", cfg.mode)
 	}
 	shim, err := os.MkdirTemp("", "kpng-sidebyside-shim-")
 	if err != nil {
@@ -118,18 +142,21 @@ func run(cfg config) error {
 	c := cp.Client()
 	ctx := context.Background()
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		return err
+		return fmt.Errorf("create namespace %s: %w", ns, err)
 	}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
 	node, err = c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
-		return err
+		return fmt.Errorf("create node %s: %w", nodeName, err)
 	}
 	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: nodeIP.String()}}
 	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return err
+		return fmt.Errorf("node %s status: %w", nodeName, err)
 	}
 	b := &bench{cfg: cfg, cp: cp, c: c}
+	if cfg.mode == "nftables" {
+		return runNFTables(b)
+	}
 	return runIPTables(b)
 }
 
@@ -445,62 +472,75 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// proc is a running proxier whose log is followed for its syncs.
+// proc is a running proxier whose log is followed for its syncs (and,
+// for kpng, its rounds).
 type proc struct {
 	cmd     *exec.Cmd
 	started time.Time
-	syncs   chan syncEvent
+	syncs   chan logEvent
+	rounds  chan logEvent // nil: the proxier logs no rounds
 	done    chan struct{}
 }
 
-// syncEvent is a complete sync: when its log line was read, and how
-// long the proxier says it took.
-type syncEvent struct {
-	at   time.Time
-	took time.Duration
+// logEvent is a log line of interest: when it was read, when the
+// proxier logged it (its klog header), how long the proxier says the
+// work took, and the line's other submatches by name.
+type logEvent struct {
+	at, logged time.Time
+	took       time.Duration
+	fields     map[string]string
 }
 
-// The log lines of a complete sync: kube-proxy's (-v=2) and the kpng
-// iptables backend's (-v=2).
+// The log lines of a complete sync: kube-proxy's (-v=2), the kpng iptables
+// and nftables backends' (-v=2); and kpng's rounds (client/watcher, -v=2).
+// Each has a group "took".
 var (
-	kubeProxySync = regexp.MustCompile(`"SyncProxyRules complete" ipFamily="IPv4" elapsed="([^"]+)"`)
-	kpngSync      = regexp.MustCompile(`"iptables chains synced".* duration="([^"]+)"`)
+	kubeProxySync    = regexp.MustCompile(`"SyncProxyRules complete" ipFamily="IPv4" elapsed="(?P<took>[^"]+)"`)
+	kpngIPTablesSync = regexp.MustCompile(`"iptables chains synced".* duration="(?P<took>[^"]+)"`)
+	kpngNFTSync      = regexp.MustCompile(`"nftables table synced" .*full=(?P<full>\w+) services=(?P<services>\d+) messages=(?P<messages>\d+) .*duration="(?P<took>[^"]+)"`)
+	kpngRound        = regexp.MustCompile(`"Delivered state" dirtyServices=(?P<dirty>\d+) .*failed=(?P<failed>\w+) waited="(?P<waited>[^"]+)" duration="(?P<took>[^"]+)"`)
 )
 
-// start starts the proxier for the namespace n, with the shims of the
-// variant first in its PATH.
+// start starts the proxier for the namespace n: in iptables mode with the
+// shims of the variant first in its PATH.
 func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
-	bin, err := b.shims(variant, n)
-	if err != nil {
-		return nil, err
-	}
 	var cmd *exec.Cmd
-	var re *regexp.Regexp
-	switch proxier {
-	case "kube-proxy":
+	var syncRE, roundRE *regexp.Regexp
+	switch {
+	case proxier == "kube-proxy":
 		args := []string{"netns", "exec", n.name, b.cfg.kubeProxy, "--kubeconfig=" + b.cp.KubeconfigPath(),
 			"--hostname-override=" + nodeName, "--proxy-mode=" + b.cfg.mode, "-v=2",
 			"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
 			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"}
 		cmd = exec.Command("ip", args...)
-		re = kubeProxySync
-	case "kpng":
+		syncRE = kubeProxySync
+	case proxier == "kpng" && b.cfg.mode == "iptables":
 		cmd = exec.Command(b.cfg.kpng, "-v=2", "kube", "--kubeconfig="+b.cp.KubeconfigPath(), "--node-name="+nodeName,
 			"to-local", "to-iptables", "--iptables="+variant, "--netns="+n.path)
-		re = kpngSync
+		syncRE = kpngIPTablesSync
+	case proxier == "kpng" && b.cfg.mode == "nftables":
+		cmd = exec.Command(b.cfg.kpng, "-v="+strconv.Itoa(b.cfg.kpngV), "kube", "--kubeconfig="+b.cp.KubeconfigPath(), "--node-name="+nodeName,
+			"to-local", "to-nft", "--netns="+n.path)
+		syncRE, roundRE = kpngNFTSync, kpngRound
 	default:
 		return nil, fmt.Errorf("unknown proxier %q", proxier)
 	}
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "KPNG_SHIM_LOG="+n.shimLog)
+	cmd.Env = os.Environ()
+	if b.cfg.mode == "iptables" {
+		bin, err := b.shims(variant, n)
+		if err != nil {
+			return nil, err
+		}
+		cmd.Env = append(cmd.Env, "PATH="+bin+":"+os.Getenv("PATH"), "KPNG_SHIM_LOG="+n.shimLog)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", proxier, err)
 	}
 	cmd.Stdout = io.Discard
-	p := &proc{cmd: cmd, syncs: make(chan syncEvent, 1024), done: make(chan struct{})}
-	p.started = time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, err
+	p := &proc{cmd: cmd, syncs: make(chan logEvent, 4096), done: make(chan struct{})}
+	if roundRE != nil {
+		p.rounds = make(chan logEvent, 4096)
 	}
 	if err := os.MkdirAll(b.cfg.logDir, 0o755); err != nil {
 		return nil, err
@@ -509,6 +549,11 @@ func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.started = time.Now()
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", proxier, err)
+	}
 	go func() {
 		defer close(p.done)
 		defer logFile.Close()
@@ -516,29 +561,88 @@ func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
 		sc.Buffer(nil, 4<<20)
 		for sc.Scan() {
 			line := sc.Text()
+			at := time.Now()
 			fmt.Fprintln(logFile, line)
-			if m := re.FindStringSubmatch(line); m != nil {
-				took, _ := time.ParseDuration(m[1])
-				p.syncs <- syncEvent{at: time.Now(), took: took}
+			for _, f := range []struct {
+				re *regexp.Regexp
+				ch chan logEvent
+			}{{syncRE, p.syncs}, {roundRE, p.rounds}} {
+				if f.re == nil {
+					continue
+				}
+				if ev, ok := matchLog(f.re, line, at); ok {
+					select {
+					case f.ch <- ev:
+					default: // never block the proxier's logging: a lost line shows as a timeout
+						logf("%s: dropped a log line (nobody reads them): %s", proxier, line)
+					}
+				}
 			}
 		}
+		// The pipe must be drained until the end before Wait.
+		_, _ = io.Copy(io.Discard, stderr)
 	}()
 	return p, nil
 }
 
-// waitSync returns the first complete sync logged after since.
-func (p *proc) waitSync(since time.Time, timeout time.Duration) (syncEvent, error) {
+// matchLog returns the event of line if re matches it, read at at.
+func matchLog(re *regexp.Regexp, line string, at time.Time) (logEvent, bool) {
+	m := re.FindStringSubmatch(line)
+	if m == nil {
+		return logEvent{}, false
+	}
+	ev := logEvent{at: at, fields: map[string]string{}}
+	for i, name := range re.SubexpNames() {
+		if name != "" {
+			ev.fields[name] = m[i]
+		}
+	}
+	ev.took, _ = time.ParseDuration(ev.fields["took"])
+	ev.logged, _ = klogTime(line, at)
+	return ev, true
+}
+
+// klogHeader is the start of a klog text line: severity, month and day,
+// time of day to the microsecond (local time).
+var klogHeader = regexp.MustCompile(`^[IWEF](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) `)
+
+// klogTime returns the time in the klog header of line, in the year of
+// now (the header has none).
+func klogTime(line string, now time.Time) (time.Time, bool) {
+	m := klogHeader.FindStringSubmatch(line)
+	if m == nil {
+		return time.Time{}, false
+	}
+	t, err := time.ParseInLocation("0102 15:04:05.000000", m[1], time.Local)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Date(now.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.Local), true
+}
+
+// waitSync returns the first complete sync read after since.
+func (p *proc) waitSync(since time.Time, timeout time.Duration) (logEvent, error) {
+	return p.wait(p.syncs, "complete sync", since, timeout)
+}
+
+// waitRound returns the first round (kpng) read after since.
+func (p *proc) waitRound(since time.Time, timeout time.Duration) (logEvent, error) {
+	return p.wait(p.rounds, "round", since, timeout)
+}
+
+// wait returns the first event of ch read after since.
+func (p *proc) wait(ch chan logEvent, what string, since time.Time, timeout time.Duration) (logEvent, error) {
 	deadline := time.After(timeout)
 	for {
 		select {
-		case ev := <-p.syncs:
+		case ev := <-ch:
 			if ev.at.After(since) {
 				return ev, nil
 			}
 		case <-p.done:
-			return syncEvent{}, errors.New("the proxier exited")
+			return logEvent{}, errors.New("the proxier exited")
 		case <-deadline:
-			return syncEvent{}, fmt.Errorf("no complete sync within %s", timeout)
+			return logEvent{}, fmt.Errorf("no %s within %s", what, timeout)
 		}
 	}
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Measures, for kube-proxy v1.36.3 (--proxy-mode=nftables) and
+# `kpng kube … to-local to-nft`, one after the other on the same state in
+# the test control plane, the time from an EndpointSlice update's API call
+# to the new endpoint's map element being committed in the kernel (read
+# back from the proxier's network namespace as nftables netlink
+# notifications), with kpng's breakdown (watch event, coalescing, round,
+# transaction), and prints the tables recorded in docs/benchmarks.md
+# ("End to end: API call to the kernel"). Needs root (network namespaces,
+# nftables), the nft binary (kube-proxy runs it), iproute2. kube-proxy is
+# built from the Go module proxy at the version pinned in hack/tools/go.mod,
+# and cached with the control plane.
+#
+#   hack/bench-e2e-nft.sh [kpng-sidebyside flags]
+#
+# Defaults: 10,000 services × 10 endpoints (loaded once, 3–6 minutes),
+# 300 endpoint changes per proxier, each after 1.5 s without changes
+# (--quiet), kpng first (--proxiers=kpng,kube-proxy). kube-proxy's syncs
+# take seconds each at this size: its 300 changes take about an hour; pass
+# e.g. --changes=50 for a quicker look. The proxiers' logs and each
+# change's points (CSV) go to --log-dir (default $TMPDIR/kpng-sidebyside).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${root}"
+dir="$(bash hack/build-controlplane.sh --with-kube-proxy | tail -n 1)"
+export KPNG_CONTROLPLANE_DIR="${dir}"
+bin="$(mktemp -d)"
+trap 'rm -rf "${bin}"' EXIT
+go build -o "${bin}/kpng" ./cmd/kpng
+go build -o "${bin}/kpng-sidebyside" ./internal/cmd/kpng-sidebyside
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(nft --version), $(go version | cut -d' ' -f3), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+"${bin}/kpng-sidebyside" --kube-proxy="${dir}/kube-proxy" --kpng="${bin}/kpng" --mode=nftables --changes=300 "$@"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
