@@ -14,10 +14,11 @@
 #   hack/bench-e2e-nft.sh [kpng-sidebyside flags]
 #
 # Defaults: 10,000 services × 10 endpoints (loaded once, 3–6 minutes),
-# 300 endpoint changes per proxier, each after 1.5 s without changes
-# (--quiet), kpng first (--proxiers=kpng,kube-proxy). kube-proxy's syncs
-# take seconds each at this size: its 300 changes take about an hour; pass
-# e.g. --changes=50 for a quicker look. The proxiers' logs and each
+# 300 endpoint changes with kpng and 30 with kube-proxy, each after 1.5 s
+# without changes (--quiet), kpng first (--proxiers=kpng,kube-proxy).
+# kube-proxy's syncs take seconds each at this size (300 changes would take
+# about an hour): pass --kube-proxy-changes=300 for as many as kpng's, or
+# e.g. --changes=50 for a quicker look at kpng. The proxiers' logs and each
 # change's points (CSV) go to --log-dir (default $TMPDIR/kpng-sidebyside).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,5 +30,5 @@ trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
 go build -o "${bin}/kpng-sidebyside" ./internal/cmd/kpng-sidebyside
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(nft --version), $(go version | cut -d' ' -f3), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-"${bin}/kpng-sidebyside" --kube-proxy="${dir}/kube-proxy" --kpng="${bin}/kpng" --mode=nftables --changes=300 "$@"
+"${bin}/kpng-sidebyside" --kube-proxy="${dir}/kube-proxy" --kpng="${bin}/kpng" --mode=nftables --changes=300 --kube-proxy-changes=30 "$@"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -64,10 +64,13 @@ type config struct {
 	services, small int
 	endpoints       int
 	changes         int
-	probes          int
-	coldTimeout     time.Duration
-	shimDir         string
-	logDir          string
+	// kubeProxyChanges, when not negative, replaces changes for
+	// kube-proxy in the nftables mode.
+	kubeProxyChanges int
+	probes           int
+	coldTimeout      time.Duration
+	shimDir          string
+	logDir           string
 	// nftables mode only.
 	proxiers      []string
 	quiet         time.Duration
@@ -90,6 +93,7 @@ func main() {
 	flag.IntVar(&cfg.small, "small", 100, "services in the small state (first-packet latency)")
 	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints per service")
 	flag.IntVar(&cfg.changes, "changes", 10, "endpoint changes measured")
+	flag.IntVar(&cfg.kubeProxyChanges, "kube-proxy-changes", -1, "endpoint changes measured with kube-proxy (nftables mode; its syncs take seconds each at 10,000 services); negative: --changes")
 	flag.IntVar(&cfg.probes, "probes", 300, "connections whose first packet is timed")
 	flag.DurationVar(&cfg.coldTimeout, "cold-timeout", 10*time.Minute, "how long to wait for a proxier's first complete sync")
 	flag.StringVar(&cfg.logDir, "log-dir", filepath.Join(os.TempDir(), "kpng-sidebyside"), "where the proxiers' logs go")

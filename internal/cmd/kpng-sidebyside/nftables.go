@@ -115,7 +115,11 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 	}
 	defer sw.close()
 	ctx := context.Background()
-	for i := range cfg.changes {
+	changes := cfg.changes
+	if proxier == "kube-proxy" && cfg.kubeProxyChanges >= 0 {
+		changes = cfg.kubeProxyChanges
+	}
+	for i := range changes {
 		time.Sleep(cfg.quiet)
 		// Each service is changed twice: its first endpoint replaced by
 		// an address never used before, then back.
@@ -151,7 +155,7 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 			logf("%s: endpoint change %d: %v", proxier, i, err)
 		}
 		r.changes = append(r.changes, c)
-		if (i+1)%50 == 0 || i+1 == cfg.changes {
+		if (i+1)%50 == 0 || i+1 == changes {
 			logf("%s: %d changes, API call → element in the kernel: median %s, last %s", proxier, i+1,
 				median(r.seenTimes()).Round(10*time.Microsecond), c.seen.Sub(c.call).Round(10*time.Microsecond))
 		}
@@ -260,8 +264,8 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) 
 // printNFTTables prints the results as markdown tables: both proxiers,
 // then kpng's breakdown and kube-proxy's.
 func printNFTTables(cfg config, results []*nftResult) {
-	fmt.Printf("\n%d services × %d endpoints (one TCP port each), nftables mode; %d endpoint changes per proxier, each after %s without changes.\n\n",
-		cfg.services, cfg.endpoints, cfg.changes, cfg.quiet)
+	fmt.Printf("\n%d services × %d endpoints (one TCP port each), nftables mode; endpoint changes each after %s without changes.\n\n",
+		cfg.services, cfg.endpoints, cfg.quiet)
 	fmt.Println("| proxier | cold start | changes in the kernel | API call → element in the kernel: median | p99 | API call returned (median) | API call → sync started (median) | the sync (median) | first packet | RSS (peak) |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range results {
