@@ -5,7 +5,10 @@
 // observes the per-round records of localsink.Feeder
 // (watcher.Config.Observe, remote.Config.Observe); client.Run programs and
 // the kpng binary serve it with --metrics-bind-address and
-// --healthz-bind-address.
+// --healthz-bind-address. A backend that applies the rounds after its
+// Sync returns (kpng-callout) says so with Options.AppliedLater and
+// reports its successes with Recorder.Applied, so that its health follows
+// what it really applied.
 //
 // The metric names are kube-proxy's with the kpng_ prefix instead of
 // kubeproxy_, and a service_proxy_name label: kpng runs beside kube-proxy,
@@ -41,14 +44,25 @@ const DefaultHealthTimeout = 60 * time.Second
 // Namespace is the prefix of kpng's metric names.
 const Namespace = "kpng"
 
+// maxWaiting bounds the queue times an AppliedLater Recorder keeps while
+// its backend does not apply them, and maxUnmeasured the trigger times:
+// beyond, the queue times are merged (health errs towards unhealthy) and
+// the newer trigger times are not measured.
+const (
+	maxWaiting    = 10000
+	maxUnmeasured = 10000
+)
+
 // Recorder turns the rounds delivered to a sink into metrics, health and
 // the debug endpoint's view. Observe and Queued may be called from one
-// goroutine at a time (the Feeder's guarantee); everything else from any.
+// goroutine at a time (the Feeder's guarantee); everything else, Applied
+// included, from any.
 type Recorder struct {
-	name    string
-	reg     *prometheus.Registry
-	timeout time.Duration
-	now     func() time.Time
+	name         string
+	reg          *prometheus.Registry
+	timeout      time.Duration
+	now          func() time.Time
+	appliedLater bool
 
 	duration, fullDuration, partialDuration prometheus.Histogram
 	networkProgramming                      prometheus.Histogram
@@ -70,6 +84,17 @@ type Recorder struct {
 	// pendingSince is when the oldest change not yet applied was
 	// delivered (zero: none); lastSynced when the last round was applied.
 	pendingSince, lastSynced time.Time
+	// With appliedLater: waiting are the queue times of the changes not
+	// applied yet, oldest first (pendingSince is the first), and
+	// waitingAfter, when not zero, the newest queue time of those beyond
+	// maxWaiting, which are not listed; appliedUpTo is the latest time
+	// given to Applied; unmeasured are the trigger times of the rounds
+	// delivered and not applied yet (nUnmeasured times in all).
+	waiting      []time.Time
+	waitingAfter time.Time
+	appliedUpTo  time.Time
+	unmeasured   []delivered
+	nUnmeasured  int
 	// nodeEligible is the node's eligibility (nil: not known, not
 	// checked).
 	nodeEligible *bool
@@ -96,6 +121,24 @@ type Options struct {
 	HealthTimeout time.Duration
 	// Now is the clock (default time.Now), for tests.
 	Now func() time.Time
+	// AppliedLater says that the backend applies the rounds after its
+	// Sync returns (it hands them to a queue, another process, a command
+	// run later): a round delivered without error is not applied yet.
+	// The backend then reports each success with Applied, and the
+	// Recorder counts a change as waiting until a state at least as new
+	// is applied: health (a backend that keeps failing turns /healthz and
+	// /livez 503 after HealthTimeout), the last sync and last queued
+	// timestamps and the network programming latency follow Applied, not
+	// the rounds. kpng-callout is such a backend.
+	AppliedLater bool
+}
+
+// delivered are the trigger times of a round delivered to an AppliedLater
+// backend, measured when a state at least as new as the round's is
+// applied.
+type delivered struct {
+	start    time.Time
+	triggers map[model.ServiceKey][]time.Time
 }
 
 // syncBuckets are kube-proxy's buckets of sync durations: 1 ms to 16 s.
@@ -131,14 +174,15 @@ func New(opts Options) *Recorder {
 	// the timeout, the proxier is unhealthy.
 	r := &Recorder{
 		name: opts.ServiceProxyName, reg: prometheus.NewRegistry(), timeout: opts.HealthTimeout, now: opts.Now, pendingSince: opts.Now(),
-		held: map[model.ServiceKey]*model.ServiceEndpoints{}, noLocalOf: map[model.ServiceKey][2]int{}, reasons: map[model.Reason]bool{},
+		appliedLater: opts.AppliedLater,
+		held:         map[model.ServiceKey]*model.ServiceEndpoints{}, noLocalOf: map[model.ServiceKey][2]int{}, reasons: map[model.Reason]bool{},
 	}
 	r.duration = histogram("sync_proxy_rules_duration_seconds", "How long one round took to reach the backend and be applied (its Sync included), in seconds.", syncBuckets)
 	r.fullDuration = histogram("sync_full_proxy_rules_duration_seconds", "sync_proxy_rules_duration_seconds of the rounds that deliver the whole state (Reset: the first, and after the backend asked for it).", syncBuckets)
 	r.partialDuration = histogram("sync_partial_proxy_rules_duration_seconds", "sync_proxy_rules_duration_seconds of the rounds that deliver changes only.", syncBuckets)
 	r.networkProgramming = histogram("network_programming_duration_seconds", "From a change's trigger time in the cluster (the EndpointSlice controller's endpoints.kubernetes.io/last-change-trigger-time) to the backend's successful sync of it, in seconds.", networkProgrammingBuckets())
-	r.lastSync = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_last_timestamp_seconds", "When the last round was applied successfully (Unix time).")))
-	r.lastQueued = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_last_queued_timestamp_seconds", "When the oldest change not yet applied was delivered (Unix time; 0 when none is waiting).")))
+	r.lastSync = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_last_timestamp_seconds", "When the last round was applied successfully (Unix time; for a backend that applies later, when it last reported a state applied).")))
+	r.lastQueued = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_last_queued_timestamp_seconds", "When the oldest change not yet applied was queued (Unix time; 0 when none is waiting).")))
 	r.serviceChanges = prometheus.NewCounter(prometheus.CounterOpts(f("sync_proxy_rules_service_changes_total", "Service changes delivered to the backend (one per Update).")))
 	r.endpointChanges = prometheus.NewCounter(prometheus.CounterOpts(f("sync_proxy_rules_endpoint_changes_total", "Endpoints added, changed or removed in the changes delivered.")))
 	r.servicesPending = prometheus.NewGauge(prometheus.GaugeOpts(f("sync_proxy_rules_service_changes_pending", "Service changes delivered to the backend and not applied yet (its Sync failed; kpng retries).")))
@@ -163,6 +207,11 @@ func New(opts Options) *Recorder {
 	for _, policy := range []string{"internal", "external"} {
 		r.noLocal.WithLabelValues(policy)
 	}
+	// Nothing is applied yet: it waits since now.
+	if r.appliedLater {
+		r.waiting = []time.Time{r.pendingSince}
+	}
+	r.setPending(r.pendingSince)
 	return r
 }
 
@@ -199,9 +248,93 @@ func (r *Recorder) Counter(name, help string) (prometheus.Counter, error) {
 func (r *Recorder) Queued(t time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.wait(t)
+}
+
+// wait records that a change waits since t. r.mu is held.
+func (r *Recorder) wait(t time.Time) {
+	if r.appliedLater {
+		switch n := len(r.waiting); {
+		case n > 0 && !t.After(r.waiting[n-1]):
+			// not newer than the newest listed: nothing to add
+		case !r.waitingAfter.IsZero() || n >= maxWaiting:
+			if t.After(r.waitingAfter) {
+				r.waitingAfter = t
+			}
+		default:
+			r.waiting = append(r.waiting, t)
+		}
+	}
 	if r.pendingSince.IsZero() {
-		r.pendingSince = t
+		r.setPending(t)
+	}
+}
+
+// setPending sets the time since which the oldest change not applied
+// waits (zero: none). r.mu is held.
+func (r *Recorder) setPending(t time.Time) {
+	r.pendingSince = t
+	if t.IsZero() {
+		r.lastQueued.Set(0)
+	} else {
 		r.lastQueued.Set(float64(t.UnixNano()) / 1e9)
+	}
+}
+
+// synced records a successful sync at t. r.mu is held.
+func (r *Recorder) synced(t time.Time) {
+	r.lastSynced = t
+	r.lastSync.Set(float64(t.UnixNano()) / 1e9)
+}
+
+// Applied reports, for a Recorder with Options.AppliedLater, that the
+// backend has applied a state at least as new as the one delivered to it
+// at upTo: the changes queued up to upTo are applied, those queued after
+// still wait. The backend takes upTo from its clock in its Sync, when it
+// receives the state, and calls Applied when that state, or a newer one,
+// has been applied successfully, from any goroutine, before or after the
+// round's Observe. Without AppliedLater, Applied does nothing (the rounds
+// say when they are applied).
+func (r *Recorder) Applied(upTo time.Time) {
+	if !r.appliedLater {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	if upTo.After(r.appliedUpTo) {
+		r.appliedUpTo = upTo
+	}
+	r.synced(now)
+	i := 0
+	for i < len(r.waiting) && !r.waiting[i].After(upTo) {
+		i++
+	}
+	r.waiting = r.waiting[i:]
+	if len(r.waiting) == 0 && !r.waitingAfter.IsZero() {
+		if r.waitingAfter.After(upTo) {
+			// Some change queued after upTo waits, its time not
+			// kept: it waits since upTo at the earliest.
+			r.waiting = append(r.waiting, upTo)
+		} else {
+			r.waitingAfter = time.Time{}
+		}
+	}
+	if len(r.waiting) == 0 {
+		r.waiting = nil
+		r.setPending(time.Time{})
+	} else {
+		r.setPending(r.waiting[0])
+	}
+
+	i = 0
+	for ; i < len(r.unmeasured) && !r.unmeasured[i].start.After(upTo); i++ {
+		r.measure(now, r.unmeasured[i].triggers)
+		r.nUnmeasured -= count(r.unmeasured[i].triggers)
+	}
+	r.unmeasured = r.unmeasured[i:]
+	if len(r.unmeasured) == 0 {
+		r.unmeasured = nil
 	}
 }
 
@@ -250,12 +383,8 @@ func (r *Recorder) Observe(round localsink.Round) {
 	if !round.FirstEvent.IsZero() {
 		r.delivery.Observe(round.Start.Sub(round.FirstEvent).Seconds())
 	}
-	for key, times := range round.Triggers {
-		for _, t := range times {
-			latency := end.Sub(t)
-			r.networkProgramming.Observe(latency.Seconds())
-			klog.V(4).InfoS("Network programming", "service", klog.KRef(key.Namespace, key.Name), "elapsed", latency)
-		}
+	if !r.appliedLater {
+		r.measure(end, round.Triggers)
 	}
 	for _, p := range round.NewProblems {
 		r.problemsSeen.WithLabelValues(string(p.Reason)).Inc()
@@ -264,18 +393,47 @@ func (r *Recorder) Observe(round localsink.Round) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.hold(round)
-	if round.Err != nil {
+	switch {
+	case round.Err != nil:
 		r.failures.Inc()
 		if r.pendingSince.IsZero() { // a retry without Queued
-			r.pendingSince = round.Start
-			r.lastQueued.Set(float64(round.Start.UnixNano()) / 1e9)
+			r.wait(round.Start)
 		}
-		return
+	case r.appliedLater && !round.Start.After(r.appliedUpTo):
+		// The backend applied this round's state, or a newer one,
+		// before the round ended.
+		r.measure(r.lastSynced, round.Triggers)
+	case r.appliedLater:
+		// Not applied yet: Applied measures the triggers.
+		if n := count(round.Triggers); n > 0 && r.nUnmeasured+n <= maxUnmeasured {
+			r.unmeasured = append(r.unmeasured, delivered{start: round.Start, triggers: round.Triggers})
+			r.nUnmeasured += n
+		}
+	default:
+		r.setPending(time.Time{})
+		r.synced(end)
 	}
-	r.pendingSince = time.Time{}
-	r.lastQueued.Set(0)
-	r.lastSynced = end
-	r.lastSync.Set(float64(r.lastSynced.UnixNano()) / 1e9)
+}
+
+// measure records the network programming latency of triggers, changes
+// applied at end.
+func (r *Recorder) measure(end time.Time, triggers map[model.ServiceKey][]time.Time) {
+	for key, times := range triggers {
+		for _, t := range times {
+			latency := end.Sub(t)
+			r.networkProgramming.Observe(latency.Seconds())
+			klog.V(4).InfoS("Network programming", "service", klog.KRef(key.Namespace, key.Name), "elapsed", latency)
+		}
+	}
+}
+
+// count returns the number of trigger times in triggers.
+func count(triggers map[model.ServiceKey][]time.Time) int {
+	n := 0
+	for _, times := range triggers {
+		n += len(times)
+	}
+	return n
 }
 
 // hold updates the view of what the backend holds with a round. r.mu is
