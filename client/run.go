@@ -53,6 +53,11 @@ type Flags struct {
 	// successful sync before those answer 503.
 	MetricsBindAddress, HealthzBindAddress string
 	HealthzTimeout                         time.Duration
+	// AppliedLater tells StartMetrics that the sink applies the rounds
+	// after its Sync returns and reports each success to the Recorder
+	// with Applied (metrics.Options.AppliedLater): health then follows
+	// what the sink applied, not the rounds.
+	AppliedLater bool
 	// Observe and Queued, set by StartMetrics, receive each round
 	// delivered and queued (the watcher's and the remote client's);
 	// NodeEligible the node's eligibility (the watcher's).
@@ -119,7 +124,7 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 	if f.recorder != nil {
 		return f.recorder, nil
 	}
-	r := metrics.New(metrics.Options{ServiceProxyName: f.ServiceProxyName, HealthTimeout: f.HealthzTimeout})
+	r := metrics.New(metrics.Options{ServiceProxyName: f.ServiceProxyName, HealthTimeout: f.HealthzTimeout, AppliedLater: f.AppliedLater})
 	var stops []func()
 	for _, s := range []struct {
 		flag, addr string
