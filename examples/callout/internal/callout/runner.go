@@ -84,6 +84,16 @@ type Outcome struct {
 	Err error
 	// TimedOut is set when the callout was killed after Config.Timeout.
 	TimedOut bool
+	// Submitted is when the state the callout ran on was submitted: a
+	// success applies the states submitted up to then (the older ones
+	// were replaced by it), for health (metrics.Recorder.Applied).
+	Submitted time.Time
+}
+
+// submission is a state and when it was submitted.
+type submission struct {
+	state []byte
+	at    time.Time
 }
 
 // Runner runs the callout for the latest submitted state. Create it with
@@ -91,7 +101,7 @@ type Outcome struct {
 type Runner struct {
 	cfg     Config
 	log     klog.Logger
-	box     *mailbox
+	box     *mailbox[submission]
 	started atomic.Bool
 }
 
@@ -119,15 +129,16 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if log.GetSink() == nil {
 		log = klog.Background()
 	}
-	return &Runner{cfg: cfg, log: log, box: newMailbox()}, nil
+	return &Runner{cfg: cfg, log: log, box: newMailbox[submission]()}, nil
 }
 
 // Submit hands a state to the runner: the bytes the callout reads on its
 // standard input (an empty state runs the callout with an empty input). It
 // never blocks: a state that has not started running yet is replaced by
-// the new one. state must not be modified afterwards.
+// the new one. state must not be modified afterwards. The time of the call
+// is the Outcome.Submitted of the runs on state.
 func (r *Runner) Submit(state []byte) {
-	r.box.put(state)
+	r.box.put(submission{state: state, at: time.Now()})
 }
 
 // Run executes the callout for the submitted states until ctx is done,
@@ -150,7 +161,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		return errors.New("callout: Runner.Run called more than once")
 	}
 	var (
-		state    []byte
+		state    submission
 		pending  bool          // state still has to succeed
 		failures int           // consecutive failed attempts
 		delay    time.Duration // the last backoff delay; 0 after a success
@@ -168,10 +179,10 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 		}
 
-		res := r.runOnce(ctx, state)
+		res := r.runOnce(ctx, state.state)
 		// A run killed because ctx ended is no outcome of the callout.
 		if r.cfg.Observe != nil && (res.err == nil || ctx.Err() == nil) {
-			r.cfg.Observe(Outcome{Duration: res.duration, Err: res.err, TimedOut: res.timedOut})
+			r.cfg.Observe(Outcome{Duration: res.duration, Err: res.err, TimedOut: res.timedOut, Submitted: state.at})
 		}
 		if ctx.Err() != nil {
 			return r.stopped(ctx)
@@ -180,7 +191,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			if failures > 0 {
 				r.log.Info("Callout succeeded after failures", "failures", failures, "duration", res.duration)
 			} else {
-				r.log.V(2).Info("Callout succeeded", "duration", res.duration, "stdinBytes", len(state))
+				r.log.V(2).Info("Callout succeeded", "duration", res.duration, "stdinBytes", len(state.state))
 			}
 			failures, delay, pending = 0, 0, false
 			if r.cfg.Once {

@@ -408,6 +408,7 @@ echo "ok:$n"`)
 		outcomes = append(outcomes, o)
 	}})
 
+	submitting := time.Now()
 	h.r.Submit([]byte("x"))
 	started := time.Now()
 	hung := pids(t, h.next(), "pids")
@@ -429,6 +430,12 @@ echo "ok:$n"`)
 	mu.Lock()
 	if len(outcomes) != 2 || !outcomes[0].TimedOut || outcomes[0].Err == nil || outcomes[0].Duration < timeout || outcomes[1].TimedOut || outcomes[1].Err != nil {
 		t.Errorf("outcomes %+v, want a timeout of at least %v, then a success", outcomes, timeout)
+	}
+	// Both runs were on the state submitted once, and say when.
+	for _, o := range outcomes {
+		if o.Submitted.Before(submitting) || o.Submitted.After(started) {
+			t.Errorf("outcome %+v: Submitted is not the time of Submit, between %v and %v", o, submitting, started)
+		}
 	}
 	mu.Unlock()
 	log := h.log.String()
@@ -603,7 +610,7 @@ func TestNewRunnerRejectsBadConfig(t *testing.T) {
 }
 
 func TestMailboxKeepsTheLatest(t *testing.T) {
-	m := newMailbox()
+	m := newMailbox[[]byte]()
 	if _, ok := m.take(); ok {
 		t.Error("a new mailbox is not empty")
 	}
