@@ -9,7 +9,9 @@
 // $CALLOUT is the program and its arguments, split like a shell splits
 // words but run without a shell (see callout.Split). States that arrive
 // while the callout runs coalesce, failures are retried with backoff, and a
-// callout running longer than --timeout is killed; see README.md.
+// callout running longer than --timeout is killed; /healthz and /livez
+// follow the callout's success (a state is applied when a run on it, or
+// on a newer one, succeeds); see README.md.
 package main
 
 import (
@@ -102,7 +104,10 @@ func run(args []string, calloutEnv string, stdout, stderr io.Writer) int {
 	defer stop()
 	defer klog.Flush()
 	// The metrics and health servers start before the watch, so that the
-	// callout's metrics join the Recorder's; they end with ctx.
+	// callout's metrics join the Recorder's; they end with ctx. A round
+	// ends when its state is handed to the runner: the state is applied
+	// when a run of the callout on it, or on a newer one, succeeds.
+	kpng.AppliedLater = true
 	rec, err := kpng.StartMetrics(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
@@ -127,7 +132,9 @@ func run(args []string, calloutEnv string, stdout, stderr io.Writer) int {
 
 // calloutMetrics registers the callout's metrics with rec and returns
 // what records each run: kpng_callout_runs_total{result} (success,
-// failure, timeout) and kpng_callout_duration_seconds.
+// failure, timeout) and kpng_callout_duration_seconds, and, for health,
+// each success as the states submitted up to its own applied
+// (rec.Applied).
 func calloutMetrics(rec *metrics.Recorder) (func(callout.Outcome), error) {
 	runs := prometheus.NewCounterVec(prometheus.CounterOpts(rec.Opts("callout_runs_total",
 		"Runs of the callout, by result: success, failure (it exited with an error or could not start) or timeout (killed after --timeout).")), []string{"result"})
@@ -151,6 +158,7 @@ func calloutMetrics(rec *metrics.Recorder) (func(callout.Outcome), error) {
 			runs.WithLabelValues("failure").Inc()
 		default:
 			runs.WithLabelValues("success").Inc()
+			rec.Applied(out.Submitted)
 		}
 	}, nil
 }

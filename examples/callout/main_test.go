@@ -22,6 +22,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sigs.k8s.io/kpng/client"
 	"sigs.k8s.io/kpng/internal/controlplane"
@@ -108,6 +110,7 @@ func TestKpngCallout(t *testing.T) {
 	t.Run("the blog's CALLOUT=jq with --once", func(t *testing.T) { testBlogOnce(t, bin) })
 	t.Run("--once with a failing callout", func(t *testing.T) { testOnceFailing(t, bin) })
 	t.Run("a callout that hangs, then crashes", func(t *testing.T) { testHangThenCrash(t, bin) })
+	t.Run("health follows the callout's success", func(t *testing.T) { testHealth(t, bin) })
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String()+" kills a hanging callout", func(t *testing.T) { testSignal(t, bin, sig) })
 	}
@@ -160,12 +163,7 @@ echo "callout stderr" >&2`)
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("callout")
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := ln.Addr().String()
-	ln.Close()
+	metricsAddr := freeAddr(t)
 	p := startCallout(t, bin, sh+` '`+state+`'`, "--service-proxy-name="+name, "--node-name=me", "--metrics-bind-address="+metricsAddr)
 
 	// The first state is empty: the callout runs with an empty input.
@@ -264,6 +262,106 @@ echo "ran:$n"`)
 			t.Errorf("kpng-callout's log lacks %q:\n%s", want, stderr)
 		}
 	}
+}
+
+// testHealth runs kpng-callout with a callout that fails while a file
+// exists: /healthz and /livez answer 200 while the callout succeeds, 503
+// once a state has waited longer than --healthz-timeout for a successful
+// run of the callout (its rounds, handed to the runner, all end well),
+// and 200 again after the next success;
+// kpng_sync_proxy_rules_last_queued_timestamp_seconds is set while the
+// state waits, 0 once it is applied.
+func testHealth(t *testing.T, bin string) {
+	dir := t.TempDir()
+	state, fail := filepath.Join(dir, "state"), filepath.Join(dir, "fail")
+	sh := writeScript(t, `if [ -e "$2" ]; then cat > /dev/null; echo "failing on purpose" >&2; exit 3; fi
+cat > "$1.tmp" && mv "$1.tmp" "$1"`)
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("health")
+	node := createNode(t)
+	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	p := startCallout(t, bin, sh+" "+state+" "+fail, "--service-proxy-name="+name, "--node-name="+node,
+		"--metrics-bind-address="+metricsAddr, "--healthz-bind-address="+healthAddr, "--healthz-timeout=1s",
+		"--retry-min=50ms", "--retry-max=200ms")
+
+	waitForFile(t, state, func(s string) bool { return s == "" })
+	waitForHealth(t, healthAddr, http.StatusOK)
+
+	// The callout fails from now on, and a service comes: its state is
+	// handed to the callout, never applied.
+	if err := os.WriteFile(fail, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	svc := kc.CreateService(kubetest.Service(ns, "web", name))
+	kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: "10.9.2.1"}))
+	waitForHealth(t, healthAddr, http.StatusServiceUnavailable)
+	if m := scrapeCallout(t, metricsAddr); m["kpng_callout_runs_total/failure"] < 1 || m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"] == 0 {
+		t.Errorf("while the callout fails: %v, want failures counted and a last queued time", m)
+	}
+	if s := readFile(t, state); s != "" {
+		t.Errorf("the callout, failing, applied a state: %q", s)
+	}
+
+	// It succeeds again: the service's state is applied, health is back.
+	if err := os.Remove(fail); err != nil {
+		t.Fatal(err)
+	}
+	waitForHealth(t, healthAddr, http.StatusOK)
+	if s := readFile(t, state); !strings.Contains(s, "10.9.2.1") {
+		t.Errorf("healthy again, but the callout has not applied the service's state: %q", s)
+	}
+	if m := scrapeCallout(t, metricsAddr); m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"] != 0 {
+		t.Errorf("last queued after the success: %v, want 0", m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"])
+	}
+	p.stop(t, syscall.SIGTERM)
+	if !strings.Contains(p.stderr.String(), "failing on purpose") {
+		t.Errorf("kpng-callout's log lacks the callout's failure:\n%s", p.stderr.String())
+	}
+}
+
+// waitForHealth waits until both /healthz and /livez at addr answer code.
+func waitForHealth(t *testing.T, addr string, code int) {
+	t.Helper()
+	var got [2]int
+	for deadline := time.Now().Add(patience); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for i, path := range []string{"/healthz", "/livez"} {
+			got[i] = 0
+			if resp, err := http.Get("http://" + addr + path); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				got[i] = resp.StatusCode
+			}
+		}
+		if got == [2]int{code, code} {
+			return
+		}
+	}
+	t.Fatalf("/healthz and /livez still %v after %v, want %d", got, patience, code)
+}
+
+// createNode creates a Node, so that /healthz finds this node eligible,
+// and deletes it when the test ends.
+func createNode(t *testing.T) string {
+	t.Helper()
+	name := kubetest.UniqueName("node")
+	nodes := cp.Client().CoreV1().Nodes()
+	if _, err := nodes.Create(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nodes.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	return name
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 var (
@@ -539,9 +637,10 @@ func withoutCallout(env []string) []string {
 	return out
 }
 
-// scrapeCallout returns the callout's samples of addr's /metrics, parsed
-// with Prometheus' text parser: name/result → value (histograms: their
-// sample count).
+// scrapeCallout returns the callout's samples of addr's /metrics and
+// kpng_sync_proxy_rules_last_queued_timestamp_seconds, parsed with
+// Prometheus' text parser: name/result → value (histograms: their sample
+// count).
 func scrapeCallout(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -556,7 +655,7 @@ func scrapeCallout(t *testing.T, addr string) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for name, f := range families {
-		if !strings.HasPrefix(name, "kpng_callout_") {
+		if !strings.HasPrefix(name, "kpng_callout_") && name != "kpng_sync_proxy_rules_last_queued_timestamp_seconds" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
@@ -566,7 +665,7 @@ func scrapeCallout(t *testing.T, addr string) map[string]float64 {
 					key += "/" + l.GetValue()
 				}
 			}
-			out[key] = m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			out[key] = m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return out
