@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/testio"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -37,16 +38,6 @@ func (s *failingSink) Sync() error {
 	return nil
 }
 
-// freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // counters scrapes addr's /metrics with Prometheus' text parser and
 // returns the kpng counters, gauges and histograms (their sample count),
@@ -168,7 +159,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	slice := kc.CreateSlice(kubetest.Slice(svc, "a-1", kubetest.EP{IP: "10.8.0.1", Node: node}))
 
 	f := Flags{Kubeconfig: cp.KubeconfigPath(), ServiceProxyName: name, NodeName: node,
-		MetricsBindAddress: freeAddr(t), HealthzBindAddress: freeAddr(t), HealthzTimeout: time.Second}
+		MetricsBindAddress: testio.FreeAddr(t), HealthzBindAddress: testio.FreeAddr(t), HealthzTimeout: time.Second}
 	// Started before Run, so that the health check port asks its
 	// Recorder: the servers are the test's, closed at its end.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -253,7 +244,7 @@ func TestHealthzNodeEligibility(t *testing.T) {
 	cp.Require(t)
 	node := createNode(t)
 	f := Flags{Kubeconfig: cp.KubeconfigPath(), ServiceProxyName: kubetest.UniqueName("elig"), NodeName: node,
-		MetricsBindAddress: freeAddr(t), HealthzBindAddress: freeAddr(t), HealthzTimeout: time.Minute}
+		MetricsBindAddress: testio.FreeAddr(t), HealthzBindAddress: testio.FreeAddr(t), HealthzTimeout: time.Minute}
 	runWithMetrics(t, &f, &failingSink{})
 	addr := f.HealthzBindAddress
 	expect := func(what string, healthz int) {
@@ -310,7 +301,7 @@ func get(t *testing.T, addr, path string) string {
 // TestMetricsServersEndWithRun: a Run that fails early closes the servers
 // it opened, so that the next Run can open them again.
 func TestMetricsServersEndWithRun(t *testing.T) {
-	addr := freeAddr(t)
+	addr := testio.FreeAddr(t)
 	f := Flags{Kubeconfig: "/nonexistent/kubeconfig", MetricsBindAddress: addr}
 	for i := range 2 {
 		err := f.Run(context.Background(), &failingSink{})

@@ -3,21 +3,18 @@
 package iptables
 
 import (
-	"bufio"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/selfexec"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -89,34 +86,14 @@ func killHelper(path, variant, first string, once bool) int {
 
 // startKillHelper starts killHelper in ns, in a process group of its own
 // (the iptables-restore it runs dies with it, as in a container that is
-// killed), and returns its process and the lines it prints (closed when
-// it exits).
+// killed), and returns its process and the lines it prints.
 func startKillHelper(t *testing.T, ns *netns.NS, variant, first string, once bool) (*exec.Cmd, <-chan string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), killHelperEnv+"="+ns.Path(), "KPNG_IPT_KILL_VARIANT="+variant, "KPNG_IPT_KILL_FIRST="+first)
+	env := []string{killHelperEnv + "=" + ns.Path(), "KPNG_IPT_KILL_VARIANT=" + variant, "KPNG_IPT_KILL_FIRST=" + first}
 	if once {
-		cmd.Env = append(cmd.Env, "KPNG_IPT_KILL_ONCE=1")
+		env = append(env, "KPNG_IPT_KILL_ONCE=1")
 	}
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL, Setpgid: true}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	lines := make(chan string, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	return cmd, lines
+	return selfexec.Start(t, env, true)
 }
 
 // byTable splits the chains kernelChains lists by family and table ("IPv4
@@ -197,7 +174,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 					}
 				}
 				time.Sleep(time.Duration(r.IntN(600)) * time.Millisecond)
-				if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil {
+				if err := selfexec.KillGroup(cmd); err != nil {
 					t.Fatal(err)
 				}
 				_ = cmd.Wait()

@@ -3,7 +3,6 @@
 package nft
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -19,10 +18,10 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/selfexec"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -268,28 +267,9 @@ func atoi(s string) int {
 // the lines it prints (closed when it exits).
 func startKillHelper(t *testing.T, ns *netns.NS, first string, once bool) (*exec.Cmd, <-chan string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), killHelperEnv+"="+ns.Path(), "KPNG_NFT_KILL_FIRST="+first)
+	env := []string{killHelperEnv + "=" + ns.Path(), "KPNG_NFT_KILL_FIRST=" + first}
 	if once {
-		cmd.Env = append(cmd.Env, "KPNG_NFT_KILL_ONCE=1")
+		env = append(env, "KPNG_NFT_KILL_ONCE=1")
 	}
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	lines := make(chan string, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	return cmd, lines
+	return selfexec.Start(t, env, false)
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -163,7 +162,7 @@ echo "callout stderr" >&2`)
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("callout")
 
-	metricsAddr := freeAddr(t)
+	metricsAddr := testio.FreeAddr(t)
 	p := startCallout(t, bin, sh+` '`+state+`'`, "--service-proxy-name="+name, "--node-name=me", "--metrics-bind-address="+metricsAddr)
 
 	// The first state is empty: the callout runs with an empty input.
@@ -280,7 +279,7 @@ cat > "$1.tmp" && mv "$1.tmp" "$1"`)
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("health")
 	node := createNode(t)
-	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	metricsAddr, healthAddr := testio.FreeAddr(t), testio.FreeAddr(t)
 	p := startCallout(t, bin, sh+" "+state+" "+fail, "--service-proxy-name="+name, "--node-name="+node,
 		"--metrics-bind-address="+metricsAddr, "--healthz-bind-address="+healthAddr, "--healthz-timeout=1s",
 		"--retry-min=50ms", "--retry-max=200ms")
@@ -353,16 +352,6 @@ func createNode(t *testing.T) string {
 	return name
 }
 
-// freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 var (
 	blogOnce sync.Once
