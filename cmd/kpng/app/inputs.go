@@ -45,6 +45,7 @@ func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 			return err
 		}
 		out.metrics = rec
+		f.Observe = releaseAfterFullState(f.Observe)
 		w, cs, err := f.Watcher()
 		if err != nil {
 			return usagef("%v", err)
@@ -89,6 +90,7 @@ func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 			return err
 		}
 		out.metrics = rec
+		f.Observe = releaseAfterFullState(f.Observe)
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
 			return statefile.WatchWithOptions(ctx, *path, *interval, *maxMiB<<20, sink, localsink.FeederOptions{Observe: f.Observe, Queued: f.Queued})
 		})
@@ -120,6 +122,7 @@ func bindAPI(fs *flag.FlagSet) (func(context.Context, *output) error, func() Bac
 			return err
 		}
 		out.metrics = rec
+		f.Observe = releaseAfterFullState(f.Observe)
 		return out.run(ctx, func(ctx context.Context, sink localsink.Sink) error {
 			return f.Run(ctx, sink)
 		})
