@@ -193,13 +193,40 @@ func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
 
 // ParseState is Parse with the cluster-level facts of the Cluster item
 // (nil without one; at most one item may hold them).
+//
+// A YAML file whose top level is a block sequence written from the first
+// column (what Marshal and `kpng kube … to-file` write) is decoded one
+// item at a time (splitItems): the YAML decoder holds a whole document as
+// a tree of nodes and then of generic values, about 30 times the size of
+// the text (a state of 50,000 services × 10 endpoints, 49 MB of YAML, took
+// 1.5 GiB to decode at once). Any other shape, or an item that does not
+// decode alone, is decoded as a whole, as before: the result and the
+// errors are the same either way.
 func ParseState(data []byte) (*model.Cluster, []*model.ServiceEndpoints, error) {
+	if parts, ok := splitItems(data); ok {
+		raws := make([]json.RawMessage, 0, len(parts))
+		for _, part := range parts {
+			raw, err := yaml.YAMLToJSON(part)
+			if err != nil {
+				return parseWhole(data)
+			}
+			raws = append(raws, raw)
+		}
+		st := state{clusterAt: -1}
+		for _, raw := range raws {
+			if err := st.add(0, raw); err != nil {
+				return nil, nil, err
+			}
+		}
+		return st.cluster, st.items, check(st.items, st.pos)
+	}
+	return parseWhole(data)
+}
+
+// parseWhole is ParseState decoding each document as a whole.
+func parseWhole(data []byte) (*model.Cluster, []*model.ServiceEndpoints, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var items []*model.ServiceEndpoints
-	var pos []int // each service's position in the list, for messages
-	var cluster *model.Cluster
-	clusterAt := -1
-	item := 0 // position in the list (services and the Cluster item)
+	st := state{clusterAt: -1}
 	for doc := 0; ; doc++ {
 		var raw json.RawMessage
 		err := dec.Decode(&raw)
@@ -221,30 +248,93 @@ func ParseState(data []byte) (*model.Cluster, []*model.ServiceEndpoints, error) 
 			}
 		}
 		for _, r := range raws {
-			if c, ok, err := parseCluster(item, r); ok {
-				if err != nil {
-					return nil, nil, err
-				}
-				if clusterAt >= 0 {
-					return nil, nil, fmt.Errorf("item %d: a second Cluster item (the first is item %d)", item, clusterAt)
-				}
-				cluster, clusterAt = c, item
-				item++
-				continue
+			if err := st.add(doc, r); err != nil {
+				return nil, nil, err
 			}
-			var one *model.ServiceEndpoints
-			if err := strictJSON(r, &one); err != nil {
-				if rangeErr := badSourceRange(item, r); rangeErr != nil {
-					return nil, nil, rangeErr
-				}
-				return nil, nil, fmt.Errorf("document %d: %w", doc, err)
-			}
-			items = append(items, one)
-			pos = append(pos, item)
-			item++
 		}
 	}
-	return cluster, items, check(items, pos)
+	return st.cluster, st.items, check(st.items, st.pos)
+}
+
+// state is what ParseState has read so far: the services, each one's
+// position in the list (for messages), the cluster-level facts and the
+// position of their item (-1: none yet), the position of the next item.
+type state struct {
+	items     []*model.ServiceEndpoints
+	pos       []int
+	cluster   *model.Cluster
+	clusterAt int
+	item      int
+}
+
+// add decodes item r of document doc.
+func (st *state) add(doc int, r json.RawMessage) error {
+	if c, ok, err := parseCluster(st.item, r); ok {
+		if err != nil {
+			return err
+		}
+		if st.clusterAt >= 0 {
+			return fmt.Errorf("item %d: a second Cluster item (the first is item %d)", st.item, st.clusterAt)
+		}
+		st.cluster, st.clusterAt = c, st.item
+		st.item++
+		return nil
+	}
+	var one *model.ServiceEndpoints
+	if err := strictJSON(r, &one); err != nil {
+		if rangeErr := badSourceRange(st.item, r); rangeErr != nil {
+			return rangeErr
+		}
+		return fmt.Errorf("document %d: %w", doc, err)
+	}
+	st.items = append(st.items, one)
+	st.pos = append(st.pos, st.item)
+	st.item++
+	return nil
+}
+
+// splitItems returns the items of data when it is one YAML document whose
+// top level is a block sequence starting in the first column, each item
+// as a YAML document of its own (its "-" turned into a space, so that its
+// content keeps its indentation), and ok. ok is false for anything else
+// (JSON, several documents, a directive, a mapping or a scalar at the top,
+// an indented sequence, tabs in the first column), which ParseState
+// decodes as a whole. Comments and blank lines in the first column are
+// kept with the item before them.
+func splitItems(data []byte) (items [][]byte, ok bool) {
+	start := -1 // the current item's first byte
+	for off := 0; off < len(data); {
+		end := bytes.IndexByte(data[off:], '\n')
+		if end < 0 {
+			end = len(data)
+		} else {
+			end += off + 1
+		}
+		line := data[off:end]
+		switch {
+		case line[0] == '-' && (len(line) == 1 || line[1] == ' ' || line[1] == '\n' || line[1] == '\r'):
+			if start >= 0 {
+				items = append(items, item(data[start:off]))
+			}
+			start = off
+		case line[0] == ' ' && start >= 0, line[0] == '#', len(bytes.TrimSpace(line)) == 0 && line[0] != '\t':
+		default:
+			return nil, false
+		}
+		off = end
+	}
+	if start < 0 {
+		return nil, false
+	}
+	return append(items, item(data[start:])), true
+}
+
+// item returns a copy of the text of a sequence item with its leading
+// "-" turned into a space.
+func item(text []byte) []byte {
+	out := bytes.Clone(text)
+	out[0] = ' '
+	return out
 }
 
 // parseCluster decodes item i (raw) when it is the Cluster item (ok),

@@ -433,3 +433,57 @@ func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestParseByItemMatchesWhole: a YAML list decoded one item at a time
+// (ParseState's splitItems) gives what decoding it as a whole gives, the
+// errors included, and the shapes splitItems does not take are decoded
+// as a whole.
+func TestParseByItemMatchesWhole(t *testing.T) {
+	written, err := MarshalState(&model.Cluster{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}, sample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		data  string
+		split bool
+	}{
+		{"as written", string(written), true},
+		{"comments and blank lines", "# a state\n\n" + string(written) + "\n# the end\n", true},
+		{"flow items", "- {Service: {Namespace: a, Name: b, Ports: [{Protocol: 1, Port: 80}]}}\n-   Service: {Namespace: a, Name: c}\n", true},
+		{"a null item", "- Service: {Namespace: a, Name: b}\n-\n", true},
+		{"a bad field", "- Service: {Namespace: a, Name: b}\n- Service: {Namespace: a, Name: c, Colour: red}\n", true},
+		{"a bad source range", "- Service: {Namespace: a, Name: b, LoadBalancerSourceRanges: [nope]}\n", true},
+		{"two Cluster items", "- Cluster: {ServiceCIDRs: [10.96.0.0/16]}\n- Cluster: {ServiceCIDRs: [10.97.0.0/16]}\n", true},
+		{"a service twice", "- Service: {Namespace: a, Name: b}\n- Service: {Namespace: a, Name: b}\n", true},
+		{"an alias to another item", "- Service: &s {Namespace: a, Name: b}\n- Endpoints: []\n  Service: *s\n", true},
+		{"a syntax error in one item", "- Service: {Namespace: a, Name: b}\n- Service: {Namespace: a\n", true},
+		{"JSON", `[{"Service":{"Namespace":"a","Name":"b"}}]`, false},
+		{"two documents", "- Service: {Namespace: a, Name: b}\n---\n- Service: {Namespace: a, Name: c}\n", false},
+		{"an indented list", "  - Service: {Namespace: a, Name: b}\n", false},
+		{"a mapping", "Service: {Namespace: a, Name: b}\n", false},
+		{"empty", "", false},
+		{"kpng-json's stream", "{\"Service\":{\"Namespace\":\"a\",\"Name\":\"b\"}}\n{\"Service\":{\"Namespace\":\"a\",\"Name\":\"c\"}}\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, ok := splitItems([]byte(tc.data)); ok != tc.split {
+				t.Errorf("splitItems took it: %v, want %v", ok, tc.split)
+			}
+			c1, items1, err1 := ParseState([]byte(tc.data))
+			c2, items2, err2 := parseWhole([]byte(tc.data))
+			if fmt.Sprint(err1) != fmt.Sprint(err2) {
+				t.Fatalf("error by item %v, whole %v", err1, err2)
+			}
+			if tc.name == "as written" && (err1 != nil || len(items1) != len(sample()) || c1 == nil) {
+				t.Fatalf("the written state parsed to %d services, cluster %v, error %v", len(items1), c1, err1)
+			}
+			opts := []cmp.Option{cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty()}
+			if diff := cmp.Diff(c2, c1, opts...); diff != "" {
+				t.Errorf("cluster (-whole +by item):\n%s", diff)
+			}
+			if diff := cmp.Diff(items2, items1, opts...); diff != "" {
+				t.Errorf("services (-whole +by item):\n%s", diff)
+			}
+		})
+	}
+}
