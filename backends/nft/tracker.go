@@ -360,31 +360,42 @@ func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
 // may need (the hairpin sets' endpoints, the cluster-ips sets' cluster
 // IPs): each is in the set while some service needs it.
 type sharedAddrs struct {
-	// refs counts the services needing each address; in holds the
-	// addresses in the set as of the last done, touched those whose count
-	// went to or from 0 since.
-	refs    map[netip.Addr]int
-	in      map[netip.Addr]bool
-	touched map[netip.Addr]bool
+	// refs holds, for each address that a service needs or that is in
+	// the set, the services needing it and whether it is in the set as
+	// of the last done (one map: at 50,000 services × 10 endpoints, a
+	// map of 500,000 addresses is tens of MiB); touched are the
+	// addresses whose count went to or from 0 since (some more than
+	// once).
+	refs    map[netip.Addr]addrRefs
+	touched []netip.Addr
+}
+
+// addrRefs is what sharedAddrs knows of one address.
+type addrRefs struct {
+	services int32
+	in       bool
 }
 
 func newSharedAddrs() sharedAddrs {
-	return sharedAddrs{refs: map[netip.Addr]int{}, in: map[netip.Addr]bool{}, touched: map[netip.Addr]bool{}}
+	return sharedAddrs{refs: map[netip.Addr]addrRefs{}}
 }
 
 // count counts the addresses of one service: those of now, not those of
 // old (each list without repeats).
 func (s *sharedAddrs) count(old, now []netip.Addr) {
 	for _, a := range now {
-		if s.refs[a]++; s.refs[a] == 1 {
-			s.touched[a] = true
+		r := s.refs[a]
+		if r.services++; r.services == 1 {
+			s.touched = append(s.touched, a)
 		}
+		s.refs[a] = r
 	}
 	for _, a := range old {
-		if s.refs[a]--; s.refs[a] == 0 {
-			delete(s.refs, a)
-			s.touched[a] = true
+		r := s.refs[a]
+		if r.services--; r.services == 0 {
+			s.touched = append(s.touched, a)
 		}
+		s.refs[a] = r
 	}
 }
 
@@ -392,17 +403,28 @@ func (s *sharedAddrs) count(old, now []netip.Addr) {
 // are (or are no longer) in the set.
 func (s *sharedAddrs) done() addrChanges {
 	var ch addrChanges
-	for a := range s.touched {
-		switch now := s.refs[a] > 0; {
-		case now && !s.in[a]:
-			s.in[a] = true
+	for _, a := range s.touched {
+		r, ok := s.refs[a]
+		switch now := r.services > 0; {
+		case !ok:
+			// Already gone: listed twice.
+		case now && !r.in:
+			r.in = true
+			s.refs[a] = r
 			ch.Created = append(ch.Created, a)
-		case !now && s.in[a]:
-			delete(s.in, a)
+		case !now && r.in:
+			delete(s.refs, a)
 			ch.Deleted = append(ch.Deleted, a)
+		case !now:
+			delete(s.refs, a)
 		}
 	}
-	clear(s.touched)
+	// A first round touches every address: let its list go.
+	if cap(s.touched) > 1024 {
+		s.touched = nil
+	} else {
+		s.touched = s.touched[:0]
+	}
 	slices.SortFunc(ch.Created, netip.Addr.Compare)
 	slices.SortFunc(ch.Deleted, netip.Addr.Compare)
 	return ch
@@ -410,7 +432,14 @@ func (s *sharedAddrs) done() addrChanges {
 
 // sorted returns the addresses in the set as of the last done, sorted.
 func (s *sharedAddrs) sorted() []netip.Addr {
-	return slices.SortedFunc(maps.Keys(s.in), netip.Addr.Compare)
+	out := make([]netip.Addr, 0, len(s.refs))
+	for a, r := range s.refs {
+		if r.in {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }
 
 // replaceNamed sets the objects of one service in store: every one of
