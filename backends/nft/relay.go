@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -27,6 +28,10 @@ import (
 // not safe for concurrent use; it lasts as long as its socket (Close).
 type relay struct {
 	sock *netlink.Conn
+	// raw is the kernel socket (nil for a TestDial), pid its port ID:
+	// send writes a batch to it in one buffer of its own.
+	raw syscall.RawConn
+	pid uint32
 	// userData is the user data of the sets of the transaction being
 	// written, by name: the NEWSET messages of those sets carry it
 	// instead of what google/nftables wrote.
@@ -59,6 +64,10 @@ func newRelay(conn *nftables.Conn, opts ...nftables.SockOption) (*relay, error) 
 			}
 		}
 		r.sock = sock
+		if err := r.useRaw(); err != nil {
+			sock.Close()
+			return nil, err
+		}
 	}
 	conn.TestDial = r.exchange
 	return r, nil
@@ -104,10 +113,86 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		// sizes it again.
 		req[i].Header.Length = 0
 	}
-	if _, err := r.sock.SendMessages(req); err != nil {
+	if err := r.send(req); err != nil {
 		r.sendErr = fmt.Errorf("send %d netlink messages: %w", len(req), err)
 	}
 	return nil, nil
+}
+
+// useRaw makes the relay write its batches to its kernel socket itself
+// (send), with the socket's port ID.
+func (r *relay) useRaw() error {
+	raw, err := r.sock.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	var sa unix.Sockaddr
+	var nameErr error
+	if err := raw.Control(func(fd uintptr) { sa, nameErr = unix.Getsockname(int(fd)) }); err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	nl, ok := sa.(*unix.SockaddrNetlink)
+	if nameErr != nil || !ok {
+		return fmt.Errorf("netlink socket: its port ID: %v (%T)", nameErr, sa)
+	}
+	r.raw, r.pid = raw, nl.Pid
+	return nil
+}
+
+// send sends msgs in one datagram, as (*netlink.Conn).SendMessages does
+// (a message without a length or a port ID gets its own and the
+// socket's), but marshaled straight into one buffer of the batch's size:
+// the library marshals each message apart and appends it to a buffer that
+// grows as it goes, which at 50,000 services (a batch of 100 MB) held the
+// batch about three times over for a moment, at the process's peak. A
+// message without a sequence number (google/nftables numbers them) goes
+// the library's way.
+func (r *relay) send(msgs []netlink.Message) error {
+	if r.raw == nil {
+		_, err := r.sock.SendMessages(msgs)
+		return err
+	}
+	size := 0
+	for i := range msgs {
+		h := &msgs[i].Header
+		if h.Sequence == 0 {
+			_, err := r.sock.SendMessages(msgs)
+			return err
+		}
+		if h.Length == 0 {
+			h.Length = uint32(nlaAlign(unix.NLMSG_HDRLEN + len(msgs[i].Data)))
+		}
+		if h.PID == 0 {
+			h.PID = r.pid
+		}
+		if int(h.Length) != nlaAlign(int(h.Length)) || int(h.Length) < unix.NLMSG_HDRLEN+len(msgs[i].Data) {
+			return fmt.Errorf("message %d: length %d for %d bytes of data", i, h.Length, len(msgs[i].Data))
+		}
+		size += int(h.Length)
+	}
+	buf := make([]byte, size)
+	off := 0
+	for _, m := range msgs {
+		binary.NativeEndian.PutUint32(buf[off:], m.Header.Length)
+		binary.NativeEndian.PutUint16(buf[off+4:], uint16(m.Header.Type))
+		binary.NativeEndian.PutUint16(buf[off+6:], uint16(m.Header.Flags))
+		binary.NativeEndian.PutUint32(buf[off+8:], m.Header.Sequence)
+		binary.NativeEndian.PutUint32(buf[off+12:], m.Header.PID)
+		copy(buf[off+unix.NLMSG_HDRLEN:], m.Data)
+		off += int(m.Header.Length)
+	}
+	var sendErr error
+	err := r.raw.Write(func(fd uintptr) bool {
+		sendErr = unix.Sendmsg(int(fd), buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		return !errors.Is(sendErr, unix.EAGAIN)
+	})
+	if err == nil {
+		err = sendErr
+	}
+	if err != nil {
+		return fmt.Errorf("sendmsg: %w", err)
+	}
+	return nil
 }
 
 // newSetMessage is the type of the netlink message creating a set.
@@ -164,5 +249,6 @@ func withUserData(data []byte, userData map[string][]byte) ([]byte, error) {
 	return append(out, make([]byte, nlaAlign(len(ud))-len(ud))...), nil
 }
 
-// nlaAlign rounds a netlink attribute's length up to 4 bytes.
+// nlaAlign rounds a netlink attribute's length up to 4 bytes (netlink
+// messages are aligned the same way: NLMSG_ALIGNTO is 4 too).
 func nlaAlign(n int) int { return (n + unix.NLA_ALIGNTO - 1) &^ (unix.NLA_ALIGNTO - 1) }
