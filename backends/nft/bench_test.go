@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/kpng/localsink"
 )
 
-// The benchmarks of this file program 1,000 to 10,000 ClusterIP services
+// The benchmarks of this file program 1,000 to 50,000 ClusterIP services
 // with 10 IPv4 endpoints each (one TCP port, 80 → 8080) into a network
 // namespace on the real kernel, through NewSink, as a proxier does. They
 // need root. Each one asserts what it can (transaction sizes, objects in
@@ -185,7 +185,7 @@ func durationsMs(ds []time.Duration, q float64) float64 {
 	return float64(s[i]) / float64(time.Millisecond)
 }
 
-// BenchmarkColdStart programs 10,000 services × 10 endpoints into an
+// BenchmarkColdStart programs 1,000 to 50,000 services × 10 endpoints into an
 // empty namespace: each iteration is a new sink fed the whole state and
 // its first Sync (one transaction), after the previous table was removed.
 // ns/op is from the first Update to the end of Sync. It checks the
@@ -197,7 +197,7 @@ func durationsMs(ds []time.Duration, q float64) float64 {
 // and, unlike the elapsed time, hardly moves when other processes share
 // the machine's cores.
 func BenchmarkColdStart(b *testing.B) {
-	for _, n := range []int{1000, 3000, 10000} {
+	for _, n := range []int{1000, 3000, 10000, 50000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			netns.RequirePrivileged(b)
 			node := netns.New(b, "node")
@@ -319,10 +319,10 @@ func programmed(b *testing.B, n int) (*benchSink, *netns.NS) {
 // unless each transaction touches only that service's elements (the
 // intervals of its block, its endpoint in the hairpin set: no chain, no
 // rule, no set), every transaction of a kind has the same size, and that
-// size is the same at 1,000 and 10,000 services. median-ms and p99-ms are
+// size is the same at 1,000, 10,000 and 50,000 services. median-ms and p99-ms are
 // over the iterations' Sync calls.
 func BenchmarkEndpointChange(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
+	for _, n := range []int{1000, 10000, 50000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			// The model objects alone, as a source would hand them over.
 			before := liveHeap()
@@ -392,11 +392,11 @@ func BenchmarkEndpointChange(b *testing.B) {
 
 // BenchmarkServiceAddDelete adds one service with 10 endpoints and syncs,
 // then deletes it and syncs, per iteration. It checks both transactions'
-// sizes (the same at 1,000 and 10,000 services, but for the endpoint map
+// sizes (the same at 1,000, 10,000 and 50,000 services, but for the endpoint map
 // added with the first block of a map, deleted with its last) and the
 // number of elements in the kernel's service map after the last one.
 func BenchmarkServiceAddDelete(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
+	for _, n := range []int{1000, 10000, 50000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			s, node := programmed(b, n)
 			var adds, dels []time.Duration
