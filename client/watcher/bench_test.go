@@ -450,27 +450,7 @@ func runKpngJSON(b *testing.B, bin string, args []string, stopWhenComplete bool)
 		b.Fatal(err)
 	}
 
-	status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
-	var hwm atomic.Int64 // KiB
-	pollHWM := func() {
-		if n, err := statusKiB(status, "VmHWM"); err == nil && n > hwm.Load() {
-			hwm.Store(n)
-		}
-	}
-	stopPoll := make(chan struct{})
-	var polling sync.WaitGroup
-	polling.Go(func() {
-		t := time.NewTicker(2 * time.Millisecond)
-		defer t.Stop()
-		for {
-			pollHWM()
-			select {
-			case <-stopPoll:
-				return
-			case <-t.C:
-			}
-		}
-	})
+	hwm := pollPeakRSS(cmd.Process.Pid)
 
 	const first, last = `"Name":"svc-00000"`, `"Name":"svc-09999"`
 	sc := bufio.NewScanner(stdout)
@@ -491,7 +471,7 @@ func runKpngJSON(b *testing.B, bin string, args []string, stopWhenComplete bool)
 			services == realServices && endpoints == realServices*realEndpointsPerService {
 			run.complete = time.Since(start)
 			if stopWhenComplete {
-				pollHWM()
+				hwm.poll()
 				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 					b.Fatal(err)
 				}
@@ -503,16 +483,56 @@ func runKpngJSON(b *testing.B, bin string, args []string, stopWhenComplete bool)
 	}
 	err = cmd.Wait()
 	run.wall = time.Since(start)
-	close(stopPoll)
-	polling.Wait()
+	peak := hwm.stop()
 	if err != nil {
 		b.Fatalf("kpng-json %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
 	if stopWhenComplete && run.complete == 0 {
 		b.Fatalf("kpng-json %s exited without printing a complete state", strings.Join(args, " "))
 	}
-	run.peakRSSMiB = float64(hwm.Load()) / 1024
+	run.peakRSSMiB = float64(peak) / 1024
 	return run
+}
+
+// peakRSS polls the VmHWM of a process every 2 ms, from
+// /proc/<pid>/status, keeping the largest value read.
+type peakRSS struct {
+	status  string
+	kib     atomic.Int64
+	done    chan struct{}
+	polling sync.WaitGroup
+}
+
+// pollPeakRSS starts polling the VmHWM of process pid.
+func pollPeakRSS(pid int) *peakRSS {
+	p := &peakRSS{status: fmt.Sprintf("/proc/%d/status", pid), done: make(chan struct{})}
+	p.polling.Go(func() {
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			p.poll()
+			select {
+			case <-p.done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return p
+}
+
+// poll reads the VmHWM once.
+func (p *peakRSS) poll() {
+	if n, err := statusKiB(p.status, "VmHWM"); err == nil && n > p.kib.Load() {
+		p.kib.Store(n)
+	}
+}
+
+// stop stops polling and returns the largest VmHWM read, in KiB.
+func (p *peakRSS) stop() int64 {
+	close(p.done)
+	p.polling.Wait()
+	return p.kib.Load()
 }
 
 // realHeap returns the live heap after a collection.
@@ -535,11 +555,11 @@ func procStatusKiB(b *testing.B, field string) int64 {
 
 // statusKiB returns a "<field>: <n> kB" line of a /proc/<pid>/status file.
 func statusKiB(path, field string) (int64, error) {
-	data, err := os.ReadFile(path)
+	data, err := readProcFile(path)
 	if err != nil {
 		return 0, err
 	}
-	for line := range strings.Lines(string(data)) {
+	for line := range strings.Lines(data) {
 		name, rest, ok := strings.Cut(line, ":")
 		if !ok || name != field {
 			continue
@@ -547,6 +567,12 @@ func statusKiB(path, field string) (int64, error) {
 		return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 	}
 	return 0, fmt.Errorf("no %s in %s", field, path)
+}
+
+// readProcFile returns the content of a /proc file.
+func readProcFile(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	return string(data), err
 }
 
 // realPercentile returns the p-th percentile of sorted (nearest rank).
