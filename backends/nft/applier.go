@@ -112,6 +112,9 @@ type applier struct {
 	// masquerading chains) with the number of rules the last successful
 	// Full gave each: what Check expects of them.
 	fixed map[string]int
+	// fault is given to the relay of each transaction: the tests' seam
+	// for socket errors (relay.go); nil otherwise.
+	fault faultFunc
 }
 
 // txnConn is a connection transactions are written on: the Conn that
@@ -204,6 +207,7 @@ func (a *applier) begin(messages, elements int) (*txn, error) {
 	}
 	t.conn, t.relay = tc.conn, tc.relay
 	t.relay.begin()
+	t.relay.fault = a.fault
 	return t, nil
 }
 

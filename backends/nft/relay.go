@@ -42,7 +42,29 @@ type relay struct {
 	// was returned: until the next send, receives find nothing.
 	sendErr error
 	drained bool
+	// fault is the tests' seam for the socket's errors (nil in
+	// production): see faultFunc.
+	fault faultFunc
 }
+
+// relayOp is what the relay is about to do with its socket.
+type relayOp int
+
+const (
+	// relaySend is the send of a transaction's batch.
+	relaySend relayOp = iota
+	// relayReceive is a receive of the kernel's answers.
+	relayReceive
+)
+
+// faultFunc is the relay's seam for injecting socket errors (applier.fault
+// hands it to the relays of an applier): it is called before each send
+// and each receive, and an error it returns is taken as the socket's, the
+// operation not done: a send fails with nothing sent (a busy kernel,
+// EBUSY), a receive fails with the kernel's answers left unread (a
+// receive buffer overrun, ENOBUFS, after the kernel applied the batch).
+// Tests set it; nothing else does.
+type faultFunc func(op relayOp) error
 
 // newRelay makes conn send through a new relay, whose socket is opened in
 // conn's namespace with the socket options given (or is conn's TestDial,
@@ -94,6 +116,11 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		case r.drained:
 			return nil, io.EOF
 		}
+		if r.fault != nil {
+			if err := r.fault(relayReceive); err != nil {
+				return nil, err
+			}
+		}
 		return r.sock.Receive()
 	}
 	r.drained = false
@@ -112,6 +139,12 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		// The Conn sized the message for its own data: the socket
 		// sizes it again.
 		req[i].Header.Length = 0
+	}
+	if r.fault != nil {
+		if err := r.fault(relaySend); err != nil {
+			r.sendErr = fmt.Errorf("send %d netlink messages: %w", len(req), err)
+			return nil, nil
+		}
 	}
 	if err := r.send(req); err != nil {
 		r.sendErr = fmt.Errorf("send %d netlink messages: %w", len(req), err)

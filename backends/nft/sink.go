@@ -4,12 +4,14 @@ package nft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client/model"
@@ -224,13 +226,21 @@ func (s *sink) sync(repair string) error {
 		res.Stats, res.Err = s.applier.Partial(delta)
 	}
 	res.Duration = time.Since(start)
-	if res.Err != nil {
+	switch {
+	case res.Err != nil && errors.Is(res.Err, unix.ENOBUFS):
+		// The socket's receive buffer overran: the kernel's answers
+		// are lost, the batch was applied whole or not at all (the
+		// kernel applies it before answering). The next Sync rewrites
+		// the table whole, which is right either way.
+		s.needFull = true
+		res.Err = fmt.Errorf("nftables table %s: the kernel's answers were lost, the transaction was applied whole or not at all (the whole table will be written on the next sync): %w", s.table, res.Err)
+	case res.Err != nil:
 		// Nothing of the transaction was applied: the table is as
 		// before the round, the tracker ahead of it. The next Sync
 		// rewrites it whole.
 		s.needFull = true
 		res.Err = fmt.Errorf("nftables table %s: transaction rejected, nothing of it applied (the whole table will be written on the next sync): %w", s.table, res.Err)
-	} else {
+	default:
 		s.needFull, s.applied = false, true
 		klog.V(2).InfoS("nftables table synced", "table", s.table, "full", res.Full,
 			"services", len(res.Services), "messages", res.Stats.Messages, "objects", res.Stats.Objects(), "duration", res.Duration)
