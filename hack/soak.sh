@@ -4,7 +4,7 @@
 # endpoints, 15 API changes a second, one hour, by default), sampling its
 # heap, RSS, goroutines, open files and latency histograms; at the end, its
 # table is compared with a fresh kpng's (backends/nft
-# TestKernelTablesEqual). Needs root (network namespaces, nftables) and
+# compareTables, run with KPNG_COMPARE_NETNS). Needs root (network namespaces, nftables) and
 # iproute2. Results (samples.csv, windows.csv, summary.md, kpng's logs) go
 # to --out (default soak-out); the exit status says whether it passed.
 #

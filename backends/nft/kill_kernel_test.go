@@ -29,10 +29,14 @@ import (
 // its value is the path of the network namespace to program.
 const killHelperEnv = "KPNG_NFT_KILL_HELPER"
 
-// TestMain runs the tests, or killHelper in a process of its own.
+// TestMain runs the tests, or killHelper in a process of its own, or
+// compareTables for the soak.
 func TestMain(m *testing.M) {
 	if path := os.Getenv(killHelperEnv); path != "" {
 		os.Exit(killHelper(path, os.Getenv("KPNG_NFT_KILL_FIRST"), os.Getenv("KPNG_NFT_KILL_ONCE") != ""))
+	}
+	if spec := os.Getenv(compareEnv); spec != "" {
+		os.Exit(compareTables(spec))
 	}
 	os.Exit(m.Run())
 }

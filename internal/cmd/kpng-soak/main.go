@@ -13,7 +13,7 @@
 // its RSS from /proc. At the end it stops the churn, waits for kpng to
 // apply the last change, starts a second kpng on the same objects in a
 // fresh namespace and compares the two tables with the nft backend's
-// kernel-state reader (the test TestKernelTablesEqual of backends/nft, run
+// kernel-state reader (compareTables of backends/nft's tests, run
 // from its compiled test binary, --compare-test).
 //
 // It writes, in --out: samples.csv (one row a sample), windows.csv (per
@@ -589,7 +589,8 @@ type comparison struct {
 
 // compareFresh starts a second kpng on the same objects in a fresh
 // namespace, waits for its first state, and runs the nft backend's
-// TestKernelTablesEqual on the two namespaces.
+// table comparison (its test binary run with KPNG_COMPARE_NETNS) on the
+// two namespaces.
 func compareFresh(ctx context.Context, cfg config, kubeconfig string, soaked *kpng, want int) (comparison, error) {
 	fresh, err := startKpng(cfg, kubeconfig, "kpngsoak-fresh")
 	if err != nil {
@@ -605,16 +606,18 @@ func compareFresh(ctx context.Context, cfg config, kubeconfig string, soaked *kp
 	if _, err := soaked.waitSettled(ctx, want, time.Minute); err != nil {
 		return comparison{}, fmt.Errorf("the soaked kpng, before the comparison: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, cfg.compareTest, "-test.run=^TestKernelTablesEqual$", "-test.v", "-test.count=1")
+	// The test binary compares instead of testing when
+	// KPNG_COMPARE_NETNS is set (backends/nft compareTables).
+	cmd := exec.CommandContext(ctx, cfg.compareTest)
 	cmd.Env = append(os.Environ(), "KPNG_COMPARE_NETNS="+fresh.netns+","+soaked.netns)
 	out, err := cmd.CombinedOutput()
 	res.output = string(out)
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
-		res.equal = strings.Contains(res.output, "--- PASS: TestKernelTablesEqual")
+		res.equal = strings.Contains(res.output, "tables equal")
 		if !res.equal {
-			return res, fmt.Errorf("%s ran no TestKernelTablesEqual:\n%s", cfg.compareTest, out)
+			return res, fmt.Errorf("%s did not compare the tables:\n%s", cfg.compareTest, out)
 		}
 	case errors.As(err, &exit):
 		res.equal = false
