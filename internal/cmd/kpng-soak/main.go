@@ -20,8 +20,9 @@
 // --window: the medians of the gauges, the latency percentiles),
 // summary.md (the same as a table, first window against last, and the
 // comparison's result) and kpng's logs. It exits non-zero when a gauge
-// grew past the limits (--max-growth for heap and RSS, --max-extra for
-// goroutines and open files, last window's median against the first's),
+// grew past the limits (--max-growth for the heap goal and RSS,
+// --max-extra for goroutines and open files, last window's median against
+// the first's; the allocated heap is reported, not judged),
 // when kpng failed a round, or when the tables differ.
 //
 // hack/soak.sh builds kpng, this program and the test binary, and runs it
@@ -84,7 +85,7 @@ func main() {
 	flag.DurationVar(&cfg.window, "window", 10*time.Minute, "the windows of the summary (first against last)")
 	flag.DurationVar(&cfg.coldTimeout, "cold-timeout", 10*time.Minute, "how long kpng may take to apply the loaded state")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "the seed of the churn")
-	flag.Float64Var(&cfg.maxGrowth, "max-growth", 0.2, "heap and RSS: the last window's median may exceed the first's by this fraction")
+	flag.Float64Var(&cfg.maxGrowth, "max-growth", 0.2, "heap goal and RSS: the last window's median may exceed the first's by this fraction")
 	flag.Float64Var(&cfg.maxExtra, "max-extra", 2, "goroutines and open files: the last window's median may exceed the first's by this many")
 	flag.Parse()
 	if cfg.kpng == "" {

@@ -17,11 +17,12 @@ import (
 
 // histogram is a cumulative Prometheus histogram at one scrape: the
 // upper bounds of its buckets, ascending, with the count of samples at or
-// below each (the +Inf bucket last), and the number of samples.
+// below each (the +Inf bucket last), the number of samples and their sum.
 type histogram struct {
 	Bounds []float64
 	Counts []float64
 	Count  float64
+	Sum    float64
 }
 
 // sub returns h - old: the samples observed between the two scrapes.
@@ -30,7 +31,7 @@ func (h histogram) sub(old histogram) histogram {
 	if !slices.Equal(h.Bounds, old.Bounds) || old.Count > h.Count {
 		return h
 	}
-	out := histogram{Bounds: h.Bounds, Counts: make([]float64, len(h.Counts)), Count: h.Count - old.Count}
+	out := histogram{Bounds: h.Bounds, Counts: make([]float64, len(h.Counts)), Count: h.Count - old.Count, Sum: h.Sum - old.Sum}
 	for i := range h.Counts {
 		out.Counts[i] = h.Counts[i] - old.Counts[i]
 	}
@@ -63,6 +64,22 @@ func (h histogram) quantile(q float64) (v float64, above bool) {
 	return h.Bounds[last], true
 }
 
+// mean returns the mean of h's samples, NaN when it holds none.
+func (h histogram) mean() float64 {
+	if h.Count == 0 {
+		return math.NaN()
+	}
+	return h.Sum / h.Count
+}
+
+// msText writes seconds in milliseconds, "–" for NaN.
+func msText(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return strconv.FormatFloat(v*1000, 'f', 1, 64)
+}
+
 // scrape is what one read of kpng's /metrics gave: plain values by name
 // (counters and gauges, summed over their label sets) and histograms by
 // name.
@@ -90,7 +107,7 @@ func parseMetrics(r io.Reader) (scrape, error) {
 				s.Values[name] += m.GetUntyped().GetValue()
 			case "HISTOGRAM":
 				hm := m.GetHistogram()
-				h := histogram{Count: float64(hm.GetSampleCount())}
+				h := histogram{Count: float64(hm.GetSampleCount()), Sum: hm.GetSampleSum()}
 				for _, b := range hm.GetBucket() {
 					h.Bounds = append(h.Bounds, b.GetUpperBound())
 					h.Counts = append(h.Counts, float64(b.GetCumulativeCount()))

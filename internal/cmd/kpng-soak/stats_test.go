@@ -40,7 +40,7 @@ func TestParseMetrics(t *testing.T) {
 	if got := s.Values["kpng_rounds_total"]; got != 11 {
 		t.Errorf("kpng_rounds_total = %v, want 11 (summed over kinds)", got)
 	}
-	want := histogram{Bounds: []float64{0.25, 0.5, 1, math.Inf(1)}, Counts: []float64{50, 90, 100, 100}, Count: 100}
+	want := histogram{Bounds: []float64{0.25, 0.5, 1, math.Inf(1)}, Counts: []float64{50, 90, 100, 100}, Count: 100, Sum: 20}
 	if diff := cmp.Diff(want, s.Histograms[latencyMetric]); diff != "" {
 		t.Errorf("histogram (-want +got):\n%s", diff)
 	}
@@ -78,11 +78,14 @@ func TestQuantile(t *testing.T) {
 }
 
 func TestHistogramSub(t *testing.T) {
-	old := histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{3, 4}, Count: 4}
-	now := histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{10, 14}, Count: 14}
-	want := histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{7, 10}, Count: 10}
+	old := histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{3, 4}, Count: 4, Sum: 2}
+	now := histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{10, 14}, Count: 14, Sum: 7}
+	want := histogram{Bounds: []float64{1, math.Inf(1)}, Counts: []float64{7, 10}, Count: 10, Sum: 5}
 	if diff := cmp.Diff(want, now.sub(old)); diff != "" {
 		t.Errorf("sub (-want +got):\n%s", diff)
+	}
+	if got := now.sub(old).mean(); got != 0.5 {
+		t.Errorf("mean of the difference = %v, want 0.5", got)
 	}
 	// A restarted process: its counts fell; the new ones are taken whole.
 	if diff := cmp.Diff(old, old.sub(now)); diff != "" {
@@ -125,5 +128,54 @@ func TestWindows(t *testing.T) {
 	}
 	if ws[0].latP99 > 0.1 || ws[1].latP50 <= 0.1 {
 		t.Errorf("percentiles: first window p99 %v (want ≤ 0.1 s), last p50 %v (want > 0.1 s)", ws[0].latP99, ws[1].latP50)
+	}
+}
+
+// TestSummarizeJudges checks the limits: a heap goal, RSS, goroutine or
+// open-file median that grew past them fails the soak, the allocated heap
+// does not, nor a failed comparison that was skipped.
+func TestSummarizeJudges(t *testing.T) {
+	cfg := config{services: 10, endpoints: 1, duration: 2 * time.Minute, rate: 1, sample: 10 * time.Second, window: time.Minute, maxGrowth: 0.2, maxExtra: 2}
+	samples := func(last map[string]float64, lastRSS float64) []sample {
+		var out []sample
+		for i := 1; i < 12; i++ {
+			v := map[string]float64{"go_memstats_heap_alloc_bytes": 100, "go_memstats_next_gc_bytes": 200, "go_goroutines": 50, "process_open_fds": 15}
+			rss := 300.0
+			if i >= 6 {
+				for k, x := range last {
+					v[k] = x
+				}
+				rss = lastRSS
+			}
+			out = append(out, sample{at: time.Duration(i) * 10 * time.Second, s: scrape{Values: v}, vmRSS: rss})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		last     map[string]float64
+		lastRSS  float64
+		wantFail string
+	}{
+		{name: "flat", lastRSS: 310},
+		{name: "allocated heap doubled", last: map[string]float64{"go_memstats_heap_alloc_bytes": 200}, lastRSS: 300},
+		{name: "heap goal +30%", last: map[string]float64{"go_memstats_next_gc_bytes": 260}, lastRSS: 300, wantFail: "heap_goal_bytes"},
+		{name: "RSS +30%", lastRSS: 390, wantFail: "rss_bytes"},
+		{name: "3 more goroutines", last: map[string]float64{"go_goroutines": 53}, lastRSS: 300, wantFail: "goroutines"},
+		{name: "3 more files", last: map[string]float64{"process_open_fds": 18}, lastRSS: 300, wantFail: "open_fds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sum := summarize(cfg, samples(tc.last, tc.lastRSS), 100, time.Second, scrape{}, scrape{}, comparison{skipped: true})
+			if len(sum.windows) != 2 {
+				t.Fatalf("%d windows, want 2", len(sum.windows))
+			}
+			got := strings.Join(sum.failures, "; ")
+			if tc.wantFail == "" && got != "" {
+				t.Errorf("failures %q, want none", got)
+			}
+			if tc.wantFail != "" && (len(sum.failures) != 1 || !strings.Contains(got, tc.wantFail)) {
+				t.Errorf("failures %q, want one about %s", got, tc.wantFail)
+			}
+		})
 	}
 }
