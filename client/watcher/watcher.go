@@ -36,7 +36,6 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	networking "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -173,21 +172,8 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	w.start = time.Now()
 	w.mu.Unlock()
 
-	// What the watcher does not read is dropped from the caches; of the
-	// annotations, only the EndpointSlice controller's trigger time.
-	strip := func(obj any) (any, error) {
-		if m, err := meta.Accessor(obj); err == nil {
-			m.SetManagedFields(nil)
-			var keep map[string]string
-			if t, ok := m.GetAnnotations()[v1.EndpointsLastChangeTriggerTime]; ok {
-				if _, isSlice := obj.(*discovery.EndpointSlice); isSlice {
-					keep = map[string]string{v1.EndpointsLastChangeTriggerTime: t}
-				}
-			}
-			m.SetAnnotations(keep)
-		}
-		return obj, nil
-	}
+	// What the watcher does not read is dropped from the caches (compact).
+	strip := (&compactor{}).compact
 	byLabel := func(o *metav1.ListOptions) { o.LabelSelector = w.selector }
 	infs := &informers{client: w.cfg.Client}
 	svcInformer := infs.services(byLabel, strip)
