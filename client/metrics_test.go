@@ -38,7 +38,6 @@ func (s *failingSink) Sync() error {
 	return nil
 }
 
-
 // counters scrapes addr's /metrics with Prometheus' text parser and
 // returns the kpng counters, gauges and histograms (their sample count),
 // summed over their labels.

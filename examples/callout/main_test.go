@@ -352,7 +352,6 @@ func createNode(t *testing.T) string {
 	return name
 }
 
-
 var (
 	blogOnce sync.Once
 	blogErr  error
