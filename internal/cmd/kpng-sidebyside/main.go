@@ -629,11 +629,6 @@ func (p *proc) waitSync(since time.Time, timeout time.Duration) (logEvent, error
 	return p.wait(p.syncs, "complete sync", since, timeout)
 }
 
-// waitRound returns the first round (kpng) read after since.
-func (p *proc) waitRound(since time.Time, timeout time.Duration) (logEvent, error) {
-	return p.wait(p.rounds, "round", since, timeout)
-}
-
 // wait returns the first event of ch read after since.
 func (p *proc) wait(ch chan logEvent, what string, since time.Time, timeout time.Duration) (logEvent, error) {
 	deadline := time.After(timeout)
