@@ -4,22 +4,17 @@ package nft
 
 import (
 	"errors"
-	"net/netip"
 	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
-	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
-	"sigs.k8s.io/kpng/internal/churn"
 	"sigs.k8s.io/kpng/internal/netns"
-	"sigs.k8s.io/kpng/localsink"
 )
 
 // TestKernelNetlinkErrors injects the socket errors a busy or overrun
@@ -54,42 +49,19 @@ func TestKernelNetlinkErrors(t *testing.T) {
 			wantText: "applied whole or not at all"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := netns.New(t, "nlfault")
-			const name = "nlfault"
-			table := TableName(name)
-			opts := Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
-			gen := churn.New(9, churnPools)
-			for len(gen.State()) < 8 {
-				gen.Round()
-			}
-			state := gen.State()
-
-			rec := metrics.New(metrics.Options{ServiceProxyName: name})
-			results := make(chan SyncResult, 10)
-			newConn := connIn(t, ns)
-			s, err := NewSink(Config{ServiceProxyName: name, Options: opts, Conn: newConn, Conntrack: conntrackIn(t, ns),
-				AfterSync: func(r SyncResult) { results <- r }})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := newFaultRig(t, "nlfault", 9)
+			state := r.state
 			// armed is how many more times the fault fires; injected
 			// how many times it did.
 			var armed, injected atomic.Int32
-			s.(*sink).applier.fault = func(op relayOp) error {
+			r.sink.applier.fault = func(op relayOp) error {
 				if op != tc.op || armed.Add(-1) < 0 {
 					return nil
 				}
 				injected.Add(1)
 				return tc.err
 			}
-			f := localsink.NewFeeder(s, localsink.FeederOptions{MinRetry: 300 * time.Millisecond, MaxRetry: time.Second, Observe: rec.Observe, Queued: rec.Queued})
-			t.Cleanup(f.Close)
-			f.SetAll(state)
-			if err := f.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			<-results
-			before := mustReadKernelTable(t, newConn, table)
+			before := r.read(t)
 
 			// The round: a service deleted, one endpoint fewer for
 			// another, a new service.
@@ -106,11 +78,9 @@ func TestKernelNetlinkErrors(t *testing.T) {
 				Service:   svc("churn", "zz-added", ipset("10.96.0.99", "fd00::99"), tcp(8080, 8080)),
 				Endpoints: []*model.Endpoint{ep("10.1.0.1", true), ep("1100::1", false)},
 			})
-			fresh := freshKernelTable(t, name, opts, next)
-
 			armed.Store(1)
-			f.SetAll(next)
-			err = f.Sync()
+			r.feeder.SetAll(next)
+			err := r.feeder.Sync()
 			var errno syscall.Errno
 			if !errors.As(tc.err, &errno) || !errors.Is(err, errno) || !strings.Contains(err.Error(), tc.wantText) {
 				t.Fatalf("Sync with the injected %v: %v, want that error, saying %q", tc.err, err, tc.wantText)
@@ -118,42 +88,18 @@ func TestKernelNetlinkErrors(t *testing.T) {
 			if got := injected.Load(); got != 1 {
 				t.Fatalf("the fault fired %d times, want 1", got)
 			}
-			if r := <-results; r.Err == nil || r.Full {
-				t.Fatalf("the failed transaction: %+v, want a failed partial one", r)
+			if res := <-r.results; res.Err == nil || res.Full {
+				t.Fatalf("the failed transaction: %+v, want a failed partial one", res)
 			}
 			want, wantName := before, "the state before the round"
 			if tc.applied {
-				want, wantName = fresh, "the round's state"
+				want, wantName = freshKernelTable(t, r.name, r.opts, next), "the round's state"
 			}
-			if diff := diffKernelTables(want, mustReadKernelTable(t, newConn, table)); diff != "" {
+			if diff := diffKernelTables(want, r.read(t)); diff != "" {
 				t.Fatalf("after the failure the table is not %s (-want +got):\n%s", wantName, diff)
 			}
-			if got := counter(t, rec.Registry(), "kpng_sync_proxy_rules_failures_total", ""); got != 1 {
-				t.Errorf("kpng_sync_proxy_rules_failures_total = %v, want 1", got)
-			}
-
 			// No new round: the Feeder's retry rewrites the table.
-			select {
-			case r := <-results:
-				if r.Err != nil || !r.Full {
-					t.Fatalf("the retry: %+v, want a successful full transaction", r)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("no retry within 10 s")
-			}
-			if diff := diffKernelTables(fresh, mustReadKernelTable(t, newConn, table)); diff != "" {
-				t.Fatalf("after the retry (-fresh +sink):\n%s", diff)
-			}
-			deadline := time.Now().Add(5 * time.Second)
-			for counter(t, rec.Registry(), "kpng_rounds_total", "retry") != 1 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond) // Observe follows AfterSync
-			}
-			if got := counter(t, rec.Registry(), "kpng_rounds_total", "retry"); got != 1 {
-				t.Errorf("kpng_rounds_total{kind=retry} = %v, want 1", got)
-			}
-			if got := counter(t, rec.Registry(), "kpng_sync_proxy_rules_failures_total", ""); got != 1 {
-				t.Errorf("kpng_sync_proxy_rules_failures_total = %v after the retry, want 1", got)
-			}
+			r.expectRetried(t, next)
 		})
 	}
 }

@@ -3,19 +3,14 @@
 package nft
 
 import (
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
-	"sigs.k8s.io/kpng/internal/churn"
 	"sigs.k8s.io/kpng/internal/netns"
-	"sigs.k8s.io/kpng/localsink"
 )
 
 // TestKernelRejectedTransactionAtomic makes the kernel reject a partial
@@ -31,38 +26,14 @@ import (
 func TestKernelRejectedTransactionAtomic(t *testing.T) {
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "nft")
-	ns := netns.New(t, "reject")
-	const name = "reject"
-	table := TableName(name)
-	opts := Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
-
-	gen := churn.New(5, churnPools)
-	for len(gen.State()) < 8 {
-		gen.Round()
-	}
-	state := gen.State()
-
-	rec := metrics.New(metrics.Options{ServiceProxyName: name})
-	results := make(chan SyncResult, 10)
-	newConn := connIn(t, ns)
-	s, err := NewSink(Config{ServiceProxyName: name, Options: opts, Conn: newConn, Conntrack: conntrackIn(t, ns),
-		AfterSync: func(r SyncResult) { results <- r }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := localsink.NewFeeder(s, localsink.FeederOptions{MinRetry: 300 * time.Millisecond, MaxRetry: time.Second, Observe: rec.Observe, Queued: rec.Queued})
-	t.Cleanup(f.Close)
-	f.SetAll(state)
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	<-results
+	r := newFaultRig(t, "reject", 5)
+	state := r.state
 
 	// The round: the first service with a chain of its own deleted, a
 	// new service, another service with one endpoint fewer.
 	var deleted model.ServiceKey
 	var deletedChain string
-	for _, c := range s.(*sink).tracker.ChainNames() {
+	for _, c := range r.sink.tracker.ChainNames() {
 		for _, se := range state {
 			if strings.HasPrefix(c, "svc4-") && strings.Contains(c, "-"+se.Service.Namespace+"/"+se.Service.Name+"/") {
 				deleted, deletedChain = se.Service.Key(), c
@@ -92,48 +63,24 @@ func TestKernelRejectedTransactionAtomic(t *testing.T) {
 	next = append(next, added)
 
 	// By hand: a rule jumping to the chain the round deletes.
-	if _, stderr, err := ns.Exec(nil, "nft", "add", "rule", "inet", table, chainServices, "jump", deletedChain); err != nil {
+	if _, stderr, err := r.ns.Exec(nil, "nft", "add", "rule", "inet", r.table, chainServices, "jump", deletedChain); err != nil {
 		t.Fatalf("nft add rule: %v: %s", err, stderr)
 	}
-	before := mustReadKernelTable(t, newConn, table)
+	before := r.read(t)
 
-	f.SetAll(next)
-	err = f.Sync()
+	r.feeder.SetAll(next)
+	err := r.feeder.Sync()
 	if err == nil || !strings.Contains(err.Error(), "nothing of it applied") {
 		t.Fatalf("Sync of the round the kernel rejects: %v, want the rejection", err)
 	}
-	if r := <-results; r.Err == nil || r.Full || r.Stats.ChainsAdded == 0 || r.Stats.ChainsDeleted == 0 {
-		t.Fatalf("the rejected transaction: %+v, want a partial one creating and deleting chains", r)
+	if res := <-r.results; res.Err == nil || res.Full || res.Stats.ChainsAdded == 0 || res.Stats.ChainsDeleted == 0 {
+		t.Fatalf("the rejected transaction: %+v, want a partial one creating and deleting chains", res)
 	}
-	if diff := diffKernelTables(before, mustReadKernelTable(t, newConn, table)); diff != "" {
+	if diff := diffKernelTables(before, r.read(t)); diff != "" {
 		t.Fatalf("the rejected transaction left something in the kernel (-before +after):\n%s", diff)
 	}
-	if got := counter(t, rec.Registry(), "kpng_sync_proxy_rules_failures_total", ""); got != 1 {
-		t.Errorf("kpng_sync_proxy_rules_failures_total = %v, want 1", got)
-	}
-
 	// No new round: the Feeder's retry rewrites the table.
-	select {
-	case r := <-results:
-		if r.Err != nil || !r.Full {
-			t.Fatalf("the retry: %+v, want a successful full transaction", r)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no retry within 10 s")
-	}
-	if diff := diffKernelTables(freshKernelTable(t, name, opts, next), mustReadKernelTable(t, newConn, table)); diff != "" {
-		t.Fatalf("after the retry (-fresh +sink):\n%s", diff)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for counter(t, rec.Registry(), "kpng_rounds_total", "retry") != 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // Observe follows AfterSync
-	}
-	if got := counter(t, rec.Registry(), "kpng_rounds_total", "retry"); got != 1 {
-		t.Errorf("kpng_rounds_total{kind=retry} = %v, want 1", got)
-	}
-	if got := counter(t, rec.Registry(), "kpng_sync_proxy_rules_failures_total", ""); got != 1 {
-		t.Errorf("kpng_sync_proxy_rules_failures_total = %v after the retry, want 1", got)
-	}
+	r.expectRetried(t, next)
 }
 
 // counter returns the value of the counter name (with the label kind, if
