@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	pmodel "github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -22,6 +20,7 @@ import (
 	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/promtest"
 	"sigs.k8s.io/kpng/internal/testio"
 	"sigs.k8s.io/kpng/localsink"
 )
@@ -43,16 +42,7 @@ func (s *failingSink) Sync() error {
 // summed over their labels.
 func counters(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
+	families := promtest.Scrape(t, addr)
 	out := map[string]float64{}
 	for name, f := range families {
 		if strings.HasPrefix(name, "kpng_") {

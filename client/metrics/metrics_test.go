@@ -8,24 +8,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	dto "github.com/prometheus/client_model/go"
 
+	"sigs.k8s.io/kpng/internal/promtest"
 	"sigs.k8s.io/kpng/localsink"
 )
+
+// families returns the metric families r serves on /metrics, parsed with
+// Prometheus' text parser.
+func families(t *testing.T, r *Recorder) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	r.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	families, err := promtest.Parse(strings.NewReader(rec.Body.String()))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, rec.Body.String())
+	}
+	return families
+}
 
 // scrape fetches the metrics and parses them with Prometheus' own text
 // parser: name, then "/" and each label value but service_proxy_name →
 // the value of the sample (of a histogram: its sample count).
 func scrape(t *testing.T, r *Recorder) map[string]float64 {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	r.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(rec.Body.String()))
-	if err != nil {
-		t.Fatalf("the metrics do not parse: %v\n%s", err, rec.Body.String())
-	}
+	families := families(t, r)
 	out := map[string]float64{}
 	for name, f := range families {
 		for _, m := range f.GetMetric() {

@@ -4,13 +4,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	kmodel "sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
@@ -20,15 +17,8 @@ import (
 // upper bound.
 func histogram(t *testing.T, r *Recorder, name string) map[float64]uint64 {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	r.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(rec.Body.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[float64]uint64{}
-	for _, b := range families[name].GetMetric()[0].GetHistogram().GetBucket() {
+	for _, b := range families(t, r)[name].GetMetric()[0].GetHistogram().GetBucket() {
 		out[b.GetUpperBound()] = b.GetCumulativeCount()
 	}
 	return out

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	pmodel "github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 
 	"sigs.k8s.io/kpng/backends/nft"
@@ -20,6 +18,7 @@ import (
 	"sigs.k8s.io/kpng/internal/e2e"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/promtest"
 )
 
 // TestKubeToLocalNFTProblems: two Services of the real API server claim
@@ -55,8 +54,7 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 			return nil
 		}
 		defer resp.Body.Close()
-		parser := expfmt.NewTextParser(pmodel.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(resp.Body)
+		families, err := promtest.Parse(resp.Body)
 		if err != nil {
 			t.Fatalf("scrape: %v", err)
 		}

@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/common/expfmt"
-	pmodel "github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -29,6 +27,7 @@ import (
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/manifests"
 	"sigs.k8s.io/kpng/internal/proc"
+	"sigs.k8s.io/kpng/internal/promtest"
 	"sigs.k8s.io/kpng/internal/testio"
 )
 
@@ -631,16 +630,7 @@ func withoutCallout(env []string) []string {
 // count).
 func scrapeCallout(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
+	families := promtest.Scrape(t, addr)
 	out := map[string]float64{}
 	for name, f := range families {
 		if !strings.HasPrefix(name, "kpng_callout_") && name != "kpng_sync_proxy_rules_last_queued_timestamp_seconds" {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,11 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	pmodel "github.com/prometheus/common/model"
-
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/manifests"
+	"sigs.k8s.io/kpng/internal/promtest"
 	"sigs.k8s.io/kpng/internal/testio"
 )
 
@@ -106,16 +103,7 @@ func jsonBackend(t *testing.T, addr, node string) string {
 // Prometheus' text parser, by name (summed over labels).
 func scrape(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
+	families := promtest.Scrape(t, addr)
 	out := map[string]float64{}
 	for name, f := range families {
 		for _, m := range f.GetMetric() {

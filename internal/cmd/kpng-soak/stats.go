@@ -3,7 +3,6 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"math"
 	"slices"
@@ -11,8 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/prometheus/common/expfmt"
-	pmodel "github.com/prometheus/common/model"
+	"sigs.k8s.io/kpng/internal/promtest"
 )
 
 // histogram is a cumulative Prometheus histogram at one scrape: the
@@ -90,10 +88,9 @@ type scrape struct {
 
 // parseMetrics parses the Prometheus text format with Prometheus' parser.
 func parseMetrics(r io.Reader) (scrape, error) {
-	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(r)
+	families, err := promtest.Parse(r)
 	if err != nil {
-		return scrape{}, fmt.Errorf("parse metrics: %w", err)
+		return scrape{}, err
 	}
 	s := scrape{Values: map[string]float64{}, Histograms: map[string]histogram{}}
 	for name, f := range families {
