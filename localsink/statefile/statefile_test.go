@@ -211,14 +211,13 @@ func (s *stateSink) count() int {
 	return len(s.states)
 }
 
-func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.yaml")
-	if err := Write(path, sample()); err != nil {
-		t.Fatal(err)
-	}
+// watchFile runs Watch on path, polled every interval, until the test
+// ends, into a full-state sink that records each state, behind a checker
+// of the Sink contract; at the end Watch must have returned no error and
+// the contract must have held.
+func watchFile(t *testing.T, path string, interval time.Duration) *stateSink {
+	t.Helper()
 	rec := &stateSink{}
-	// The checker between the file input and the full state checks the
-	// Sink contract.
 	sink := sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
 		rec.mu.Lock()
 		rec.states = append(rec.states, items)
@@ -226,8 +225,8 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, path, 20*time.Millisecond, 0, sink) }()
-	defer func() {
+	go func() { done <- Watch(ctx, path, interval, 0, sink) }()
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Watch: %v", err)
@@ -235,7 +234,16 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 		if err := sink.Err(); err != nil {
 			t.Errorf("the file input broke the Sink contract:\n%v", err)
 		}
-	}()
+	})
+	return rec
+}
+
+func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	if err := Write(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	rec := watchFile(t, path, 20*time.Millisecond)
 	if diff := cmp.Diff(sample(), rec.last(t, 1), equatePrefixes); diff != "" {
 		t.Errorf("first state (-want +got):\n%s", diff)
 	}
@@ -299,24 +307,7 @@ func TestWatchKeepsServingPastAHugeFile(t *testing.T) {
 	if err := Write(path, sample()); err != nil {
 		t.Fatal(err)
 	}
-	rec := &stateSink{}
-	sink := sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
-		rec.mu.Lock()
-		rec.states = append(rec.states, items)
-		rec.mu.Unlock()
-	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, path, 20*time.Millisecond, 0, sink) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Watch: %v", err)
-		}
-		if err := sink.Err(); err != nil {
-			t.Errorf("the file input broke the Sink contract:\n%v", err)
-		}
-	}()
+	rec := watchFile(t, path, 20*time.Millisecond)
 	rec.last(t, 1)
 
 	huge := filepath.Join(dir, "huge")
@@ -371,24 +362,7 @@ func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
 	if err := Write(path, state(0)); err != nil {
 		t.Fatal(err)
 	}
-	rec := &stateSink{}
-	sink := sinktest.NewChecker(localsink.NewFullState(func(items []*model.ServiceEndpoints) {
-		rec.mu.Lock()
-		rec.states = append(rec.states, items)
-		rec.mu.Unlock()
-	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, path, 10*time.Millisecond, 0, sink) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Watch: %v", err)
-		}
-		if err := sink.Err(); err != nil {
-			t.Errorf("the file input broke the Sink contract:\n%v", err)
-		}
-	}()
+	rec := watchFile(t, path, 10*time.Millisecond)
 	rec.last(t, 1)
 	for gen := 1; gen <= 5; gen++ {
 		// Encoded first: the pauses between the writes are the test's,
