@@ -19,7 +19,8 @@ const ackBytes = 1024
 const minReceiveBuffer = 4 << 20
 
 // receiveBufferFor returns the receive buffer a transaction of messages
-// messages needs for all its acknowledgements.
+// messages needs for an answer to each (the relay asks for none, but the
+// kernel answers each message it rejects, with the message).
 func receiveBufferFor(messages int) int {
 	return max(minReceiveBuffer, messages*ackBytes)
 }
