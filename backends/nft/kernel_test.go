@@ -332,7 +332,7 @@ func TestKernelClusterIP(t *testing.T) {
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
 		`10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-`, `fd00:10:96::10 . udp . 80 comment "default/web" : goto svc6-`,
-		"numgen random mod 100000000 map @endpoints-v4-0", "numgen random mod 100000000 map @endpoints-v6-0",
+		"numgen random mod 10000000 map @endpoints-v4-0", "numgen random mod 10000000 map @endpoints-v6-0",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
 		`comment "svc4 default/web/tcp/80" : `, `comment "svc6 default/web/udp/80" : `,
 	} {
@@ -698,7 +698,7 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-blocks")
 	// Slot 0's one interval, the whole of block 0 of map 0, with the
 	// comment of its new block.
-	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, `0-99999999 comment "svc4 default/zmoved/tcp/80" : `+netns.Pod2V4.String()+" . 6000") {
+	if strings.Contains(listing, endpointMapName(ipv4, 1)) || !strings.Contains(listing, fmt.Sprintf(`0-%d comment "svc4 default/zmoved/tcp/80" : `, blockRange-1)+netns.Pod2V4.String()+" . 6000") {
 		t.Errorf("want the second endpoint map gone and slot 0 reused by pod2:\n%s", listing)
 	}
 	pod2Only := map[string]uint16{netns.Pod2ID: 6000}

@@ -82,8 +82,8 @@ func isNodePortMap(m string) bool {
 }
 
 // endpointMapName returns the name of the shard-th endpoint map of a family:
-// "endpoints-v4-0", "endpoints-v4-1", … Blocks 16·shard to 16·shard+15 of
-// the family are in it.
+// "endpoints-v4-0", "endpoints-v4-1", … Blocks blocksPerMap·shard to
+// blocksPerMap·(shard+1) - 1 of the family are in it.
 func endpointMapName(f ipFamily, shard uint32) string {
 	return fmt.Sprintf("endpoints-v%s-%d", familySuffix(f), shard)
 }

@@ -194,18 +194,21 @@ func compareElements(a, b mapElement) int {
 // blockRange is the range of the random number that chooses an endpoint
 // of a block: the block's rule draws in [0, blockRange), and each endpoint
 // of the block owns an interval of it in proportion (1 / N, give or take
-// one number in 10^8: uniform for any N). The range being fixed, the rule
+// one number in 10^7: uniform for any N). The range being fixed, the rule
 // that draws never changes with the endpoints: only map elements do. A
 // power of ten, so that the keys of a listing read as the blocks they
-// belong to: block 3 of a map is 300000000-399999999.
-const blockRange = 100_000_000
+// belong to: block 3 of a map is 30000000-39999999.
+const blockRange = 10_000_000
 
 // blocksPerMap is the number of blocks that share one endpoint map. The
-// kernel walks the rules bound to a map for every element added to it, and
-// the sets of a table by name for every message naming one: about sqrt of
-// 10,000 blocks keeps both walks short. blocksPerMap·blockRange must fit
-// in 32 bits (the key of an endpoint map).
-const blocksPerMap = 16
+// kernel walks the rules bound to a map for every element added to it
+// (more blocks a map: longer walks), and the table's list of sets, by
+// name, for every rule naming one (fewer blocks a map: more maps, longer
+// walks). BenchmarkColdStart at 50,000 services: 16 blocks a map (3,125
+// maps a family) 10.6 s, 32 9.3 s, 64 8.7 s, 128 8.7–9.3 s; at 1,000 and
+// 10,000 the same within the noise. blocksPerMap·blockRange must fit in
+// 32 bits (the key of an endpoint map).
+const blocksPerMap = 64
 
 // blockOffset is the first key of the block of slot in its endpoint map:
 // the rule of the block draws numgen random mod blockRange offset
@@ -318,9 +321,9 @@ func (e endpointElement) keys() (first, last uint32) {
 }
 
 // text returns the element in nft syntax, as nft lists it, with the
-// comment of its block: slot 19's interval [0, 50000000) is
-// `300000000-349999999 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080`
-// (slot 19 is block 3 of map 1; an interval of one number is that number
+// comment of its block: slot 67's interval [0, 5000000) is
+// `30000000-34999999 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080`
+// (slot 67 is block 3 of map 1; an interval of one number is that number
 // alone).
 func (e endpointElement) text(comment string) string {
 	first, last := e.keys()
@@ -336,9 +339,9 @@ func (e endpointElement) text(comment string) string {
 func compareEndpointElements(a, b endpointElement) int { return cmp.Compare(a.ID(), b.ID()) }
 
 // dnatMapRule DNATs to an endpoint of a block drawn at random:
-// "meta l4proto tcp dnat ip to numgen random mod 100000000 offset
-// 300000000 map @endpoints-v4-1", where the offset is the first key of the
-// block (slot 19, block 3 of map 1).
+// "meta l4proto tcp dnat ip to numgen random mod 10000000 offset
+// 30000000 map @endpoints-v4-1", where the offset is the first key of the
+// block (slot 67, block 3 of map 1).
 type dnatMapRule struct {
 	Family ipFamily
 	Proto  model.Protocol

@@ -40,7 +40,7 @@ const (
 // drawn by numgen, offset by its block's place in the map, one 4-byte
 // integer in network byte order (the map is an interval map, compared as
 // bytes). nft knows the key from the map's user data (typeof numgen
-// random mod 100000000: setUserData).
+// random mod 10000000: setUserData).
 var endpointMapKey = func() nftables.SetDatatype {
 	t := nftables.TypeInteger
 	t.Bytes = 4

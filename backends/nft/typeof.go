@@ -90,7 +90,7 @@ const numgenRandom = 1
 func endpointDataTypeof(f ipFamily) string { return daddrText(f) + " . th dport" }
 
 // endpointMapUserData is the user data of an endpoint map of family f:
-// `typeof numgen random mod 100000000 : ip daddr . th dport`.
+// `typeof numgen random mod 10000000 : ip daddr . th dport`.
 func endpointMapUserData(f ipFamily) []byte {
 	desc, field := uint32(protoDescIP), uint32(ipHdrDaddr)
 	if f == ipv6 {
