@@ -2,6 +2,7 @@ package statefile
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -433,6 +434,14 @@ func TestParseByItemMatchesWhole(t *testing.T) {
 		{"an alias to another item", "- Service: &s {Namespace: a, Name: b}\n- Endpoints: []\n  Service: *s\n", true},
 		{"a syntax error in one item", "- Service: {Namespace: a, Name: b}\n- Service: {Namespace: a\n", true},
 		{"JSON", `[{"Service":{"Namespace":"a","Name":"b"}}]`, false},
+		{"JSON with a Cluster item", ` [{"Cluster":{"ServiceCIDRs":["10.96.0.0/16"]}}, {"Service":{"Namespace":"a","Name":"Cluster"}}]` + "\n", false},
+		{"JSON with two Cluster items", `[{"Cluster":{"ServiceCIDRs":["10.96.0.0/16"]}},{"Cluster":{}}]`, false},
+		{"JSON with a bad field", `[{"Service":{"Namespace":"a","Name":"b"}},{"Service":{"Namespace":"a","Name":"c","Colour":"red"}}]`, false},
+		{"JSON with a bad source range", `[{"Service":{"Namespace":"a","Name":"b","LoadBalancerSourceRanges":["nope"]}}]`, false},
+		{"JSON with a service twice", `[{"Service":{"Namespace":"a","Name":"b"}},{"Service":{"Namespace":"a","Name":"b"}}]`, false},
+		{"JSON, then more", `[{"Service":{"Namespace":"a","Name":"b"}}] [{"Service":{"Namespace":"a","Name":"c"}}]`, false},
+		{"JSON cut short", `[{"Service":{"Namespace":"a","Name":"b"}}`, false},
+		{"empty JSON", "[]", false},
 		{"two documents", "- Service: {Namespace: a, Name: b}\n---\n- Service: {Namespace: a, Name: c}\n", false},
 		{"an indented list", "  - Service: {Namespace: a, Name: b}\n", false},
 		{"a mapping", "Service: {Namespace: a, Name: b}\n", false},
@@ -459,5 +468,33 @@ func TestParseByItemMatchesWhole(t *testing.T) {
 				t.Errorf("services (-whole +by item):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestJSONItems checks which files take the JSON decoder (one JSON array,
+// nothing after it) and that each item comes whole.
+func TestJSONItems(t *testing.T) {
+	for _, tc := range []struct {
+		data  string
+		items int
+		ok    bool
+	}{
+		{`[]`, 0, true},
+		{" \n[{\"Service\":{\"Name\":\"b\"}}, {\"Service\":{\"Name\":\"[c]\"}}]\n", 2, true},
+		{`[{"Service":{}}] []`, 0, false},
+		{`[{"Service":{}}`, 0, false},
+		{`{"Service":{}}`, 0, false},
+		{"- Service: {Name: b}\n", 0, false},
+		{`[{"Service":{}},]`, 0, false},
+	} {
+		raws, ok := jsonItems([]byte(tc.data))
+		if ok != tc.ok || len(raws) != tc.items {
+			t.Errorf("%q: %d items, %v; want %d, %v", tc.data, len(raws), ok, tc.items, tc.ok)
+		}
+		for _, r := range raws {
+			if !json.Valid(r) || r[0] != '{' {
+				t.Errorf("%q: item %q", tc.data, r)
+			}
+		}
 	}
 }
