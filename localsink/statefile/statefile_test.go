@@ -1,6 +1,7 @@
 package statefile
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -267,6 +268,54 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	}
 }
 
+// TestWatchReadsOnlyNewVersions: a file touched (same content) gives no
+// new state; a same-size edit in place whose modification time is put
+// back, as cp -p does, is a new version all the same (its change time
+// moved) and is applied.
+func TestWatchReadsOnlyNewVersions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	if err := Write(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := watchFile(t, path, 10*time.Millisecond)
+	rec.last(t, 1)
+	later := before.ModTime().Add(time.Hour)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := rec.count(); n != 1 {
+		t.Fatalf("a touched file produced %d states, want the first one only", n)
+	}
+
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := bytes.Replace(data, []byte("11.0.2.2"), []byte("11.0.2.9"), 1)
+	if len(edited) != len(data) || bytes.Equal(edited, data) {
+		t.Fatal("the edit does not keep the size")
+	}
+	if err := os.WriteFile(path, edited, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if after, err := os.Stat(path); err != nil || !after.ModTime().Equal(later) || after.Size() != before.Size() {
+		t.Fatalf("the edited file: %v, %v; want the size and modification time of the touched one", after, err)
+	}
+	want := sample()
+	want[0].Endpoints[0].IPs.V4 = []string{"11.0.2.9"}
+	if diff := cmp.Diff(want, rec.last(t, 2), equatePrefixes); diff != "" {
+		t.Errorf("state after the same-size edit (-want +got):\n%s", diff)
+	}
+}
+
 // TestReadRefusesWhatIsTooLarge: a sparse file of 1 GiB is refused on its
 // size, without being read (a few KiB allocated); a file larger than its
 // size says (a /proc file says 0) is cut at the limit while read; what is
@@ -291,7 +340,7 @@ func TestReadRefusesWhatIsTooLarge(t *testing.T) {
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
 		t.Errorf("Read of a 1 GiB file allocated %d bytes, want it refused before reading", alloc)
 	}
-	if _, err := readFile("/proc/self/maps", 100); err == nil || !strings.Contains(err.Error(), "grew past the limit of 100 bytes") {
+	if _, _, err := readFile("/proc/self/maps", 100); err == nil || !strings.Contains(err.Error(), "grew past the limit of 100 bytes") {
 		t.Errorf("a file longer than its size: %v, want it cut at the limit", err)
 	}
 	if _, err := Read("/dev/zero"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
