@@ -18,10 +18,10 @@ type serviceObjects struct {
 	Chains   []*regularChain
 	Sets     []*namedSet
 	Elements []mapElement
-	// Blocks are the endpoint blocks of the service's chains, and
-	// Endpoints their elements (once the tracker has placed them).
-	Blocks    []*block
-	Endpoints []endpointElement
+	// Blocks are the endpoint blocks of the service's chains (their
+	// elements are theirs: block.appendElements, once the tracker has
+	// placed them).
+	Blocks []*block
 	// Hairpin are the addresses of the service's endpoints (a pod may
 	// reach itself through the service), without repeats.
 	Hairpin []netip.Addr

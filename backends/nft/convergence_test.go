@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"sigs.k8s.io/kpng/diffstore"
 	"sigs.k8s.io/kpng/internal/churn"
 )
 
@@ -84,6 +86,10 @@ func TestTrackerConvergence(t *testing.T) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			gen := churn.New(seed, churnPools)
 			tr := newTracker(opts)
+			// elements is a store of every endpoint element of the
+			// tracker's rulesets: the changes it reports each round are
+			// those the tracker's delta must give (endpointChanges).
+			elements := diffstore.NewComparable[uint64, endpointElement]()
 			for round := range rounds {
 				// In key order, as the Feeder delivers a round.
 				changes := gen.Round()
@@ -91,10 +97,17 @@ func TestTrackerConvergence(t *testing.T) {
 				for _, c := range changes {
 					tr.Update(c.Key, c.Value)
 				}
-				tr.Done()
+				d := tr.Done()
+				rs := tr.Ruleset("t")
 				fresh, _ := buildRuleset("t", opts, gen.State())
-				if diff := cmp.Diff(canonicalize(fresh), canonicalize(tr.Ruleset("t")), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+				if diff := cmp.Diff(canonicalize(fresh), canonicalize(rs), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 					t.Fatalf("seed %d round %d: the tracker differs from a fresh build (-fresh +incremental):\n%s", seed, round, diff)
+				}
+				for _, e := range rs.Endpoints {
+					elements.Set(e.ID(), e)
+				}
+				if diff := cmp.Diff(elements.Done(), d.Endpoints, cmpopts.EquateEmpty(), cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+					t.Fatalf("seed %d round %d: the endpoint elements changed (-as a store of them reports +the delta):\n%s", seed, round, diff)
 				}
 			}
 		})

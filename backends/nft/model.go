@@ -257,22 +257,21 @@ func equalBlocks(a, b *block) bool {
 	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && slices.Equal(a.Endpoints, b.Endpoints)
 }
 
-// elements returns the intervals of the block in its endpoint map: the
-// i-th endpoint of N owns [i·R/N, (i+1)·R/N) of the draw, R being
-// blockRange.
-func (bl *block) elements() []endpointElement {
+// appendElements appends to els the intervals of the block in its endpoint
+// map: the i-th endpoint of N owns [i·R/N, (i+1)·R/N) of the draw, R
+// being blockRange.
+func (bl *block) appendElements(els []endpointElement) []endpointElement {
 	n := uint64(len(bl.Endpoints))
 	owner := ownerOf(bl.ID)
-	els := make([]endpointElement, len(bl.Endpoints))
 	for i, ep := range bl.Endpoints {
-		els[i] = endpointElement{
+		els = append(els, endpointElement{
 			Family: bl.Family,
 			Slot:   bl.Slot,
 			From:   uint32(uint64(i) * blockRange / n),
 			To:     uint32(uint64(i+1) * blockRange / n),
 			Target: ep,
 			Owner:  owner,
-		}
+		})
 	}
 	return els
 }

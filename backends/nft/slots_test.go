@@ -35,7 +35,7 @@ func TestBlockIntervals(t *testing.T) {
 		for i := range n {
 			bl.Endpoints = append(bl.Endpoints, benchEndpointIPPort(i))
 		}
-		els := bl.elements()
+		els := bl.appendElements(nil)
 		if len(els) != n || els[0].From != 0 || els[n-1].To != blockRange {
 			t.Fatalf("n=%d: %d intervals from %d to %d", n, len(els), els[0].From, els[n-1].To)
 		}
