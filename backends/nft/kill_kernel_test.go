@@ -157,7 +157,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 		// computes it), else at a random moment within the time its
 		// previous transactions took from their connection (made right
 		// before the batch is sent) to their end: while the batch is
-		// encoded, applied by the kernel in sendmsg(2), or acknowledged.
+		// encoded, applied by the kernel in sendmsg(2), or answered.
 		target, atSend := 1+r.IntN(3), r.IntN(3) != 0
 		// before is the state the kernel holds when the target
 		// transaction begins: the last one's before this process, then

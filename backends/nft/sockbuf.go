@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ackBytes is the receive buffer space one acknowledgement takes: google/
-// nftables asks the kernel for an ack per message, and each one costs a
-// socket buffer of about this size (its truesize, not its 36 bytes).
+// ackBytes is the receive buffer space one answer of the kernel takes (its
+// truesize, not its 36 bytes): the relay asks for none (quietBatch), but
+// the kernel answers every message it rejects.
 const ackBytes = 1024
 
 // minReceiveBuffer is the smallest receive buffer set on the socket.
