@@ -210,7 +210,7 @@ func (s *sink) sync(repair string) error {
 	start := time.Now()
 	changed := s.changed
 	s.changed = 0
-	delta := s.tracker.Done()
+	delta := s.tracker.done(!s.needFull)
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull, Repair: repair}
