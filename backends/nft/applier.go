@@ -134,6 +134,8 @@ type txn struct {
 	sets  map[string]*nftables.Set
 	// rules counts the rules added to each chain.
 	rules map[string]int
+	// marshaler marshals the messages of set elements.
+	marshaler elementMarshaler
 }
 
 // newApplier returns an applier writing the inet table named table, on
@@ -677,19 +679,36 @@ func (t *txn) sendElements(m *nftables.Set, n int, elem func(i int) (nftables.Se
 			}
 			buf = append(buf, e)
 		}
-		var err error
 		if del {
-			err = t.conn.SetDeleteElements(m, buf)
 			t.stats.ElementsDeleted += end - start
 		} else {
-			err = t.conn.SetAddElements(m, buf)
 			t.stats.ElementsAdded += end - start
 		}
-		if err != nil {
-			return fmt.Errorf("set %s: %w", m.Name, err)
+		if err := t.elements(m, buf, del); err != nil {
+			return err
 		}
-		t.stats.Messages++
 	}
+	return nil
+}
+
+// elements adds (or deletes) els in set m, in one message: a placeholder
+// through google/nftables, in its place in the batch, and the message's
+// payload marshaled by kpng for the relay to put there (elements.go).
+func (t *txn) elements(m *nftables.Set, els []nftables.SetElement, del bool) error {
+	payload, err := t.marshaler.marshal(m, els)
+	if err != nil {
+		return fmt.Errorf("set %s: %w", m.Name, err)
+	}
+	if del {
+		err = t.conn.SetDeleteElements(m, nil)
+	} else {
+		err = t.conn.SetAddElements(m, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("set %s: %w", m.Name, err)
+	}
+	t.relay.elements = append(t.relay.elements, payload)
+	t.stats.Messages++
 	return nil
 }
 
@@ -712,10 +731,9 @@ func (t *txn) addSet(st *namedSet) error {
 	size := func(i int) int { return elementBytes(4, st.Targets[i], "") }
 	for start, end := 0, 0; start < len(els); start = end {
 		end = chunkEnd(start, len(els), size)
-		if err := t.conn.SetAddElements(ns, els[start:end]); err != nil {
-			return fmt.Errorf("service %s: set %s: %w", st.Service, st.Name, err)
+		if err := t.elements(ns, els[start:end], false); err != nil {
+			return fmt.Errorf("service %s: %w", st.Service, err)
 		}
-		t.stats.Messages++
 	}
 	t.sets[st.Name] = ns
 	t.stats.SetsAdded++

@@ -37,6 +37,11 @@ type relay struct {
 	// written, by name: the NEWSET messages of those sets carry it
 	// instead of what google/nftables wrote.
 	userData map[string][]byte
+	// elements are the payloads of the transaction's messages of set
+	// elements (elementMarshaler), in the order of their placeholders
+	// (elements.go); filled counts those put in place.
+	elements [][]byte
+	filled   int
 	// sendErr is the error of the last send, which the next receive
 	// returns (nltest keeps a send's error for every receive after it,
 	// and google/nftables receives once per message); drained says it
@@ -110,7 +115,27 @@ func (r *relay) Close() error { return r.sock.Close() }
 // begin starts a transaction: the user data of its sets are given anew.
 func (r *relay) begin() {
 	clear(r.userData)
+	r.elements, r.filled = nil, 0
 	r.sendErr, r.drained = nil, false
+}
+
+// fill returns the payload of a message of set elements, data: the next
+// payload handed to the relay when data is a placeholder, data itself
+// otherwise (google/nftables' own marshaling of elements).
+func (r *relay) fill(data []byte) ([]byte, error) {
+	if !isPlaceholder(data) {
+		return data, nil
+	}
+	if r.filled == len(r.elements) {
+		return nil, errors.New("a message of set elements without its elements")
+	}
+	payload, ok := fillPlaceholder(data, r.elements[r.filled])
+	if !ok {
+		return nil, fmt.Errorf("the elements of message %d of set elements are of another set", r.filled)
+	}
+	r.elements[r.filled] = nil
+	r.filled++
+	return payload, nil
 }
 
 // exchange is the Conn's socket (an nltest.Func): a request is a batch to
@@ -148,10 +173,16 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	for i := range req {
 		// The socket writes its own port ID.
 		req[i].Header.PID = 0
-		if req[i].Header.Type != newSetMessage {
+		var data []byte
+		var err error
+		switch req[i].Header.Type {
+		case newSetMessage:
+			data, err = withUserData(req[i].Data, r.userData)
+		case elementMessage, delElementMessage:
+			data, err = r.fill(req[i].Data)
+		default:
 			continue
 		}
-		data, err := withUserData(req[i].Data, r.userData)
 		if err != nil {
 			r.sendErr = err
 			return nil, nil
@@ -160,6 +191,10 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 		// The Conn sized the message for its own data: the socket
 		// sizes it again.
 		req[i].Header.Length = 0
+	}
+	if n := len(r.elements) - r.filled; n > 0 {
+		r.sendErr = fmt.Errorf("%d messages of set elements without their place in the batch", n)
+		return nil, nil
 	}
 	if r.fault != nil {
 		if err := r.fault(relaySend); err != nil {
