@@ -134,8 +134,9 @@ type txn struct {
 	sets  map[string]*nftables.Set
 	// rules counts the rules added to each chain.
 	rules map[string]int
-	// marshaler marshals the messages of set elements.
-	marshaler elementMarshaler
+	// scratch is where the size of each message of set elements is
+	// measured.
+	scratch []byte
 }
 
 // newApplier returns an applier writing the inet table named table, on
@@ -665,37 +666,29 @@ func (t *txn) rangeElements(rs []addrRange, del bool) error {
 
 // sendElements adds (or deletes) the n elements elem(0) to elem(n-1) in
 // set m, in messages cut by chunkEnd (size(i): an upper bound of the i-th
-// element's encoded size). The elements are made a message at a time, in
-// order, and marshaled into it: only one message's worth is held.
+// element's encoded size). The elements are marshaled when the batch is
+// sent, straight into its buffer (elements.go): elem is called then
+// again, in order, and must give the same elements.
 func (t *txn) sendElements(m *nftables.Set, n int, elem func(i int) (nftables.SetElement, error), size func(i int) int, del bool) error {
-	var buf []nftables.SetElement
 	for start, end := 0, 0; start < n; start = end {
 		end = chunkEnd(start, n, size)
-		buf = buf[:0]
-		for i := start; i < end; i++ {
-			e, err := elem(i)
-			if err != nil {
-				return err
-			}
-			buf = append(buf, e)
-		}
 		if del {
 			t.stats.ElementsDeleted += end - start
 		} else {
 			t.stats.ElementsAdded += end - start
 		}
-		if err := t.elements(m, buf, del); err != nil {
+		if err := t.elements(m, start, end, elem, del); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// elements adds (or deletes) els in set m, in one message: a placeholder
-// through google/nftables, in its place in the batch, and the message's
-// payload marshaled by kpng for the relay to put there (elements.go).
-func (t *txn) elements(m *nftables.Set, els []nftables.SetElement, del bool) error {
-	payload, err := t.marshaler.marshal(m, els)
+// elements adds (or deletes) elem(from) to elem(to-1) in set m, in one
+// message: a placeholder through google/nftables, in its place in the
+// batch, and its payload for the relay to write there (elements.go).
+func (t *txn) elements(m *nftables.Set, from, to int, elem func(i int) (nftables.SetElement, error), del bool) error {
+	l, err := newElementList(m, from, to, elem, &t.scratch)
 	if err != nil {
 		return fmt.Errorf("set %s: %w", m.Name, err)
 	}
@@ -707,7 +700,7 @@ func (t *txn) elements(m *nftables.Set, els []nftables.SetElement, del bool) err
 	if err != nil {
 		return fmt.Errorf("set %s: %w", m.Name, err)
 	}
-	t.relay.elements = append(t.relay.elements, payload)
+	t.relay.elements = append(t.relay.elements, l)
 	t.stats.Messages++
 	return nil
 }
@@ -729,9 +722,10 @@ func (t *txn) addSet(st *namedSet) error {
 	// would put them all in one).
 	els := balanceElements(st.Targets)
 	size := func(i int) int { return elementBytes(4, st.Targets[i], "") }
+	elem := func(i int) (nftables.SetElement, error) { return els[i], nil }
 	for start, end := 0, 0; start < len(els); start = end {
 		end = chunkEnd(start, len(els), size)
-		if err := t.elements(ns, els[start:end], false); err != nil {
+		if err := t.elements(ns, start, end, elem, false); err != nil {
 			return fmt.Errorf("service %s: %w", st.Service, err)
 		}
 	}

@@ -5,7 +5,7 @@ package nft
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
+	"fmt"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
@@ -130,31 +130,65 @@ func elementListHead(b []byte, s *nftables.Set) []byte {
 	return appendStringAttr(b, unix.NFTA_SET_TABLE, s.Table.Name)
 }
 
-// elementMarshaler marshals the attributes of messages of set elements
-// (everything after the nfgenmsg header), a message at a time, into a
-// buffer it reuses: one slice of the message's size is allocated each.
-type elementMarshaler struct {
-	buf []byte
+// elementList is the payload of one message of set elements (everything
+// after its nfgenmsg header): its size, and how to write it. The relay
+// writes it when it sends the batch, straight into the batch's buffer
+// (relay.send): the elements of a full sync, most of its bytes, are
+// never held marshaled but there (a fifth of the process's live heap at
+// the flush of 50,000 services, where the transaction was held twice).
+type elementList struct {
+	set  *nftables.Set
+	size int
+	// from and to are the elements' indexes, elem makes the i-th.
+	from, to int
+	elem     func(i int) (nftables.SetElement, error)
 }
 
-// marshal returns the payload of the message adding (or deleting) els in
-// s, as google/nftables' SetAddElements writes it: room for the nfgenmsg
-// header (which the relay copies from the placeholder), the set's name,
-// ID and table, then els. The attribute of the elements has a 16-bit
-// length: the caller keeps els under elementBytesPerMessage.
-func (m *elementMarshaler) marshal(s *nftables.Set, els []nftables.SetElement) ([]byte, error) {
-	b := elementListHead(append(m.buf[:0], 0, 0, 0, 0), s)
+// newElementList returns the payload adding (or deleting) elem(from) to
+// elem(to-1) in s, as google/nftables' SetAddElements writes it: the
+// set's name, ID and table, then the elements. Its size is measured by
+// writing it into scratch, a buffer reused from message to message. elem
+// must give the same elements when the relay writes them. The attribute
+// of the elements has a 16-bit length: the caller keeps them under
+// elementBytesPerMessage.
+func newElementList(s *nftables.Set, from, to int, elem func(i int) (nftables.SetElement, error), scratch *[]byte) (elementList, error) {
+	l := elementList{set: s, from: from, to: to, elem: elem}
+	b, err := l.append((*scratch)[:0])
+	*scratch = b
+	if err != nil {
+		return elementList{}, err
+	}
+	l.size = len(b)
+	return l, nil
+}
+
+// append appends the payload to b.
+func (l elementList) append(b []byte) ([]byte, error) {
+	b = elementListHead(b, l.set)
 	b, list := beginNested(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS|unix.NLA_F_NESTED)
-	for i := range els {
-		b = appendElement(b, s, i, &els[i])
+	for i := l.from; i < l.to; i++ {
+		e, err := l.elem(i)
+		if err != nil {
+			return b, err
+		}
+		b = appendElement(b, l.set, i-l.from, &e)
 	}
 	if len(b)-list > 0xffff {
-		m.buf = b
-		return nil, errors.New("elements over 64 KiB in one message")
+		return b, fmt.Errorf("set %s: elements over 64 KiB in one message", l.set.Name)
 	}
-	b = endNested(b, list)
-	m.buf = b
-	return bytes.Clone(b), nil
+	return endNested(b, list), nil
+}
+
+// write writes the payload into b, which has its size.
+func (l elementList) write(b []byte) error {
+	out, err := l.append(b[:0:len(b)])
+	switch {
+	case err != nil:
+		return err
+	case len(out) != l.size || &out[0] != &b[0]:
+		return fmt.Errorf("set %s: the elements of a message changed size (%d bytes, then %d)", l.set.Name, l.size, len(out))
+	}
+	return nil
 }
 
 // nfgenmsgLen is the length of the header of an nftables message's
@@ -172,14 +206,8 @@ func isPlaceholder(data []byte) bool {
 		binary.NativeEndian.Uint16(last[2:]) == unix.NFTA_SET_ELEM_LIST_ELEMENTS|unix.NLA_F_NESTED
 }
 
-// fillPlaceholder returns payload, made by marshal, as the payload of the
-// placeholder data, with data's header, or false when payload is not of
-// the same set (its attributes before the elements differ).
-func fillPlaceholder(data, payload []byte) ([]byte, bool) {
-	head := data[nfgenmsgLen : len(data)-unix.NLA_HDRLEN]
-	if len(payload) < nfgenmsgLen || !bytes.HasPrefix(payload[nfgenmsgLen:], head) {
-		return nil, false
-	}
-	copy(payload, data[:nfgenmsgLen])
-	return payload, true
+// ofPlaceholder reports whether the placeholder data is the message of l:
+// its attributes before the elements are the same.
+func (l elementList) ofPlaceholder(data []byte) bool {
+	return bytes.Equal(data[nfgenmsgLen:len(data)-unix.NLA_HDRLEN], elementListHead(nil, l.set))
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,18 +92,53 @@ func googleElementMessage(t *testing.T, s *nftables.Set, els []nftables.SetEleme
 // TestMarshalElementsAsGoogleNftables: kpng's marshaling of set elements
 // gives google/nftables' bytes, element for element.
 func TestMarshalElementsAsGoogleNftables(t *testing.T) {
-	var m elementMarshaler
+	var scratch []byte
 	for _, tc := range elementCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			want := googleElementMessage(t, tc.set, tc.els, false)
-			got, err := m.marshal(tc.set, tc.els)
+			l, err := newElementList(tc.set, 0, len(tc.els), sliceElem(tc.els), &scratch)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(got[nfgenmsgLen:], want.Data[nfgenmsgLen:]) {
-				t.Errorf("payload differs from google/nftables':\n got %x\nwant %x", got[nfgenmsgLen:], want.Data[nfgenmsgLen:])
+			got := make([]byte, l.size)
+			if err := l.write(got); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want.Data[nfgenmsgLen:]) {
+				t.Errorf("payload differs from google/nftables':\n got %x\nwant %x", got, want.Data[nfgenmsgLen:])
+			}
+			// Written into a larger buffer, it stays in its place.
+			big := bytes.Repeat([]byte{0xee}, l.size+8)
+			if err := l.write(big[:l.size]); err != nil || !bytes.Equal(big[:l.size], got) || !bytes.Equal(big[l.size:], bytes.Repeat([]byte{0xee}, 8)) {
+				t.Errorf("written into a larger buffer: %v, %x", err, big)
 			}
 		})
+	}
+}
+
+// sliceElem returns the elem function of newElementList for els.
+func sliceElem(els []nftables.SetElement) func(int) (nftables.SetElement, error) {
+	return func(i int) (nftables.SetElement, error) { return els[i], nil }
+}
+
+// TestElementListChanged: elements that no longer have the size measured
+// when the transaction was built are an error, not a batch that
+// overwrites its next message.
+func TestElementListChanged(t *testing.T) {
+	c := elementCases()[1]
+	els := slices.Clone(c.els)
+	var scratch []byte
+	l, err := newElementList(c.set, 0, len(els), sliceElem(els), &scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	els[0].Comment += "longer"
+	big := make([]byte, l.size+64)
+	if err := l.write(big[:l.size]); err == nil || !strings.Contains(err.Error(), "changed size") {
+		t.Errorf("write of grown elements: %v, want an error", err)
+	}
+	if !bytes.Equal(big[l.size:], make([]byte, 64)) {
+		t.Errorf("write of grown elements wrote past its size")
 	}
 }
 
@@ -114,8 +150,8 @@ func TestMarshalElementsTooLong(t *testing.T) {
 	for i := range els {
 		els[i] = hairpinElement(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}))
 	}
-	var m elementMarshaler
-	if _, err := m.marshal(&nftables.Set{Table: table, Name: "hairpin-v4"}, els); err == nil {
+	var scratch []byte
+	if _, err := newElementList(&nftables.Set{Table: table, Name: "hairpin-v4"}, 0, len(els), sliceElem(els), &scratch); err == nil {
 		t.Fatal("4,000 hairpin elements (80,000 bytes) in one message: no error")
 	}
 }
@@ -155,7 +191,7 @@ func TestElementsThroughRelay(t *testing.T) {
 	var want []netlink.Message
 	for i, tc := range cases {
 		del := i%2 == 1
-		if err := tx.elements(tc.set, tc.els, del); err != nil {
+		if err := tx.elements(tc.set, 0, len(tc.els), sliceElem(tc.els), del); err != nil {
 			t.Fatal(err)
 		}
 		want = append(want, googleElementMessage(t, tc.set, tc.els, del))
@@ -196,32 +232,33 @@ func TestRelayUnmatchedElements(t *testing.T) {
 	els := elementCases()[2].els[:2]
 	for _, tc := range []struct {
 		name string
-		add  func(conn *nftables.Conn, r *relay, m *elementMarshaler) error
+		add  func(conn *nftables.Conn, r *relay) error
 		want string
 	}{
-		{"placeholder alone", func(conn *nftables.Conn, _ *relay, _ *elementMarshaler) error {
+		{"placeholder alone", func(conn *nftables.Conn, _ *relay) error {
 			return conn.SetAddElements(set, nil)
 		}, "without its elements"},
-		{"elements alone", func(conn *nftables.Conn, r *relay, m *elementMarshaler) error {
-			p, err := m.marshal(set, els)
-			r.elements = append(r.elements, p)
+		{"elements alone", func(conn *nftables.Conn, r *relay) error {
+			var scratch []byte
+			l, err := newElementList(set, 0, len(els), sliceElem(els), &scratch)
+			r.elements = append(r.elements, l)
 			conn.AddTable(set.Table)
 			return err
 		}, "without their place"},
-		{"elements of another set", func(conn *nftables.Conn, r *relay, m *elementMarshaler) error {
-			p, err := m.marshal(&nftables.Set{Table: set.Table, Name: "other"}, els)
-			r.elements = append(r.elements, p)
+		{"elements of another set", func(conn *nftables.Conn, r *relay) error {
+			var scratch []byte
+			l, err := newElementList(&nftables.Set{Table: set.Table, Name: "other"}, 0, len(els), sliceElem(els), &scratch)
+			r.elements = append(r.elements, l)
 			if err != nil {
 				return err
 			}
 			return conn.SetAddElements(set, nil)
-		}, "of another set"},
+		}, "not the placeholder's"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, r, sent := relayConn(t)
 			r.begin()
-			var m elementMarshaler
-			if err := tc.add(conn, r, &m); err != nil {
+			if err := tc.add(conn, r); err != nil {
 				t.Fatal(err)
 			}
 			err := conn.Flush()
@@ -248,10 +285,17 @@ func BenchmarkMarshalElements(b *testing.B) {
 		els = append(els, pair[0], pair[1])
 	}
 	b.Run("kpng", func(b *testing.B) {
-		var m elementMarshaler
+		// What a full sync does: the size measured, then the payload
+		// written into the batch's buffer.
+		var scratch, buf []byte
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := m.marshal(set, els); err != nil {
+			l, err := newElementList(set, 0, len(els), sliceElem(els), &scratch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			buf = slices.Grow(buf[:0], l.size)[:l.size]
+			if err := l.write(buf); err != nil {
 				b.Fatal(err)
 			}
 		}

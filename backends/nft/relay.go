@@ -38,10 +38,13 @@ type relay struct {
 	// instead of what google/nftables wrote.
 	userData map[string][]byte
 	// elements are the payloads of the transaction's messages of set
-	// elements (elementMarshaler), in the order of their placeholders
-	// (elements.go); filled counts those put in place.
-	elements [][]byte
+	// elements, in the order of their placeholders (elements.go);
+	// filled counts those given their place.
+	elements []elementList
 	filled   int
+	// lists are, message by message, the payloads that send writes in
+	// place of the messages' own (nil: none).
+	lists []*elementList
 	// sendErr is the error of the last send, which the next receive
 	// returns (nltest keeps a send's error for every receive after it,
 	// and google/nftables receives once per message); drained says it
@@ -119,23 +122,22 @@ func (r *relay) begin() {
 	r.sendErr, r.drained = nil, false
 }
 
-// fill returns the payload of a message of set elements, data: the next
-// payload handed to the relay when data is a placeholder, data itself
-// otherwise (google/nftables' own marshaling of elements).
-func (r *relay) fill(data []byte) ([]byte, error) {
+// fill returns the payload that the message of set elements data is to
+// carry: when data is a placeholder, the next one handed to the relay;
+// nil for a message of google/nftables' own elements, sent as it is.
+func (r *relay) fill(data []byte) (*elementList, error) {
 	if !isPlaceholder(data) {
-		return data, nil
+		return nil, nil
 	}
 	if r.filled == len(r.elements) {
 		return nil, errors.New("a message of set elements without its elements")
 	}
-	payload, ok := fillPlaceholder(data, r.elements[r.filled])
-	if !ok {
-		return nil, fmt.Errorf("the elements of message %d of set elements are of another set", r.filled)
+	l := &r.elements[r.filled]
+	if !l.ofPlaceholder(data) {
+		return nil, fmt.Errorf("the elements of message %d of set elements are of set %s, not the placeholder's", r.filled, l.set.Name)
 	}
-	r.elements[r.filled] = nil
 	r.filled++
-	return payload, nil
+	return l, nil
 }
 
 // exchange is the Conn's socket (an nltest.Func): a request is a batch to
@@ -170,24 +172,34 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	}
 	r.drained, r.answered = false, false
 	r.quiet = r.raw != nil && quietBatch(req)
+	r.lists = nil
 	for i := range req {
 		// The socket writes its own port ID.
 		req[i].Header.PID = 0
-		var data []byte
-		var err error
 		switch req[i].Header.Type {
 		case newSetMessage:
-			data, err = withUserData(req[i].Data, r.userData)
+			data, err := withUserData(req[i].Data, r.userData)
+			if err != nil {
+				r.sendErr = err
+				return nil, nil
+			}
+			req[i].Data = data
 		case elementMessage, delElementMessage:
-			data, err = r.fill(req[i].Data)
+			l, err := r.fill(req[i].Data)
+			if err != nil {
+				r.sendErr = err
+				return nil, nil
+			}
+			if l == nil {
+				continue
+			}
+			if r.lists == nil {
+				r.lists = make([]*elementList, len(req))
+			}
+			r.lists[i] = l
 		default:
 			continue
 		}
-		if err != nil {
-			r.sendErr = err
-			return nil, nil
-		}
-		req[i].Data = data
 		// The Conn sized the message for its own data: the socket
 		// sizes it again.
 		req[i].Header.Length = 0
@@ -316,44 +328,54 @@ func (r *relay) useRaw() error {
 
 // send sends msgs in one datagram, as (*netlink.Conn).SendMessages does
 // (a message without a length or a port ID gets its own and the
-// socket's), but marshaled straight into one buffer of the batch's size:
-// the library marshals each message apart and appends it to a buffer that
-// grows as it goes, which at 50,000 services (a batch of 100 MB) held the
-// batch about three times over for a moment, at the process's peak. A
-// message without a sequence number (google/nftables numbers them) goes
-// the library's way.
+// socket's), but marshaled straight into one buffer of the batch's size,
+// the payloads of r.lists written there: the library marshals each
+// message apart and appends it to a buffer that grows as it goes, which
+// at 50,000 services (a batch of 100 MB) held the batch about three
+// times over for a moment, at the process's peak. A message without a
+// sequence number (google/nftables numbers them) goes the library's way.
 func (r *relay) send(msgs []netlink.Message) error {
 	if r.raw == nil {
-		_, err := r.sock.SendMessages(msgs)
-		return err
+		return r.sendMaterialized(msgs)
 	}
 	size := 0
 	for i := range msgs {
 		h := &msgs[i].Header
 		if h.Sequence == 0 {
-			_, err := r.sock.SendMessages(msgs)
-			return err
+			return r.sendMaterialized(msgs)
+		}
+		n := len(msgs[i].Data)
+		if l := r.list(i); l != nil {
+			n = nfgenmsgLen + l.size
 		}
 		if h.Length == 0 {
-			h.Length = uint32(nlaAlign(unix.NLMSG_HDRLEN + len(msgs[i].Data)))
+			h.Length = uint32(nlaAlign(unix.NLMSG_HDRLEN + n))
 		}
 		if h.PID == 0 {
 			h.PID = r.pid
 		}
-		if int(h.Length) != nlaAlign(int(h.Length)) || int(h.Length) < unix.NLMSG_HDRLEN+len(msgs[i].Data) {
-			return fmt.Errorf("message %d: length %d for %d bytes of data", i, h.Length, len(msgs[i].Data))
+		if int(h.Length) != nlaAlign(int(h.Length)) || int(h.Length) < unix.NLMSG_HDRLEN+n {
+			return fmt.Errorf("message %d: length %d for %d bytes of data", i, h.Length, n)
 		}
 		size += int(h.Length)
 	}
 	buf := make([]byte, size)
 	off := 0
-	for _, m := range msgs {
+	for i, m := range msgs {
 		binary.NativeEndian.PutUint32(buf[off:], m.Header.Length)
 		binary.NativeEndian.PutUint16(buf[off+4:], uint16(m.Header.Type))
 		binary.NativeEndian.PutUint16(buf[off+6:], uint16(m.Header.Flags))
 		binary.NativeEndian.PutUint32(buf[off+8:], m.Header.Sequence)
 		binary.NativeEndian.PutUint32(buf[off+12:], m.Header.PID)
-		copy(buf[off+unix.NLMSG_HDRLEN:], m.Data)
+		data := buf[off+unix.NLMSG_HDRLEN:]
+		if l := r.list(i); l != nil {
+			copy(data, m.Data[:nfgenmsgLen])
+			if err := l.write(data[nfgenmsgLen : nfgenmsgLen+l.size]); err != nil {
+				return err
+			}
+		} else {
+			copy(data, m.Data)
+		}
 		off += int(m.Header.Length)
 	}
 	var sendErr error
@@ -368,6 +390,34 @@ func (r *relay) send(msgs []netlink.Message) error {
 		return fmt.Errorf("sendmsg: %w", err)
 	}
 	return nil
+}
+
+// list returns the payload send writes for message i, or nil.
+func (r *relay) list(i int) *elementList {
+	if r.lists == nil {
+		return nil
+	}
+	return r.lists[i]
+}
+
+// sendMaterialized sends msgs through the library (SendMessages), the
+// payloads of r.lists written into the messages first.
+func (r *relay) sendMaterialized(msgs []netlink.Message) error {
+	for i := range msgs {
+		l := r.list(i)
+		if l == nil {
+			continue
+		}
+		data := make([]byte, nfgenmsgLen+l.size)
+		copy(data, msgs[i].Data[:nfgenmsgLen])
+		if err := l.write(data[nfgenmsgLen:]); err != nil {
+			return err
+		}
+		msgs[i].Data = data
+		msgs[i].Header.Length = 0
+	}
+	_, err := r.sock.SendMessages(msgs)
+	return err
 }
 
 // newSetMessage is the type of the netlink message creating a set.
