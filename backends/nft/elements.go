@@ -17,15 +17,17 @@ import (
 // full sync's bytes (at 10,000 services × 10 endpoints, 310,000 elements
 // of 330,000 objects). google/nftables marshals each element as a tree of
 // attributes, every level in a slice of its own, then again as the
-// message (makeElemList): half of what a cold start allocated, and a
-// good part of the collector's work (BenchmarkColdStart). kpng writes the
-// same bytes straight into one slice a message: the transaction adds a
-// placeholder through google/nftables (SetAddElements without elements:
-// the message in its place in the batch, with the set's name, ID and
-// table) and hands the relay the whole message's attributes, which the
-// relay puts in the placeholder's place when it sends the batch
-// (relay.fill). TestMarshalElementsAsGoogleNftables checks the bytes are
-// google/nftables' own for every kind of element kpng sends.
+// message (makeElemList): half of what a cold start allocated, a good
+// part of the collector's work (BenchmarkColdStart), and the transaction
+// was held twice at the flush, as messages and as the batch's buffer.
+// kpng writes the same bytes itself, at the last moment: the transaction
+// adds a placeholder through google/nftables (SetAddElements without
+// elements: a message in its place in the batch, with the set's name, ID
+// and table), and hands the relay an elementList, which the relay writes
+// in the placeholder's place straight into the batch's buffer when it
+// sends it (relay.fill, relay.send). TestMarshalElementsAsGoogleNftables
+// checks that the bytes are google/nftables' own for every kind of
+// element kpng sends.
 
 // elementMessage is the type of a message adding set elements, and
 // delElementMessage of one deleting them.
