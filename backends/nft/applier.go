@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -253,7 +254,10 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
-	elements := len(rs.Elements) + 2*len(rs.Endpoints) + len(rs.Hairpin) + len(rs.ClusterIPs) + 2*len(rs.ServiceCIDRs)
+	elements := len(rs.Elements) + len(rs.Hairpin) + len(rs.ClusterIPs) + 2*len(rs.ServiceCIDRs)
+	for _, bl := range rs.Blocks {
+		elements += 2 * len(bl.Endpoints)
+	}
 	for _, st := range rs.Sets {
 		elements += len(st.Targets)
 	}
@@ -380,7 +384,7 @@ func (t *txn) full(rs *ruleset) error {
 			return err
 		}
 	}
-	if err := t.endpointElements(rs.Endpoints, commentsOf(rs.Blocks), false); err != nil {
+	if err := t.blockElements(rs.Blocks); err != nil {
 		return err
 	}
 	byMap := map[string][]mapElement{}
@@ -604,6 +608,57 @@ func (t *txn) endpointElements(els []endpointElement, comments blockComments, de
 			return elementBytes(24, "", comments.of(els[idx[i/2]]))
 		}
 		if err := t.sendElements(m, 2*len(idx), elem, size, del); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// blockElements adds the elements of the endpoint maps holding blocks,
+// sorted by family and slot (as in a ruleset): each block's intervals,
+// made from the block when they are marshaled (sendElements), never
+// listed at once (100,000 intervals at 10,000 services), the start of
+// each with its block's comment.
+func (t *txn) blockElements(blocks []*block) error {
+	for start, end := 0, 0; start < len(blocks); start = end {
+		name, f := blocks[start].Map(), blocks[start].Family
+		for end = start + 1; end < len(blocks) && blocks[end].Family == f && blocks[end].Map() == name; end++ {
+		}
+		group := blocks[start:end]
+		// first[k] is the number of the first interval of group[k].
+		first := make([]int, len(group)+1)
+		comments, owners := make([]string, len(group)), make([]uint64, len(group))
+		for k, bl := range group {
+			first[k+1] = first[k] + len(bl.Endpoints)
+			comments[k], owners[k] = bl.Comment(), ownerOf(bl.ID)
+		}
+		blockOf := func(j int) int {
+			k, found := slices.BinarySearch(first, j)
+			if !found {
+				k--
+			}
+			for first[k+1] == j { // blocks without endpoints
+				k++
+			}
+			return k
+		}
+		m := endpointMapRef(t.table, f, name)
+		if s := t.sets[name]; s != nil {
+			m = s
+		}
+		// Element 2j is the start of interval j, 2j+1 its end.
+		elem := func(i int) (nftables.SetElement, error) {
+			j := i / 2
+			k := blockOf(j)
+			return endpointMapElements(group[k].element(j-first[k], owners[k]), comments[k], false)[i%2], nil
+		}
+		size := func(i int) int {
+			if i%2 == 1 {
+				return elementBytes(24, "", "")
+			}
+			return elementBytes(24, "", comments[blockOf(i/2)])
+		}
+		if err := t.sendElements(m, 2*first[len(group)], elem, size, false); err != nil {
 			return err
 		}
 	}

@@ -41,7 +41,7 @@ func canonicalize(rs *ruleset) canonical {
 		blocks[[2]uint32{uint32(bl.Family), bl.Slot}] = bl
 	}
 	bySlot := map[[2]uint32][]string{}
-	for _, e := range rs.Endpoints {
+	for _, e := range rs.endpoints() {
 		k := [2]uint32{uint32(e.Family), e.Slot}
 		// An element whose owner is not the block at its slot would
 		// keep the comment of a block gone.
@@ -103,7 +103,7 @@ func TestTrackerConvergence(t *testing.T) {
 				if diff := cmp.Diff(canonicalize(fresh), canonicalize(rs), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 					t.Fatalf("seed %d round %d: the tracker differs from a fresh build (-fresh +incremental):\n%s", seed, round, diff)
 				}
-				for _, e := range rs.Endpoints {
+				for _, e := range rs.endpoints() {
 					elements.Set(e.ID(), e)
 				}
 				if diff := cmp.Diff(elements.Done(), d.Endpoints, cmpopts.EquateEmpty(), cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {

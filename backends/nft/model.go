@@ -159,10 +159,10 @@ type ruleset struct {
 	Chains   []*regularChain
 	Sets     []*namedSet
 	Elements []mapElement
-	// Endpoints are the elements of the endpoint maps (named in Sets),
-	// and Blocks the blocks they belong to (for their comments).
-	Endpoints []endpointElement
-	Blocks    []*block
+	// Blocks are the endpoint blocks, sorted by family and slot: the
+	// elements of the endpoint maps (named in Sets) are theirs
+	// (endpoints).
+	Blocks []*block
 	// Hairpin are the endpoint addresses of the hairpin sets.
 	Hairpin []netip.Addr
 	// ClusterIPs are the addresses of the cluster-ips sets: every
@@ -171,6 +171,22 @@ type ruleset struct {
 	// ServiceCIDRs are the ranges of the service-cidrs sets (the
 	// cluster's service CIDRs, for the default proxier).
 	ServiceCIDRs []addrRange
+}
+
+// endpoints returns the elements of the endpoint maps, sorted. A full sync
+// does not list them (txn.blockElements): at 10,000 services, 100,000
+// intervals.
+func (rs *ruleset) endpoints() []endpointElement {
+	n := 0
+	for _, bl := range rs.Blocks {
+		n += len(bl.Endpoints)
+	}
+	els := make([]endpointElement, 0, n)
+	for _, bl := range rs.Blocks {
+		els = bl.appendElements(els)
+	}
+	slices.SortFunc(els, compareEndpointElements)
+	return els
 }
 
 // sortElements orders elements by map, then key (address, protocol, port).
@@ -258,22 +274,28 @@ func equalBlocks(a, b *block) bool {
 }
 
 // appendElements appends to els the intervals of the block in its endpoint
-// map: the i-th endpoint of N owns [i·R/N, (i+1)·R/N) of the draw, R
-// being blockRange.
+// map (element).
 func (bl *block) appendElements(els []endpointElement) []endpointElement {
-	n := uint64(len(bl.Endpoints))
 	owner := ownerOf(bl.ID)
-	for i, ep := range bl.Endpoints {
-		els = append(els, endpointElement{
-			Family: bl.Family,
-			Slot:   bl.Slot,
-			From:   uint32(uint64(i) * blockRange / n),
-			To:     uint32(uint64(i+1) * blockRange / n),
-			Target: ep,
-			Owner:  owner,
-		})
+	for i := range bl.Endpoints {
+		els = append(els, bl.element(i, owner))
 	}
 	return els
+}
+
+// element returns the interval of the i-th endpoint of the block, whose
+// owner (ownerOf its ID) is given: the i-th endpoint of N owns
+// [i·R/N, (i+1)·R/N) of the draw, R being blockRange.
+func (bl *block) element(i int, owner uint64) endpointElement {
+	n := uint64(len(bl.Endpoints))
+	return endpointElement{
+		Family: bl.Family,
+		Slot:   bl.Slot,
+		From:   uint32(uint64(i) * blockRange / n),
+		To:     uint32(uint64(i+1) * blockRange / n),
+		Target: bl.Endpoints[i],
+		Owner:  owner,
+	}
 }
 
 // ownerOf returns the 64-bit FNV-1a hash of a block's ID: what an

@@ -208,7 +208,7 @@ func (r affinityUpdateRule) String() string {
 // namedSet is a named set or map of the table, of one of three kinds:
 //
 //   - an endpoint map (EndpointMap): blocks of endpoints, shared by up to
-//     blocksPerMap service chains, its elements in ruleset.Endpoints; the
+//     blocksPerMap service chains, its elements those of its blocks; the
 //     set is not owned by a service and lives as long as one of its blocks;
 //   - an affinity set (Targets empty): the client addresses that used one
 //     endpoint of a service port with session affinity, each expiring after

@@ -155,9 +155,9 @@ func (rs *ruleset) Text() string {
 		}
 		b.WriteString("\t}\n\n")
 	}
-	comments := commentsOf(rs.Blocks)
+	comments, endpoints := commentsOf(rs.Blocks), rs.endpoints()
 	for _, s := range rs.Sets {
-		fmt.Fprintf(&b, "\t%s\n\n", s.Text(rs.Endpoints, comments))
+		fmt.Fprintf(&b, "\t%s\n\n", s.Text(endpoints, comments))
 	}
 	for _, c := range baseChains {
 		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n\t\tjump %s\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook), c.jump)

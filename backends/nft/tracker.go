@@ -593,11 +593,7 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	slices.SortFunc(rs.Sets, func(a, b *namedSet) int { return strings.Compare(a.Name, b.Name) })
 	t.elements.Each(func(_ string, e mapElement) { rs.Elements = append(rs.Elements, e) })
 	sortElements(rs.Elements)
-	t.blocks.Each(func(_ string, bl *block) {
-		rs.Blocks = append(rs.Blocks, bl)
-		rs.Endpoints = bl.appendElements(rs.Endpoints)
-	})
-	slices.SortFunc(rs.Endpoints, compareEndpointElements)
+	t.blocks.Each(func(_ string, bl *block) { rs.Blocks = append(rs.Blocks, bl) })
 	slices.SortFunc(rs.Blocks, func(a, b *block) int { return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Slot, b.Slot)) })
 	rs.Hairpin = t.hairpin.sorted()
 	rs.ClusterIPs = t.clusterIPs.sorted()

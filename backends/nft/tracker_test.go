@@ -48,8 +48,8 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 		t.Errorf("service deleted: %d chains, %d intervals, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 1, 2, 1, 1, 1, 6",
 			len(d.Chains.Deleted), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), len(d.ClusterIPs.Deleted), d.Len())
 	}
-	if rs := tr.Ruleset("t"); len(rs.Chains) != 99 || len(rs.Elements) != 99 || len(rs.Endpoints) != 99 || len(rs.Hairpin) != 1 {
-		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses", len(rs.Chains), len(rs.Elements), len(rs.Endpoints), len(rs.Hairpin))
+	if rs := tr.Ruleset("t"); len(rs.Chains) != 99 || len(rs.Elements) != 99 || len(rs.endpoints()) != 99 || len(rs.Hairpin) != 1 {
+		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses", len(rs.Chains), len(rs.Elements), len(rs.endpoints()), len(rs.Hairpin))
 	}
 }
 
