@@ -646,11 +646,15 @@ func (t *txn) blockElements(blocks []*block) error {
 		if s := t.sets[name]; s != nil {
 			m = s
 		}
-		// Element 2j is the start of interval j, 2j+1 its end.
+		// Element 2j is the start of interval j, 2j+1 its end; they
+		// are asked for in order, so each pair is made once a pass.
+		pairOf, pair := -1, [2]nftables.SetElement{}
 		elem := func(i int) (nftables.SetElement, error) {
-			j := i / 2
-			k := blockOf(j)
-			return endpointMapElements(group[k].element(j-first[k], owners[k]), comments[k], false)[i%2], nil
+			if j := i / 2; j != pairOf {
+				k := blockOf(j)
+				pairOf, pair = j, endpointMapElements(group[k].element(j-first[k], owners[k]), comments[k], false)
+			}
+			return pair[i%2], nil
 		}
 		size := func(i int) int {
 			if i%2 == 1 {
