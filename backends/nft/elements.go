@@ -198,14 +198,23 @@ func (l elementList) write(b []byte) error {
 const nfgenmsgLen = 4
 
 // isPlaceholder reports whether data, the payload of a message of set
-// elements, is a placeholder: its list of elements is empty.
+// elements, is a placeholder: its last attribute, walked from the first,
+// is an empty list of elements (the bytes of a real message's last
+// element can look the same: an address ending in 4.0.3.128).
 func isPlaceholder(data []byte) bool {
-	if len(data) < nfgenmsgLen+unix.NLA_HDRLEN {
-		return false
+	for off := nfgenmsgLen; off+unix.NLA_HDRLEN <= len(data); {
+		l := int(binary.NativeEndian.Uint16(data[off:]))
+		if l < unix.NLA_HDRLEN {
+			return false
+		}
+		next := off + nlaAlign(l)
+		if next >= len(data) {
+			return next == len(data) && l == unix.NLA_HDRLEN &&
+				binary.NativeEndian.Uint16(data[off+2:]) == unix.NFTA_SET_ELEM_LIST_ELEMENTS|unix.NLA_F_NESTED
+		}
+		off = next
 	}
-	last := data[len(data)-unix.NLA_HDRLEN:]
-	return binary.NativeEndian.Uint16(last) == unix.NLA_HDRLEN &&
-		binary.NativeEndian.Uint16(last[2:]) == unix.NFTA_SET_ELEM_LIST_ELEMENTS|unix.NLA_F_NESTED
+	return false
 }
 
 // ofPlaceholder reports whether the placeholder data is the message of l:

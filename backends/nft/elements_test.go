@@ -196,8 +196,9 @@ func TestElementsThroughRelay(t *testing.T) {
 		}
 		want = append(want, googleElementMessage(t, tc.set, tc.els, del))
 		if i == 2 {
-			// google/nftables' own elements pass as they are.
-			own := []nftables.SetElement{addrElement(netip.MustParseAddr("10.96.0.1"))}
+			// google/nftables' own elements pass as they are, also
+			// when their last bytes look like an empty list.
+			own := []nftables.SetElement{addrElement(netip.MustParseAddr("10.96.0.1")), addrElement(netip.MustParseAddr("4.0.3.128"))}
 			if err := conn.SetAddElements(cases[3].set, own); err != nil {
 				t.Fatal(err)
 			}
@@ -314,4 +315,53 @@ func BenchmarkMarshalElements(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestBlockElementsAsListed: a full sync's endpoint elements, made from
+// the blocks (blockElements), are the messages that the listed elements
+// make (endpointElements of ruleset.endpoints, what the text shows), for
+// blocks of both families over several endpoint maps.
+func TestBlockElementsAsListed(t *testing.T) {
+	var items []*model.ServiceEndpoints
+	for i := range 150 {
+		se := benchServiceEndpoints(i)
+		if i%3 == 0 {
+			se.Service.IPs.ClusterIPs.V6 = []string{fmt.Sprintf("fd00:10:96::%x", i+1)}
+			se.Endpoints = append(se.Endpoints, ep(fmt.Sprintf("fd00:1::%x", i+1), false))
+		}
+		items = append(items, se)
+	}
+	rs, problems := buildRuleset("kpng-unit", Options{}, items)
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	maps := map[string]bool{}
+	for _, bl := range rs.Blocks {
+		maps[bl.Map()] = true
+	}
+	if len(maps) < 3 {
+		t.Fatalf("blocks in %d endpoint maps, want both families and more than one map of a family", len(maps))
+	}
+	send := func(add func(tx *txn) error) []netlink.Message {
+		conn, r, sent := relayConn(t)
+		tx := &txn{table: &nftables.Table{Name: "kpng-unit", Family: nftables.TableFamilyINet}, conn: conn, relay: r, sets: map[string]*nftables.Set{}}
+		r.begin()
+		if err := add(tx); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return *sent
+	}
+	got := send(func(tx *txn) error { return tx.blockElements(rs.Blocks) })
+	want := send(func(tx *txn) error { return tx.endpointElements(rs.endpoints(), commentsOf(rs.Blocks), false) })
+	if len(got) != len(want) || len(got) < 4 {
+		t.Fatalf("%d messages, want %d (more than one)", len(got), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(got[i].Data, want[i].Data) {
+			t.Errorf("message %d differs:\n got %x\nwant %x", i, got[i].Data, want[i].Data)
+		}
+	}
 }

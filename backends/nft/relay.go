@@ -217,6 +217,8 @@ func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if err := r.send(req); err != nil {
 		r.sendErr = fmt.Errorf("send %d netlink messages: %w", len(req), err)
 	}
+	// The payloads' functions hold the transaction's data: let it go.
+	r.elements, r.lists = nil, nil
 	return nil, nil
 }
 
