@@ -113,6 +113,9 @@ type applier struct {
 	// masquerading chains) with the number of rules the last successful
 	// Full gave each: what Check expects of them.
 	fixed map[string]int
+	// caps are the capacities of the sized sets as the last successful
+	// transaction left them (capacity.go); nil until a full write.
+	caps capacities
 	// fault is given to the relay of each transaction: the tests' seam
 	// for socket errors (relay.go); nil otherwise.
 	fault faultFunc
@@ -266,12 +269,14 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 		return Stats{}, err
 	}
 	defer func() { a.end(t, err) }()
-	if err := t.full(rs); err != nil {
+	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs)
+	if err := t.full(rs, caps); err != nil {
 		return t.stats, err
 	}
 	if err := a.flush(t); err != nil {
 		return t.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
 	}
+	a.caps = caps
 	a.fixed = t.rules
 	for _, ch := range rs.Chains {
 		delete(a.fixed, ch.Name)
@@ -279,7 +284,7 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	return t.stats, nil
 }
 
-func (t *txn) full(rs *ruleset) error {
+func (t *txn) full(rs *ruleset, caps capacities) error {
 	c := t.conn
 	c.AddTable(t.table)
 	c.DelTable(t.table)
@@ -301,6 +306,7 @@ func (t *txn) full(rs *ruleset) error {
 	var hairpin [2]*nftables.Set
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		hairpin[f] = hairpinSetRef(t.table, f)
+		hairpin[f].Size = caps[sizedSet{family: f}].capacity
 		if err := c.AddSet(hairpin[f], nil); err != nil {
 			return fmt.Errorf("set %s: %w", hairpin[f].Name, err)
 		}
@@ -312,6 +318,7 @@ func (t *txn) full(rs *ruleset) error {
 	var clusterIPs [2]*nftables.Set
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		clusterIPs[f] = clusterIPsSetRef(t.table, f)
+		clusterIPs[f].Size = caps[sizedSet{clusterIPs: true, family: f}].capacity
 		if err := c.AddSet(clusterIPs[f], nil); err != nil {
 			return fmt.Errorf("set %s: %w", clusterIPs[f].Name, err)
 		}
@@ -441,7 +448,18 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 	if err := a.flush(t); err != nil {
 		return t.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, t.stats.Objects(), err)
 	}
+	a.caps, _ = a.caps.after(d)
 	return t.stats, nil
+}
+
+// Fits reports whether the round d can be applied by Partial: its sized
+// sets stay within their capacities (a table was written whole, and d
+// does not take a hairpin or cluster-ips set over the capacity it was
+// given then). Otherwise the table must be written whole (Full), with
+// capacities for its new counts.
+func (a *applier) Fits(d delta) bool {
+	_, ok := a.caps.after(d)
+	return ok
 }
 
 func (t *txn) partial(d delta) error {

@@ -28,7 +28,9 @@ import (
 // kernelTable is a table as the kernel holds it, read back over netlink
 // and put in a form that does not depend on history: what two sinks
 // programming the same state must agree on whatever the rounds that led
-// there. Endpoint-map slots (which block a service port got, in which
+// there. The capacity of the hairpin and cluster-ips sets is set at the
+// last full write: only its room for the elements is compared.
+// Endpoint-map slots (which block a service port got, in which
 // endpoint map) depend on history: each rule drawing from an endpoint map
 // shows the intervals of its slot instead, and the endpoint maps
 // themselves show only their declaration and the intervals no rule uses
@@ -100,6 +102,18 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 		// walk's.
 		sort.Strings(lines)
 		lines = slices.Compact(lines)
+		if strings.HasPrefix(s.Name, "hairpin-v") || strings.HasPrefix(s.Name, "cluster-ips-v") {
+			// A sized set's capacity is chosen at the last full write
+			// (capacity.go): history. What must hold is that it has
+			// one, and room for what it holds.
+			room := "has room"
+			if s.Size == 0 || int(s.Size) < len(lines) {
+				room = fmt.Sprintf("has no room: size %d for %d elements", s.Size, len(lines))
+			}
+			sized := *s
+			sized.Size = 0
+			decl = setDecl(&sized) + " " + room
+		}
 		kt.Sets[s.Name] = append([]string{decl}, lines...)
 	}
 	sort.Strings(kt.EndpointMaps)

@@ -211,6 +211,10 @@ func (s *sink) sync(repair string) error {
 	changed := s.changed
 	s.changed = 0
 	delta := s.tracker.done(!s.needFull)
+	if !s.needFull && !s.applier.Fits(delta) {
+		klog.V(2).InfoS("A hairpin or cluster-ips set outgrows its capacity: writing the table whole", "table", s.table)
+		s.needFull = true
+	}
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull, Repair: repair}

@@ -115,9 +115,10 @@ func (rs *ruleset) Text() string {
 			b.WriteString("\t}\n\n")
 		}
 	}
+	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs)
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		typ := f.info().addrType + " . " + f.info().addrType
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", mapHairpin(f), typ)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n", mapHairpin(f), typ, caps[sizedSet{family: f}].capacity)
 		var els []string
 		for _, a := range rs.Hairpin {
 			if familyOf(a) == f {
@@ -130,7 +131,7 @@ func (rs *ruleset) Text() string {
 		b.WriteString("\t}\n\n")
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", setClusterIPs(f), f.info().addrType)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n", setClusterIPs(f), f.info().addrType, caps[sizedSet{clusterIPs: true, family: f}].capacity)
 		var els []string
 		for _, a := range rs.ClusterIPs {
 			if familyOf(a) == f {

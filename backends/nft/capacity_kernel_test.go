@@ -1,0 +1,55 @@
+//go:build linux
+
+package nft
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestKernelSetCapacity: a full write gives the hairpin and cluster-ips
+// sets the capacity of their counts (nft lists it as their size); a round
+// that would take a set over its capacity writes the table whole, with a
+// larger one, and every address reaches the kernel; a round within it is
+// a partial one.
+func TestKernelSetCapacity(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "capacity")
+	set := func(from, to int) {
+		for i := from; i < to; i++ {
+			se := benchServiceEndpoints(i)
+			s.set(se.Service.Key(), se)
+		}
+	}
+	expect := func(when string, full bool, size, hairpin int) {
+		t.Helper()
+		r := s.sync()
+		if r.Full != full {
+			t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
+		}
+		out, _, err := b.Node.Exec(nil, "nft", "list", "set", "inet", TableName("capacity"), "hairpin-v4")
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if !strings.Contains(out, fmt.Sprintf("\tsize %d\n", size)) {
+			t.Errorf("%s: hairpin-v4 is not of size %d:\n%s", when, size, out)
+		}
+		// One " . " an element, and the set's type.
+		if got := strings.Count(out, " . ") - 1; got != hairpin {
+			t.Errorf("%s: %d hairpin addresses in the kernel, want %d", when, got, hairpin)
+		}
+	}
+	set(0, 50)
+	expect("first sync, 500 endpoints", true, 1024, 500)
+	set(50, 100)
+	expect("1,000 endpoints", false, 1024, 1000)
+	set(100, 150)
+	expect("1,500 endpoints: over the capacity", true, 4096, 1500)
+	set(150, 151)
+	expect("1,510 endpoints", false, 4096, 1510)
+	out, _, err := b.Node.Exec(nil, "nft", "list", "set", "inet", TableName("capacity"), "cluster-ips-v4")
+	if err != nil || !strings.Contains(out, "\tsize 1024\n") {
+		t.Errorf("cluster-ips-v4 (151 addresses): %v\n%s", err, out)
+	}
+}
