@@ -5,6 +5,7 @@ package nft
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -176,7 +177,7 @@ func (l elementList) append(b []byte) ([]byte, error) {
 		b = appendElement(b, l.set, i-l.from, &e)
 	}
 	if len(b)-list > 0xffff {
-		return b, fmt.Errorf("set %s: elements over 64 KiB in one message", l.set.Name)
+		return b, errors.New("elements over 64 KiB in one message")
 	}
 	return endNested(b, list), nil
 }
