@@ -711,13 +711,8 @@ func (t *txn) clusterIPElements(addrs []netip.Addr, del bool) error {
 
 // byFamily returns addrs split by family (ipv4, ipv6), in their order.
 func byFamily(addrs []netip.Addr) [2][]netip.Addr {
-	var n4 int
-	for _, a := range addrs {
-		if familyOf(a) == ipv4 {
-			n4++
-		}
-	}
-	out := [2][]netip.Addr{make([]netip.Addr, 0, n4), make([]netip.Addr, 0, len(addrs)-n4)}
+	n := familyCounts(addrs)
+	out := [2][]netip.Addr{make([]netip.Addr, 0, n[ipv4]), make([]netip.Addr, 0, n[ipv6])}
 	for _, a := range addrs {
 		out[familyOf(a)] = append(out[familyOf(a)], a)
 	}
