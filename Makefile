@@ -14,7 +14,7 @@ TOOLS_BIN := $(CURDIR)/bin
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
 demo: controlplane
-	$(GO) run ./internal/cmd/kpng-demo
+	$(GO) run ./hack/cmd/kpng-demo
 
 ## test: every test, unit and integration (real API server), with -race.
 test: controlplane
@@ -56,7 +56,7 @@ FUZZ_TARGETS ?= \
 	./localsink/statefile:FuzzParse \
 	./api/kpngv1:FuzzModel \
 	./client/watcher:FuzzConvert \
-	./client/model:FuzzParse \
+	./model:FuzzParse \
 	./backends/userspace:FuzzPlan \
 	./backends/nft:FuzzBuild \
 	./examples/callout/internal/callout:FuzzSplit

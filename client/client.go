@@ -19,13 +19,15 @@
 // localsink.Sink. Programs that have their own flags or lifecycle use the
 // watcher package directly.
 //
-// The model types are defined in package model; this package gives them
-// short names so that backends need only one import.
+// The model types are defined in package model (sigs.k8s.io/kpng/model),
+// the foundation every other package imports; this package gives short
+// names to every type a backend meets, so that a backend written against
+// Run or RunSink needs only this import.
 package client
 
 import (
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // ServiceEndpoints is one service with its endpoints (see model.ServiceEndpoints).
@@ -33,6 +35,9 @@ type ServiceEndpoints = model.ServiceEndpoints
 
 // Service is a Kubernetes Service as a proxier sees it (see model.Service).
 type Service = model.Service
+
+// ServiceKey names a service: the key of Sink.Update (see model.ServiceKey).
+type ServiceKey = model.ServiceKey
 
 // ServiceIPs are a service's addresses (see model.ServiceIPs).
 type ServiceIPs = model.ServiceIPs
@@ -46,6 +51,17 @@ type IPSet = model.IPSet
 // PortMapping is one service port (see model.PortMapping).
 type PortMapping = model.PortMapping
 
+// ClientIPAffinity is a service's ClientIP session affinity (see
+// model.ClientIPAffinity).
+type ClientIPAffinity = model.ClientIPAffinity
+
+// Hints are an endpoint's topology hints (see model.Hints).
+type Hints = model.Hints
+
+// Problem is an error in one service's field, reported by a sink that
+// implements ProblemReporter (see model.Problem).
+type Problem = model.Problem
+
 // Protocol is an L4 protocol, numeric in JSON (see model.Protocol).
 type Protocol = model.Protocol
 
@@ -55,6 +71,14 @@ const (
 	UDP  = model.UDP
 	SCTP = model.SCTP
 )
+
+// Sink is an incremental backend, the argument of RunSink (see
+// localsink.Sink): Reset, Update per changed service, then Sync.
+type Sink = localsink.Sink
+
+// ProblemReporter is what a Sink implements to report the services it
+// could not program (see localsink.ProblemReporter).
+type ProblemReporter = localsink.ProblemReporter
 
 // HandlerFunc receives the whole state on each change (see localsink.Handler).
 type HandlerFunc = localsink.Handler

@@ -18,11 +18,11 @@ import (
 
 	"sigs.k8s.io/kpng/backends/healthcheck"
 	"sigs.k8s.io/kpng/client/metrics"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/promtest"
 	"sigs.k8s.io/kpng/internal/testio"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // failingSink is a sink whose Sync fails while fail is set.

@@ -19,10 +19,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client/metrics"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Flags are the command-line options of Run and RunSink.

@@ -11,11 +11,11 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/testio"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 var cp *controlplane.ControlPlane

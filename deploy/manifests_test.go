@@ -23,11 +23,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"sigs.k8s.io/kpng/client"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/manifests"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 var cp *controlplane.ControlPlane

@@ -28,7 +28,7 @@ export KPNG_CONTROLPLANE_DIR="${dir}"
 bin="$(mktemp -d)"
 trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
-go build -o "${bin}/kpng-sidebyside" ./internal/cmd/kpng-sidebyside
+go build -o "${bin}/kpng-sidebyside" ./hack/cmd/kpng-sidebyside
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(nft --version), $(go version | cut -d' ' -f3), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "${bin}/kpng-sidebyside" --kube-proxy="${dir}/kube-proxy" --kpng="${bin}/kpng" --mode=nftables --changes=300 --kube-proxy-changes=30 "$@"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

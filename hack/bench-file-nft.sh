@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measures `kpng file … to-local to-nft` as a user runs it, on a state file
-# of synthetic services (internal/cmd/kpng-genstate: ClusterIP services of
+# of synthetic services (hack/cmd/kpng-genstate: ClusterIP services of
 # one TCP port, ENDPOINTS endpoints each), in a network namespace of its
 # own: the first sync (process start → the log line of the first full
 # transaction), the whole process's peak RSS (VmHWM) and its RSS, Go heap
@@ -32,7 +32,7 @@ cleanup() {
 }
 trap cleanup EXIT
 go build -o "${work}/kpng" ./cmd/kpng
-go build -o "${work}/kpng-genstate" ./internal/cmd/kpng-genstate
+go build -o "${work}/kpng-genstate" ./hack/cmd/kpng-genstate
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 now() { date +%s.%N; }

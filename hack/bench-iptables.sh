@@ -19,6 +19,6 @@ export KPNG_CONTROLPLANE_DIR="${dir}"
 bin="$(mktemp -d)"
 trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
-go build -o "${bin}/kpng-sidebyside" ./internal/cmd/kpng-sidebyside
+go build -o "${bin}/kpng-sidebyside" ./hack/cmd/kpng-sidebyside
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(iptables-legacy --version), $(iptables-nft --version)" >&2
 "${bin}/kpng-sidebyside" --kube-proxy="${dir}/kube-proxy" --kpng="${bin}/kpng" --mode=iptables "$@"

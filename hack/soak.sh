@@ -19,7 +19,7 @@ export KPNG_CONTROLPLANE_DIR
 bin="$(mktemp -d)"
 trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
-go build -o "${bin}/kpng-soak" ./internal/cmd/kpng-soak
+go build -o "${bin}/kpng-soak" ./hack/cmd/kpng-soak
 go test -c -o "${bin}/nft.test" ./backends/nft
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version)" >&2
 "${bin}/kpng-soak" --kpng="${bin}/kpng" --compare-test="${bin}/nft.test" "$@"

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"testing"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 const (

@@ -3,7 +3,7 @@ package localsink
 import (
 	"reflect"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // EndpointChanges compares the endpoints of two values of one service, as

@@ -3,7 +3,7 @@ package localsink
 import (
 	"slices"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Handler receives the whole state: every selected service with its

@@ -10,9 +10,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // stateGen produces successive full states by random changes to the

@@ -66,7 +66,7 @@ import (
 	"errors"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Sink receives the state of the selected services in rounds (see the

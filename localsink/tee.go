@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Tee returns a Sink that forwards every call to each of sinks, in order:

@@ -8,9 +8,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestTee checks that every call reaches every sink in order, each seeing

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // FromServiceKey converts a model service key.

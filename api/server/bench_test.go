@@ -15,9 +15,9 @@ import (
 
 	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/api/server"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // fanoutState is services × 10 endpoints, the endpoints spread over nodes

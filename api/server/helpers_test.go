@@ -19,10 +19,10 @@ import (
 	"google.golang.org/grpc"
 
 	"sigs.k8s.io/kpng/api/server"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // testServer is a controller serving a hub on a listener.

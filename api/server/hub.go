@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Hub is a localsink.Sink that publishes each consistent state (on Sync) to

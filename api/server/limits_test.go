@@ -20,9 +20,9 @@ import (
 
 	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/api/server"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/internal/testio"
+	"sigs.k8s.io/kpng/model"
 )
 
 // bigLabels returns labels of about n bytes.

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"sigs.k8s.io/kpng/api/server"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // nobody is the uid of another user.

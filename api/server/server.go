@@ -16,8 +16,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Defaults of the gRPC server.

@@ -19,10 +19,10 @@ import (
 
 	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/api/server"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 func localKeys(state []*model.ServiceEndpoints) []string {

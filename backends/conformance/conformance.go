@@ -8,10 +8,10 @@ import (
 	"slices"
 	"testing"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Feature is optional behaviour: a backend that lacks one declares it in

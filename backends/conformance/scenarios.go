@@ -8,8 +8,8 @@ import (
 	"net/netip"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 var scenarios = []Scenario{

@@ -31,8 +31,8 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Config configures a health check server.

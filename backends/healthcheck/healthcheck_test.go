@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // freePorts returns n TCP ports free on loopback.

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // askIn sends GET /healthz to dst from ns; status 0 with a refused

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"testing"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // benchState returns n single-stack services with one TCP port and eps

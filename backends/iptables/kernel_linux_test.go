@@ -14,8 +14,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestKernelGoldenAccepted restores the golden cases' input (the text

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"sigs.k8s.io/kpng/client/endpoints"
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 // family is an IP family: IPv4 (iptables) or IPv6 (ip6tables).

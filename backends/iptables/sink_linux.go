@@ -21,8 +21,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/conntrack"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Config configures the iptables sink.

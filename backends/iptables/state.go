@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // fragment is what one service adds to the plan, in both families,

@@ -18,9 +18,9 @@ import (
 
 	"github.com/google/nftables"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // The benchmarks of this file program 1,000 to 50,000 ClusterIP services

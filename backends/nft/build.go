@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"sigs.k8s.io/kpng/client/endpoints"
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 // serviceObjects are the chains, sets and map elements that implement one

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestCheckedChainsTakeTurns checks that the periodic check counts the

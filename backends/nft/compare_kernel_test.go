@@ -20,7 +20,7 @@ const compareEnv = "KPNG_COMPARE_NETNS"
 // network namespaces of spec ("FRESH,OTHER"), with the convergence tests'
 // reader (readKernelTable: the same table whatever history led to it), and
 // returns the exit status: 0 when they are equal, 1 when they differ or
-// cannot be read. The soak (internal/cmd/kpng-soak) runs it, from the
+// cannot be read. The soak (hack/cmd/kpng-soak) runs it, from the
 // package's compiled test binary with KPNG_COMPARE_NETNS set, on the
 // namespace of a kpng that went through an hour of churn and that of a
 // kpng freshly started on the same API objects. KPNG_COMPARE_TABLE names

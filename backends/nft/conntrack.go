@@ -9,8 +9,8 @@ import (
 	"net/netip"
 	"slices"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/diffstore"
+	"sigs.k8s.io/kpng/model"
 )
 
 // staleFlow selects UDP conntrack entries that a round of changes made

@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"sigs.k8s.io/kpng/backends/conntrack"
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // ctFlow is a conntrack entry: original direction src -> dst, replied to

@@ -10,8 +10,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/diffstore"
+	"sigs.k8s.io/kpng/model"
 )
 
 // staleTo is the staleFlow of UDP entries to dst DNATed to endpoint.

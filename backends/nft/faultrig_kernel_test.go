@@ -10,10 +10,10 @@ import (
 	"github.com/google/nftables"
 
 	"sigs.k8s.io/kpng/client/metrics"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/churn"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // faultRig is what the fault tests share: a sink programming the table of

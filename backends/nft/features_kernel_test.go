@@ -13,9 +13,9 @@ import (
 
 	"github.com/google/nftables"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Addresses of the feature tests. The client routes everything outside its

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // FuzzBuild: any state builds a ruleset without a panic (problems are

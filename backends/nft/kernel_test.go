@@ -17,10 +17,10 @@ import (
 
 	"github.com/google/nftables"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // A third pod, added to the Blog topology by kernelTopology.

@@ -22,7 +22,7 @@ import (
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // kernelTable is a table as the kernel holds it, read back over netlink

@@ -19,10 +19,10 @@ import (
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/internal/selfexec"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // killHelperEnv makes the test binary run killHelper instead of the tests:

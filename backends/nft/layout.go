@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // This file holds every name of the table's objects and its fixed layout:

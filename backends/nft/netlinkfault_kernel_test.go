@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestKernelNetlinkErrors injects the socket errors a busy or overrun

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // The fixed chains of masquerading and load-balancer firewalls.

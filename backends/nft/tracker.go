@@ -10,8 +10,8 @@ import (
 	"slices"
 	"strings"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/diffstore"
+	"sigs.k8s.io/kpng/model"
 )
 
 // tracker holds the desired objects of every service and computes, round

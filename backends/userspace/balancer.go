@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sigs.k8s.io/kpng/client/endpoints"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 // balancer picks the endpoint of each new connection or flow of one

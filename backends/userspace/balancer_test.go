@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/kpng/client/endpoints"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 func TestBalancerRoundRobin(t *testing.T) {

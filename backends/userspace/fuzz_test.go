@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // fuzzSeeds are states (kpng-json's form) to start the backends' fuzzing

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // The kernel tests run the proxier in the node of netns.Blog, with real

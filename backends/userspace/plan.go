@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"sigs.k8s.io/kpng/client/endpoints"
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 // frontendKey is where a frontend listens: a protocol on an address and

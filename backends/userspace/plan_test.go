@@ -9,8 +9,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"sigs.k8s.io/kpng/client/endpoints"
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 func ipset(addrs ...string) model.IPSet {

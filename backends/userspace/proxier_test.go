@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // fakePlatform holds addresses in a map and, like netsh on Windows, fails

@@ -8,8 +8,8 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"sigs.k8s.io/kpng/client/endpoints"
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 // tcpProto is the protocol of TCP frontends.

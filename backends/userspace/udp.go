@@ -11,7 +11,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"sigs.k8s.io/kpng/client/endpoints"
+	"sigs.k8s.io/kpng/model/endpoints"
 )
 
 // maxDatagram is the largest UDP payload.

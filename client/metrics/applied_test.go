@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	kmodel "sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	kmodel "sigs.k8s.io/kpng/model"
 )
 
 // sec is the Unix time s (fractions allowed) as a time.

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // DebugPath is where MetricsMux serves DebugHandler.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	kmodel "sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	kmodel "sigs.k8s.io/kpng/model"
 )
 
 // histogram returns the cumulative bucket counts of histogram name, by

@@ -5,8 +5,8 @@ import (
 	"slices"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // mirror is the receiving edge of the wire format: it applies the

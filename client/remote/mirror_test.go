@@ -7,9 +7,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 func opReset() *kpngv1.Op { return &kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}} }

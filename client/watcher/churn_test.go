@@ -18,12 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/internal/churn"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestWatcherConvergence makes a few hundred seeded random changes to

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestCompactKeepsWhatTheWatcherReads: the informers' transform drops

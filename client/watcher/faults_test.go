@@ -14,9 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestFaultsWhileChangesFlow kills kube-apiserver, then etcd, and starts

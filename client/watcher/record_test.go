@@ -9,10 +9,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // rounds collects the records of the rounds a watcher delivers.

@@ -14,11 +14,11 @@ import (
 
 	"sigs.k8s.io/kpng/backends/nft"
 	"sigs.k8s.io/kpng/client/metrics"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/e2e"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/internal/promtest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestKubeToLocalNFTProblems: two Services of the real API server claim

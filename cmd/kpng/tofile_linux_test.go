@@ -15,10 +15,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/e2e"
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink/statefile"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestToFileOnAFullDisk runs `kpng file … to-file` writing into a 256 KiB

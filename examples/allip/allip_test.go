@@ -17,9 +17,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/examples/allip/allip"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 const goldenPath = "../json/testdata/kpng-example.golden.json"

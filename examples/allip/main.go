@@ -31,9 +31,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/client"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/examples/allip/allip"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 func main() {

@@ -20,7 +20,7 @@ import (
 	"slices"
 	"strconv"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Pools are the addresses and ports a Generator draws from. Keep them

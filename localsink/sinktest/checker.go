@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Checker is a localsink.Sink that checks every call it receives against

@@ -18,9 +18,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
+	"sigs.k8s.io/kpng/model"
 )
 
 // equatePrefixes lets cmp compare the model's netip.Prefix values.

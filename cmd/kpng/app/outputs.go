@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/kpng/api/address"
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/metrics"
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/statefile"
+	"sigs.k8s.io/kpng/model"
 )
 
 // output is where the state goes.

@@ -12,7 +12,7 @@ import (
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TableName is the name of kpng-allip's nftables tables (one in family ip,

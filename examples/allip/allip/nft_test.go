@@ -16,8 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestNFTExprsRoundTrip checks that Current can read what Apply writes,

@@ -43,7 +43,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // Rule sends all traffic for External to Target.

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // ReadState decodes a state as kpng-json prints it: zero or more JSON

@@ -5,7 +5,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"sigs.k8s.io/kpng/client/model"
+	"sigs.k8s.io/kpng/model"
 )
 
 // opt changes a test endpoint.

@@ -39,7 +39,7 @@
 // never modified.
 package endpoints
 
-import "sigs.k8s.io/kpng/client/model"
+import "sigs.k8s.io/kpng/model"
 
 // TopologyMode is the topology filter applied to cluster endpoints.
 type TopologyMode string

@@ -20,8 +20,8 @@ import (
 	"net/netip"
 	"os"
 
-	"sigs.k8s.io/kpng/client/model"
 	"sigs.k8s.io/kpng/localsink/statefile"
+	"sigs.k8s.io/kpng/model"
 )
 
 func main() {
