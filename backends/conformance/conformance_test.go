@@ -8,7 +8,7 @@ import "testing"
 // function each.
 func TestScenarios(t *testing.T) {
 	known := map[Feature]bool{UDP: true, SessionAffinity: true, ClientAddress: true, Masquerade: true,
-		RejectUDP: true, SourceRanges: true, TopologyHints: true, KeepConnections: true,
+		RejectUDP: true, SourceRanges: true, TopologyHints: true, KeepConnections: true, StaleUDPFlows: true,
 		OtherFamilyAddresses: true, UndefinedPorts: true, ServiceCIDRs: true}
 	names := map[string]bool{}
 	for _, sc := range Scenarios() {
