@@ -496,7 +496,7 @@ func staleUDP(h *harness) {
 		if first[i] == netns.PodID {
 			other = netns.Pod2ID
 		}
-		h.step("endpoint %s (%s) removed: the UDP flow to %s from source port %d, which it answered, now reaches %s (the flow's conntrack entries must be deleted)",
+		h.step("endpoint %s (%s) removed: the UDP flow to %s from source port %d, which it answered, now reaches %s (the backend must end the flow: delete its conntrack entries, or a proxy's session)",
 			podAddr(first[i], ip), first[i], ip, port, other)
 		h.askAll(3, h.topo.Client, "udp", netip.AddrPortFrom(ip, 80), netns.AskOptions{LocalPort: port}, other)
 	}
