@@ -62,6 +62,14 @@ const (
 	// service holds are dropped, never routed out; without them, those
 	// addresses are left alone.
 	ServiceCIDRs Feature = "service-cidrs-dropped"
+	// StaleUDPFlows: when an endpoint is removed, a UDP client that keeps
+	// sending from the same source port reaches a remaining endpoint with
+	// its next datagram. UDP has no teardown: a kernel backend must delete
+	// the conntrack entries of the removed endpoint, as kube-proxy does
+	// (package sigs.k8s.io/kpng/backends/conntrack does it for nft and
+	// iptables, and for an outside backend too); a userspace proxy must
+	// drop its sessions to it.
+	StaleUDPFlows Feature = "udp-stale-flows-cleared"
 )
 
 // Node is the node a backend programs: its network namespace and what a
@@ -89,8 +97,16 @@ type Backend struct {
 	// any call. Remove what the backend created with t.Cleanup.
 	Start func(t testing.TB, node Node) (localsink.Sink, error)
 	// Unsupported are the features the backend lacks, each with the
-	// reason (listed in the backend's docs).
+	// reason (listed in the backend's docs). The scenarios needing one
+	// are skipped (t.Skip) with the reason.
 	Unsupported map[Feature]string
+	// NetNSPrefix starts the names of the kit's network namespaces;
+	// empty: "kpngt-". It is lowercase words of letters, each followed
+	// by a dash ("kpngt-ci-"). Each test process removes the namespaces
+	// of its prefix left by processes that no longer run (killed before
+	// their cleanups), never those of another prefix: on a host shared
+	// with other users, give your runs a prefix of your own.
+	NetNSPrefix string
 }
 
 // Scenario is one behaviour of the kit.
@@ -105,19 +121,28 @@ type Scenario struct {
 // Scenarios returns the kit's scenarios, in the order Run runs them.
 func Scenarios() []Scenario { return scenarios }
 
-// Run runs every scenario against b, each in a subtest with a topology of
-// its own.
+// Run runs every scenario against b, each in a subtest (named as the
+// scenario) with a topology of its own. A scenario needing a feature that
+// b declares unsupported is skipped, with b's reason. A failed check is
+// reported once, with what it checked and, at the first failure after
+// each change of state, the state the backend was given (services,
+// endpoints and their conditions, the node).
 func Run(t *testing.T, b Backend) {
 	netns.RequirePrivileged(t)
 	if b.Start == nil {
 		t.Fatalf("backend %q: Start is nil", b.Name)
 	}
+	if b.NetNSPrefix == "" {
+		b.NetNSPrefix = netns.Prefix
+	}
+	if err := netns.CheckPrefix(b.NetNSPrefix); err != nil {
+		t.Fatalf("backend %q: NetNSPrefix: %v", b.Name, err)
+	}
 	for _, sc := range scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
 			for _, f := range sc.Needs {
 				if why, ok := b.Unsupported[f]; ok {
-					t.Logf("not run: backend %s declares %s unsupported: %s", b.Name, f, why)
-					return
+					t.Skipf("backend %s declares %s unsupported: %s", b.Name, f, why)
 				}
 			}
 			sc.run(newHarness(t, b))
@@ -134,13 +159,18 @@ type harness struct {
 	feeder  *localsink.Feeder
 	checker *sinktest.Checker
 	state   []*model.ServiceEndpoints
+	cluster *model.Cluster
+	// stateShown: a failure since the last change of state printed it.
+	stateShown bool
+	// checking is what the scenario checks now (h.step), for messages.
+	checking string
 }
 
 // nodeName is the node's name in the kit's states.
 const nodeName = "node-a"
 
 func newHarness(t *testing.T, b Backend) *harness {
-	h := &harness{t: t, b: b, topo: netns.Blog(t)}
+	h := &harness{t: t, b: b, topo: netns.BlogWithPrefix(t, b.NetNSPrefix)}
 	// The node rate-limits the ICMP errors it sends per destination
 	// (ICMPv6 to a pod's /128 route: one per 100 ms), which would make a
 	// refused datagram look dropped now and then: the kit checks the
@@ -177,7 +207,7 @@ func (h *harness) start() {
 // applies it.
 func (h *harness) apply(items ...*model.ServiceEndpoints) {
 	h.t.Helper()
-	h.state = items
+	h.state, h.stateShown = items, false
 	h.feeder.SetAll(items)
 	if err := h.feeder.Sync(); err != nil {
 		h.t.Fatalf("backend %s: Sync: %v", h.b.Name, err)
@@ -188,6 +218,7 @@ func (h *harness) apply(items ...*model.ServiceEndpoints) {
 // current state, and fails the test unless it applies them.
 func (h *harness) setCluster(c *model.Cluster) {
 	h.t.Helper()
+	h.cluster = c
 	h.feeder.SetCluster(c)
 	h.apply(h.state...)
 }

@@ -8,8 +8,12 @@
 // kpng's blog (a client, a node, two pods), starts the backend for the
 // node, feeds it states through a localsink.Feeder as kpng does (checking
 // the Sink contract on the way) and checks the traffic. A scenario needing
-// a feature the backend declares unsupported is not run: it is reported in
-// a subtest of its own, with the backend's reason, never skipped silently.
+// a feature the backend declares unsupported is skipped (t.Skip) with the
+// backend's reason, never reported as passed. A failed check is reported
+// once, with what it checked and the state the backend was given; checks
+// of random choices send enough requests that chance decides none of them
+// (below one in a million). Backend.NetNSPrefix names the kit's network
+// namespaces.
 //
 // The kit needs root (network namespaces); without, Run skips, or fails
 // when KPNG_REQUIRE_PRIVILEGED=1. It is Linux only. docs/conformance.md

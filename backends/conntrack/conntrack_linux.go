@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -125,4 +126,45 @@ func NewHandle(newHandle func() (*netlink.Handle, error)) (*netlink.Handle, erro
 		return nil, fmt.Errorf("conntrack netlink handle: set timeout: %w", err)
 	}
 	return h, nil
+}
+
+// InNetNS returns a function making netlink handles for conntrack in the
+// network namespace at path (/run/netns/NAME, /proc/PID/ns/net), for
+// NewHandle and DeleteFlows: a backend programming another namespace than
+// its own deletes that namespace's entries.
+func InNetNS(path string) func() (*netlink.Handle, error) {
+	return func() (*netlink.Handle, error) {
+		ns, err := vnetns.GetFromPath(path)
+		if err != nil {
+			return nil, fmt.Errorf("network namespace %s: %w", path, err)
+		}
+		defer ns.Close()
+		return netlink.NewHandleAt(ns, unix.NETLINK_NETFILTER)
+	}
+}
+
+// DeleteFlows deletes the conntrack entries matching flows, through a
+// handle from NewHandle(newHandle) (nil: this process's network
+// namespace; InNetNS: another one) that it closes, and returns how many it
+// deleted. It is what a backend calls after a round that removed
+// endpoints of UDP services (or gave endpoints to a UDP service that had
+// none), once its new rules are in place: one Flow per service address
+// and port (Dst; no address for a node port) and removed endpoint
+// (Endpoint; none for a service that had no endpoint, whose entries were
+// not DNATed). Without it, a client that keeps sending from one source
+// port keeps reaching the removed endpoint (or nothing) until its entry
+// expires, which a client sending more often than the UDP timeout never
+// lets happen; the conformance kit's udp-stale-flow scenario checks it.
+// A failure is worth logging, not failing the round for: the rules are
+// right, only the flows concerned lag until their entries expire.
+func DeleteFlows(newHandle func() (*netlink.Handle, error), flows []Flow) (uint, error) {
+	if len(flows) == 0 {
+		return 0, nil
+	}
+	h, err := NewHandle(newHandle)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	return Delete(h, flows)
 }

@@ -93,11 +93,18 @@ type BlogTopology struct {
 // removed when t ends.
 func Blog(t testing.TB) *BlogTopology {
 	t.Helper()
+	return BlogWithPrefix(t, Prefix)
+}
+
+// BlogWithPrefix is Blog with namespaces named by NewWithPrefix(t, prefix,
+// …).
+func BlogWithPrefix(t testing.TB, prefix string) *BlogTopology {
+	t.Helper()
 	b := &BlogTopology{
-		Client: New(t, "client"),
-		Node:   New(t, "node"),
-		Pod:    New(t, "pod"),
-		Pod2:   New(t, "pod2"),
+		Client: NewWithPrefix(t, prefix, "client"),
+		Node:   NewWithPrefix(t, prefix, "node"),
+		Pod:    NewWithPrefix(t, prefix, "pod"),
+		Pod2:   NewWithPrefix(t, prefix, "pod2"),
 	}
 	b.Node.EnableForwarding()
 

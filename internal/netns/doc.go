@@ -8,10 +8,13 @@
 // as root; call RequirePrivileged first: it skips the test otherwise, or
 // fails it when KPNG_REQUIRE_PRIVILEGED=1 (as CI sets it).
 //
-// Namespaces are named kpngt-<pid>-<n>-<label>, so that tests running in
-// parallel, in one process or several, never collide, and so that the
-// namespaces left behind by a test process that was killed can be recognised
-// and removed (see New).
+// Namespaces are named <prefix><pid>-<n>-<label> (prefix kpngt- unless the
+// caller gives its own: NewWithPrefix, BlogWithPrefix), so that tests
+// running in parallel, in one process or several, never collide, and so that
+// the namespaces left behind by a test process that was killed can be
+// recognised and removed: each process removes, for each prefix it uses, the
+// namespaces of that prefix whose creating process is gone, and never those
+// of another prefix (see NewWithPrefix).
 //
 // Links are created directly inside their namespaces (`ip -n NS link add ...
 // netns PEER`), so that nothing, not even temporarily, is added to the

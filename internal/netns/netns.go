@@ -20,7 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Prefix starts the name of every namespace this package creates.
+// Prefix starts the name of every namespace New creates: the default
+// prefix. NewWithPrefix takes another.
 const Prefix = "kpngt-"
 
 // RunDir is where `ip netns` keeps the bind mounts of named namespaces.
@@ -35,9 +36,32 @@ type NS struct {
 }
 
 var (
-	seq       atomic.Int64
-	sweepOnce sync.Once
+	seq   atomic.Int64
+	swept sync.Map // prefix → *sync.Once: its leftovers were removed
 )
+
+// CheckPrefix says why prefix cannot start the names of namespaces, or
+// returns nil. A prefix is lowercase words of letters separated by single
+// dashes, and ends with a dash ("kpngt-", "ci-job-"): no digits, so that
+// the names of one prefix (prefix, then the creating process's id) are
+// never read as another's, even when one prefix starts another.
+func CheckPrefix(prefix string) error {
+	words, ok := strings.CutSuffix(prefix, "-")
+	if !ok || words == "" {
+		return fmt.Errorf("namespace prefix %q: must end with a dash", prefix)
+	}
+	for _, w := range strings.Split(words, "-") {
+		if w == "" {
+			return fmt.Errorf("namespace prefix %q: empty word (two dashes, or a leading dash)", prefix)
+		}
+		for _, r := range w {
+			if r < 'a' || r > 'z' {
+				return fmt.Errorf("namespace prefix %q: %q is not a lowercase letter (letters and single dashes only)", prefix, r)
+			}
+		}
+	}
+	return nil
+}
 
 // New creates a uniquely named network namespace for t, with its loopback
 // interface up, IPv6 duplicate address detection off for the interfaces
@@ -45,14 +69,31 @@ var (
 // redirects neither sent nor accepted (a node forwarding a packet back out of
 // the interface it came in on would otherwise teach the client a route that
 // bypasses it). It is deleted by t.Cleanup. label (letters, digits and '-')
-// ends the name, to make it recognisable.
-//
-// The first call in a process also deletes the kpngt- namespaces of test
-// processes that no longer run.
+// ends the name, to make it recognisable. The name starts with Prefix: New
+// is NewWithPrefix(t, Prefix, label).
 func New(t testing.TB, label string) *NS {
 	t.Helper()
-	sweepOnce.Do(sweepStale)
-	name := fmt.Sprintf("%s%d-%d-%s", Prefix, os.Getpid(), seq.Add(1), label)
+	return NewWithPrefix(t, Prefix, label)
+}
+
+// NewWithPrefix is New with the name starting with prefix (see
+// CheckPrefix) instead of Prefix: the name is
+// <prefix><pid>-<n>-<label>, pid being the creating process's id.
+//
+// The first call in a process for a prefix also deletes the namespaces of
+// that prefix whose creating process no longer runs (the leftovers of a
+// test binary killed before its cleanups ran), and only those: the
+// namespaces of other prefixes are never touched. On a host shared with
+// other users, who may run tests in other PID namespaces (whose processes
+// this one cannot see), give each user or job a prefix of its own.
+func NewWithPrefix(t testing.TB, prefix, label string) *NS {
+	t.Helper()
+	if err := CheckPrefix(prefix); err != nil {
+		t.Fatal(err)
+	}
+	once, _ := swept.LoadOrStore(prefix, new(sync.Once))
+	once.(*sync.Once).Do(func() { sweepStale(prefix) })
+	name := fmt.Sprintf("%s%d-%d-%s", prefix, os.Getpid(), seq.Add(1), label)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, bytes.TrimSpace(out))
 	}
@@ -78,32 +119,49 @@ func New(t testing.TB, label string) *NS {
 	return n
 }
 
-// sweepStale deletes the namespaces named kpngt-<pid>-... whose process no
-// longer exists: the leftovers of a test binary that was killed before its
-// cleanups ran.
-func sweepStale() {
+// sweepStale deletes the namespaces named <prefix><pid>-<n>-... whose
+// process no longer exists: the leftovers of a test binary that was killed
+// before its cleanups ran.
+func sweepStale(prefix string) {
 	entries, err := os.ReadDir(RunDir)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), Prefix)
-		if !ok {
-			continue
+		if pid, ok := creator(e.Name(), prefix); ok && !running(pid) {
+			_ = exec.Command("ip", "netns", "delete", e.Name()).Run()
 		}
-		pidText, _, ok := strings.Cut(rest, "-")
-		if !ok {
-			continue
-		}
-		pid, err := strconv.Atoi(pidText)
-		if err != nil || pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if err := unix.Kill(pid, 0); err == nil || errors.Is(err, unix.EPERM) {
-			continue // still running
-		}
-		_ = exec.Command("ip", "netns", "delete", e.Name()).Run()
 	}
+}
+
+// creator returns the id of the process that created the namespace name,
+// if name is <prefix><pid>-<n>-<label> (as NewWithPrefix names them).
+func creator(name, prefix string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, prefix)
+	if !ok {
+		return 0, false
+	}
+	fields := strings.SplitN(rest, "-", 3)
+	if len(fields) != 3 || fields[2] == "" {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(fields[0])
+	if err != nil || pid <= 0 || fields[0] != strconv.Itoa(pid) {
+		return 0, false
+	}
+	if n, err := strconv.Atoi(fields[1]); err != nil || n <= 0 {
+		return 0, false
+	}
+	return pid, true
+}
+
+// running says whether process pid exists (this process counts).
+func running(pid int) bool {
+	if pid == os.Getpid() {
+		return true
+	}
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
 }
 
 // Path returns the namespace's bind mount, which can be opened to get a file

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,4 +177,76 @@ func TestBlogTopology(t *testing.T) {
 	}
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
 	b.ExpectNoService(t, b.Node, 500*time.Millisecond)
+}
+
+func TestCheckPrefix(t *testing.T) {
+	for _, good := range []string{Prefix, "ci-job-", "a-"} {
+		if err := CheckPrefix(good); err != nil {
+			t.Errorf("CheckPrefix(%q) = %v, want nil", good, err)
+		}
+	}
+	for _, bad := range []string{"", "-", "kpngt", "kpngt1-", "kpngt--", "-kpngt-", "Kpngt-", "a-7-", "a_b-"} {
+		if err := CheckPrefix(bad); err == nil {
+			t.Errorf("CheckPrefix(%q) = nil, want an error", bad)
+		}
+	}
+}
+
+// TestCreator checks that a name is read as a prefix's only when that
+// prefix made it, also when one prefix starts another.
+func TestCreator(t *testing.T) {
+	for _, tc := range []struct {
+		name, prefix string
+		pid          int
+		ok           bool
+	}{
+		{"kpngt-123-4-node", "kpngt-", 123, true},
+		{"kpngt-123-4-pod-2", "kpngt-", 123, true},
+		{"kpngt-ci-123-4-node", "kpngt-", 0, false},
+		{"kpngt-ci-123-4-node", "kpngt-ci-", 123, true},
+		{"kpngt-123-4-node", "kpngt-ci-", 0, false},
+		{"kpngt-123-probe", "kpngt-", 0, false},
+		{"kpngt-0123-4-node", "kpngt-", 0, false},
+		{"kpngt-123-4-", "kpngt-", 0, false},
+		{"other", "kpngt-", 0, false},
+	} {
+		pid, ok := creator(tc.name, tc.prefix)
+		if pid != tc.pid || ok != tc.ok {
+			t.Errorf("creator(%q, %q) = %d, %v; want %d, %v", tc.name, tc.prefix, pid, ok, tc.pid, tc.ok)
+		}
+	}
+}
+
+// TestSweepOwnPrefixOnly checks that the leftovers of a dead process are
+// removed for the prefix being swept, and that the namespaces of another
+// prefix (dead creator too) and of a live process are kept.
+func TestSweepOwnPrefixOnly(t *testing.T) {
+	RequirePrivileged(t)
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	pid := dead.Process.Pid
+	if running(pid) {
+		t.Skipf("pid %d was reused already", pid)
+	}
+	mine, other := "kpngt-sweep-", "kpngt-sweepother-"
+	names := map[string]bool{ // name → kept by sweepStale(mine)
+		fmt.Sprintf("%s%d-1-dead", mine, pid):         false,
+		fmt.Sprintf("%s%d-1-live", mine, os.Getpid()): true,
+		fmt.Sprintf("%s%d-1-dead", other, pid):        true, // starts with mine, but another prefix
+	}
+	for name := range names {
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", name).Run() })
+	}
+	sweepStale(mine)
+	for name, kept := range names {
+		_, err := os.Stat(RunDir + "/" + name)
+		if exists := err == nil; exists != kept {
+			t.Errorf("after sweeping %s: %s exists = %v, want %v", mine, name, exists, kept)
+		}
+	}
 }
