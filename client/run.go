@@ -176,10 +176,41 @@ func RunSink(sink localsink.Sink) {
 // first state with --once) and returns the process exit status, printing a
 // one-line error to stderr on failure.
 func Main(args []string, stderr io.Writer, sink localsink.Sink) int {
+	return mainWith(args, stderr, nil, func(context.Context, *Flags) (localsink.Sink, error) { return sink, nil }, false)
+}
+
+// RunWith is RunSink for a backend with command-line flags of its own: bind
+// registers them on the FlagSet that holds kpng's flags (nil: none), and
+// newSink builds the sink once the command line is parsed, from kpng's
+// flags (f) and the program's own (the variables bind registered). kpng
+// keeps the rest of Run's lifecycle: the exit statuses, SIGINT and SIGTERM,
+// --once, the metrics and health endpoints. It exits the process.
+func RunWith(bind func(fs *flag.FlagSet), newSink func(ctx context.Context, f *Flags) (Sink, error)) {
+	os.Exit(MainWith(os.Args[1:], os.Stderr, bind, newSink))
+}
+
+// MainWith is RunWith without the exit: it returns the process exit status.
+//
+// newSink's ctx ends on SIGINT or SIGTERM, as the run does. An error it
+// returns ends the program with status 1, or 2 when the error is wrapped
+// with UsageError (a bad value of the program's own flags); a nil sink
+// with a nil error ends it with status 0 without watching (a flag such as
+// --cleanup that did its work). When the run ends, a sink that implements
+// io.Closer is closed; an error from Close is status 1.
+func MainWith(args []string, stderr io.Writer, bind func(fs *flag.FlagSet), newSink func(ctx context.Context, f *Flags) (Sink, error)) int {
+	return mainWith(args, stderr, bind, newSink, true)
+}
+
+// mainWith is MainWith; closeSink says whether to close the sink when it
+// implements io.Closer (Main leaves the caller's sink open).
+func mainWith(args []string, stderr io.Writer, bind func(fs *flag.FlagSet), newSink func(ctx context.Context, f *Flags) (Sink, error), closeSink bool) int {
 	name := filepath.Base(os.Args[0])
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var f Flags
 	f.Bind(fs)
+	if bind != nil {
+		bind(fs)
+	}
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -197,8 +228,16 @@ func Main(args []string, stderr io.Writer, sink localsink.Sink) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := f.Run(ctx, sink)
 	defer klog.Flush()
+	sink, err := newSink(ctx, &f)
+	if err == nil && sink != nil {
+		err = f.Run(ctx, sink)
+		if c, ok := sink.(io.Closer); ok && closeSink {
+			if cerr := c.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("close: %w", cerr)
+			}
+		}
+	}
 	switch {
 	case err == nil:
 		return 0
@@ -209,6 +248,16 @@ func Main(args []string, stderr io.Writer, sink localsink.Sink) int {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
+}
+
+// UsageError marks err as an error in the command line or the
+// configuration: MainWith exits with status 2 (IsUsageError reports it).
+// A nil err stays nil.
+func UsageError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
 }
 
 // Run watches with these flags until ctx is done (or the first state with
