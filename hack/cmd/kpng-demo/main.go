@@ -3,18 +3,26 @@
 // EndpointSlices, runs kpng-json against them with its metrics and health
 // served on loopback ports, pretty-prints what it says, shows where to look
 // at the metrics (and a few of them), and cleans everything up.
+//
+// With --serve (make serve) it starts the control plane and applies the
+// same manifests, prints the `export KUBECONFIG=…` line and the
+// service-proxy-name and node name for a program of your own, and keeps
+// serving until SIGINT or SIGTERM, then stops the control plane and
+// removes its data.
 package main
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -33,37 +41,101 @@ import (
 // IPv4 and one IPv6 endpoint on it.
 const localNode = "node-a"
 
+// serviceProxyName is the proxy name of the blog's Service.
+const serviceProxyName = "kpng-example"
+
 func main() {
-	if err := run(context.Background(), os.Stdout); err != nil {
+	serve := flag.Bool("serve", false, "keep the control plane with the blog's Service running for a program of yours until SIGINT or SIGTERM, instead of running kpng-json")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "kpng-demo: unexpected argument %q\n", flag.Arg(0))
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if *serve {
+		err = serveUntilDone(ctx, os.Stdout)
+	} else {
+		err = run(ctx, os.Stdout)
+	}
+	if err != nil {
+		stop()
 		fmt.Fprintf(os.Stderr, "kpng-demo: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out io.Writer) error {
-	root, err := controlplane.RepoRoot()
+// startBlog starts the control plane and applies the blog's Service,
+// application and EndpointSlices; the caller stops the control plane,
+// which is also returned (stopped) on error.
+func startBlog(ctx context.Context, out io.Writer) (root string, cp *controlplane.ControlPlane, err error) {
+	root, err = controlplane.RepoRoot()
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	step(out, "Starting kube-apiserver and etcd on loopback")
-	cp, err := controlplane.Start()
+	cp, err = controlplane.Start()
 	if err != nil {
-		return fmt.Errorf("start control plane: %w", err)
+		return "", nil, fmt.Errorf("start control plane: %w", err)
 	}
-	defer func() {
-		step(out, "Stopping the control plane and removing its data")
-		if err := cp.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "kpng-demo: stop control plane: %v\n", err)
-		}
-	}()
 	fmt.Fprintf(out, "    API server %s, kubeconfig %s\n", cp.Host(), cp.KubeconfigPath())
 
 	for _, m := range []string{"kpng-example.yaml", "kpng-example-app.yaml", "kpng-example-endpointslices.yaml"} {
 		step(out, "Applying examples/manifests/"+m)
 		if err := manifests.ApplyFile(ctx, cp.Client(), filepath.Join(root, "examples", "manifests", m)); err != nil {
-			return err
+			stopControlPlane(out, cp)
+			return "", nil, err
 		}
 	}
+	return root, cp, nil
+}
+
+// stopControlPlane stops cp and removes its data, saying so.
+func stopControlPlane(out io.Writer, cp *controlplane.ControlPlane) {
+	step(out, "Stopping the control plane and removing its data")
+	if err := cp.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "kpng-demo: stop control plane: %v\n", err)
+	}
+}
+
+// createNode creates the demo's Node: /healthz requires this node to exist
+// (as kube-proxy's), and the demo has no kubelet to register it.
+func createNode(ctx context.Context, out io.Writer, cp *controlplane.ControlPlane) error {
+	step(out, "Creating the Node "+localNode)
+	if _, err := cp.Client().CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: localNode}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create node %s: %w", localNode, err)
+	}
+	return nil
+}
+
+// serveUntilDone is --serve: the control plane with the blog's Service,
+// its endpoints and its Node, served until ctx ends; then it is stopped
+// and its data removed. The `export KUBECONFIG=` line is printed once
+// everything is in place.
+func serveUntilDone(ctx context.Context, out io.Writer) error {
+	_, cp, err := startBlog(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer stopControlPlane(out, cp)
+	if err := createNode(ctx, out, cp); err != nil {
+		return err
+	}
+	step(out, fmt.Sprintf("Serving the blog's Service (service-proxy-name %s; node %s holds two of its endpoints) until interrupted (Ctrl-C, SIGTERM). In another shell:", serviceProxyName, localNode))
+	fmt.Fprintf(out, "export KUBECONFIG=%s\n", cp.KubeconfigPath())
+	fmt.Fprintf(out, "    NODE_NAME=%s go run ./examples/json --service-proxy-name=%s   # or your program\n", localNode, serviceProxyName)
+	<-ctx.Done()
+	fmt.Fprintln(out)
+	return nil
+}
+
+func run(ctx context.Context, out io.Writer) error {
+	root, cp, err := startBlog(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer stopControlPlane(out, cp)
 
 	bin := filepath.Join(cp.Dir(), "kpng-json")
 	step(out, "Building kpng-json (examples/json)")
@@ -73,11 +145,8 @@ func run(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("build kpng-json: %w", err)
 	}
 
-	// /healthz also requires this node to exist (as kube-proxy's): the
-	// demo has no kubelet to register it.
-	step(out, "Creating the Node "+localNode)
-	if _, err := cp.Client().CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: localNode}}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create node %s: %w", localNode, err)
+	if err := createNode(ctx, out, cp); err != nil {
+		return err
 	}
 
 	metricsAddr, err := freeLoopback()
@@ -88,7 +157,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	args := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+	args := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + serviceProxyName,
 		"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthAddr}
 	step(out, fmt.Sprintf("Running NODE_NAME=%s kpng-json %s", localNode, strings.Join(args, " ")))
 	var stdout, stderr syncBuffer
