@@ -9,12 +9,18 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo test unit controlplane lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image
+.PHONY: demo serve test unit controlplane lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
 demo: controlplane
 	$(GO) run ./hack/cmd/kpng-demo
+
+## serve: the demo's API server with the blog's Service and endpoints, kept
+## running for a program of yours (it prints the KUBECONFIG to export) until
+## Ctrl-C, then removed.
+serve: controlplane
+	$(GO) run ./hack/cmd/kpng-demo --serve
 
 ## test: every test, unit and integration (real API server), with -race.
 test: controlplane
