@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -36,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -150,7 +152,14 @@ type ControlPlane struct {
 // Start starts etcd and kube-apiserver and waits until kube-apiserver is
 // ready. On failure it cleans up everything it started and returns an error
 // that includes the tail of the failing process's log.
+//
+// In a test binary run with -short (make unit), Start fails at once,
+// building and starting nothing: make unit must need no control plane, so a
+// test that starts one calls SkipIfShort first (or uses Main and Require).
 func Start(opts ...Option) (*ControlPlane, error) {
+	if testing.Testing() && flag.Parsed() && testing.Short() {
+		return nil, errors.New("controlplane: Start under -short (make unit builds and starts no control plane): call controlplane.SkipIfShort first")
+	}
 	o := options{readyTimeout: DefaultReadyTimeout}
 	for _, opt := range opts {
 		opt(&o)

@@ -241,3 +241,21 @@ func TestObjectsSurviveEtcdRestart(t *testing.T) {
 		t.Fatalf("the namespace written before the restart: %v", err)
 	}
 }
+
+// TestStartUnderShortFails: under -short (make unit), Start builds and
+// starts nothing and says so, so that a test that forgot SkipIfShort fails
+// instead of building a control plane.
+func TestStartUnderShortFails(t *testing.T) {
+	if !testing.Short() {
+		t.Skip("checks -short's behaviour: run with -short (make unit)")
+	}
+	t.Setenv(controlplane.EnvBinaryDir, "")
+	cp, err := controlplane.Start()
+	if err == nil {
+		cp.Stop()
+		t.Fatal("Start under -short started a control plane")
+	}
+	if !strings.Contains(err.Error(), "-short") {
+		t.Errorf("Start under -short: %v, want an error naming -short", err)
+	}
+}
