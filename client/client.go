@@ -16,8 +16,10 @@
 // Run parses the command line (see Flags), watches the Kubernetes API server
 // for the services of one service-proxy-name, and calls the handler with the
 // whole state each time it changes. RunSink does the same for an incremental
-// localsink.Sink. Programs that have their own flags or lifecycle use the
-// watcher package directly.
+// localsink.Sink. RunWith adds a program's own flags to that command line
+// and builds its sink once it is parsed, keeping Run's signals and exit
+// statuses. Programs with a lifecycle of their own use the watcher package
+// directly (or Flags.Run with a context of theirs).
 //
 // The model types are defined in package model (sigs.k8s.io/kpng/model),
 // the foundation every other package imports; this package gives short
