@@ -18,9 +18,11 @@ demo: controlplane
 
 ## serve: the demo's API server with the blog's Service and endpoints, kept
 ## running for a program of yours (it prints the KUBECONFIG to export) until
-## Ctrl-C, then removed.
+## Ctrl-C, then removed. Built, then run (not go run, which reports an
+## interrupted child as a failure).
 serve: controlplane
-	$(GO) run ./hack/cmd/kpng-demo --serve
+	$(GO) build -o $(TOOLS_BIN)/kpng-demo ./hack/cmd/kpng-demo
+	$(TOOLS_BIN)/kpng-demo --serve
 
 ## test: every test, unit and integration (real API server), with -race.
 test: controlplane
