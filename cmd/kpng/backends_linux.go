@@ -107,7 +107,7 @@ func nftBackend() app.Backend {
 				if err != nil || !*healthChecks {
 					return sink, err
 				}
-				return withHealthChecks(ctx, sink, hcCfg, env), nil
+				return withHealthChecks(ctx, sink, hcCfg, env)
 			}
 		},
 	}
@@ -179,7 +179,7 @@ func iptablesBackend() app.Backend {
 				if err != nil {
 					return nil, fmt.Errorf("to-iptables %w", err)
 				}
-				return withHealthChecks(ctx, sink, hcCfg, env), nil
+				return withHealthChecks(ctx, sink, hcCfg, env)
 			}
 		},
 	}

@@ -50,7 +50,7 @@ func userspaceBackend() app.Backend {
 				if !*healthChecks {
 					return p, nil
 				}
-				return withHealthChecks(ctx, p, hcCfg, env), nil
+				return withHealthChecks(ctx, p, hcCfg, env)
 			}
 		},
 	}
