@@ -36,6 +36,16 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConnectionsPerService, "max-connections-per-service", o.MaxConnectionsPerService, "the open TCP connections and UDP flows one service may have")
 }
 
+// BindFlags registers on fs the command-line flags of the proxier's
+// options (Options.BindFlags): the flags `kpng … to-local to-userspace`
+// takes besides its wiring ones (--name, --netns, --cleanup,
+// --healthcheck). Call Validate after parsing.
+func (c *Config) BindFlags(fs *flag.FlagSet) { c.Options.BindFlags(fs) }
+
+// Validate reports the first setting of c that makes no sense, naming its
+// flag.
+func (c Config) Validate() error { return c.Options.Validate() }
+
 // Validate reports the first option that makes no sense, naming its flag.
 func (o Options) Validate() error {
 	switch {
