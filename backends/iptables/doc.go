@@ -31,7 +31,7 @@
 //     changed in a partial one,
 //     deleting the chains no longer used; a failed restore leaves
 //     that table as it was, is returned, and makes the next Sync a full
-//     one; with CanaryPeriod, a canary chain per table whose loss, when
+//     one; with CheckPeriod, a canary chain per table whose loss, when
 //     someone flushed the tables, makes the sink rewrite everything),
 //     jumps_linux.go (the jumps from the built-in chains, ensured
 //     with github.com/coreos/go-iptables, which also detects

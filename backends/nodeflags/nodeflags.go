@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -73,15 +74,49 @@ func (n Node) Bind(fs *flag.FlagSet) {
 		fs.BoolVar(n.MasqueradeAll, MasqueradeAll, *n.MasqueradeAll, usage(MasqueradeAll))
 	}
 	if n.MasqueradeBit != nil {
-		fs.IntVar(n.MasqueradeBit, MasqueradeBit, *n.MasqueradeBit, usage(MasqueradeBit))
+		fs.Var(bitValue{n.MasqueradeBit}, MasqueradeBit, usage(MasqueradeBit))
 	}
+}
+
+// bitValue is the flag.Value of --masquerade-bit: an int in the range the
+// backends accept (0, which their Options take as the default bit, is
+// refused: it is not a bit one can choose).
+type bitValue struct{ p *int }
+
+// String implements flag.Value.
+func (b bitValue) String() string {
+	if b.p == nil {
+		return "0"
+	}
+	return strconv.Itoa(*b.p)
+}
+
+// Set implements flag.Value.
+func (b bitValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a number", s)
+	}
+	if err := checkBit(n); err != nil {
+		return err
+	}
+	*b.p = n
+	return nil
+}
+
+// checkBit reports a masquerade bit out of range.
+func checkBit(bit int) error {
+	if bit < MinMasqueradeBit || bit > MaxMasqueradeBit {
+		return fmt.Errorf("must be between %d and %d", MinMasqueradeBit, MaxMasqueradeBit)
+	}
+	return nil
 }
 
 // ValidateMasqueradeBit reports a --masquerade-bit out of the range the
 // backends accept, naming the flag.
 func ValidateMasqueradeBit(bit int) error {
-	if bit < MinMasqueradeBit || bit > MaxMasqueradeBit {
-		return fmt.Errorf("--%s=%d: must be between %d and %d", MasqueradeBit, bit, MinMasqueradeBit, MaxMasqueradeBit)
+	if err := checkBit(bit); err != nil {
+		return fmt.Errorf("--%s=%d: %w", MasqueradeBit, bit, err)
 	}
 	return nil
 }

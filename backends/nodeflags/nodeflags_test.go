@@ -48,7 +48,7 @@ func TestBindOnlyGiven(t *testing.T) {
 }
 
 func TestBadValues(t *testing.T) {
-	for _, arg := range []string{"--cluster-cidr=10.0.0.1/8", "--cluster-cidr=nope", "--node-ip=10.0.0.300", "--node-ip=fe80::1%eth0", "--masquerade-bit=x"} {
+	for _, arg := range []string{"--cluster-cidr=10.0.0.1/8", "--cluster-cidr=nope", "--node-ip=10.0.0.300", "--node-ip=fe80::1%eth0", "--masquerade-bit=x", "--masquerade-bit=0", "--masquerade-bit=32"} {
 		var cidrs []netip.Prefix
 		var ips []netip.Addr
 		bit := 14
@@ -71,5 +71,14 @@ func TestValidateMasqueradeBit(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "--masquerade-bit") {
 			t.Errorf("ValidateMasqueradeBit(%d) = %v, want the flag named", bit, err)
 		}
+	}
+}
+
+func TestMasqueradeBitDefault(t *testing.T) {
+	bit := 14
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	Node{MasqueradeBit: &bit}.Bind(fs)
+	if f := fs.Lookup(MasqueradeBit); f.DefValue != "14" {
+		t.Errorf("--masquerade-bit default %q, want 14", f.DefValue)
 	}
 }
