@@ -4,6 +4,7 @@ package nft
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/diffstore"
 )
@@ -908,15 +910,26 @@ func (t *txn) addRules(ch *regularChain) error {
 	return nil
 }
 
-// Cleanup removes the table of the proxier named serviceProxyName, if it
-// exists, in one transaction.
-func Cleanup(conn *nftables.Conn, serviceProxyName string) error {
-	t := &nftables.Table{Name: TableName(serviceProxyName), Family: nftables.TableFamilyINet}
+// Cleanup removes the table of the proxier of cfg (TableName of
+// cfg.ServiceProxyName), if it exists, in one transaction, through a
+// connection from cfg.Conn (nftables.New when nil), as --cleanup does. It
+// logs through ctx's logger.
+func Cleanup(ctx context.Context, cfg Config) error {
+	newConn := cfg.Conn
+	if newConn == nil {
+		newConn = nftables.New
+	}
+	conn, err := newConn()
+	if err != nil {
+		return fmt.Errorf("nftables backend: cleanup: %w", err)
+	}
+	t := &nftables.Table{Name: TableName(cfg.ServiceProxyName), Family: nftables.TableFamilyINet}
 	conn.AddTable(t)
 	conn.DelTable(t)
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("delete table inet %s: %w", t.Name, err)
+		return fmt.Errorf("nftables backend: cleanup: delete table inet %s: %w", t.Name, err)
 	}
+	klog.FromContext(ctx).Info("Removed the nftables table", "table", t.Name)
 	return nil
 }
 

@@ -4,6 +4,7 @@ package nft
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -174,7 +175,7 @@ func TestKernelClusterCIDRMasquerade(t *testing.T) {
 			t.Errorf("pod2 to %s: the pod saw %s, want pod2's address (not masqueraded)", cip, a.Remote)
 		}
 	}
-	if err := Cleanup(mustConn(t, b), "cidr"); err != nil {
+	if err := Cleanup(context.Background(), Config{ServiceProxyName: "cidr", Conn: connIn(t, b.Node)}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -11,7 +11,6 @@ import (
 	"os"
 	"runtime"
 
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -29,47 +28,27 @@ func platformBackends() []app.Backend {
 	return []app.Backend{nftBackend(), iptablesBackend(), userspaceBackend()}
 }
 
-// nftBackend is `to-local to-nft`: the nftables backend (backends/nft).
+// nftBackend is `to-local to-nft`: the nftables backend (backends/nft),
+// which binds its own flags (nft.Config.BindFlags).
 func nftBackend() app.Backend {
 	return app.Backend{
 		Name: "to-nft",
 		Help: "program nftables over netlink (table inet kpng-<service-proxy-name>)",
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
+			var cfg nft.Config
+			cfg.BindFlags(fs)
 			name := fs.String("name", "", "the name in the table's name (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one")
-			clusterCIDRs := fs.String("cluster-cidr", "", "comma-separated pod networks: traffic to cluster IPs from outside them is masqueraded")
-			masqAll := fs.Bool("masquerade-all", false, "masquerade all traffic to cluster IPs")
-			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
-			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8 and ::1)")
-			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
-			ignoreHeadless := fs.Bool("ignore-headless", false, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
-			checkPeriod := fs.Duration("check-period", nft.DefaultCheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				if *checkPeriod < 0 {
-					return nil, app.Usagef("to-nft --check-period=%v: must not be negative", *checkPeriod)
+				if err := cfg.Validate(); err != nil {
+					return nil, app.Usagef("to-nft %v", err)
 				}
-				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx, CheckPeriod: *checkPeriod}
-				cfg.Options.IgnoreHeadless = *ignoreHeadless
+				cfg.ServiceProxyName = env.ServiceProxyName
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
-				var err error
-				if cfg.Options.ClusterCIDRs, err = parseCIDRs("to-nft --cluster-cidr", *clusterCIDRs); err != nil {
-					return nil, err
-				}
-				if cfg.Options.NodePortAddresses, err = parseCIDRs("to-nft --nodeport-addresses", *nodePortAddrs); err != nil {
-					return nil, err
-				}
-				if cfg.Options.NodeIPs, err = parseIPs("to-nft --node-ip", *nodeIPs); err != nil {
-					return nil, err
-				}
-				if *masqBit < 0 || *masqBit > 31 {
-					return nil, app.Usagef("to-nft --masquerade-bit=%d: must be between 0 and 31", *masqBit)
-				}
-				cfg.Options.MasqueradeAll = *masqAll
-				cfg.Options.MasqueradeMark = 1 << uint(*masqBit)
 				hcCfg := healthcheck.Config{NodePortAddresses: cfg.Options.NodePortAddresses}
 				if *netnsPath != "" {
 					f, err := os.Open(*netnsPath)
@@ -89,7 +68,10 @@ func nftBackend() app.Backend {
 					go func() { <-ctx.Done(); f.Close() }()
 				}
 				if *cleanup {
-					return nil, cleanupTable(cfg)
+					if err := nft.Cleanup(ctx, cfg); err != nil {
+						return nil, fmt.Errorf("to-nft --cleanup: %w", err)
+					}
+					return nil, app.ErrBackendDone
 				}
 				if env.Metrics != nil {
 					failures, err := env.Metrics.Counter("sync_proxy_rules_nftables_sync_failures_total", "nftables transactions that failed (kpng's rounds and the check's repairs): nothing of them applied, the next sync rewrites the table.")
@@ -102,9 +84,12 @@ func nftBackend() app.Backend {
 						}
 					}
 				}
-				sink, err := nft.NewSink(cfg)
-				if err != nil || !*healthChecks {
-					return sink, err
+				sink, err := nft.New(ctx, cfg)
+				if err != nil {
+					return nil, err
+				}
+				if !*healthChecks {
+					return sink, nil
 				}
 				return withHealthChecks(ctx, sink, hcCfg, env)
 			}
@@ -174,23 +159,6 @@ func iptablesBackend() app.Backend {
 			}
 		},
 	}
-}
-
-// cleanupTable removes the table of cfg and reports app.ErrBackendDone.
-func cleanupTable(cfg nft.Config) error {
-	newConn := cfg.Conn
-	if newConn == nil {
-		newConn = nftables.New
-	}
-	conn, err := newConn()
-	if err != nil {
-		return fmt.Errorf("to-nft --cleanup: %w", err)
-	}
-	if err := nft.Cleanup(conn, cfg.ServiceProxyName); err != nil {
-		return fmt.Errorf("to-nft --cleanup: %w", err)
-	}
-	klog.InfoS("Removed the nftables table", "table", nft.TableName(cfg.ServiceProxyName))
-	return app.ErrBackendDone
 }
 
 // healthCheckConfig returns the health check server's configuration: it
