@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
@@ -185,16 +183,6 @@ func TestKernelClusterCIDRMasquerade(t *testing.T) {
 	if a := ask(t, b.Pod2, "tcp", netip.AddrPortFrom(webV4, 80), netns.PodID); a.Remote.Addr() != netns.GatewayV4 {
 		t.Errorf("pod2 to %s with MasqueradeAll: the pod saw %s, want %s", webV4, a.Remote, netns.GatewayV4)
 	}
-}
-
-// mustConn returns a connection in the node.
-func mustConn(t *testing.T, b *netns.BlogTopology) *nftables.Conn {
-	t.Helper()
-	c, err := connIn(t, b.Node)()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // TestKernelLocalPolicies checks externalTrafficPolicy: Local (only local
