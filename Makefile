@@ -45,13 +45,20 @@ lint: cross
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 ## cross: build and vet for the other systems a proxier runs on: Windows
-## (the userspace backend, kpng, kpng-userspace) and arm64.
+## (the userspace backend, kpng, kpng-userspace) and arm64; and vet the
+## planning code of the nft and iptables backends (no kernel needed) on
+## Windows and macOS, so that it stays buildable everywhere.
 CROSS_TARGETS ?= windows/amd64 windows/arm64 linux/arm64
+PLANNING_PACKAGES ?= ./backends/nft/ ./backends/iptables/ ./backends/nodeflags/ ./backends/periodic/
 cross:
 	@for t in $(CROSS_TARGETS); do \
 		echo "cross: $$t"; \
 		GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) build ./... || exit 1; \
 		GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) vet ./backends/userspace/ ./cmd/... ./examples/userspace/ ./client/... ./localsink/... || exit 1; \
+	done
+	@for os in windows darwin; do \
+		echo "cross: the planning code on $$os"; \
+		GOOS=$$os $(GO) vet $(PLANNING_PACKAGES) || exit 1; \
 	done
 
 ## fuzz: run each fuzz target (the decoders of outside input) for

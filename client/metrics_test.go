@@ -159,7 +159,10 @@ func TestMetricsAndHealth(t *testing.T) {
 	}
 	hcCfg := loopback
 	hcCfg.Healthy = rec.Healthy
-	hc := healthcheck.New(hcCfg)
+	hc, err := healthcheck.New(ctx, hcCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer hc.Close()
 	sink := &failingSink{}
 	runWithMetrics(t, &f, localsink.Tee(sink, hc))

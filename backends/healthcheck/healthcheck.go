@@ -59,10 +59,11 @@ type Config struct {
 	Healthy func() bool
 }
 
-// Sink serves the health check node ports of the services it receives.
-// Call Close to stop serving.
+// Sink serves the health check node ports of the services it receives,
+// until the context given to New ends or Close is called.
 type Sink struct {
-	cfg Config
+	cfg    Config
+	logger klog.Logger
 	// services are the services that ask for a health check, as of the
 	// last Update, and problems those of the last Sync (touched only by
 	// the caller's goroutine).
@@ -102,8 +103,14 @@ type body struct {
 }
 
 // New returns a health check server that serves nothing until its first
-// Sync.
-func New(cfg Config) *Sink {
+// Sync. When ctx ends, it stops serving (as Close); it logs through ctx's
+// logger (klog.FromContext).
+func New(ctx context.Context, cfg Config) (*Sink, error) {
+	for _, p := range cfg.NodePortAddresses {
+		if !p.IsValid() || p != p.Masked() || p.Addr().Zone() != "" {
+			return nil, fmt.Errorf("healthcheck: NodePortAddresses: %s: not a valid network address", p)
+		}
+	}
 	if cfg.Listen == nil {
 		cfg.Listen = net.Listen
 	}
@@ -113,7 +120,9 @@ func New(cfg Config) *Sink {
 	if cfg.Healthy == nil {
 		cfg.Healthy = func() bool { return true }
 	}
-	return &Sink{cfg: cfg, services: map[model.ServiceKey]*model.ServiceEndpoints{}, ports: map[int32]*port{}}
+	s := &Sink{cfg: cfg, logger: klog.FromContext(ctx), services: map[model.ServiceKey]*model.ServiceEndpoints{}, ports: map[int32]*port{}}
+	context.AfterFunc(ctx, s.Close)
+	return s, nil
 }
 
 var (
@@ -225,7 +234,7 @@ func (s *Sink) Sync() error {
 			if !slices.Contains(on, addr) {
 				_ = ln.Close()
 				delete(pt.listeners, addr)
-				klog.V(2).InfoS("Stopped serving a health check node port on an address", "port", p, "address", addr)
+				s.logger.V(2).Info("Stopped serving a health check node port on an address", "port", p, "address", addr)
 			}
 		}
 		for _, addr := range on {
@@ -257,10 +266,10 @@ func (s *Sink) listen(p int32, pt *port, addr netip.Addr) error {
 		// A listener closed alone (its address no longer chosen) ends
 		// its Serve with net.ErrClosed.
 		if err := pt.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
-			klog.ErrorS(err, "Health check server stopped", "port", p, "address", addr)
+			s.logger.Error(err, "Health check server stopped", "port", p, "address", addr)
 		}
 	}()
-	klog.V(2).InfoS("Serving a health check node port", "port", p, "address", addr)
+	s.logger.V(2).Info("Serving a health check node port", "port", p, "address", addr)
 	return nil
 }
 
@@ -324,7 +333,7 @@ func (s *Sink) stop(p int32, pt *port) {
 		_ = pt.server.Close()
 	}
 	delete(s.ports, p)
-	klog.V(2).InfoS("Stopped serving a health check node port", "port", p)
+	s.logger.V(2).Info("Stopped serving a health check node port", "port", p)
 }
 
 // Ports returns the ports being served (on one address at least), sorted.

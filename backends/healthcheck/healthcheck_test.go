@@ -1,6 +1,7 @@
 package healthcheck
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,7 +104,7 @@ func withEndpoints(svc *model.Service, eps ...*model.Endpoint) *model.ServiceEnd
 // it, and Close.
 func TestHealthCheck(t *testing.T) {
 	ports := freePorts(t, 2)
-	s := New(loopback)
+	s := newSink(t, loopback)
 	defer s.Close()
 	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
 	lb := lbService("lb", ports[0], true)
@@ -176,7 +177,7 @@ func TestHealthCheckListenError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	s := New(loopback)
+	s := newSink(t, loopback)
 	defer s.Close()
 	f := feed(t, s, localsink.FeederOptions{MinRetry: 50 * time.Millisecond, MaxRetry: 100 * time.Millisecond})
 	f.SetAll([]*model.ServiceEndpoints{
@@ -229,7 +230,7 @@ func TestHealthCheckListenErrorNextSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	s := New(loopback)
+	s := newSink(t, loopback)
 	defer s.Close()
 	a := withEndpoints(lbService("a", ports[0], true), endpoint("10.1.0.1", true, true))
 	z := withEndpoints(lbService("z", ports[1], true), endpoint("10.1.0.2", true, true), endpoint("10.1.0.3", true, true))
@@ -273,7 +274,7 @@ func TestHealthCheckProxierUnhealthy(t *testing.T) {
 	healthy.Store(true)
 	cfg := loopback
 	cfg.Healthy = healthy.Load
-	s := New(cfg)
+	s := newSink(t, cfg)
 	defer s.Close()
 	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
 	f.SetAll([]*model.ServiceEndpoints{withEndpoints(lbService("lb", ports[0], true), endpoint("10.1.0.1", true, true), endpoint("10.1.0.2", true, true))})
@@ -306,7 +307,7 @@ func TestHealthCheckProxierUnhealthy(t *testing.T) {
 // naming the service and the field.
 func TestHealthCheckProblems(t *testing.T) {
 	ports := freePorts(t, 1)
-	s := New(loopback)
+	s := newSink(t, loopback)
 	defer s.Close()
 	headless := lbService("d", ports[0]+1, true)
 	headless.IPs = model.ServiceIPs{Headless: true}
@@ -331,5 +332,49 @@ func TestHealthCheckProblems(t *testing.T) {
 	}
 	if len(rounds) != 1 || !slices.Equal(rounds[0].Problems, want) {
 		t.Errorf("problems %+v, want %+v", rounds[0].Problems, want)
+	}
+}
+
+// newSink returns New(ctx, cfg) with a context that ends with the test.
+func newSink(t *testing.T, cfg Config) *Sink {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestNewRefusesBadPrefix(t *testing.T) {
+	_, err := New(context.Background(), Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.1/8")}})
+	if err == nil || !strings.Contains(err.Error(), "NodePortAddresses") {
+		t.Errorf("New with a prefix with host bits: %v, want an error naming NodePortAddresses", err)
+	}
+}
+
+func TestContextEndStopsServing(t *testing.T) {
+	ports := freePorts(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := New(ctx, loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
+	f.SetAll([]*model.ServiceEndpoints{withEndpoints(lbService("lb", ports[0], true), endpoint("10.1.0.1", true, true))})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Ports()) != 1 {
+		t.Fatalf("ports %v, want one", s.Ports())
+	}
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.Ports()) != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(s.Ports()) != 0 {
+		t.Errorf("ports %v served after the context ended", s.Ports())
 	}
 }

@@ -95,7 +95,7 @@ func TestKernelListensOnNodePortAddresses(t *testing.T) {
 		{"loopback asked for", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, service("10.96.0.1"), []netip.Addr{lo4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := New(Config{Listen: listen, Addresses: addrs, NodePortAddresses: tc.prefixes})
+			s := newSink(t, Config{Listen: listen, Addresses: addrs, NodePortAddresses: tc.prefixes})
 			defer s.Close()
 			s.Reset()
 			s.Update(tc.se.Service.Key(), nil, tc.se)

@@ -43,9 +43,9 @@ func (r *countingRunner) Run(_ context.Context, _ string, _ []string, stdin []by
 // one service, writes one chain). bytes/op is the restore input.
 func BenchmarkSinkCPU(b *testing.B) {
 	state := benchState(10000, 10)
-	newFilled := func() (*sink, *countingRunner) {
+	newFilled := func() (*Sink, *countingRunner) {
 		r := &countingRunner{}
-		s := newSink(Config{ServiceProxyName: "bench", Runner: r, Context: context.Background()}, VariantLegacy, &fakeJumper{})
+		s := newSink(context.Background(), Config{ServiceProxyName: "bench", Runner: r}, VariantLegacy, &fakeJumper{})
 		for _, se := range state {
 			s.Update(se.Service.Key(), nil, se)
 		}
@@ -104,7 +104,7 @@ func BenchmarkKernelSync(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				ns := netns.New(b, "ipt-bench")
-				s, err := NewSink(Config{ServiceProxyName: "bench", NetNS: ns.Path(), Variant: variant})
+				s, err := New(context.Background(), Config{ServiceProxyName: "bench", NetNS: ns.Path(), Variant: variant})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -119,7 +119,7 @@ func BenchmarkKernelSync(b *testing.B) {
 		})
 		b.Run(variant+"/one-endpoint", func(b *testing.B) {
 			ns := netns.New(b, "ipt-bench")
-			s, err := NewSink(Config{ServiceProxyName: "bench", NetNS: ns.Path(), Variant: variant})
+			s, err := New(context.Background(), Config{ServiceProxyName: "bench", NetNS: ns.Path(), Variant: variant})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,6 +3,7 @@
 package iptables
 
 import (
+	"context"
 	"testing"
 
 	"sigs.k8s.io/kpng/backends/conformance"
@@ -31,10 +32,14 @@ func startConformance(variant string) func(t testing.TB, node conformance.Node) 
 			Options:          Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
 		}
 		t.Cleanup(func() {
-			if err := Cleanup(cfg); err != nil {
+			if err := Cleanup(context.Background(), cfg); err != nil {
 				t.Errorf("cleanup: %v", err)
 			}
 		})
-		return NewSink(cfg)
+		s, err := New(context.Background(), cfg)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	}
 }

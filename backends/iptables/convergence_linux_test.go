@@ -115,7 +115,7 @@ func TestKernelConvergence(t *testing.T) {
 				newSinkIn := func(ns *netns.NS) localsink.Sink {
 					c := cfg
 					c.NetNS = ns.Path()
-					s, err := NewSink(c)
+					s, err := New(context.Background(), c)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -145,7 +145,7 @@ func TestKernelConvergence(t *testing.T) {
 					if diff := cmp.Diff(want, got); diff != "" {
 						t.Fatalf("seed %d round %d: the kernel's chains after partial syncs differ from a fresh sync (-fresh +incremental):\n%s", seed, round, diff)
 					}
-					if err := Cleanup(Config{ServiceProxyName: cfg.ServiceProxyName, NetNS: freshNS.Path(), Variant: variant}); err != nil {
+					if err := Cleanup(context.Background(), Config{ServiceProxyName: cfg.ServiceProxyName, NetNS: freshNS.Path(), Variant: variant}); err != nil {
 						t.Fatal(err)
 					}
 				}

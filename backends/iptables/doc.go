@@ -3,14 +3,27 @@
 // (IPv6) chains of its own, through iptables-restore --noflush, with the
 // behaviour of the nft backend (and of kube-proxy's iptables mode).
 //
-// Its API: NewSink with a Config (its Options, the network namespace, the
-// variant: legacy, nft or auto), Cleanup to remove a proxier's chains,
-// ChainPrefix, DetectVariant, and the Runner seam through which every
-// iptables-save and iptables-restore runs (ExecRunner by default).
+// Its API, of the same shape as the other backends': New(ctx, cfg)
+// returns the *Sink (the context bounds the commands it runs and its end
+// stops the periodic check; its logger is the sink's), with a Config (its
+// Options, the network namespace, the variant: legacy, nft or auto;
+// Config.BindFlags and Validate give a command its flags), Cleanup(ctx,
+// cfg) to remove a proxier's chains, ChainPrefix, DetectVariant, and the
+// Runner seam through which every iptables-save and iptables-restore runs
+// (ExecRunner by default). SyncResult describes each sync to
+// Config.AfterSync.
+//
+// It plans at Sync: Update only records the services changed, and Sync
+// re-plans them all at once, because a service's chains depend on the
+// others' (a contended address, the dispatch tree of the SERVICES chains)
+// and iptables-restore writes whole chains anyway, so planning once per
+// round costs least.
 //
 // The package has two layers:
 //
-//   - the plan, pure Go with no command run: names.go (every chain name:
+//   - the plan, pure Go with no command run, built on every system
+//     (vetted on Windows and macOS by make cross): config.go (the Config
+//     and its flags), names.go (every chain name:
 //     the fixed chains and the hashed per-service ones, at most
 //     MaxChainName characters), options.go, plan.go (one service seen
 //     from this node → its chains and rules in each family and table, as
@@ -31,7 +44,7 @@
 //     changed in a partial one,
 //     deleting the chains no longer used; a failed restore leaves
 //     that table as it was, is returned, and makes the next Sync a full
-//     one; with CanaryPeriod, a canary chain per table whose loss, when
+//     one; with CheckPeriod, a canary chain per table whose loss, when
 //     someone flushed the tables, makes the sink rewrite everything),
 //     jumps_linux.go (the jumps from the built-in chains, ensured
 //     with github.com/coreos/go-iptables, which also detects

@@ -94,7 +94,7 @@ func TestKernelFailedRestoreKeepsRules(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			ns := netns.New(t, "ipt")
 			r := &breakingRunner{ExecRunner: ExecRunner{NetNS: ns.Path()}}
-			s, err := NewSink(Config{ServiceProxyName: "fail", NetNS: ns.Path(), Variant: variant, Runner: r})
+			s, err := New(context.Background(), Config{ServiceProxyName: "fail", NetNS: ns.Path(), Variant: variant, Runner: r})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,7 +141,7 @@ func TestKernelCleanupAndCoexistence(t *testing.T) {
 			ns.MustExec(binary(variant, ipv4, ""), "-t", "nat", "-N", "KUBE-SERVICES")
 			ns.MustExec(binary(variant, ipv4, ""), "-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES")
 			for _, name := range []string{"one", "two"} {
-				s, err := NewSink(Config{ServiceProxyName: name, NetNS: ns.Path(), Variant: variant})
+				s, err := New(context.Background(), Config{ServiceProxyName: name, NetNS: ns.Path(), Variant: variant})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -151,7 +151,7 @@ func TestKernelCleanupAndCoexistence(t *testing.T) {
 					t.Fatalf("%s: Sync: %v", name, err)
 				}
 			}
-			if err := Cleanup(Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
+			if err := Cleanup(context.Background(), Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}
 			for _, f := range families {
@@ -169,7 +169,7 @@ func TestKernelCleanupAndCoexistence(t *testing.T) {
 				}
 			}
 			// Cleaning twice is not an error (--cleanup after a restart).
-			if err := Cleanup(Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
+			if err := Cleanup(context.Background(), Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
 				t.Errorf("second Cleanup: %v", err)
 			}
 		})
@@ -215,7 +215,7 @@ func TestKernelCanary(t *testing.T) {
 			ns := netns.New(t, "ipt")
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			s, err := NewSink(Config{ServiceProxyName: "canary", NetNS: ns.Path(), Variant: variant, Context: ctx, CanaryPeriod: 100 * time.Millisecond})
+			s, err := New(ctx, Config{ServiceProxyName: "canary", NetNS: ns.Path(), Variant: variant, CheckPeriod: 100 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -292,7 +292,7 @@ func TestKernelConntrackEndpointReplaced(t *testing.T) {
 				if !cleanup {
 					cfg.Conntrack = func() (*netlink.Handle, error) { return nil, errors.New("no conntrack in the control run") }
 				}
-				s, err := NewSink(cfg)
+				s, err := New(context.Background(), cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -343,7 +343,7 @@ func TestKernelDispatchTree(t *testing.T) {
 	for _, variant := range []string{VariantLegacy, VariantNFT} {
 		t.Run(variant, func(t *testing.T) {
 			b := netns.Blog(t)
-			s, err := NewSink(Config{ServiceProxyName: "tree", NetNS: b.Node.Path(), Variant: variant})
+			s, err := New(context.Background(), Config{ServiceProxyName: "tree", NetNS: b.Node.Path(), Variant: variant})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,6 +3,7 @@
 package iptables
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -60,7 +61,7 @@ func killStates() (a, b []*model.ServiceEndpoints) {
 // "b") then the other, alternately, forever (or once with once), printing
 // "begin <state>" before each Sync and "end <state>" after it.
 func killHelper(path, variant, first string, once bool) int {
-	s, err := NewSink(Config{ServiceProxyName: "kill", NetNS: path, Variant: variant})
+	s, err := New(context.Background(), Config{ServiceProxyName: "kill", NetNS: path, Variant: variant})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -139,7 +140,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 			prefix := ChainPrefix("kill")
 			fresh := func(state []*model.ServiceEndpoints) map[string]map[string][]string {
 				ns := netns.New(t, "ipt-fresh")
-				s, err := NewSink(Config{ServiceProxyName: "kill", NetNS: ns.Path(), Variant: variant})
+				s, err := New(context.Background(), Config{ServiceProxyName: "kill", NetNS: ns.Path(), Variant: variant})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -14,69 +14,29 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/conntrack"
+	"sigs.k8s.io/kpng/backends/periodic"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
 )
 
-// Config configures the iptables sink.
-type Config struct {
-	// ServiceProxyName is the proxier's service-proxy-name: its chains are
-	// named ChainPrefix(ServiceProxyName) + ….
-	ServiceProxyName string
-	// Options shape the rules.
-	Options Options
-	// NetNS is the path of the network namespace to program
-	// (/run/netns/x); empty: the current one.
-	NetNS string
-	// Variant is VariantAuto (or empty), VariantLegacy or VariantNFT.
-	Variant string
-	// Runner runs iptables-save and iptables-restore; nil:
-	// ExecRunner{NetNS: NetNS}.
-	Runner Runner
-	// Conntrack returns a netlink handle for deleting stale UDP
-	// conntrack entries; nil: one in NetNS.
-	Conntrack func() (*netlink.Handle, error)
-	// Context bounds the commands the sink runs; nil: Background.
-	Context context.Context
-	// FullSyncPeriod is how often the sink rewrites every chain (and lists
-	// them, and ensures the jumps) even if nothing failed: at a Sync, or
-	// at the check of CanaryPeriod when no Sync comes; 0 means
-	// DefaultFullSyncPeriod.
-	FullSyncPeriod time.Duration
-	// CanaryPeriod, if positive, is how often the sink checks its canary
-	// chains (one rule in a chain of its own in the nat and filter tables
-	// of each family, which nothing else touches): when one is gone,
-	// someone flushed or replaced the tables, and the sink rewrites
-	// everything at once (or, in the middle of a round, at its Sync). The
-	// same check runs the periodic full sync, and tries again a full sync
-	// that failed. It runs until Context ends, so it needs one: without a
-	// Context, or with 0, there is no check.
-	CanaryPeriod time.Duration
-	// RestoreFailures, if set, counts the iptables-restore runs that
-	// failed (kube-proxy's sync_proxy_rules_iptables_restore_failures_total),
-	// and PartialRestoreFailures those of partial syncs
-	// (…_iptables_partial_restore_failures_total).
-	RestoreFailures, PartialRestoreFailures prometheus.Counter
-}
-
-// DefaultFullSyncPeriod is the period of full syncs when Config does not
-// set one.
-const DefaultFullSyncPeriod = time.Hour
-
-// sink is the localsink.Sink of this package. mu serializes kpng's calls
-// and the canary's check; inRound is true between a round's first Update
-// (or Reset) and its Sync, when the state may be half-updated.
-type sink struct {
-	mu       sync.Mutex
-	inRound  bool
-	cfg      Config
+// Sink is the iptables backend's localsink.Sink (also a
+// localsink.ClusterSink and a localsink.ProblemReporter): it programs the
+// services it receives into chains of its own (New). mu serializes kpng's
+// calls and the canary's check; inRound is true between a round's first
+// Update (or Reset) and its Sync, when the state may be half-updated.
+type Sink struct {
+	mu      sync.Mutex
+	inRound bool
+	cfg     Config
+	// ctx bounds the commands the sink runs; logger is its logger.
+	ctx      context.Context
+	logger   klog.Logger
 	variant  string
 	prefix   string
 	planner  planner
@@ -100,21 +60,22 @@ type sink struct {
 	staleFlows []conntrack.Flow
 }
 
-// NewSink returns a localsink.Sink that programs the services it receives
-// into iptables (IPv4) and ip6tables (IPv6) chains of its own, through
+// New returns a sink that programs the services it receives into
+// iptables (IPv4) and ip6tables (IPv6) chains of its own, through
 // iptables-restore --noflush (one call per family and table per Sync),
 // after resolving cfg.Variant. Each full sync (the first, after any
 // failure, and periodically) lists the tables and, in the same restore,
 // inserts the jumps from the built-in chains that the listing lacks: no
 // iptables command per jump, each of which, with iptables-legacy, reads
-// the whole table.
-func NewSink(cfg Config) (localsink.Sink, error) {
+// the whole table. ctx bounds the commands the sink runs, and its end
+// stops the check of cfg.CheckPeriod; the sink logs through its logger
+// (klog.FromContext).
+func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if err := cfg.Options.Validate(); err != nil {
 		return nil, fmt.Errorf("iptables backend: %w", err)
 	}
-	ctxGiven := cfg.Context != nil
-	if !ctxGiven {
-		cfg.Context = context.Background()
+	if cfg.CheckPeriod < 0 {
+		return nil, fmt.Errorf("iptables backend: CheckPeriod %v: must not be negative", cfg.CheckPeriod)
 	}
 	if cfg.Runner == nil {
 		if _, err := exec.LookPath("nsenter"); err != nil && cfg.NetNS != "" {
@@ -122,7 +83,7 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 		}
 		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
 	}
-	variant, err := resolveVariant(cfg.Context, cfg.Runner, cfg.Variant)
+	variant, err := resolveVariant(ctx, cfg.Runner, cfg.Variant)
 	if err != nil {
 		return nil, fmt.Errorf("iptables backend: %w", err)
 	}
@@ -130,35 +91,18 @@ func NewSink(cfg Config) (localsink.Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("iptables backend (%s): %w", variant, err)
 	}
-	klog.InfoS("iptables backend", "variant", variant, "prefix", ChainPrefix(cfg.ServiceProxyName), "randomFully", j.RandomFully(ipv4))
-	s := newSink(cfg, variant, j)
-	if cfg.CanaryPeriod > 0 && ctxGiven {
-		go s.watchCanary(cfg.CanaryPeriod)
-	}
+	s := newSink(ctx, cfg, variant, j)
+	s.logger.Info("iptables backend", "variant", variant, "prefix", ChainPrefix(cfg.ServiceProxyName), "randomFully", j.RandomFully(ipv4))
+	periodic.Start(ctx, cfg.CheckPeriod, s.check)
 	return s, nil
 }
 
-// watchCanary checks the canary chains every period until the sink's
-// Context ends.
-func (s *sink) watchCanary(period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.cfg.Context.Done():
-			return
-		case <-t.C:
-			s.checkCanary()
-		}
-	}
-}
-
-// checkCanary checks the canary chains once and, if one is gone,
-// rewrites everything now (between rounds) or at the round's Sync.
-func (s *sink) checkCanary() {
+// check checks the canary chains once and, if one is gone, rewrites
+// everything now (between rounds) or at the round's Sync.
+func (s *Sink) check() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lastFull.IsZero() {
+	if s.lastFull.IsZero() || s.ctx.Err() != nil {
 		return // nothing applied yet: kpng's own Sync (and its retries) comes first
 	}
 	period := s.cfg.FullSyncPeriod
@@ -178,11 +122,11 @@ func (s *sink) checkCanary() {
 		for _, f := range families {
 			ok, err := s.jumper.CanaryIntact(f, s.prefix+chainCanary)
 			if err != nil {
-				klog.ErrorS(err, "Cannot check the canary chains", "prefix", s.prefix)
+				s.logger.Error(err, "Cannot check the canary chains", "prefix", s.prefix)
 				return
 			}
 			if !ok {
-				klog.InfoS("The canary chain is gone: the tables were flushed or replaced; rewriting every chain", "prefix", s.prefix, "family", f.String(), "inRound", s.inRound)
+				s.logger.Info("The canary chain is gone: the tables were flushed or replaced; rewriting every chain", "prefix", s.prefix, "family", f.String(), "inRound", s.inRound)
 				s.needFull = true
 				why = "the canary chain was gone"
 				break
@@ -192,17 +136,17 @@ func (s *sink) checkCanary() {
 	if why == "" || s.inRound {
 		return // nothing to do, or the round's Sync does it
 	}
-	if err := s.sync(); err != nil {
-		klog.ErrorS(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
+	if err := s.sync(why); err != nil {
+		s.logger.Error(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
 	}
 }
 
 // newSink returns the sink with its jumper (a fake in unit tests).
-func newSink(cfg Config, variant string, j jumper) *sink {
+func newSink(ctx context.Context, cfg Config, variant string, j jumper) *Sink {
 	prefix := ChainPrefix(cfg.ServiceProxyName)
 	pl := planner{prefix: prefix, opts: cfg.Options, randomFully: j.RandomFully(ipv4)}
-	return &sink{
-		cfg: cfg, variant: variant, prefix: prefix, jumper: j, planner: pl,
+	return &Sink{
+		cfg: cfg, ctx: ctx, logger: klog.FromContext(ctx), variant: variant, prefix: prefix, jumper: j, planner: pl,
 		st:       newState(pl),
 		changed:  map[model.ServiceKey]bool{},
 		dirty:    map[model.ServiceKey]bool{},
@@ -212,8 +156,8 @@ func newSink(cfg Config, variant string, j jumper) *sink {
 }
 
 var (
-	_ localsink.ClusterSink     = (*sink)(nil)
-	_ localsink.ProblemReporter = (*sink)(nil)
+	_ localsink.ClusterSink     = (*Sink)(nil)
+	_ localsink.ProblemReporter = (*Sink)(nil)
 )
 
 // Problems implements localsink.ProblemReporter: the parts of the
@@ -221,14 +165,14 @@ var (
 // port another service has, a protocol iptables is not given), in key
 // order, as of the last Sync (kpng logs each once, counts and lists
 // them).
-func (s *sink) Problems() []model.Problem {
+func (s *Sink) Problems() []model.Problem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.st.reported()
 }
 
 // Reset implements localsink.Sink.
-func (s *sink) Reset() {
+func (s *Sink) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inRound = true
@@ -240,7 +184,7 @@ func (s *sink) Reset() {
 }
 
 // Update implements localsink.Sink.
-func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+func (s *Sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inRound = true
@@ -258,16 +202,28 @@ func (s *sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 // Reset, and one every FullSyncPeriod), otherwise the chains whose rules
 // changed since the last successful Sync: those of the services
 // changed, and the dispatch when an address or port did.
-func (s *sink) Sync() error {
+func (s *Sink) Sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inRound = false
-	return s.sync()
+	return s.sync("")
 }
 
-// sync is Sync, mu held.
-func (s *sink) sync() error {
+// sync is Sync, mu held; repair says why the check syncs ("" for kpng's
+// Syncs). The result goes to Config.AfterSync.
+func (s *Sink) sync(repair string) error {
+	res := SyncResult{Repair: repair}
 	start := time.Now()
+	err := s.syncOnce(start, &res)
+	res.Duration, res.Err = time.Since(start), err
+	if s.cfg.AfterSync != nil {
+		s.cfg.AfterSync(res)
+	}
+	return err
+}
+
+// syncOnce is sync but for the result's report.
+func (s *Sink) syncOnce(start time.Time, res *SyncResult) error {
 	for k := range s.st.update(s.changed) {
 		s.dirty[k] = true
 	}
@@ -277,11 +233,13 @@ func (s *sink) sync() error {
 		period = DefaultFullSyncPeriod
 	}
 	full := s.needFull || time.Since(s.lastFull) >= period
+	res.Full = full
 	// Whatever happens now, until a Sync succeeds the next one re-reads
 	// the kernel's chains and ensures the jumps.
 	s.needFull = true
 	shared := [2]familyPlan{s.st.shared(ipv4), s.st.shared(ipv6)}
 	stats, err := s.apply(shared, full)
+	res.Restores, res.RestoreFailed = stats.restores, stats.restoreFailed
 	if err != nil {
 		return fmt.Errorf("iptables (%s) chains %s* of services %s: %w (the next sync re-reads the chains and rewrites them all)", s.variant, s.prefix, s.dirtyNames(), err)
 	}
@@ -311,7 +269,7 @@ func (s *sink) sync() error {
 	changed := len(s.dirty)
 	s.dirty = map[model.ServiceKey]bool{}
 	s.appliedShared = shared
-	klog.V(2).InfoS("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(s.st.keys), "changed", changed,
+	s.logger.V(2).Info("iptables chains synced", "prefix", s.prefix, "variant", s.variant, "full", full, "services", len(s.st.keys), "changed", changed,
 		"chainsWritten", stats.chains, "chainsDeleted", stats.deleted, "bytes", stats.bytes, "restores", stats.restores, "duration", time.Since(start))
 	s.flushStaleFlows()
 	return nil
@@ -319,7 +277,7 @@ func (s *sink) sync() error {
 
 // dirtyNames returns the services of a failed sync, for its error: up to
 // five keys, and how many more.
-func (s *sink) dirtyNames() string {
+func (s *Sink) dirtyNames() string {
 	keys := slices.SortedFunc(maps.Keys(s.dirty), model.ServiceKey.Compare)
 	names := make([]string, 0, 5)
 	for _, k := range keys[:min(5, len(keys))] {
@@ -338,6 +296,8 @@ func (s *sink) dirtyNames() string {
 // syncStats is what one sync handed to iptables-restore.
 type syncStats struct {
 	restores, chains, deleted, bytes int
+	// restoreFailed says that a restore failed (the sync stopped there).
+	restoreFailed bool
 }
 
 // apply writes the plan, for each family and table with one
@@ -348,8 +308,8 @@ type syncStats struct {
 // those gone; a table without any is not restored at all). A full sync's
 // restores also insert the jumps from the built-in chains that its
 // listing lacks.
-func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
-	ctx := s.cfg.Context
+func (s *Sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
+	ctx := s.ctx
 	var stats syncStats
 	var whole *plan
 	if full {
@@ -401,7 +361,7 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 			slices.Sort(stale)
 			in := restoreInput(table, &tablePlan{Chains: write}, stale, inserts[i]...)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
-				s.countRestoreFailure(full)
+				stats.restoreFailed = true
 				return stats, fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write), len(in), err)
 			}
 			stats.restores++
@@ -411,17 +371,6 @@ func (s *sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 		}
 	}
 	return stats, nil
-}
-
-// countRestoreFailure counts a failed iptables-restore in the counters of
-// Config that are set.
-func (s *sink) countRestoreFailure(full bool) {
-	if s.cfg.RestoreFailures != nil {
-		s.cfg.RestoreFailures.Inc()
-	}
-	if !full && s.cfg.PartialRestoreFailures != nil {
-		s.cfg.PartialRestoreFailures.Inc()
-	}
 }
 
 // changedChains appends to write the chains of after whose rules differ
@@ -483,7 +432,7 @@ func staleFlows(f family, before, after map[dst][]netip.AddrPort) []conntrack.Fl
 // flushStaleFlows deletes the conntrack entries of the stale flows.
 // Errors are logged, never returned: the rules are in place; stale
 // entries only delay them for their flows until they expire.
-func (s *sink) flushStaleFlows() {
+func (s *Sink) flushStaleFlows() {
 	flows := s.staleFlows
 	s.staleFlows = nil
 	if len(flows) == 0 {
@@ -502,24 +451,21 @@ func (s *sink) flushStaleFlows() {
 	}
 	h, err := conntrack.NewHandle(newHandle)
 	if err != nil {
-		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows))
+		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows))
 		return
 	}
 	defer h.Close()
 	deleted, err := conntrack.Delete(h, flows)
 	if err != nil {
-		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
+		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
 	}
-	klog.V(2).InfoS("Deleted stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
+	s.logger.V(2).Info("Deleted stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
 }
 
 // Cleanup removes the proxier's jumps and chains (cfg.ServiceProxyName,
-// cfg.NetNS, cfg.Variant: auto cleans both variants), as --cleanup does.
-func Cleanup(cfg Config) error {
-	ctxGiven := cfg.Context != nil
-	if !ctxGiven {
-		cfg.Context = context.Background()
-	}
+// cfg.NetNS, cfg.Variant: auto cleans both variants), as --cleanup does;
+// ctx bounds the commands it runs.
+func Cleanup(ctx context.Context, cfg Config) error {
 	if cfg.Runner == nil {
 		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
 	}
@@ -530,7 +476,7 @@ func Cleanup(cfg Config) error {
 	prefix := ChainPrefix(cfg.ServiceProxyName)
 	var errs []error
 	for _, v := range variants {
-		if _, err := resolveVariant(cfg.Context, cfg.Runner, v); err != nil {
+		if _, err := resolveVariant(ctx, cfg.Runner, v); err != nil {
 			return fmt.Errorf("iptables cleanup: %w", err)
 		}
 		j, err := newGoIPTables(cfg.ServiceProxyName, v, cfg.NetNS)
@@ -544,7 +490,7 @@ func Cleanup(cfg Config) error {
 				continue
 			}
 			for _, table := range tables {
-				out, err := cfg.Runner.Run(cfg.Context, binary(v, f, "-save"), []string{"-t", table}, nil)
+				out, err := cfg.Runner.Run(ctx, binary(v, f, "-save"), []string{"-t", table}, nil)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("iptables cleanup (%s): %s table %s: %w", v, f, table, err))
 					continue
@@ -553,7 +499,7 @@ func Cleanup(cfg Config) error {
 				if len(chains) == 0 {
 					continue
 				}
-				if _, err := cfg.Runner.Run(cfg.Context, binary(v, f, "-restore"), []string{"--noflush", "--wait"}, restoreInput(table, &tablePlan{}, chains)); err != nil {
+				if _, err := cfg.Runner.Run(ctx, binary(v, f, "-restore"), []string{"--noflush", "--wait"}, restoreInput(table, &tablePlan{}, chains)); err != nil {
 					errs = append(errs, fmt.Errorf("iptables cleanup (%s): %s table %s: %w", v, f, table, err))
 				}
 			}
@@ -566,7 +512,7 @@ func Cleanup(cfg Config) error {
 // to the cluster's default proxier only) whose addresses no service
 // holds are dropped; the next Sync writes the filter SERVICES chains
 // again.
-func (s *sink) SetCluster(c *model.Cluster) {
+func (s *Sink) SetCluster(c *model.Cluster) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inRound = true

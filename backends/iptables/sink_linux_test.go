@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
@@ -82,8 +80,16 @@ func TestSinkSync(t *testing.T) {
 		"iptables-legacy-save -t nat": "*nat\n:PREROUTING ACCEPT [0:0]\n:" + stale + " - [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
 	}}
 	j := &fakeJumper{}
-	failures, partialFailures := prometheus.NewCounter(prometheus.CounterOpts{Name: "f"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "p"})
-	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background(), RestoreFailures: failures, PartialRestoreFailures: partialFailures}, VariantLegacy, j)
+	// The counters cmd/kpng keeps with AfterSync.
+	var failures, partialFailures int
+	s := newSink(context.Background(), Config{ServiceProxyName: "test", Runner: r, AfterSync: func(res SyncResult) {
+		if res.RestoreFailed {
+			failures++
+			if !res.Full {
+				partialFailures++
+			}
+		}
+	}}, VariantLegacy, j)
 
 	web := &model.ServiceEndpoints{
 		Service:   svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.UDP, 53, 5353)),
@@ -157,7 +163,7 @@ func TestSinkSync(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "IPv6 table filter") || !strings.Contains(err.Error(), "line 3 failed") {
 		t.Fatalf("Sync with a failing ip6tables-restore: %v, want the IPv6 filter table's error", err)
 	}
-	if f, p := testutil.ToFloat64(failures), testutil.ToFloat64(partialFailures); f != 1 || p != 1 {
+	if f, p := failures, partialFailures; f != 1 || p != 1 {
 		t.Errorf("after a failed partial restore: %v restore failures, %v partial ones; want 1 and 1", f, p)
 	}
 	r.take()
@@ -165,7 +171,7 @@ func TestSinkSync(t *testing.T) {
 	if err := s.Sync(); err == nil {
 		t.Fatal("full Sync with a failing ip6tables-restore: no error")
 	}
-	if f, p := testutil.ToFloat64(failures), testutil.ToFloat64(partialFailures); f != 2 || p != 1 {
+	if f, p := failures, partialFailures; f != 2 || p != 1 {
 		t.Errorf("after a failed full restore: %v restore failures, %v partial ones; want 2 and 1", f, p)
 	}
 	r.take()
@@ -241,7 +247,7 @@ func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 func TestSinkPartialSync(t *testing.T) {
 	r := &fakeRunner{}
 	j := &fakeJumper{}
-	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantNFT, j)
+	s := newSink(context.Background(), Config{ServiceProxyName: "test", Runner: r}, VariantNFT, j)
 	web := &model.ServiceEndpoints{Service: svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.TCP, 80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("fd00:1::2", false)}}
 	db := &model.ServiceEndpoints{Service: svc("db", ipset("10.96.0.20"), port(model.TCP, 5432, 5432)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false), ep("10.1.0.4", false)}}
 	s.Update(db.Service.Key(), nil, db)
@@ -331,7 +337,7 @@ func (j *goneCanary) CanaryIntact(family, string) (bool, error) { return false, 
 // full sync when no Sync comes.
 func TestCheckCanaryRetriesAndPeriodicSync(t *testing.T) {
 	r := &fakeRunner{fail: map[string]error{}}
-	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantLegacy, &goneCanary{})
+	s := newSink(context.Background(), Config{ServiceProxyName: "test", Runner: r}, VariantLegacy, &goneCanary{})
 	web := webService("10.96.0.10")
 	s.Update(web.Service.Key(), nil, web)
 	if err := s.Sync(); err != nil {
@@ -339,30 +345,30 @@ func TestCheckCanaryRetriesAndPeriodicSync(t *testing.T) {
 	}
 	r.take()
 	r.fail["iptables-legacy-restore"] = errors.New("transient")
-	s.checkCanary() // the canary is gone; the rewrite fails
+	s.check() // the canary is gone; the rewrite fails
 	if !s.needFull {
 		t.Fatal("a failed full sync left needFull unset")
 	}
 	delete(r.fail, "iptables-legacy-restore")
 	r.take()
-	s.checkCanary()
+	s.check()
 	if calls := r.take(); len(calls) == 0 || s.needFull {
 		t.Errorf("the check after a failed full sync: %d commands, needFull %v; want the full sync done", len(calls), s.needFull)
 	}
 
 	// The period ran out without a Sync (the canary intact).
-	p := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background(), FullSyncPeriod: time.Minute}, VariantLegacy, &fakeJumper{})
+	p := newSink(context.Background(), Config{ServiceProxyName: "test", Runner: r, FullSyncPeriod: time.Minute}, VariantLegacy, &fakeJumper{})
 	p.Update(web.Service.Key(), nil, web)
 	if err := p.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	r.take()
-	p.checkCanary()
+	p.check()
 	if calls := r.take(); len(calls) != 0 {
 		t.Errorf("a check within the period ran %v", names(calls))
 	}
 	p.lastFull = p.lastFull.Add(-2 * time.Minute)
-	p.checkCanary()
+	p.check()
 	if calls := r.take(); len(calls) == 0 || time.Since(p.lastFull) > time.Minute {
 		t.Errorf("a check after the period: %v, last full sync %v ago; want a full sync", names(calls), time.Since(p.lastFull))
 	}
@@ -375,7 +381,7 @@ func TestCheckCanaryRetriesAndPeriodicSync(t *testing.T) {
 func TestChangeInputProportional(t *testing.T) {
 	input := func(n int) int {
 		r := &countingRunner{}
-		s := newSink(Config{ServiceProxyName: "prop", Runner: r, Context: context.Background()}, VariantLegacy, &fakeJumper{})
+		s := newSink(context.Background(), Config{ServiceProxyName: "prop", Runner: r}, VariantLegacy, &fakeJumper{})
 		state := benchState(n, 10)
 		for _, se := range state {
 			s.Update(se.Service.Key(), nil, se)
@@ -406,7 +412,7 @@ func TestChangeInputProportional(t *testing.T) {
 // first owner goes. Without root: a fake runner.
 func TestSinkProblems(t *testing.T) {
 	r := &fakeRunner{}
-	s := newSink(Config{ServiceProxyName: "test", Runner: r, Context: context.Background()}, VariantLegacy, &fakeJumper{})
+	s := newSink(context.Background(), Config{ServiceProxyName: "test", Runner: r}, VariantLegacy, &fakeJumper{})
 	var rounds []localsink.Round
 	c := sinktest.NewChecker(s)
 	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true, Observe: func(r localsink.Round) { rounds = append(rounds, r) }})

@@ -4,6 +4,7 @@ package nft
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/diffstore"
 )
@@ -561,33 +563,6 @@ func items[K cmp.Ordered, V any](its []diffstore.Item[K, V], prev bool) []V {
 	return out
 }
 
-// blockComments are the comments of blocks by family and slot.
-type blockComments map[blockPlace]string
-
-// blockPlace is the family and slot of a block.
-type blockPlace struct {
-	family ipFamily
-	slot   uint32
-}
-
-// commentsOf returns the comments of the blocks in lists.
-func commentsOf(lists ...[]*block) blockComments {
-	n := 0
-	for _, l := range lists {
-		n += len(l)
-	}
-	c := make(blockComments, n)
-	for _, l := range lists {
-		for _, bl := range l {
-			c[blockPlace{bl.Family, bl.Slot}] = bl.Comment()
-		}
-	}
-	return c
-}
-
-// of returns the comment of the block of e ("" if comments has none).
-func (c blockComments) of(e endpointElement) string { return c[blockPlace{e.Family, e.Slot}] }
-
 // endpointElements adds (or deletes) the intervals els in their endpoint
 // maps, each as its start and end elements; an added interval's start has
 // its block's comment, from comments. The kernel elements of a map are
@@ -899,7 +874,11 @@ func (t *txn) addRule(ch *nftables.Chain, exprs []expr.Any) {
 func (t *txn) addRules(ch *regularChain) error {
 	ref := t.chainRef(ch.Name)
 	for _, r := range ch.Rules {
-		exprs, err := r.exprs(t.sets)
+		nr, ok := r.(netlinkRule)
+		if !ok {
+			return fmt.Errorf("service %s: chain %s: rule %T has no netlink expressions", ch.Service, ch.Name, r)
+		}
+		exprs, err := nr.exprs(t.sets)
 		if err != nil {
 			return fmt.Errorf("service %s: chain %s: %w", ch.Service, ch.Name, err)
 		}
@@ -908,15 +887,26 @@ func (t *txn) addRules(ch *regularChain) error {
 	return nil
 }
 
-// Cleanup removes the table of the proxier named serviceProxyName, if it
-// exists, in one transaction.
-func Cleanup(conn *nftables.Conn, serviceProxyName string) error {
-	t := &nftables.Table{Name: TableName(serviceProxyName), Family: nftables.TableFamilyINet}
+// Cleanup removes the table of the proxier of cfg (TableName of
+// cfg.ServiceProxyName), if it exists, in one transaction, through a
+// connection from cfg.Conn (nftables.New when nil), as --cleanup does. It
+// logs through ctx's logger.
+func Cleanup(ctx context.Context, cfg Config) error {
+	newConn := cfg.Conn
+	if newConn == nil {
+		newConn = nftables.New
+	}
+	conn, err := newConn()
+	if err != nil {
+		return fmt.Errorf("nftables backend: cleanup: %w", err)
+	}
+	t := &nftables.Table{Name: TableName(cfg.ServiceProxyName), Family: nftables.TableFamilyINet}
 	conn.AddTable(t)
 	conn.DelTable(t)
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("delete table inet %s: %w", t.Name, err)
+		return fmt.Errorf("nftables backend: cleanup: delete table inet %s: %w", t.Name, err)
 	}
+	klog.FromContext(ctx).Info("Removed the nftables table", "table", t.Name)
 	return nil
 }
 

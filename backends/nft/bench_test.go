@@ -4,6 +4,7 @@ package nft
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -25,7 +26,7 @@ import (
 
 // The benchmarks of this file program 1,000 to 50,000 ClusterIP services
 // with 10 IPv4 endpoints each (one TCP port, 80 → 8080) into a network
-// namespace on the real kernel, through NewSink, as a proxier does. They
+// namespace on the real kernel, through New, as a proxier does. They
 // need root. Each one asserts what it can (transaction sizes, objects in
 // the kernel, traffic); none asserts a time. See docs/benchmarks.md.
 
@@ -89,7 +90,7 @@ type benchSink struct {
 func newBenchSink(tb testing.TB, ns *netns.NS, conn func(...nftables.ConnOption) (*nftables.Conn, error), name string) *benchSink {
 	tb.Helper()
 	bs := &benchSink{tb: tb, conn: conn, name: name}
-	s, err := NewSink(Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { bs.last = &r }})
+	s, err := New(context.Background(), Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { bs.last = &r }})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -106,11 +107,7 @@ func (bs *benchSink) Reset() {
 }
 
 func (bs *benchSink) cleanup() {
-	c, err := bs.conn()
-	if err == nil {
-		err = Cleanup(c, bs.name)
-	}
-	if err != nil {
+	if err := Cleanup(context.Background(), Config{ServiceProxyName: bs.name, Conn: bs.conn}); err != nil {
 		bs.tb.Errorf("cleanup: %v", err)
 	}
 }

@@ -1,5 +1,3 @@
-//go:build linux
-
 package nft
 
 import (
@@ -173,7 +171,7 @@ func everyRuleKind() []*model.ServiceEndpoints {
 var goldenOptions = map[string]Options{
 	"affinity-local-policy": {
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("10.2.0.0/16")},
-		MasqueradeMark:    0x100,
+		MasqueradeBit:     8,
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
 	},
 	// The node's IPv4 address is inside a source range: the load-balancer

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"k8s.io/klog/v2"
 )
 
 // DefaultCheckPeriod is how often `to-local to-nft` checks its table
@@ -69,27 +68,13 @@ func (a *applier) check(conn *nftables.Conn, want map[string]int) (string, error
 	return "", nil
 }
 
-// watch checks the table every period until the sink's Context ends.
-func (s *sink) watch(period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.cfg.Context.Done():
-			return
-		case <-t.C:
-			s.check()
-		}
-	}
-}
-
 // check checks the table once, between rounds, and rewrites it whole when
 // it changed behind the sink's back or when the last full transaction
 // (kpng's, or one of the check's) failed.
-func (s *sink) check() {
+func (s *Sink) check() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.applied || s.inRound || s.cfg.Context.Err() != nil {
+	if !s.applied || s.inRound || s.ctx.Err() != nil {
 		return // nothing applied yet (kpng's Syncs come first), or a round's Sync is due
 	}
 	why := ""
@@ -98,24 +83,24 @@ func (s *sink) check() {
 	} else {
 		drift, err := s.applier.Check(s.nextChecked())
 		if err != nil {
-			klog.ErrorS(err, "Cannot check the nftables table", "table", s.table)
+			s.logger.Error(err, "Cannot check the nftables table", "table", s.table)
 			return
 		}
 		if drift == "" {
 			return
 		}
-		klog.InfoS("The nftables table was changed behind kpng's back: rewriting it", "table", s.table, "change", drift)
+		s.logger.Info("The nftables table was changed behind kpng's back: rewriting it", "table", s.table, "change", drift)
 		why = drift
 	}
 	s.needFull = true
 	if err := s.sync(why); err != nil {
-		klog.ErrorS(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", why)
+		s.logger.Error(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", why)
 	}
 }
 
 // nextChecked returns the next checkChains regular chains to check, in
 // turn, with their numbers of rules.
-func (s *sink) nextChecked() map[string]int {
+func (s *Sink) nextChecked() map[string]int {
 	want := map[string]int{}
 	for range checkChains {
 		if s.checkPos >= len(s.checkOrder) {

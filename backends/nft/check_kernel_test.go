@@ -42,8 +42,8 @@ func TestKernelTableRepaired(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	newConn := connIn(t, ns)
-	s, err := NewSink(Config{ServiceProxyName: name, Options: opts, Conn: newConn, Conntrack: conntrackIn(t, ns),
-		Context: ctx, CheckPeriod: 100 * time.Millisecond, AfterSync: func(r SyncResult) { results <- r }})
+	s, err := New(ctx, Config{ServiceProxyName: name, Options: opts, Conn: newConn, Conntrack: conntrackIn(t, ns),
+		CheckPeriod: 100 * time.Millisecond, AfterSync: func(r SyncResult) { results <- r }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestKernelTableRepaired(t *testing.T) {
 	}
 
 	var svcChain, epChain string
-	for _, c := range s.(*sink).tracker.ChainNames() {
+	for _, c := range s.tracker.ChainNames() {
 		switch {
 		case svcChain == "" && strings.HasPrefix(c, "svc4-"):
 			svcChain = c

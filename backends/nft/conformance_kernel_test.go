@@ -35,7 +35,6 @@ func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, erro
 	t.Cleanup(cancel)
 	cfg := Config{
 		ServiceProxyName: "conformance",
-		Context:          ctx,
 		Conn:             ConnInNetNS(fd),
 		Conntrack: func() (*netlink.Handle, error) {
 			return netlink.NewHandleAt(vnetns.NsHandle(fd), unix.NETLINK_NETFILTER)
@@ -43,9 +42,11 @@ func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, erro
 		Options: Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
 	}
 	t.Cleanup(func() {
-		if c, err := ConnInNetNS(fd)(); err == nil {
-			_ = Cleanup(c, cfg.ServiceProxyName)
-		}
+		_ = Cleanup(context.Background(), Config{ServiceProxyName: cfg.ServiceProxyName, Conn: ConnInNetNS(fd)})
 	})
-	return NewSink(cfg)
+	s, err := New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }

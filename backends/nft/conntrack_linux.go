@@ -5,8 +5,6 @@ package nft
 import (
 	"time"
 
-	"k8s.io/klog/v2"
-
 	"sigs.k8s.io/kpng/backends/conntrack"
 )
 
@@ -27,7 +25,7 @@ func conntrackFlows(flows []staleFlow) []conntrack.Flow {
 // gathered since the last successful transaction. Errors are logged, never
 // returned: the rules are in place, stale entries only delay them for the
 // flows concerned until the entries expire.
-func (s *sink) flushStaleFlows() {
+func (s *Sink) flushStaleFlows() {
 	flows := s.staleFlows
 	s.staleFlows = nil
 	if len(flows) == 0 {
@@ -36,18 +34,18 @@ func (s *sink) flushStaleFlows() {
 	start := time.Now()
 	h, err := conntrack.NewHandle(s.cfg.Conntrack)
 	if err != nil {
-		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows))
+		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows))
 		return
 	}
 	defer h.Close()
 	deleted, err := conntrack.Delete(h, conntrackFlows(flows))
 	if err != nil {
-		klog.ErrorS(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted)
+		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted)
 	}
-	klog.V(2).InfoS("Deleted stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted, "duration", time.Since(start))
-	if v := klog.V(4); v.Enabled() {
+	s.logger.V(2).Info("Deleted stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted, "duration", time.Since(start))
+	if v := s.logger.V(4); v.Enabled() {
 		for _, f := range flows {
-			v.InfoS("Stale UDP conntrack flow", "table", s.table, "flow", f.String())
+			v.Info("Stale UDP conntrack flow", "table", s.table, "flow", f.String())
 		}
 	}
 }

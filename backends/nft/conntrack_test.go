@@ -1,5 +1,3 @@
-//go:build linux
-
 package nft
 
 import (
@@ -7,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 
 	"sigs.k8s.io/kpng/diffstore"
 	"sigs.k8s.io/kpng/model"
@@ -196,16 +192,14 @@ func TestStaleFlows(t *testing.T) {
 // affinity bookkeeping): it is ignored.
 type otherRule struct{}
 
-func (otherRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return nil, nil }
-func (otherRule) String() string                                     { return "masquerade" }
+func (otherRule) String() string { return "masquerade" }
 
 // affinityRule stands for a future rule sending packets to endpoint
 // chains: implementing chainReferrer is enough for StaleFlows to follow it.
 type affinityRule struct{ target string }
 
-func (affinityRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) { return nil, nil }
-func (r affinityRule) String() string                                   { return "goto " + r.target }
-func (r affinityRule) referencedChains() []string                       { return []string{r.target} }
+func (r affinityRule) String() string             { return "goto " + r.target }
+func (r affinityRule) referencedChains() []string { return []string{r.target} }
 
 // TestStaleFlowsOtherMaps checks the assumptions StaleFlows documents on
 // a hand-made delta: a map keyed by protocol and port only (no address,

@@ -3,6 +3,7 @@
 package nft
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -37,11 +38,11 @@ func TestKernelConvergence(t *testing.T) {
 			fd := freshNetNS(t)
 			t.Cleanup(func() { unix.Close(fd) })
 			newConn := ConnInNetNS(fd)
-			s, err := NewSink(Config{ServiceProxyName: "churn", Options: opts, Conn: newConn, Conntrack: conntrackAt(fd)})
+			s, err := New(context.Background(), Config{ServiceProxyName: "churn", Options: opts, Conn: newConn, Conntrack: conntrackAt(fd)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(s.(*sink).applier.Close)
+			t.Cleanup(s.applier.Close)
 			checker := sinktest.NewChecker(s)
 			feeder := localsink.NewFeeder(checker, localsink.FeederOptions{NoRetry: true})
 			t.Cleanup(feeder.Close)

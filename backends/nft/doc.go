@@ -2,14 +2,24 @@
 // the services it receives into one nftables table, over netlink
 // (github.com/google/nftables), without the nft binary.
 //
-// Its API is small: NewSink with a Config (and its rule Options), Cleanup
-// to remove a proxier's table, ConnInNetNS to work in another network
-// namespace, and TableName; SyncResult and Stats describe each
-// transaction to Config.AfterSync. Everything else is unexported.
+// Its API is small, of the same shape as the other backends': New(ctx,
+// cfg) returns the *Sink (the context's end stops what it runs, its
+// logger is the sink's), Cleanup(ctx, cfg) removes a proxier's table,
+// Config.BindFlags and Validate give a command its flags, ConnInNetNS
+// works in another network namespace, and TableName; SyncResult and Stats
+// describe each transaction to Config.AfterSync. Everything else is
+// unexported.
 //
-// The package (Linux only) has two layers:
+// It plans at Update: each Update goes to the tracker, which works out
+// the service's objects and their difference with what the table holds
+// at once, so that a Sync only sends a transaction already computed
+// (most rounds change few services, and the tracker keeps only the
+// difference).
 //
-//   - the rule model, pure Go with no netlink call: layout.go (every
+// The package has two layers:
+//
+//   - the rule model, pure Go with no netlink call, built on every system
+//     (vetted on Windows and macOS by make cross): layout.go (every
 //     object name and the table's fixed layout: base chains, hooks,
 //     priorities, kinds of maps), family.go (what differs between IPv4 and
 //     IPv6, in one table), model.go (the kinds of objects and rules),
@@ -23,9 +33,12 @@
 //     that the kernel's own listing of a programmed ruleset reads the
 //     same, so that the text and the netlink expressions cannot drift) and
 //     conntrack.go (the stale UDP flows a change leaves behind);
-//   - the kernel side: netlink.go (each rule's netlink expressions, a
-//     method of the rule interface, so that a rule kind without them does
-//     not compile; set types and elements), applier.go (one transaction
+//   - the kernel side (Linux only, as google/nftables): config.go (the
+//     Config, which holds a google/nftables connection), netlink.go (each
+//     rule's netlink expressions, the exprs method of netlinkRule, which
+//     every rule kind is checked to implement; set types and elements),
+//     elements.go, relay.go and dialsock.go (the socket the transactions
+//     go through), applier.go (one transaction
 //     per call, built in a txn value: the whole table, which atomically
 //     replaces any previous table of the same name, or only what changed;
 //     a rejected transaction changes nothing), sockbuf.go, conntrack_linux.go,

@@ -3,6 +3,7 @@
 package nft
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ type faultRig struct {
 	state   []*model.ServiceEndpoints
 	rec     *metrics.Recorder
 	results chan SyncResult
-	sink    *sink
+	sink    *Sink
 	feeder  *localsink.Feeder
 	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
 }
@@ -46,12 +47,12 @@ func newFaultRig(t *testing.T, name string, seed uint64) *faultRig {
 	}
 	r.state = gen.State()
 	r.newConn = connIn(t, r.ns)
-	s, err := NewSink(Config{ServiceProxyName: name, Options: r.opts, Conn: r.newConn, Conntrack: conntrackIn(t, r.ns),
+	s, err := New(context.Background(), Config{ServiceProxyName: name, Options: r.opts, Conn: r.newConn, Conntrack: conntrackIn(t, r.ns),
 		AfterSync: func(res SyncResult) { r.results <- res }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.sink = s.(*sink)
+	r.sink = s
 	r.feeder = localsink.NewFeeder(s, localsink.FeederOptions{MinRetry: 300 * time.Millisecond, MaxRetry: time.Second, Observe: r.rec.Observe, Queued: r.rec.Queued})
 	t.Cleanup(r.feeder.Close)
 	r.feeder.SetAll(r.state)

@@ -4,14 +4,13 @@ package nft
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/nftables"
 
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
@@ -174,7 +173,7 @@ func TestKernelClusterCIDRMasquerade(t *testing.T) {
 			t.Errorf("pod2 to %s: the pod saw %s, want pod2's address (not masqueraded)", cip, a.Remote)
 		}
 	}
-	if err := Cleanup(mustConn(t, b), "cidr"); err != nil {
+	if err := Cleanup(context.Background(), Config{ServiceProxyName: "cidr", Conn: connIn(t, b.Node)}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -184,16 +183,6 @@ func TestKernelClusterCIDRMasquerade(t *testing.T) {
 	if a := ask(t, b.Pod2, "tcp", netip.AddrPortFrom(webV4, 80), netns.PodID); a.Remote.Addr() != netns.GatewayV4 {
 		t.Errorf("pod2 to %s with MasqueradeAll: the pod saw %s, want %s", webV4, a.Remote, netns.GatewayV4)
 	}
-}
-
-// mustConn returns a connection in the node.
-func mustConn(t *testing.T, b *netns.BlogTopology) *nftables.Conn {
-	t.Helper()
-	c, err := connIn(t, b.Node)()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // TestKernelLocalPolicies checks externalTrafficPolicy: Local (only local

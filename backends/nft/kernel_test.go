@@ -128,7 +128,7 @@ func (e *edits) deleteService(key model.ServiceKey) { e.set(key, nil) }
 // transactions.
 type testSink struct {
 	edits
-	nft     *sink // the sink under test, for its configuration
+	nft     *Sink // the sink under test, for its configuration
 	t       *testing.T
 	feeder  *localsink.Feeder
 	checker *sinktest.Checker
@@ -158,12 +158,11 @@ func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config, fopts locals
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	cfg.Context = ctx
-	s, err := NewSink(cfg)
+	s, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts.nft = s.(*sink)
+	ts.nft = s
 	ts.checker = sinktest.NewChecker(s)
 	ts.feeder = localsink.NewFeeder(ts.checker, fopts)
 	ts.edits = edits{state: map[model.ServiceKey]*model.ServiceEndpoints{},
@@ -173,11 +172,7 @@ func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config, fopts locals
 		if err := ts.checker.Err(); err != nil {
 			t.Errorf("Sink contract broken:\n%v", err)
 		}
-		c, err := conn()
-		if err == nil {
-			err = Cleanup(c, cfg.ServiceProxyName)
-		}
-		if err != nil {
+		if err := Cleanup(context.Background(), Config{ServiceProxyName: cfg.ServiceProxyName, Conn: conn}); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -634,7 +629,7 @@ func TestKernelCleanup(t *testing.T) {
 	netns.RequireCommands(t, "nft")
 	n := netns.New(t, "node")
 	conn := connIn(t, n)
-	s, err := NewSink(Config{ServiceProxyName: "clean", Conn: conn, Conntrack: conntrackIn(t, n)})
+	s, err := New(context.Background(), Config{ServiceProxyName: "clean", Conn: conn, Conntrack: conntrackIn(t, n)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,11 +643,7 @@ func TestKernelCleanup(t *testing.T) {
 		t.Fatalf("no table after a sync:\n%s", out)
 	}
 	for range 2 {
-		c, err := conn()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := Cleanup(c, "clean"); err != nil {
+		if err := Cleanup(context.Background(), Config{ServiceProxyName: "clean", Conn: conn}); err != nil {
 			t.Fatalf("Cleanup: %v", err)
 		}
 	}

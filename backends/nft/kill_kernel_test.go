@@ -92,7 +92,7 @@ func killHelper(path, first string, once bool) int {
 		}))...)
 	}
 	var last SyncResult
-	s, err := NewSink(Config{ServiceProxyName: "kill", Conn: newConn, Conntrack: conntrackAt(fd), Context: ctx,
+	s, err := New(ctx, Config{ServiceProxyName: "kill", Conn: newConn, Conntrack: conntrackAt(fd),
 		AfterSync: func(r SyncResult) { last = r }})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,5 +1,3 @@
-//go:build linux
-
 package nft
 
 import (
@@ -8,9 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 
 	"sigs.k8s.io/kpng/model"
 )
@@ -112,12 +107,9 @@ func equalChains(a, b *regularChain) bool {
 // affinityCheckRule, affinityUpdateRule).
 type rule interface {
 	// String returns the rule in nft syntax, as `nft list` prints the
-	// rule exprs programs (TestKernelListingMatchesText checks it).
+	// rule its netlink expressions program (netlinkRule, on Linux;
+	// TestKernelListingMatchesText checks it).
 	String() string
-	// exprs returns the rule's netlink expressions, what the kernel is
-	// sent; sets holds the sets added in the same transaction, for the
-	// IDs of those the rule refers to.
-	exprs(sets map[string]*nftables.Set) ([]expr.Any, error)
 }
 
 // balanceRule sends a packet to one of Targets (endpoint chains), chosen
@@ -386,3 +378,30 @@ func numgenText(mod, offset uint32) string {
 	}
 	return fmt.Sprintf("numgen random mod %d offset %d", mod, offset)
 }
+
+// blockComments are the comments of blocks by family and slot.
+type blockComments map[blockPlace]string
+
+// blockPlace is the family and slot of a block.
+type blockPlace struct {
+	family ipFamily
+	slot   uint32
+}
+
+// commentsOf returns the comments of the blocks in lists.
+func commentsOf(lists ...[]*block) blockComments {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	c := make(blockComments, n)
+	for _, l := range lists {
+		for _, bl := range l {
+			c[blockPlace{bl.Family, bl.Slot}] = bl.Comment()
+		}
+	}
+	return c
+}
+
+// of returns the comment of the block of e ("" if comments has none).
+func (c blockComments) of(e endpointElement) string { return c[blockPlace{e.Family, e.Slot}] }

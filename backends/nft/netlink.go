@@ -95,7 +95,7 @@ func endpointMapElements(e endpointElement, comment string, del bool) [2]nftable
 // bit".
 func hairpinExprs(f ipFamily, bit uint32, set *nftables.Set) []expr.Any {
 	fi := f.info()
-	src, dst, alen, rdst := fi.saddr, fi.daddr, fi.addrLen, fi.regHairpinDst
+	src, dst, alen, rdst := fi.saddr, fi.daddr, fi.addrLen, f.nl().regHairpinDst
 	exprs := append(nfprotoExprs(f),
 		&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
@@ -122,7 +122,7 @@ func dnatMapExprs(r dnatMapRule, sets map[string]*nftables.Set) ([]expr.Any, err
 	if r.Map == "" {
 		return nil, fmt.Errorf("block %s has no place in an endpoint map", r.Block)
 	}
-	fam, regPort := uint32(r.Family.info().nfproto), r.Family.info().regEndpointPort
+	fam, regPort := uint32(r.Family.nl().nfproto), r.Family.nl().regEndpointPort
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
@@ -143,7 +143,7 @@ func mapKeyType(f ipFamily, nodePort bool) nftables.SetDatatype {
 }
 
 // addrType is the address type of a family.
-func addrType(f ipFamily) nftables.SetDatatype { return f.info().setType }
+func addrType(f ipFamily) nftables.SetDatatype { return f.nl().setType }
 
 // mapRef returns the set object of one of the table's verdict maps.
 func mapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
@@ -187,7 +187,7 @@ func verdictExpr(v verdict) *expr.Verdict {
 // prefix] meta l4proto . th dport vmap @m".
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	fi := f.info()
-	off, alen, rl4, rdp := fi.daddr, fi.addrLen, fi.regL4, fi.regDport
+	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport
 	exprs := nfprotoExprs(f)
 	if !k.nodePort {
 		exprs = append(exprs,
@@ -220,7 +220,7 @@ func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []ex
 func nfprotoExprs(f ipFamily) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{f.info().nfproto}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{f.nl().nfproto}},
 	}
 }
 
@@ -401,7 +401,7 @@ func dnatExprs(r dnatRule) ([]expr.Any, error) {
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
 	}
-	fam := uint32(familyOf(r.To.Addr()).info().nfproto)
+	fam := uint32(familyOf(r.To.Addr()).nl().nfproto)
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
@@ -493,3 +493,47 @@ func rangeElements(r addrRange) []nftables.SetElement {
 	}
 	return els
 }
+
+// netlinkFamily is what differs between the two families in netlink
+// (familyInfo holds the rest).
+type netlinkFamily struct {
+	// setType is the address type of sets and map keys.
+	setType nftables.SetDatatype
+	// nfproto is the meta nfproto of the family (NFPROTO_IPV4).
+	nfproto byte
+	// regL4 and regDport hold the protocol and port after an address in
+	// a service-map key (address . protocol . port); regHairpinDst the
+	// destination after the source in register 1 (hairpin key);
+	// regEndpointPort the port after the address of an endpoint found in
+	// an endpoint map.
+	regL4, regDport, regHairpinDst, regEndpointPort uint32
+}
+
+// netlinkFamilies are the two families' netlink facts, indexed by
+// ipFamily.
+var netlinkFamilies = [2]netlinkFamily{
+	ipv4: {
+		setType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4,
+		regL4: reg32v4L4, regDport: reg32v4Dp, regHairpinDst: reg32HairpinDstV4, regEndpointPort: reg32EndpointPortV4,
+	},
+	ipv6: {
+		setType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6,
+		regL4: reg32v6L4, regDport: reg32v6Dp, regHairpinDst: reg32HairpinDstV6, regEndpointPort: reg32EndpointPortV6,
+	},
+}
+
+// nl returns the netlink facts of family f.
+func (f ipFamily) nl() *netlinkFamily { return &netlinkFamilies[f] }
+
+// netlinkRule is a rule as the applier sends it: with its netlink
+// expressions.
+type netlinkRule interface {
+	rule
+	// exprs returns the rule's netlink expressions, what the kernel is
+	// sent; sets holds the sets added in the same transaction, for the
+	// IDs of those the rule refers to.
+	exprs(sets map[string]*nftables.Set) ([]expr.Any, error)
+}
+
+// Every rule has its netlink expressions.
+var _ = []netlinkRule{balanceRule{}, dnatRule{}, dnatMapRule{}, markRule{}, sourceRule{}, allowRule{}, dropRule{}, affinityCheckRule{}, affinityUpdateRule{}}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
-	"github.com/mdlayher/netlink/nltest"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,9 +45,10 @@ type relay struct {
 	// place of the messages' own (nil: none).
 	lists []*elementList
 	// sendErr is the error of the last send, which the next receive
-	// returns (nltest keeps a send's error for every receive after it,
-	// and google/nftables receives once per message); drained says it
-	// was returned: until the next send, receives find nothing.
+	// returns (the Conn's test socket keeps a send's error for every
+	// receive after it, and google/nftables receives once per message);
+	// drained says it was returned: until the next send, receives find
+	// nothing.
 	sendErr error
 	drained bool
 	// quiet says that the last batch went to the kernel without asking
@@ -90,7 +90,7 @@ type faultFunc func(op relayOp) error
 func newRelay(conn *nftables.Conn, opts ...nftables.SockOption) (*relay, error) {
 	r := &relay{userData: map[string][]byte{}}
 	if conn.TestDial != nil {
-		r.sock = nltest.Dial(conn.TestDial)
+		r.sock = newDialConn(conn.TestDial)
 	} else {
 		sock, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: conn.NetNS})
 		if err != nil {
@@ -140,7 +140,7 @@ func (r *relay) fill(data []byte) (*elementList, error) {
 	return l, nil
 }
 
-// exchange is the Conn's socket (an nltest.Func): a request is a batch to
+// exchange is the Conn's socket (its TestDial): a request is a batch to
 // send, nil asks for what the socket received.
 func (r *relay) exchange(req []netlink.Message) ([]netlink.Message, error) {
 	if req == nil {

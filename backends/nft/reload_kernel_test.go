@@ -164,7 +164,6 @@ func startReloaded(t testing.TB, node conformance.Node) (localsink.Sink, error) 
 	t.Cleanup(cancel)
 	cfg := Config{
 		ServiceProxyName: "conformance",
-		Context:          ctx,
 		Conn:             connIn(t, scratch),
 		// The flows are the node's.
 		Conntrack: func() (*vnetlink.Handle, error) {
@@ -172,19 +171,14 @@ func startReloaded(t testing.TB, node conformance.Node) (localsink.Sink, error) 
 		},
 		Options: Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
 	}
-	sink, err := NewSink(cfg)
+	sink, err := New(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	inner, ok := sink.(fullSink)
-	if !ok {
-		return nil, fmt.Errorf("the nft sink %T is not a ClusterSink and ProblemReporter", sink)
-	}
+	var inner fullSink = sink
 	table := TableName(cfg.ServiceProxyName)
 	t.Cleanup(func() {
-		if c, err := ConnInNetNS(nodeFD)(); err == nil {
-			_ = Cleanup(c, cfg.ServiceProxyName)
-		}
+		_ = Cleanup(context.Background(), Config{ServiceProxyName: cfg.ServiceProxyName, Conn: ConnInNetNS(nodeFD)})
 	})
 	return &reloadingSink{fullSink: inner, scratch: scratch, node: filepath.Base(node.NetNS), table: table}, nil
 }

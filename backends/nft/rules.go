@@ -1,5 +1,3 @@
-//go:build linux
-
 package nft
 
 import (
@@ -32,10 +30,10 @@ const (
 	chainFirewallCheck = "firewall-check"
 )
 
-// DefaultMasqueradeMark is the packet mark bit used when Options does not
-// set one: kube-proxy's, so that both mean the same on a node running
-// both.
-const DefaultMasqueradeMark uint32 = 0x4000
+// DefaultMasqueradeBit is the packet mark bit asking for masquerading
+// when Options does not set one: kube-proxy's (14, mark 0x4000), so that
+// both mean the same on a node running both.
+const DefaultMasqueradeBit = 14
 
 // Options are the node-wide settings that shape the rules.
 type Options struct {
@@ -47,9 +45,11 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool
-	// MasqueradeMark is the mark bit that asks for masquerading; 0 means
-	// DefaultMasqueradeMark. It must be a single bit.
-	MasqueradeMark uint32
+	// MasqueradeBit is the packet mark bit (1-31, as kube-proxy's
+	// --iptables-masquerade-bit but for 0) that asks for masquerading:
+	// the mark is 1<<MasqueradeBit. 0 means DefaultMasqueradeBit, so that
+	// the zero Options are kube-proxy's default (bit 0 cannot be chosen).
+	MasqueradeBit int
 	// NodePortAddresses restricts node ports to the local addresses in
 	// these prefixes; empty means every local address but loopback.
 	NodePortAddresses []netip.Prefix
@@ -67,18 +67,19 @@ type Options struct {
 	IgnoreHeadless bool
 }
 
-// mark returns the masquerade mark bit.
+// mark returns the masquerade mark: the bit MasqueradeBit set.
 func (o Options) mark() uint32 {
-	if o.MasqueradeMark == 0 {
-		return DefaultMasqueradeMark
+	bit := o.MasqueradeBit
+	if bit == 0 {
+		bit = DefaultMasqueradeBit
 	}
-	return o.MasqueradeMark
+	return uint32(1) << uint(bit)
 }
 
 // Validate reports options that cannot be programmed.
 func (o Options) Validate() error {
-	if m := o.mark(); m&(m-1) != 0 {
-		return fmt.Errorf("masquerade mark %#x: must be a single bit", m)
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		return fmt.Errorf("options: MasqueradeBit %d: must be between 1 and 31 (0: %d)", o.MasqueradeBit, DefaultMasqueradeBit)
 	}
 	for _, p := range append(append([]netip.Prefix(nil), o.ClusterCIDRs...), o.NodePortAddresses...) {
 		if !p.IsValid() || p != p.Masked() {

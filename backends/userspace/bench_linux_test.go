@@ -5,6 +5,7 @@ package userspace
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -348,16 +349,16 @@ func (p *benchPlatform) reset() {
 // newBenchProxier starts a proxier in the node namespace, its platform
 // wrapped in a benchPlatform; it is closed and its interface removed when
 // b ends.
-func newBenchProxier(b *testing.B, e *benchEnv) (*Proxier, *benchPlatform) {
+func newBenchProxier(b *testing.B, e *benchEnv) (*Sink, *benchPlatform) {
 	b.Helper()
 	cfg := Config{ServiceProxyName: "bench", NetNS: e.node.Path(), Options: Options{NodeIPs: []netip.Addr{benchNodeIP}}}
-	p, err := New(cfg)
+	p, err := New(context.Background(), cfg)
 	if err != nil {
 		b.Fatalf("start the proxier: %v", err)
 	}
 	b.Cleanup(func() {
 		p.Close()
-		if err := Cleanup(cfg); err != nil {
+		if err := Cleanup(context.Background(), cfg); err != nil {
 			b.Errorf("proxier cleanup: %v", err)
 		}
 	})
@@ -397,13 +398,13 @@ func TestBenchProxierProcess(t *testing.T) {
 		t.Skip("the proxier process of the userspace benchmarks: they run it")
 	}
 	cfg := Config{ServiceProxyName: "bench", Options: Options{NodeIPs: []netip.Addr{benchNodeIP}}}
-	p, err := New(cfg)
+	p, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("start the proxier: %v", err)
 	}
 	defer func() {
 		p.Close()
-		if err := Cleanup(cfg); err != nil {
+		if err := Cleanup(context.Background(), cfg); err != nil {
 			t.Errorf("proxier cleanup: %v", err)
 		}
 	}()

@@ -1,7 +1,6 @@
 package userspace
 
 import (
-	"context"
 	"fmt"
 	"hash/fnv"
 	"net/netip"
@@ -34,8 +33,6 @@ type Config struct {
 	// where the proxier listens, dials and holds its addresses, instead of
 	// the current one (Linux only).
 	NetNS string
-	// Context, if set, closes the proxier when it ends, as Close does.
-	Context context.Context
 }
 
 // Options are what a proxier is told about its node and its limits.

@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"context"
 	"testing"
 
 	"sigs.k8s.io/kpng/backends/conformance"
@@ -31,13 +32,13 @@ func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, erro
 		NetNS:            node.NetNS,
 		Options:          Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
 	}
-	p, err := New(cfg)
+	p, err := New(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
 	t.Cleanup(func() {
 		p.Close()
-		if err := Cleanup(cfg); err != nil {
+		if err := Cleanup(context.Background(), cfg); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})

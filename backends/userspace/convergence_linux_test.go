@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/internal/churn"
 	"sigs.k8s.io/kpng/localsink"
@@ -36,7 +37,7 @@ type snapshot struct {
 	Addresses []string
 }
 
-func takeSnapshot(p *Proxier, fp *fakePlatform) snapshot {
+func takeSnapshot(p *Sink, fp *fakePlatform) snapshot {
 	s := snapshot{Frontends: map[string]string{}}
 	for k, f := range p.frontends {
 		r := f.route.Load()
@@ -94,10 +95,10 @@ func TestConvergence(t *testing.T) {
 
 // newFreshProxier is a proxier on a fake platform that opens no socket
 // (the incremental proxier under test holds them).
-func newFreshProxier(t *testing.T) (*Proxier, *fakePlatform) {
+func newFreshProxier(t *testing.T) (*Sink, *fakePlatform) {
 	t.Helper()
 	fp := &fakePlatform{held: map[netip.Addr]bool{}, noSockets: true}
-	p, err := newProxier(Config{ServiceProxyName: "fresh"}, Options{NodeIPs: []netip.Addr{fakeNodeIP}}.withDefaults("fresh"), fp)
+	p, err := newProxier(klog.Background(), Config{ServiceProxyName: "fresh"}, Options{NodeIPs: []netip.Addr{fakeNodeIP}}.withDefaults("fresh"), fp)
 	if err != nil {
 		t.Fatal(err)
 	}

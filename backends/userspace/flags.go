@@ -3,8 +3,8 @@ package userspace
 import (
 	"flag"
 	"fmt"
-	"net/netip"
-	"strings"
+
+	"sigs.k8s.io/kpng/backends/nodeflags"
 )
 
 // BindFlags registers on fs the command-line flags of o (--interface,
@@ -23,13 +23,28 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		o.MaxConnectionsPerService = DefaultMaxConnectionsPerService
 	}
 	fs.StringVar(&o.Interface, "interface", o.Interface, "the interface holding the service addresses (default kpng-<service-proxy-name>; created as a dummy interface on Linux, must exist on Windows)")
-	fs.Func("cluster-cidr", "comma-separated pod networks: with externalTrafficPolicy Local, clients inside them still reach every endpoint", prefixList(&o.ClusterCIDRs))
-	fs.Func("nodeport-addresses", "comma-separated CIDRs: serve node ports only on the node's addresses inside them (default: every address but loopback and link-local ones)", prefixList(&o.NodePortAddresses))
-	fs.Func("node-ip", "comma-separated addresses node ports listen on, instead of those found on the node's interfaces", addrList(&o.NodeIPs))
+	nodeflags.Node{
+		ClusterCIDRs: &o.ClusterCIDRs, NodePortAddresses: &o.NodePortAddresses, NodeIPs: &o.NodeIPs,
+		Usage: map[string]string{
+			nodeflags.ClusterCIDR:       "comma-separated pod networks: with externalTrafficPolicy Local, clients inside them still reach every endpoint",
+			nodeflags.NodePortAddresses: "comma-separated CIDRs: serve node ports only on the node's addresses inside them (default: every address but loopback and link-local ones)",
+			nodeflags.NodeIP:            "comma-separated addresses node ports listen on, instead of those found on the node's interfaces",
+		},
+	}.Bind(fs)
 	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "how long one attempt to reach an endpoint may take")
 	fs.DurationVar(&o.UDPIdleTimeout, "udp-idle-timeout", o.UDPIdleTimeout, "how long a UDP flow lives without traffic")
 	fs.IntVar(&o.MaxConnectionsPerService, "max-connections-per-service", o.MaxConnectionsPerService, "the open TCP connections and UDP flows one service may have")
 }
+
+// BindFlags registers on fs the command-line flags of the proxier's
+// options (Options.BindFlags): the flags `kpng … to-local to-userspace`
+// takes besides its wiring ones (--name, --netns, --cleanup,
+// --healthcheck). Call Validate after parsing.
+func (c *Config) BindFlags(fs *flag.FlagSet) { c.Options.BindFlags(fs) }
+
+// Validate reports the first setting of c that makes no sense, naming its
+// flag.
+func (c Config) Validate() error { return c.Options.Validate() }
 
 // Validate reports the first option that makes no sense, naming its flag.
 func (o Options) Validate() error {
@@ -44,49 +59,4 @@ func (o Options) Validate() error {
 		return fmt.Errorf("DialAttempts=%d: must not be negative", o.DialAttempts)
 	}
 	return nil
-}
-
-// prefixList parses a comma-separated list of CIDRs into dst; a CIDR
-// with host bits set is refused, as it is most likely a mistake.
-func prefixList(dst *[]netip.Prefix) func(string) error {
-	return func(list string) error {
-		*dst = nil
-		for _, s := range splitList(list) {
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				return fmt.Errorf("%q is not a CIDR", s)
-			}
-			if p != p.Masked() {
-				return fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
-			}
-			*dst = append(*dst, p)
-		}
-		return nil
-	}
-}
-
-// addrList parses a comma-separated list of addresses into dst.
-func addrList(dst *[]netip.Addr) func(string) error {
-	return func(list string) error {
-		*dst = nil
-		for _, s := range splitList(list) {
-			a, err := netip.ParseAddr(s)
-			if err != nil || a.Zone() != "" {
-				return fmt.Errorf("%q is not an IP address", s)
-			}
-			*dst = append(*dst, a.Unmap())
-		}
-		return nil
-	}
-}
-
-// splitList returns the non-empty items of a comma-separated list.
-func splitList(list string) []string {
-	var out []string
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
 }

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"k8s.io/klog/v2"
-
 	"sigs.k8s.io/kpng/model/endpoints"
 )
 
@@ -20,7 +18,7 @@ import (
 // keep their endpoint, new ones follow the new route.
 type frontend struct {
 	key   frontendKey
-	p     *Proxier
+	p     *Sink
 	limit *limiter
 	route atomic.Pointer[route]
 	lb    balancer
@@ -155,7 +153,7 @@ func (f *frontend) decide(client netip.Addr) (*route, endpoints.Verdict, []netip
 
 // logDenied logs, at verbosity 4, a connection or flow not proxied.
 func (f *frontend) logDenied(r *route, client netip.Addr, v endpoints.Verdict) {
-	klog.V(4).InfoS("Not proxied", "service", r.service, "port", r.port, "frontend", f.key, "client", client, "verdict", v)
+	f.p.logger.V(4).Info("Not proxied", "service", r.service, "port", r.port, "frontend", f.key, "client", client, "verdict", v)
 }
 
 // isClosed reports whether err is the error of a closed socket.

@@ -4,6 +4,7 @@ package userspace
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -33,7 +34,7 @@ var (
 
 // kernelProxier starts a proxier in the node of a new Blog topology; it is
 // closed and its interface removed when the test ends.
-func kernelProxier(t *testing.T, opts Options) (*netns.BlogTopology, *Proxier) {
+func kernelProxier(t *testing.T, opts Options) (*netns.BlogTopology, *Sink) {
 	t.Helper()
 	netns.RequirePrivileged(t)
 	topo := netns.Blog(t)
@@ -41,18 +42,18 @@ func kernelProxier(t *testing.T, opts Options) (*netns.BlogTopology, *Proxier) {
 }
 
 // startProxier starts a proxier in the node of topo.
-func startProxier(t *testing.T, topo *netns.BlogTopology, opts Options) *Proxier {
+func startProxier(t *testing.T, topo *netns.BlogTopology, opts Options) *Sink {
 	t.Helper()
 	opts.NodeIPs = []netip.Addr{netns.NodeV4, netns.NodeV6}
 	opts.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("11.0.2.0/24"), netip.MustParsePrefix("1100::200/120")}
 	cfg := Config{ServiceProxyName: "kernel", NetNS: topo.Node.Path(), Options: opts}
-	p, err := New(cfg)
+	p, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		p.Close()
-		if err := Cleanup(cfg); err != nil {
+		if err := Cleanup(context.Background(), cfg); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -61,14 +62,14 @@ func startProxier(t *testing.T, topo *netns.BlogTopology, opts Options) *Proxier
 
 // set gives the proxier the new value of one service (nil: deleted) and
 // syncs.
-func set(t *testing.T, p *Proxier, key model.ServiceKey, se *model.ServiceEndpoints) error {
+func set(t *testing.T, p *Sink, key model.ServiceKey, se *model.ServiceEndpoints) error {
 	t.Helper()
 	p.Update(key, nil, se)
 	return p.Sync()
 }
 
 // mustSet is set failing the test on a Sync error.
-func mustSet(t *testing.T, p *Proxier, se *model.ServiceEndpoints) {
+func mustSet(t *testing.T, p *Sink, se *model.ServiceEndpoints) {
 	t.Helper()
 	if err := set(t, p, se.Service.Key(), se); err != nil {
 		t.Fatalf("Sync: %v", err)
@@ -554,17 +555,17 @@ func TestKernelServiceCIDRBlackholes(t *testing.T) {
 		}
 		return c
 	}
-	start := func(name string) (*Proxier, Config) {
+	start := func(name string) (*Sink, Config) {
 		t.Helper()
 		cfg := Config{ServiceProxyName: name, NetNS: ns.Path(), Options: Options{NodeIPs: []netip.Addr{netns.NodeV4}}}
-		p, err := New(cfg)
+		p, err := New(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(p.Close)
 		return p, cfg
 	}
-	round := func(p *Proxier, c *model.Cluster) {
+	round := func(p *Sink, c *model.Cluster) {
 		t.Helper()
 		p.Reset()
 		if c != nil {
@@ -584,7 +585,7 @@ func TestKernelServiceCIDRBlackholes(t *testing.T) {
 	named, namedCfg := start("named")
 	round(named, nil)
 	named.Close()
-	if err := Cleanup(namedCfg); err != nil {
+	if err := Cleanup(context.Background(), namedCfg); err != nil {
 		t.Fatal(err)
 	}
 	if got := routes(); got != want {
@@ -602,7 +603,7 @@ func TestKernelServiceCIDRBlackholes(t *testing.T) {
 	}
 	round(restarted, facts("10.97.0.0/16"))
 	restarted.Close()
-	if err := Cleanup(cfg); err != nil {
+	if err := Cleanup(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := routes(), "blackhole 10.99.0.0/16"; got != want {

@@ -29,7 +29,7 @@ type linuxPlatform struct {
 // newPlatform opens the network namespace of cfg, creates the interface
 // when it is missing, brings it up and removes the addresses a previous
 // run left on it.
-func newPlatform(cfg Config, opts Options) (platform, error) {
+func newPlatform(logger klog.Logger, cfg Config, opts Options) (platform, error) {
 	p := &linuxPlatform{}
 	ns := vnetns.None()
 	if cfg.NetNS != "" {
@@ -49,7 +49,7 @@ func newPlatform(cfg Config, opts Options) (platform, error) {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
 	p.h = h
-	if p.link, err = ensureDummy(h, opts.Interface); err != nil {
+	if p.link, err = ensureDummy(logger, h, opts.Interface); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -64,10 +64,10 @@ func newPlatform(cfg Config, opts Options) (platform, error) {
 // as a dummy interface or, on a kernel without the dummy driver, as a
 // bridge without ports (which holds local addresses the same way), and
 // brings it up.
-func ensureDummy(h *netlink.Handle, name string) (netlink.Link, error) {
+func ensureDummy(logger klog.Logger, h *netlink.Handle, name string) (netlink.Link, error) {
 	link, err := h.LinkByName(name)
 	if errors.As(err, new(netlink.LinkNotFoundError)) {
-		if err := addDummy(h, name); err != nil {
+		if err := addDummy(logger, h, name); err != nil {
 			return nil, err
 		}
 		link, err = h.LinkByName(name)
@@ -83,11 +83,11 @@ func ensureDummy(h *netlink.Handle, name string) (netlink.Link, error) {
 
 // addDummy creates the interface name: a dummy interface, or a bridge
 // without ports when the kernel has no dummy driver.
-func addDummy(h *netlink.Handle, name string) error {
+func addDummy(logger klog.Logger, h *netlink.Handle, name string) error {
 	attrs := netlink.LinkAttrs{Name: name}
 	err := h.LinkAdd(&netlink.Dummy{LinkAttrs: attrs})
 	if errors.Is(err, unix.EOPNOTSUPP) {
-		klog.InfoS("No dummy interface driver in this kernel: using a bridge without ports", "interface", name)
+		logger.Info("No dummy interface driver in this kernel: using a bridge without ports", "interface", name)
 		err = h.LinkAdd(&netlink.Bridge{LinkAttrs: attrs})
 	}
 	if err != nil && !errors.Is(err, unix.EEXIST) {
@@ -264,7 +264,7 @@ func (p *linuxPlatform) close() error {
 // cleanup removes the proxier's interface, and with it its addresses,
 // and for the proxier without a service-proxy-name (the default one) the
 // blackhole routes of the service CIDRs.
-func cleanup(cfg Config, opts Options) error {
+func cleanup(_ klog.Logger, cfg Config, opts Options) error {
 	ns := vnetns.None()
 	if cfg.NetNS != "" {
 		f, err := os.Open(cfg.NetNS)

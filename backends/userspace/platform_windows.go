@@ -17,24 +17,25 @@ import (
 // Windows never picks them as the source of other traffic, and
 // store=active so that they do not outlive a reboot.
 type windowsPlatform struct {
-	iface string
+	iface  string
+	logger klog.Logger
 	// saidNoBlackhole is set once blackhole said it cannot.
 	saidNoBlackhole bool
 }
 
 // newPlatform checks that the interface exists, and removes the
 // addresses a previous run left on it.
-func newPlatform(cfg Config, opts Options) (platform, error) {
+func newPlatform(logger klog.Logger, cfg Config, opts Options) (platform, error) {
 	if cfg.NetNS != "" {
 		return nil, fmt.Errorf("network namespaces (NetNS %q) exist on Linux only", cfg.NetNS)
 	}
 	if _, err := net.InterfaceByName(opts.Interface); err != nil {
 		return nil, fmt.Errorf("interface %q (create a loopback adapter and name it so, or set Options.Interface): %w", opts.Interface, err)
 	}
-	if err := cleanup(cfg, opts); err != nil {
+	if err := cleanup(logger, cfg, opts); err != nil {
 		return nil, err
 	}
-	return &windowsPlatform{iface: opts.Interface}, nil
+	return &windowsPlatform{iface: opts.Interface, logger: logger}, nil
 }
 
 // netsh runs netsh with args.
@@ -68,7 +69,7 @@ func (p *windowsPlatform) nodeAddresses() ([]netip.Addr, error) { return interfa
 func (p *windowsPlatform) blackhole(prefixes []netip.Prefix) error {
 	if len(prefixes) > 0 && !p.saidNoBlackhole {
 		p.saidNoBlackhole = true
-		klog.InfoS("The service CIDRs are not dropped on Windows: the addresses no service holds are routed as the node routes them", "serviceCIDRs", prefixes)
+		p.logger.Info("The service CIDRs are not dropped on Windows: the addresses no service holds are routed as the node routes them", "serviceCIDRs", prefixes)
 	}
 	return nil
 }
@@ -79,7 +80,7 @@ func (p *windowsPlatform) close() error { return nil }
 
 // cleanup removes the service addresses from the interface: every address
 // on it but its own link-local ones is the proxier's.
-func cleanup(cfg Config, opts Options) error {
+func cleanup(logger klog.Logger, _ Config, opts Options) error {
 	ifi, err := net.InterfaceByName(opts.Interface)
 	if err != nil {
 		return nil
@@ -88,7 +89,7 @@ func cleanup(cfg Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("addresses of %s: %w", opts.Interface, err)
 	}
-	p := &windowsPlatform{iface: opts.Interface}
+	p := &windowsPlatform{iface: opts.Interface, logger: logger}
 	for _, a := range addrs {
 		if n, ok := a.(*net.IPNet); ok {
 			if ip, ok := netip.AddrFromSlice(n.IP); ok && usableNodeAddress(ip.Unmap()) {

@@ -1,6 +1,7 @@
 package userspace
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,16 +17,17 @@ import (
 	"sigs.k8s.io/kpng/model"
 )
 
-// Proxier is the userspace proxier: a localsink.Sink that listens on the
+// Sink is the userspace proxier: a localsink.Sink that listens on the
 // addresses and ports of the services it receives and copies each
 // connection or UDP flow to an endpoint. Sink calls come from one
 // goroutine at a time (the localsink contract); Close may come from any.
-type Proxier struct {
-	cfg  Config
-	opts Options
-	plat platform
-	sock sockets
-	node node
+type Sink struct {
+	cfg    Config
+	logger klog.Logger
+	opts   Options
+	plat   platform
+	sock   sockets
+	node   node
 	// local holds the node's own addresses and the service addresses
 	// the proxier holds: a client there is the node itself.
 	local atomic.Pointer[map[netip.Addr]struct{}]
@@ -77,32 +79,39 @@ type Proxier struct {
 }
 
 var (
-	_ localsink.ClusterSink     = (*Proxier)(nil)
-	_ localsink.ProblemReporter = (*Proxier)(nil)
+	_ localsink.ClusterSink     = (*Sink)(nil)
+	_ localsink.ProblemReporter = (*Sink)(nil)
 )
 
 // New returns a proxier that serves nothing until its first Sync. On Linux
 // it creates its dummy interface when missing and clears the addresses a
-// previous run left on it.
-func New(cfg Config) (*Proxier, error) {
+// previous run left on it. When ctx ends, the proxier closes (as Close:
+// its listeners, connections and flows end); it logs through ctx's logger
+// (klog.FromContext).
+func New(ctx context.Context, cfg Config) (*Sink, error) {
+	if err := cfg.Options.Validate(); err != nil {
+		return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
+	}
+	logger := klog.FromContext(ctx)
 	opts := cfg.Options.withDefaults(cfg.ServiceProxyName)
-	plat, err := newPlatform(cfg, opts)
+	plat, err := newPlatform(logger, cfg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
 	}
-	p, err := newProxier(cfg, opts, plat)
+	p, err := newProxier(logger, cfg, opts, plat)
 	if err != nil {
 		_ = plat.close()
 		return nil, fmt.Errorf("userspace proxier %q: %w", cfg.ServiceProxyName, err)
 	}
-	klog.InfoS("Userspace proxier ready", "serviceProxyName", cfg.ServiceProxyName, "interface", opts.Interface, "nodePortAddresses", p.node.nodePortAddrs)
+	context.AfterFunc(ctx, p.Close)
+	logger.Info("Userspace proxier ready", "serviceProxyName", cfg.ServiceProxyName, "interface", opts.Interface, "nodePortAddresses", p.node.nodePortAddrs)
 	return p, nil
 }
 
 // newProxier returns a proxier on plat (a fake one in unit tests).
-func newProxier(cfg Config, opts Options, plat platform) (*Proxier, error) {
-	p := &Proxier{
-		cfg: cfg, opts: opts, plat: plat, sock: sockets{plat},
+func newProxier(logger klog.Logger, cfg Config, opts Options, plat platform) (*Sink, error) {
+	p := &Sink{
+		cfg: cfg, logger: logger, opts: opts, plat: plat, sock: sockets{plat},
 		services: map[model.ServiceKey]*model.ServiceEndpoints{}, dirty: map[model.ServiceKey]bool{},
 		planned: map[model.ServiceKey]map[frontendKey]*route{}, owners: map[frontendKey]model.ServiceKey{},
 		losers: map[model.ServiceKey]bool{}, limits: map[model.ServiceKey]*limiter{},
@@ -125,9 +134,6 @@ func newProxier(cfg Config, opts Options, plat platform) (*Proxier, error) {
 		}
 	}
 	p.updateLocal()
-	if cfg.Context != nil {
-		go func() { <-cfg.Context.Done(); p.Close() }()
-	}
 	return p, nil
 }
 
@@ -150,13 +156,16 @@ func nodePortAddress(prefixes []netip.Prefix, a netip.Addr) bool {
 
 // Cleanup removes what a proxier of cfg leaves behind after it stops: on
 // Linux its dummy interface and the service addresses on it; on Windows
-// the service addresses on its interface.
-func Cleanup(cfg Config) error {
-	return cleanup(cfg, cfg.Options.withDefaults(cfg.ServiceProxyName))
+// the service addresses on its interface. It logs through ctx's logger.
+func Cleanup(ctx context.Context, cfg Config) error {
+	if err := cleanup(klog.FromContext(ctx), cfg, cfg.Options.withDefaults(cfg.ServiceProxyName)); err != nil {
+		return fmt.Errorf("userspace proxier %q: cleanup: %w", cfg.ServiceProxyName, err)
+	}
+	return nil
 }
 
 // Reset implements localsink.Sink.
-func (p *Proxier) Reset() {
+func (p *Sink) Reset() {
 	p.reset = true
 	clear(p.services)
 	if p.cidrsOwned {
@@ -169,20 +178,20 @@ func (p *Proxier) Reset() {
 // their addresses no service holds are dropped, not routed out (the
 // proxier's own addresses are local and found first). Linux only: on
 // Windows they are not dropped (said once).
-func (p *Proxier) SetCluster(c *model.Cluster) {
+func (p *Sink) SetCluster(c *model.Cluster) {
 	var cidrs []netip.Prefix
 	if c != nil {
 		var bad []netip.Prefix
 		cidrs, bad = model.CanonicalCIDRs(c.ServiceCIDRs)
 		for _, b := range bad {
-			klog.ErrorS(nil, "Service CIDR not usable: ignored", "serviceCIDR", b)
+			p.logger.Error(nil, "Service CIDR not usable: ignored", "serviceCIDR", b)
 		}
 	}
 	p.serviceCIDRs, p.cidrsDirty, p.cidrsOwned = cidrs, true, true
 }
 
 // Update implements localsink.Sink.
-func (p *Proxier) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
+func (p *Sink) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 	if cur == nil {
 		delete(p.services, key)
 	} else {
@@ -200,7 +209,7 @@ func (p *Proxier) Update(key model.ServiceKey, _, cur *model.ServiceEndpoints) {
 // that cannot be set up (taken by another program) fails the Sync, and is
 // tried again at the next one, the other frontends being served
 // meanwhile.
-func (p *Proxier) Sync() error {
+func (p *Sink) Sync() error {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
 	p.mu.Lock()
@@ -251,14 +260,14 @@ func (p *Proxier) Sync() error {
 		p.updateLocal()
 		p.localStale = false
 	}
-	klog.V(2).InfoS("Userspace proxier synced", "services", len(keys), "frontendsChanged", changed, "frontends", len(p.frontends), "unbound", len(p.unbound), "duration", time.Since(start))
+	p.logger.V(2).Info("Userspace proxier synced", "services", len(keys), "frontendsChanged", changed, "frontends", len(p.frontends), "unbound", len(p.unbound), "duration", time.Since(start))
 	return errors.Join(errs...)
 }
 
 // Problems implements localsink.ProblemReporter: the parts of the services
 // held that are not proxied (a bad port, an address another service has),
 // in key order, as of the last Sync.
-func (p *Proxier) Problems() []model.Problem {
+func (p *Sink) Problems() []model.Problem {
 	keys := slices.Collect(maps.Keys(p.planProblems))
 	for k := range p.conflicts {
 		if _, ok := p.planProblems[k]; !ok {
@@ -276,7 +285,7 @@ func (p *Proxier) Problems() []model.Problem {
 
 // replan plans service key again, releases the frontends it no longer
 // wants and claims the others; it returns how many frontends changed.
-func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
+func (p *Sink) replan(key model.ServiceKey, errs *[]error) int {
 	var want map[frontendKey]*route
 	delete(p.planProblems, key)
 	if se := p.services[key]; se != nil && se.Service != nil {
@@ -306,7 +315,7 @@ func (p *Proxier) replan(key model.ServiceKey, errs *[]error) int {
 
 // claim gives service key the frontends of want that are free or its
 // own; it returns how many frontends changed.
-func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs *[]error) int {
+func (p *Sink) claim(key model.ServiceKey, want map[frontendKey]*route, errs *[]error) int {
 	delete(p.losers, key)
 	delete(p.conflicts, key)
 	lim := p.limits[key]
@@ -376,7 +385,7 @@ func (p *Proxier) claim(key model.ServiceKey, want map[frontendKey]*route, errs 
 
 // bind makes sure the frontend k has its address and, when its route
 // listens, its socket; on failure it stays in unbound.
-func (p *Proxier) bind(k frontendKey, errs *[]error) {
+func (p *Sink) bind(k frontendKey, errs *[]error) {
 	f := p.frontends[k]
 	if f == nil {
 		delete(p.unbound, k)
@@ -403,7 +412,7 @@ func (p *Proxier) bind(k frontendKey, errs *[]error) {
 
 // release closes frontend k and takes its address off when no other
 // frontend uses it.
-func (p *Proxier) release(k frontendKey) {
+func (p *Sink) release(k frontendKey) {
 	p.mu.Lock()
 	f := p.frontends[k]
 	delete(p.frontends, k)
@@ -428,13 +437,13 @@ func (p *Proxier) release(k frontendKey) {
 	delete(p.onLink, a)
 	p.localStale = true
 	if err := p.plat.removeAddress(a); err != nil {
-		klog.ErrorS(err, "Service address not removed", "address", a)
+		p.logger.Error(err, "Service address not removed", "address", a)
 	}
 }
 
 // updateLocal recomputes the node's own addresses: its interfaces' and
 // the service addresses held.
-func (p *Proxier) updateLocal() {
+func (p *Sink) updateLocal() {
 	m := make(map[netip.Addr]struct{}, len(p.node.ips)+len(p.onLink))
 	for _, a := range p.node.ips {
 		m[a] = struct{}{}
@@ -446,7 +455,7 @@ func (p *Proxier) updateLocal() {
 }
 
 // isLocal reports whether a is an address of this node.
-func (p *Proxier) isLocal(a netip.Addr) bool {
+func (p *Sink) isLocal(a netip.Addr) bool {
 	if a.IsLoopback() {
 		return true
 	}
@@ -457,7 +466,7 @@ func (p *Proxier) isLocal(a netip.Addr) bool {
 // Close stops every frontend, closes every connection and flow, and waits
 // for their goroutines and for a Sync running meanwhile. The addresses stay on the interface (traffic to
 // them is refused by the kernel); Cleanup removes them.
-func (p *Proxier) Close() {
+func (p *Sink) Close() {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"sigs.k8s.io/kpng/model"
 )
 
@@ -78,10 +80,10 @@ var fakeNodeIP = netip.MustParseAddr("127.77.9.1")
 
 // fakeProxier is a proxier on a fakePlatform whose node address is
 // fakeNodeIP.
-func fakeProxier(t *testing.T) (*Proxier, *fakePlatform) {
+func fakeProxier(t *testing.T) (*Sink, *fakePlatform) {
 	t.Helper()
 	fp := &fakePlatform{held: map[netip.Addr]bool{}}
-	p, err := newProxier(Config{ServiceProxyName: "fake"}, Options{NodeIPs: []netip.Addr{fakeNodeIP}}.withDefaults("fake"), fp)
+	p, err := newProxier(klog.Background(), Config{ServiceProxyName: "fake"}, Options{NodeIPs: []netip.Addr{fakeNodeIP}}.withDefaults("fake"), fp)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"time"
 
-	"k8s.io/klog/v2"
-
 	"sigs.k8s.io/kpng/model"
 	"sigs.k8s.io/kpng/model/endpoints"
 )
@@ -28,7 +26,7 @@ func (f *frontend) serveTCP(ln *net.TCPListener) {
 			// Out of file descriptors, say: wait a little, as
 			// net/http does, rather than spin.
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			klog.ErrorS(err, "Accept failed", "frontend", f.key, "retryIn", delay)
+			f.p.logger.Error(err, "Accept failed", "frontend", f.key, "retryIn", delay)
 			time.Sleep(delay)
 			continue
 		}
@@ -62,7 +60,7 @@ func (f *frontend) handleTCP(c *net.TCPConn) {
 		return
 	}
 	if !f.limit.acquire() {
-		klog.V(2).InfoS("Connection limit reached: reset", "service", r.service, "frontend", f.key, "client", client, "limit", f.limit.max)
+		f.p.logger.V(2).Info("Connection limit reached: reset", "service", r.service, "frontend", f.key, "client", client, "limit", f.limit.max)
 		_ = c.SetLinger(0)
 		return
 	}
@@ -115,10 +113,10 @@ func (f *frontend) dialTCP(r *route, client netip.Addr, targets []netip.AddrPort
 		if err == nil {
 			return up, true
 		}
-		klog.V(2).InfoS("Endpoint did not answer, trying another", "service", r.service, "port", r.port, "endpoint", t, "err", err)
+		f.p.logger.V(2).Info("Endpoint did not answer, trying another", "service", r.service, "port", r.port, "endpoint", t, "err", err)
 		tried = append(tried, t)
 	}
-	klog.V(2).InfoS("No endpoint answered: reset", "service", r.service, "port", r.port, "frontend", f.key, "client", client, "tried", tried)
+	f.p.logger.V(2).Info("No endpoint answered: reset", "service", r.service, "port", r.port, "frontend", f.key, "client", client, "tried", tried)
 	return nil, false
 }
 

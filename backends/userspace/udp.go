@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"k8s.io/klog/v2"
-
 	"sigs.k8s.io/kpng/model/endpoints"
 )
 
@@ -41,7 +39,7 @@ func (f *frontend) serveUDP(pc *net.UDPConn) {
 			if isClosed(err) {
 				return
 			}
-			klog.V(2).InfoS("UDP read failed", "frontend", f.key, "err", err)
+			f.p.logger.V(2).Info("UDP read failed", "frontend", f.key, "err", err)
 			continue
 		}
 		client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
@@ -59,7 +57,7 @@ func (f *frontend) serveUDP(pc *net.UDPConn) {
 			// Closed meanwhile, or the endpoint refused an earlier
 			// datagram (ICMP): end the flow; a new one may go to
 			// another endpoint.
-			klog.V(2).InfoS("UDP flow ended", "frontend", f.key, "client", client, "endpoint", fl.target, "err", err)
+			f.p.logger.V(2).Info("UDP flow ended", "frontend", f.key, "client", client, "endpoint", fl.target, "err", err)
 			f.endFlow(fl)
 		}
 	}
@@ -90,13 +88,13 @@ func (f *frontend) flowOf(pc *net.UDPConn, client netip.AddrPort) *flow {
 		return nil
 	}
 	if !f.limit.acquire() {
-		klog.V(2).InfoS("Connection limit reached: UDP flow dropped", "service", r.service, "frontend", f.key, "client", client, "limit", f.limit.max)
+		f.p.logger.V(2).Info("Connection limit reached: UDP flow dropped", "service", r.service, "frontend", f.key, "client", client, "limit", f.limit.max)
 		return nil
 	}
 	up, err := f.p.sock.dialUDP(t)
 	if err != nil {
 		f.limit.release()
-		klog.ErrorS(err, "UDP flow to endpoint failed", "service", r.service, "port", r.port, "endpoint", t)
+		f.p.logger.Error(err, "UDP flow to endpoint failed", "service", r.service, "port", r.port, "endpoint", t)
 		return nil
 	}
 	fl = &flow{client: client, target: t, up: up}

@@ -10,9 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"time"
 
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -30,47 +28,27 @@ func platformBackends() []app.Backend {
 	return []app.Backend{nftBackend(), iptablesBackend(), userspaceBackend()}
 }
 
-// nftBackend is `to-local to-nft`: the nftables backend (backends/nft).
+// nftBackend is `to-local to-nft`: the nftables backend (backends/nft),
+// which binds its own flags (nft.Config.BindFlags).
 func nftBackend() app.Backend {
 	return app.Backend{
 		Name: "to-nft",
 		Help: "program nftables over netlink (table inet kpng-<service-proxy-name>)",
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
+			var cfg nft.Config
+			cfg.BindFlags(fs)
 			name := fs.String("name", "", "the name in the table's name (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one")
-			clusterCIDRs := fs.String("cluster-cidr", "", "comma-separated pod networks: traffic to cluster IPs from outside them is masqueraded")
-			masqAll := fs.Bool("masquerade-all", false, "masquerade all traffic to cluster IPs")
-			masqBit := fs.Int("masquerade-bit", 14, "the packet mark bit (0-31) that asks for masquerading")
-			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8 and ::1)")
-			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
-			ignoreHeadless := fs.Bool("ignore-headless", false, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
 			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
-			checkPeriod := fs.Duration("check-period", nft.DefaultCheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				if *checkPeriod < 0 {
-					return nil, app.Usagef("to-nft --check-period=%v: must not be negative", *checkPeriod)
+				if err := cfg.Validate(); err != nil {
+					return nil, app.Usagef("to-nft %v", err)
 				}
-				cfg := nft.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx, CheckPeriod: *checkPeriod}
-				cfg.Options.IgnoreHeadless = *ignoreHeadless
+				cfg.ServiceProxyName = env.ServiceProxyName
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
-				var err error
-				if cfg.Options.ClusterCIDRs, err = parseCIDRs("to-nft --cluster-cidr", *clusterCIDRs); err != nil {
-					return nil, err
-				}
-				if cfg.Options.NodePortAddresses, err = parseCIDRs("to-nft --nodeport-addresses", *nodePortAddrs); err != nil {
-					return nil, err
-				}
-				if cfg.Options.NodeIPs, err = parseIPs("to-nft --node-ip", *nodeIPs); err != nil {
-					return nil, err
-				}
-				if *masqBit < 0 || *masqBit > 31 {
-					return nil, app.Usagef("to-nft --masquerade-bit=%d: must be between 0 and 31", *masqBit)
-				}
-				cfg.Options.MasqueradeAll = *masqAll
-				cfg.Options.MasqueradeMark = 1 << uint(*masqBit)
 				hcCfg := healthcheck.Config{NodePortAddresses: cfg.Options.NodePortAddresses}
 				if *netnsPath != "" {
 					f, err := os.Open(*netnsPath)
@@ -90,7 +68,10 @@ func nftBackend() app.Backend {
 					go func() { <-ctx.Done(); f.Close() }()
 				}
 				if *cleanup {
-					return nil, cleanupTable(cfg)
+					if err := nft.Cleanup(ctx, cfg); err != nil {
+						return nil, fmt.Errorf("to-nft --cleanup: %w", err)
+					}
+					return nil, app.ErrBackendDone
 				}
 				if env.Metrics != nil {
 					failures, err := env.Metrics.Counter("sync_proxy_rules_nftables_sync_failures_total", "nftables transactions that failed (kpng's rounds and the check's repairs): nothing of them applied, the next sync rewrites the table.")
@@ -103,103 +84,81 @@ func nftBackend() app.Backend {
 						}
 					}
 				}
-				sink, err := nft.NewSink(cfg)
-				if err != nil || !*healthChecks {
-					return sink, err
+				sink, err := nft.New(ctx, cfg)
+				if err != nil {
+					return nil, err
 				}
-				return withHealthChecks(ctx, sink, hcCfg, env), nil
+				if !*healthChecks {
+					return sink, nil
+				}
+				return withHealthChecks(ctx, sink, hcCfg, env)
 			}
 		},
 	}
 }
 
 // iptablesBackend is `to-local to-iptables`: the iptables backend
-// (backends/iptables).
+// (backends/iptables), which binds its own flags (iptables.Config.BindFlags).
 func iptablesBackend() app.Backend {
 	return app.Backend{
 		Name: "to-iptables",
 		Help: "program iptables and ip6tables through iptables-restore (chains KPNG-<hash of the service-proxy-name>-…)",
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
+			var cfg iptables.Config
+			cfg.BindFlags(fs)
 			name := fs.String("name", "", "the name the chains' prefix is made of (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one (runs the binaries through nsenter)")
-			clusterCIDRs := fs.String("cluster-cidr", "", "comma-separated pod networks: traffic to cluster IPs from outside them is masqueraded")
-			masqAll := fs.Bool("masquerade-all", false, "masquerade all traffic to cluster IPs")
-			masqBit := fs.Int("masquerade-bit", iptables.DefaultMasqueradeBit, "the packet mark bit (1-31) that asks for masquerading")
-			nodePortAddrs := fs.String("nodeport-addresses", "", "comma-separated CIDRs: serve node ports only on the local addresses inside them (default: every local address but 127.0.0.0/8 and ::1)")
-			nodeIPs := fs.String("node-ip", "", "comma-separated addresses of the node: when a loadBalancerSourceRanges CIDR contains one, the load-balancer IPs are allowed as sources too (as kube-proxy)")
-			variant := fs.String("iptables", iptables.VariantAuto, "the iptables variant: legacy, nft, or auto (the one whose tables hold more rules, nft when none)")
 			cleanup := fs.Bool("cleanup", false, "remove the chains and their jumps (of both variants with --iptables=auto) and exit")
-			canary := fs.Duration("canary-period", 10*time.Second, "how often to check the canary chains (when they are gone, the tables were flushed: every chain is rewritten); 0: never")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				cfg := iptables.Config{ServiceProxyName: env.ServiceProxyName, Context: ctx, NetNS: *netnsPath, Variant: *variant, CanaryPeriod: *canary}
+				if err := cfg.Validate(); err != nil {
+					return nil, app.Usagef("to-iptables %v", err)
+				}
+				cfg.ServiceProxyName, cfg.NetNS = env.ServiceProxyName, *netnsPath
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
-				switch *variant {
-				case iptables.VariantAuto, iptables.VariantLegacy, iptables.VariantNFT:
-				default:
-					return nil, app.Usagef("to-iptables --iptables=%s: want auto, legacy or nft", *variant)
-				}
-				var err error
-				if cfg.Options.ClusterCIDRs, err = parseCIDRs("to-iptables --cluster-cidr", *clusterCIDRs); err != nil {
-					return nil, err
-				}
-				if cfg.Options.NodePortAddresses, err = parseCIDRs("to-iptables --nodeport-addresses", *nodePortAddrs); err != nil {
-					return nil, err
-				}
-				if cfg.Options.NodeIPs, err = parseIPs("to-iptables --node-ip", *nodeIPs); err != nil {
-					return nil, err
-				}
-				if *masqBit < 1 || *masqBit > 31 {
-					return nil, app.Usagef("to-iptables --masquerade-bit=%d: must be between 1 and 31", *masqBit)
-				}
-				cfg.Options.MasqueradeAll = *masqAll
-				cfg.Options.MasqueradeBit = *masqBit
 				if *cleanup {
-					if err := iptables.Cleanup(cfg); err != nil {
+					if err := iptables.Cleanup(ctx, cfg); err != nil {
 						return nil, fmt.Errorf("to-iptables --cleanup: %w", err)
 					}
-					klog.InfoS("Removed the iptables chains", "prefix", iptables.ChainPrefix(cfg.ServiceProxyName))
+					klog.FromContext(ctx).Info("Removed the iptables chains", "prefix", iptables.ChainPrefix(cfg.ServiceProxyName))
 					return nil, app.ErrBackendDone
 				}
 				if env.Metrics != nil {
-					if cfg.RestoreFailures, err = env.Metrics.Counter("sync_proxy_rules_iptables_restore_failures_total", "iptables-restore runs that failed (that table unchanged; the next sync rewrites every chain)."); err != nil {
+					failures, err := env.Metrics.Counter("sync_proxy_rules_iptables_restore_failures_total", "iptables-restore runs that failed (that table unchanged; the next sync rewrites every chain).")
+					if err != nil {
 						return nil, fmt.Errorf("to-iptables: %w", err)
 					}
-					if cfg.PartialRestoreFailures, err = env.Metrics.Counter("sync_proxy_rules_iptables_partial_restore_failures_total", "iptables-restore runs of partial syncs that failed."); err != nil {
+					partialFailures, err := env.Metrics.Counter("sync_proxy_rules_iptables_partial_restore_failures_total", "iptables-restore runs of partial syncs that failed.")
+					if err != nil {
 						return nil, fmt.Errorf("to-iptables: %w", err)
+					}
+					cfg.AfterSync = func(res iptables.SyncResult) {
+						if !res.RestoreFailed {
+							return
+						}
+						failures.Inc()
+						if !res.Full {
+							partialFailures.Inc()
+						}
 					}
 				}
-				sink, err := iptables.NewSink(cfg)
-				if err != nil || !*healthChecks {
-					return sink, err
+				sink, err := iptables.New(ctx, cfg)
+				if err != nil {
+					return nil, err
+				}
+				if !*healthChecks {
+					return sink, nil
 				}
 				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)
 				if err != nil {
 					return nil, fmt.Errorf("to-iptables %w", err)
 				}
-				return withHealthChecks(ctx, sink, hcCfg, env), nil
+				return withHealthChecks(ctx, sink, hcCfg, env)
 			}
 		},
 	}
-}
-
-// cleanupTable removes the table of cfg and reports app.ErrBackendDone.
-func cleanupTable(cfg nft.Config) error {
-	newConn := cfg.Conn
-	if newConn == nil {
-		newConn = nftables.New
-	}
-	conn, err := newConn()
-	if err != nil {
-		return fmt.Errorf("to-nft --cleanup: %w", err)
-	}
-	if err := nft.Cleanup(conn, cfg.ServiceProxyName); err != nil {
-		return fmt.Errorf("to-nft --cleanup: %w", err)
-	}
-	klog.InfoS("Removed the nftables table", "table", nft.TableName(cfg.ServiceProxyName))
-	return app.ErrBackendDone
 }
 
 // healthCheckConfig returns the health check server's configuration: it

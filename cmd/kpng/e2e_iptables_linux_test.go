@@ -100,7 +100,7 @@ func kubeToLocalIPTables(t *testing.T, bin, variant string) {
 			continue
 		}
 		var ee *exec.ExitError
-		if flagName, _, _ := strings.Cut(extra[0], "="); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), flagName) {
+		if flagName, _, _ := strings.Cut(extra[0], "="); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), strings.TrimLeft(flagName, "-")) {
 			t.Errorf("kpng to-iptables %s: %v, %s; want exit status 2 naming the flag", extra[0], err, out)
 		}
 	}

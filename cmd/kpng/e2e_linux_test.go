@@ -102,7 +102,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 			continue
 		}
 		var ee *exec.ExitError
-		if flagName, _, _ := strings.Cut(extra[0], "="); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), flagName) {
+		if flagName, _, _ := strings.Cut(extra[0], "="); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), strings.TrimLeft(flagName, "-")) {
 			t.Errorf("kpng to-nft %s: %v, %s; want exit status 2 naming the flag", extra[0], err, out)
 		}
 	}

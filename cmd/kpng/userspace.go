@@ -18,39 +18,39 @@ func userspaceBackend() app.Backend {
 		Name: "to-userspace",
 		Help: "proxy in userspace: hold the service addresses on an interface, listen on them and copy each connection to an endpoint",
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
-			var opts userspace.Options
-			opts.BindFlags(fs)
+			var cfg userspace.Config
+			cfg.BindFlags(fs)
 			name := fs.String("name", "", "the proxier's name, in its interface's default name (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "proxy in this network namespace (a path such as /run/netns/x) instead of the current one (Linux)")
 			cleanup := fs.Bool("cleanup", false, "remove the interface and its addresses (Linux), or the addresses (Windows), and exit")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
-				if err := opts.Validate(); err != nil {
+				if err := cfg.Validate(); err != nil {
 					return nil, app.Usagef("to-userspace %v", err)
 				}
-				cfg := userspace.Config{ServiceProxyName: env.ServiceProxyName, NetNS: *netnsPath, Context: ctx, Options: opts}
+				cfg.ServiceProxyName, cfg.NetNS = env.ServiceProxyName, *netnsPath
 				if *name != "" {
 					cfg.ServiceProxyName = *name
 				}
 				if *cleanup {
-					if err := userspace.Cleanup(cfg); err != nil {
+					if err := userspace.Cleanup(ctx, cfg); err != nil {
 						return nil, err
 					}
-					klog.InfoS("Removed the userspace proxier's addresses", "serviceProxyName", cfg.ServiceProxyName)
+					klog.FromContext(ctx).Info("Removed the userspace proxier's addresses", "serviceProxyName", cfg.ServiceProxyName)
 					return nil, app.ErrBackendDone
 				}
-				hcCfg, err := healthCheckConfig(ctx, *netnsPath, opts.NodePortAddresses)
+				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)
 				if err != nil {
 					return nil, err
 				}
-				p, err := userspace.New(cfg)
+				p, err := userspace.New(ctx, cfg)
 				if err != nil {
 					return nil, err
 				}
 				if !*healthChecks {
 					return p, nil
 				}
-				return withHealthChecks(ctx, p, hcCfg, env), nil
+				return withHealthChecks(ctx, p, hcCfg, env)
 			}
 		},
 	}

@@ -58,17 +58,17 @@ func run(args []string, stderr io.Writer) int {
 	if cfg.ServiceProxyName == "" {
 		cfg.ServiceProxyName = "userspace"
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	defer klog.Flush()
 	if *cleanup {
-		if err := userspace.Cleanup(cfg); err != nil {
-			fmt.Fprintf(stderr, "kpng-userspace: cleanup: %v\n", err)
+		if err := userspace.Cleanup(ctx, cfg); err != nil {
+			fmt.Fprintf(stderr, "kpng-userspace: %v\n", err)
 			return 1
 		}
 		return 0
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	defer klog.Flush()
-	p, err := userspace.New(cfg)
+	p, err := userspace.New(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "kpng-userspace: %v\n", err)
 		return 1

@@ -1,0 +1,120 @@
+//go:build linux
+
+package nft
+
+import (
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+
+	"sigs.k8s.io/kpng/backends/nodeflags"
+	"sigs.k8s.io/kpng/model"
+)
+
+// The Config is Linux's only: its Conn is a google/nftables connection,
+// a package that builds on Linux only.
+
+// Config configures the nftables sink.
+type Config struct {
+	// ServiceProxyName is the proxier's service-proxy-name; the table is
+	// TableName(ServiceProxyName).
+	ServiceProxyName string
+	// Options shape the rules: masquerading, node port addresses.
+	Options Options
+	// Conn returns a new nftables connection with the options given
+	// added to its own; nil means nftables.New, in the current network
+	// namespace (to work in another one, pass a function calling
+	// nftables.New with nftables.WithNetNSFd(fd) and the options:
+	// ConnInNetNS). The sink writes its transactions through a socket of
+	// its own in the connection's namespace (its NetNS), or through the
+	// connection's TestDial if it has one, adding to them what
+	// google/nftables cannot write (the typeof declarations of its maps):
+	// the connection must not be lasting (nftables.AsLasting), whose
+	// socket would bypass that.
+	Conn func(...nftables.ConnOption) (*nftables.Conn, error)
+	// Conntrack returns a new netlink handle for deleting, after a
+	// transaction, the UDP conntrack entries it made stale (flows DNATed
+	// to an endpoint a service no longer uses, or not DNATed while it
+	// had none, which would otherwise keep their old path); the sink
+	// closes it after use. nil means
+	// netlink.NewHandle(unix.NETLINK_NETFILTER), in the current network
+	// namespace: set it with Conn when working in another one
+	// (netlink.NewHandleAt).
+	Conntrack func() (*netlink.Handle, error)
+	// AfterSync, if set, is called at the end of each sync that sent a
+	// transaction (or tried to: kpng's Syncs and the check's repairs),
+	// with its result, the sink's lock held: it must not call the sink.
+	// cmd/kpng counts failures with it
+	// (sync_proxy_rules_nftables_sync_failures_total).
+	AfterSync func(SyncResult)
+	// CheckPeriod, if positive, is how often the sink checks, between
+	// rounds, that its table is as it left it: the table there, its fixed
+	// chains (base, lookup, reject, masquerading) with their rules, and
+	// checkChains of its service and endpoint chains in turn with theirs.
+	// When someone deleted or flushed the table or a chain (nft delete
+	// table, nft flush table, nft flush ruleset, ...), the sink rewrites
+	// the whole table at once; a full rewrite that failed (kpng's or the
+	// check's) is tried again too. The checks run until the context given
+	// to New ends; 0: there are none (DefaultCheckPeriod is the command's
+	// default).
+	CheckPeriod time.Duration
+}
+
+// SyncResult describes one transaction of a Sync.
+type SyncResult struct {
+	// Full is true when the whole table was rewritten (first sync, after
+	// a Reset or after a failed transaction).
+	Full bool
+	// Services are the services whose objects changed (for a full sync:
+	// every service held).
+	Services []model.ServiceKey
+	// Stats is the size of the transaction.
+	Stats Stats
+	// Duration is the time spent computing and sending it.
+	Duration time.Duration
+	// Err is the error of the transaction, if it failed: then nothing of it
+	// was applied and the next Sync is a full one.
+	Err error
+	// Repair, when not empty, says why the periodic check (Config.
+	// CheckPeriod) rewrote the table: it is not a Sync of kpng's.
+	Repair string
+}
+
+// BindFlags registers on fs the command-line flags of c, with c's current
+// values as defaults (DefaultMasqueradeBit and DefaultCheckPeriod where c
+// leaves them zero): the node options (--cluster-cidr,
+// --nodeport-addresses, --node-ip, --masquerade-all, --masquerade-bit,
+// parsed by backends/nodeflags), --ignore-headless and --check-period.
+// They are what `kpng … to-local to-nft` takes besides its wiring flags
+// (--name, --netns, --cleanup, --healthcheck). Call Validate after
+// parsing.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	if c.Options.MasqueradeBit == 0 {
+		c.Options.MasqueradeBit = DefaultMasqueradeBit
+	}
+	if c.CheckPeriod == 0 {
+		c.CheckPeriod = DefaultCheckPeriod
+	}
+	o := &c.Options
+	nodeflags.Node{ClusterCIDRs: &o.ClusterCIDRs, NodePortAddresses: &o.NodePortAddresses, NodeIPs: &o.NodeIPs,
+		MasqueradeAll: &o.MasqueradeAll, MasqueradeBit: &o.MasqueradeBit}.Bind(fs)
+	fs.BoolVar(&o.IgnoreHeadless, "ignore-headless", o.IgnoreHeadless, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
+	fs.DurationVar(&c.CheckPeriod, "check-period", c.CheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
+}
+
+// Validate reports the first setting of c that cannot be used, naming its
+// flag.
+func (c Config) Validate() error {
+	if c.CheckPeriod < 0 {
+		return fmt.Errorf("--check-period=%v: must not be negative", c.CheckPeriod)
+	}
+	if c.Options.MasqueradeBit != 0 {
+		if err := nodeflags.ValidateMasqueradeBit(c.Options.MasqueradeBit); err != nil {
+			return err
+		}
+	}
+	return c.Options.Validate()
+}
