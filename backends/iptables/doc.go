@@ -19,36 +19,32 @@
 // and iptables-restore writes whole chains anyway, so planning once per
 // round costs least.
 //
-// The package has two layers:
+// The package has two layers, told apart by their build constraint:
 //
 //   - the plan, pure Go with no command run, built on every system
-//     (vetted on Windows and macOS by make cross): config.go (the Config
-//     and its flags), names.go (every chain name:
-//     the fixed chains and the hashed per-service ones, at most
-//     MaxChainName characters), options.go, plan.go (one service seen
-//     from this node → its chains and rules in each family and table, as
-//     the text of iptables-restore input, and its dispatch entries; it
-//     also records which endpoints each UDP service destination reaches,
-//     for the conntrack cleanup), state.go (the plan kept from round to
-//     round: each service's fragment, re-planned only when it changes or
-//     when its share of a contended address changes, and the whole plan
-//     assembled from them), hairpin.go (the BPF program of the one
-//     hairpin rule), dispatch.go (beyond 32 rules, the SERVICES chains laid
-//     out as a tree of chains keyed by destination prefix, so that a
-//     packet meets tens of rules rather than one per service) and
-//     restore.go (the restore input of a table: the text
-//     that is sent is the text the golden tests check);
-//   - the kernel side (Linux): sink_linux.go (each Sync re-plans the
-//     services changed and writes with one iptables-restore per family
-//     and table: every chain in a full sync, only the chains whose rules
-//     changed in a partial one,
-//     deleting the chains no longer used; a failed restore leaves
-//     that table as it was, is returned, and makes the next Sync a full
-//     one; with CheckPeriod, a canary chain per table whose loss, when
-//     someone flushed the tables, makes the sink rewrite everything),
-//     jumps_linux.go (the jumps from the built-in chains, ensured
-//     with github.com/coreos/go-iptables, which also detects
-//     --random-fully and handles --wait) and variant.go.
+//     (vetted on Windows and macOS by make cross): the Config and its
+//     flags; every chain name (the fixed chains and the hashed
+//     per-service ones, at most MaxChainName characters); one service
+//     seen from this node turned into its chains and rules in each family
+//     and table, as the text of iptables-restore input, with its dispatch
+//     entries and the endpoints each UDP destination reaches (for the
+//     conntrack cleanup); the plan kept from round to round (each
+//     service's fragment, re-planned only when it or its share of a
+//     contended address changes); the BPF program of the one hairpin
+//     rule; beyond 32 rules, the SERVICES chains laid out as a tree of
+//     chains keyed by destination prefix, so that a packet meets tens of
+//     rules rather than one per service; and the restore input of a table
+//     (the text that is sent is the text the golden tests check);
+//   - the kernel side (Linux): the Sink (each Sync re-plans the services
+//     changed and writes with one iptables-restore per family and table:
+//     every chain in a full sync, only the chains whose rules changed in
+//     a partial one, deleting the chains no longer used; a failed restore
+//     leaves that table as it was, is returned, and makes the next Sync a
+//     full one; with CheckPeriod, a canary chain per table whose loss,
+//     when someone flushed the tables, makes the sink rewrite
+//     everything), the jumps from the built-in chains (ensured with
+//     github.com/coreos/go-iptables, which also detects --random-fully and
+//     handles --wait) and the variant's detection.
 //
 // The chain layout is drawn in docs/backends/iptables.md.
 package iptables

@@ -464,7 +464,7 @@ func (s *Sink) flushStaleFlows() {
 
 // Cleanup removes the proxier's jumps and chains (cfg.ServiceProxyName,
 // cfg.NetNS, cfg.Variant: auto cleans both variants), as --cleanup does;
-// ctx bounds the commands it runs.
+// ctx bounds the commands it runs, and it logs through ctx's logger.
 func Cleanup(ctx context.Context, cfg Config) error {
 	if cfg.Runner == nil {
 		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
@@ -505,7 +505,11 @@ func Cleanup(ctx context.Context, cfg Config) error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Removed the iptables chains", "prefix", prefix)
+	return nil
 }
 
 // SetCluster implements localsink.ClusterSink: the service CIDRs (given

@@ -16,36 +16,32 @@
 // (most rounds change few services, and the tracker keeps only the
 // difference).
 //
-// The package has two layers:
+// The package has two layers, told apart by their build constraint:
 //
 //   - the rule model, pure Go with no netlink call, built on every system
-//     (vetted on Windows and macOS by make cross): layout.go (every
-//     object name and the table's fixed layout: base chains, hooks,
-//     priorities, kinds of maps), family.go (what differs between IPv4 and
-//     IPv6, in one table), model.go (the kinds of objects and rules),
-//     rules.go (options and the rule kinds of filtering, masquerading and
-//     affinity), build.go (a service seen from this node → its
-//     chains, maps and elements), slots.go and tracker.go (the objects of
-//     every service, endpoint blocks placed in the shared endpoint maps,
-//     and the minimal change between two rounds), text.go (the fixed
-//     chains and the text of a ruleset in nft syntax, for golden-file
-//     tests; each rule's text is its String, and a kernel test checks
-//     that the kernel's own listing of a programmed ruleset reads the
-//     same, so that the text and the netlink expressions cannot drift) and
-//     conntrack.go (the stale UDP flows a change leaves behind);
-//   - the kernel side (Linux only, as google/nftables): config.go (the
-//     Config, which holds a google/nftables connection), netlink.go (each
-//     rule's netlink expressions, the exprs method of netlinkRule, which
-//     every rule kind is checked to implement; set types and elements),
-//     elements.go, relay.go and dialsock.go (the socket the transactions
-//     go through), applier.go (one transaction
-//     per call, built in a txn value: the whole table, which atomically
-//     replaces any previous table of the same name, or only what changed;
-//     a rejected transaction changes nothing), sockbuf.go, conntrack_linux.go,
-//     sink.go (the localsink.Sink: each Update goes to the tracker,
-//     each Sync is one transaction; a failure makes the next Sync a full
-//     one) and check.go (the periodic check that rewrites the table when
-//     someone deleted or flushed it or its chains).
+//     (vetted on Windows and macOS by make cross): every object name and
+//     the table's fixed layout (base chains, hooks, priorities, kinds of
+//     maps) in one place; what differs between IPv4 and IPv6 in the one
+//     inet table; the rule kinds of DNAT, filtering, masquerading and
+//     affinity; a service seen from this node turned into its chains,
+//     maps and elements; the endpoint blocks placed in the shared
+//     endpoint maps; the tracker that keeps every service's objects and
+//     works out the minimal change between two rounds; the stale UDP
+//     flows a change leaves behind; and the text of a ruleset in nft
+//     syntax, for golden-file tests (each rule's text is its String, and
+//     a kernel test checks that the kernel's own listing of a programmed
+//     ruleset reads the same, so the text and the netlink expressions
+//     cannot drift);
+//   - the kernel side (Linux only, as google/nftables): the Config, each
+//     rule's netlink expressions (every rule kind is checked to have
+//     them), set elements marshaled by the package itself, the socket the
+//     transactions go through, the applier (one transaction per call: the
+//     whole table, which atomically replaces any previous table of the
+//     same name, or only what changed; a rejected transaction changes
+//     nothing), the Sink (each Update goes to the tracker, each Sync is
+//     one transaction, a failure makes the next Sync a full one) and the
+//     periodic check that rewrites the table when someone deleted or
+//     flushed it or its chains.
 //
 // The table layout is documented in docs/backends/nft.md. In short: one
 // table of family inet named "kpng-<service-proxy-name>"; NAT base chains

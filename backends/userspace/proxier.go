@@ -158,9 +158,11 @@ func nodePortAddress(prefixes []netip.Prefix, a netip.Addr) bool {
 // Linux its dummy interface and the service addresses on it; on Windows
 // the service addresses on its interface. It logs through ctx's logger.
 func Cleanup(ctx context.Context, cfg Config) error {
-	if err := cleanup(klog.FromContext(ctx), cfg, cfg.Options.withDefaults(cfg.ServiceProxyName)); err != nil {
+	logger := klog.FromContext(ctx)
+	if err := cleanup(logger, cfg, cfg.Options.withDefaults(cfg.ServiceProxyName)); err != nil {
 		return fmt.Errorf("userspace proxier %q: cleanup: %w", cfg.ServiceProxyName, err)
 	}
+	logger.Info("Removed the userspace proxier's addresses", "serviceProxyName", cfg.ServiceProxyName)
 	return nil
 }
 

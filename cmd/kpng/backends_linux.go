@@ -14,7 +14,6 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/healthcheck"
 	"sigs.k8s.io/kpng/backends/iptables"
@@ -122,7 +121,6 @@ func iptablesBackend() app.Backend {
 					if err := iptables.Cleanup(ctx, cfg); err != nil {
 						return nil, fmt.Errorf("to-iptables --cleanup: %w", err)
 					}
-					klog.FromContext(ctx).Info("Removed the iptables chains", "prefix", iptables.ChainPrefix(cfg.ServiceProxyName))
 					return nil, app.ErrBackendDone
 				}
 				if env.Metrics != nil {

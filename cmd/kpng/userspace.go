@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 
-	"k8s.io/klog/v2"
-
 	"sigs.k8s.io/kpng/backends/userspace"
 	"sigs.k8s.io/kpng/cmd/kpng/app"
 	"sigs.k8s.io/kpng/localsink"
@@ -36,7 +34,6 @@ func userspaceBackend() app.Backend {
 					if err := userspace.Cleanup(ctx, cfg); err != nil {
 						return nil, err
 					}
-					klog.FromContext(ctx).Info("Removed the userspace proxier's addresses", "serviceProxyName", cfg.ServiceProxyName)
 					return nil, app.ErrBackendDone
 				}
 				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)

@@ -12,15 +12,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
-
-	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/userspace"
 	"sigs.k8s.io/kpng/client"
@@ -30,56 +24,39 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-// run is main without the exit: it returns the exit status.
+// run is main without the exit: it returns the exit status. kpng's
+// client.MainWith does the lifecycle (flags, signals, exit statuses, the
+// watch or the controller); this program only adds the proxier's flags
+// and builds it.
 func run(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kpng-userspace", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var watch client.Flags
-	watch.Bind(fs)
-	var opts userspace.Options
-	opts.BindFlags(fs)
-	name := fs.String("name", "", "the proxier's name, in its interface's default name (default: --service-proxy-name, or \"userspace\")")
-	netnsPath := fs.String("netns", "", "proxy in this network namespace (a path such as /run/netns/x) instead of the current one (Linux)")
-	cleanup := fs.Bool("cleanup", false, "remove the interface and its addresses (Linux), or the addresses (Windows), and exit")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	var cfg userspace.Config
+	var name, netnsPath string
+	var cleanup bool
+	bind := func(fs *flag.FlagSet) {
+		cfg.BindFlags(fs)
+		fs.StringVar(&name, "name", "", "the proxier's name, in its interface's default name (default: --service-proxy-name, or \"userspace\")")
+		fs.StringVar(&netnsPath, "netns", "", "proxy in this network namespace (a path such as /run/netns/x) instead of the current one (Linux)")
+		fs.BoolVar(&cleanup, "cleanup", false, "remove the interface and its addresses (Linux), or the addresses (Windows), and exit")
+	}
+	return client.MainWith(args, stderr, bind, func(ctx context.Context, f *client.Flags) (client.Sink, error) {
+		if err := cfg.Validate(); err != nil {
+			return nil, client.UsageError(err)
 		}
-		return 2
-	}
-	if err := opts.Validate(); err != nil {
-		fmt.Fprintf(stderr, "kpng-userspace: %v\n", err)
-		return 2
-	}
-	cfg := userspace.Config{ServiceProxyName: *name, NetNS: *netnsPath, Options: opts}
-	if cfg.ServiceProxyName == "" {
-		cfg.ServiceProxyName = watch.ServiceProxyName
-	}
-	if cfg.ServiceProxyName == "" {
-		cfg.ServiceProxyName = "userspace"
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	defer klog.Flush()
-	if *cleanup {
-		if err := userspace.Cleanup(ctx, cfg); err != nil {
-			fmt.Fprintf(stderr, "kpng-userspace: %v\n", err)
-			return 1
+		cfg.ServiceProxyName, cfg.NetNS = name, netnsPath
+		if cfg.ServiceProxyName == "" {
+			cfg.ServiceProxyName = f.ServiceProxyName
 		}
-		return 0
-	}
-	p, err := userspace.New(ctx, cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "kpng-userspace: %v\n", err)
-		return 1
-	}
-	defer p.Close()
-	if err := watch.Run(ctx, p); err != nil {
-		fmt.Fprintf(stderr, "kpng-userspace: %v\n", err)
-		if client.IsUsageError(err) {
-			return 2
+		if cfg.ServiceProxyName == "" {
+			cfg.ServiceProxyName = "userspace"
 		}
-		return 1
-	}
-	return 0
+		if cleanup {
+			return nil, userspace.Cleanup(ctx, cfg)
+		}
+		// The proxier closes when ctx ends, at SIGINT or SIGTERM.
+		p, err := userspace.New(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
+	})
 }
