@@ -195,8 +195,10 @@ func RunWith(bind func(fs *flag.FlagSet), newSink func(ctx context.Context, f *F
 // returns ends the program with status 1, or 2 when the error is wrapped
 // with UsageError (a bad value of the program's own flags); a nil sink
 // with a nil error ends it with status 0 without watching (a flag such as
-// --cleanup that did its work). When the run ends, a sink that implements
-// io.Closer is closed; an error from Close is status 1.
+// --cleanup that did its work). When the run ends, a sink with a Close
+// method (io.Closer, or a Close without a result, as the reference
+// backends') is closed before MainWith returns; an error from Close is
+// status 1.
 func MainWith(args []string, stderr io.Writer, bind func(fs *flag.FlagSet), newSink func(ctx context.Context, f *Flags) (Sink, error)) int {
 	return mainWith(args, stderr, bind, newSink, true)
 }
@@ -232,9 +234,16 @@ func mainWith(args []string, stderr io.Writer, bind func(fs *flag.FlagSet), newS
 	sink, err := newSink(ctx, &f)
 	if err == nil && sink != nil {
 		err = f.Run(ctx, sink)
-		if c, ok := sink.(io.Closer); ok && closeSink {
-			if cerr := c.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("close: %w", cerr)
+		if closeSink {
+			switch c := sink.(type) {
+			case io.Closer:
+				if cerr := c.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("close: %w", cerr)
+				}
+			case interface{ Close() }:
+				// The reference backends' Close (userspace,
+				// healthcheck) waits for what they serve to end.
+				c.Close()
 			}
 		}
 	}

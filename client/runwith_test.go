@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -159,3 +160,47 @@ func TestMainWithRuns(t *testing.T) {
 		t.Errorf("sink got %d states and closed = %v, want 1 state and closed", sink.states, sink.closed)
 	}
 }
+
+// plainCloser is a sink whose Close has no result, as the reference
+// backends' (userspace, healthcheck).
+type plainCloser struct {
+	localsink.Sink
+	closed bool
+}
+
+func (p *plainCloser) Close() { p.closed = true }
+
+// TestMainWithClosesOnFailure: a run that fails (here: no kubeconfig at
+// the path given) still closes the sink newSink built, whether its Close
+// returns an error or nothing, before MainWith returns.
+func TestMainWithClosesOnFailure(t *testing.T) {
+	noFile := filepath.Join(t.TempDir(), "no-kubeconfig")
+	for _, sink := range []interface {
+		Sink
+		isClosed() bool
+	}{&closingSinkProbe{closingSink: &closingSink{Sink: localsink.NewFullState(func([]*model.ServiceEndpoints) {})}}, &plainCloserProbe{&plainCloser{Sink: localsink.NewFullState(func([]*model.ServiceEndpoints) {})}}} {
+		var stderr bytes.Buffer
+		code := MainWith([]string{"--kubeconfig=" + noFile, "--service-proxy-name=x", "--node-name=n"}, &stderr, nil,
+			func(context.Context, *Flags) (Sink, error) { return sink, nil })
+		if code != 2 {
+			t.Errorf("%T: exit status %d, want 2, a missing kubeconfig (%s)", sink, code, stderr.String())
+		}
+		if !sink.isClosed() {
+			t.Errorf("%T: not closed after a failed run", sink)
+		}
+	}
+}
+
+// closingSinkProbe and plainCloserProbe tell whether their sink was
+// closed, each keeping only its own kind of Close.
+type closingSinkProbe struct{ *closingSink }
+
+func (p *closingSinkProbe) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+type plainCloserProbe struct{ *plainCloser }
+
+func (p *plainCloserProbe) isClosed() bool { return p.closed }

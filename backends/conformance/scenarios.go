@@ -454,12 +454,12 @@ func endpointChange(h *harness) {
 // does; package backends/conntrack), which otherwise keep sending the flow
 // to the old endpoint (still alive here, as a terminating pod that keeps
 // serving until it exits) until they expire; a userspace proxy must drop
-// its session to it. The flow is started with up to three datagrams, as a
-// client resends an unanswered one: with kpng's userspace backend, the
-// first IPv6 datagram sent in a new topology goes unanswered about one
-// run in three, whatever its source port (the first packets of other
-// scenarios are TCP, whose SYN is resent). The datagrams after the
-// removal get no second chance.
+// its session to it. Every request is resent while it gets no answer (up
+// to udpAttempts datagrams), as a client resends: with kpng's userspace
+// backend, the first IPv6 datagram sent in a new topology goes unanswered
+// about one run in three, whatever its source port (the first packets of
+// other scenarios are TCP, whose SYN is resent). An answer from the
+// removed endpoint is never resent: it fails the check at once.
 func staleUDP(h *harness) {
 	svc := service("web")
 	all := endpoints(netns.PodID, netns.Pod2ID)
@@ -470,15 +470,9 @@ func staleUDP(h *harness) {
 	first := make([]string, len(fams))
 	for i, ip := range fams {
 		h.step("a UDP flow to %s from source port %d is answered (a datagram, resent up to twice, as a client would)", ip, port)
-		var a netns.Answer
-		var wrong string
-		for range 3 {
-			if a, wrong = h.try(h.topo.Client, "udp", netip.AddrPortFrom(ip, 80), netns.AskOptions{LocalPort: port}, []string{netns.PodID, netns.Pod2ID}); wrong == "" {
-				break
-			}
-		}
+		a, wrong := h.tryResending(h.topo.Client, netip.AddrPortFrom(ip, 80), netns.AskOptions{LocalPort: port}, []string{netns.PodID, netns.Pod2ID})
 		if wrong != "" {
-			h.fail("udp %s:80 from %s (source port %d), 3 datagrams: %s", ip, h.topo.Client, port, wrong)
+			h.fail("udp %s:80 from %s (source port %d), up to %d datagrams: %s", ip, h.topo.Client, port, udpAttempts, wrong)
 			return
 		}
 		first[i] = a.Server
@@ -498,7 +492,15 @@ func staleUDP(h *harness) {
 		}
 		h.step("endpoint %s (%s) removed: the UDP flow to %s from source port %d, which it answered, now reaches %s (the backend must end the flow: delete its conntrack entries, or a proxy's session)",
 			podAddr(first[i], ip), first[i], ip, port, other)
-		h.askAll(3, h.topo.Client, "udp", netip.AddrPortFrom(ip, 80), netns.AskOptions{LocalPort: port}, other)
+		// Each request is resent while unanswered (the first datagram to
+		// the other pod can be lost as the first one of the flow could),
+		// never when answered by the removed endpoint: that is the failure.
+		for n := range 3 {
+			if _, wrong := h.tryResending(h.topo.Client, netip.AddrPortFrom(ip, 80), netns.AskOptions{LocalPort: port}, []string{other}); wrong != "" {
+				h.fail("udp %s:80 from %s (source port %d), request %d of 3 (up to %d datagrams): %s", ip, h.topo.Client, port, n+1, udpAttempts, wrong)
+				break
+			}
+		}
 	}
 }
 

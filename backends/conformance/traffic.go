@@ -79,6 +79,25 @@ func (h *harness) try(from *netns.NS, network string, dst netip.AddrPort, opts n
 	return a, ""
 }
 
+// udpAttempts is how many datagrams a UDP request that gets no answer is
+// sent as, as a client resends: a datagram may be lost (a neighbour not
+// yet resolved) without anything being wrong.
+const udpAttempts = 3
+
+// tryResending is try for a UDP request: a datagram that gets no answer
+// is sent again, up to udpAttempts in all; an answer, right or wrong,
+// ends it (a wrong answer is never retried away).
+func (h *harness) tryResending(from *netns.NS, dst netip.AddrPort, opts netns.AskOptions, servers []string) (netns.Answer, string) {
+	var a netns.Answer
+	var wrong string
+	for range udpAttempts {
+		if a, wrong = h.try(from, "udp", dst, opts, servers); a.Server != "" {
+			break
+		}
+	}
+	return a, wrong
+}
+
 // ask sends one request from ns and fails the check unless one of
 // servers answers, on its own address and port 6000; it returns the
 // answer.
