@@ -22,7 +22,8 @@ const noAnswer = 400 * time.Millisecond
 // networks returns the protocols a scenario sends: TCP, and UDP unless
 // the backend lacks it.
 func (h *harness) networks() []string {
-	if _, ok := h.b.Unsupported[UDP]; ok {
+	if reason, ok := h.b.Unsupported[UDP]; ok {
+		h.t.Logf("UDP not checked in this scenario: the backend declares %s unsupported (%s)", UDP, reason)
 		return []string{"tcp"}
 	}
 	return []string{"tcp", "udp"}

@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
@@ -440,24 +438,12 @@ func (s *Sink) flushStaleFlows() {
 	}
 	newHandle := s.cfg.Conntrack
 	if newHandle == nil && s.cfg.NetNS != "" {
-		newHandle = func() (*netlink.Handle, error) {
-			ns, err := vnetns.GetFromPath(s.cfg.NetNS)
-			if err != nil {
-				return nil, err
-			}
-			defer ns.Close()
-			return netlink.NewHandleAt(ns, unix.NETLINK_NETFILTER)
-		}
+		newHandle = conntrack.InNetNS(s.cfg.NetNS)
 	}
-	h, err := conntrack.NewHandle(newHandle)
-	if err != nil {
-		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows))
-		return
-	}
-	defer h.Close()
-	deleted, err := conntrack.Delete(h, flows)
+	deleted, err := conntrack.DeleteFlows(newHandle, flows)
 	if err != nil {
 		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
+		return
 	}
 	s.logger.V(2).Info("Deleted stale UDP conntrack entries", "prefix", s.prefix, "flows", len(flows), "deleted", deleted)
 }

@@ -32,15 +32,10 @@ func (s *Sink) flushStaleFlows() {
 		return
 	}
 	start := time.Now()
-	h, err := conntrack.NewHandle(s.cfg.Conntrack)
-	if err != nil {
-		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows))
-		return
-	}
-	defer h.Close()
-	deleted, err := conntrack.Delete(h, conntrackFlows(flows))
+	deleted, err := conntrack.DeleteFlows(s.cfg.Conntrack, conntrackFlows(flows))
 	if err != nil {
 		s.logger.Error(err, "Cannot delete stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted)
+		return
 	}
 	s.logger.V(2).Info("Deleted stale UDP conntrack entries", "table", s.table, "flows", len(flows), "deleted", deleted, "duration", time.Since(start))
 	if v := s.logger.V(4); v.Enabled() {

@@ -6,8 +6,9 @@
 // cfg) returns the *Sink (the context's end stops what it runs, its
 // logger is the sink's), Cleanup(ctx, cfg) removes a proxier's table,
 // Config.BindFlags and Validate give a command its flags, ConnInNetNS
-// works in another network namespace, and TableName; SyncResult and Stats
-// describe each transaction to Config.AfterSync. Everything else is
+// works in another network namespace, TableName, and Options with its
+// defaults (DefaultMasqueradeBit, DefaultCheckPeriod); SyncResult and
+// Stats describe each transaction to Config.AfterSync. The rule model is
 // unexported.
 //
 // It plans at Update: each Update goes to the tracker, which works out

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 
 	"sigs.k8s.io/kpng/backends/userspace"
 	"sigs.k8s.io/kpng/cmd/kpng/app"
@@ -32,7 +33,7 @@ func userspaceBackend() app.Backend {
 				}
 				if *cleanup {
 					if err := userspace.Cleanup(ctx, cfg); err != nil {
-						return nil, err
+						return nil, fmt.Errorf("to-userspace --cleanup: %w", err)
 					}
 					return nil, app.ErrBackendDone
 				}
