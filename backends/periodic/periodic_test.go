@@ -31,10 +31,34 @@ func TestStartRunsUntilCanceled(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the goroutine did not end with the context")
 	}
-	after := n.Load()
-	time.Sleep(10 * time.Millisecond)
-	if n.Load() != after {
-		t.Error("the check ran after the goroutine ended")
+}
+
+// TestStartDoneWaitsForCheck: a check running when the context ends
+// finishes before done is closed, so that a caller waiting on done knows
+// no check is left running.
+func TestStartDoneWaitsForCheck(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	running, release := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	done := Start(ctx, time.Millisecond, func() {
+		if once.CompareAndSwap(false, true) {
+			close(running)
+			<-release
+		}
+	})
+	<-running
+	cancel()
+	select {
+	case <-done:
+		t.Fatal("done closed while a check was still running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the goroutine did not end after its check returned")
 	}
 }
 
