@@ -107,7 +107,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 }
 
 // Validate reports the first setting of c that cannot be used, naming its
-// flag.
+// flag (the flags' parsers already refuse bad node options by name; set
+// in code, they are named by their Options field).
 func (c Config) Validate() error {
 	switch c.Variant {
 	case "", VariantAuto, VariantLegacy, VariantNFT:
@@ -116,11 +117,6 @@ func (c Config) Validate() error {
 	}
 	if c.CheckPeriod < 0 {
 		return fmt.Errorf("--check-period=%v: must not be negative", c.CheckPeriod)
-	}
-	if c.Options.MasqueradeBit != 0 {
-		if err := nodeflags.ValidateMasqueradeBit(c.Options.MasqueradeBit); err != nil {
-			return err
-		}
 	}
 	return c.Options.Validate()
 }

@@ -3,6 +3,8 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+
+	"sigs.k8s.io/kpng/backends/nodeflags"
 )
 
 // DefaultMasqueradeBit is the packet mark bit asking for masquerading
@@ -45,23 +47,5 @@ func (o Options) mark() string {
 
 // Validate reports options that cannot be programmed.
 func (o Options) Validate() error {
-	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
-		return fmt.Errorf("options: MasqueradeBit %d: must be between 1 and 31 (0: %d)", o.MasqueradeBit, DefaultMasqueradeBit)
-	}
-	for _, set := range []struct {
-		field string
-		ps    []netip.Prefix
-	}{{"ClusterCIDRs", o.ClusterCIDRs}, {"NodePortAddresses", o.NodePortAddresses}} {
-		for _, p := range set.ps {
-			if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
-				return fmt.Errorf("options: %s: prefix %s: not a valid network address", set.field, p)
-			}
-		}
-	}
-	for _, a := range o.NodeIPs {
-		if !a.IsValid() || a.Zone() != "" {
-			return fmt.Errorf("options: NodeIPs: %q: not a valid address", a)
-		}
-	}
-	return nil
+	return nodeflags.CheckOptions(o.ClusterCIDRs, o.NodePortAddresses, o.NodeIPs, o.MasqueradeBit)
 }

@@ -106,15 +106,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 }
 
 // Validate reports the first setting of c that cannot be used, naming its
-// flag.
+// flag (the flags' parsers already refuse bad node options by name; set
+// in code, they are named by their Options field).
 func (c Config) Validate() error {
 	if c.CheckPeriod < 0 {
 		return fmt.Errorf("--check-period=%v: must not be negative", c.CheckPeriod)
-	}
-	if c.Options.MasqueradeBit != 0 {
-		if err := nodeflags.ValidateMasqueradeBit(c.Options.MasqueradeBit); err != nil {
-			return err
-		}
 	}
 	return c.Options.Validate()
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/kpng/model"
+
+	"sigs.k8s.io/kpng/backends/nodeflags"
 )
 
 // The fixed chains of masquerading and load-balancer firewalls.
@@ -78,20 +80,7 @@ func (o Options) mark() uint32 {
 
 // Validate reports options that cannot be programmed.
 func (o Options) Validate() error {
-	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
-		return fmt.Errorf("options: MasqueradeBit %d: must be between 1 and 31 (0: %d)", o.MasqueradeBit, DefaultMasqueradeBit)
-	}
-	for _, p := range append(append([]netip.Prefix(nil), o.ClusterCIDRs...), o.NodePortAddresses...) {
-		if !p.IsValid() || p != p.Masked() {
-			return fmt.Errorf("prefix %s: not a valid network address", p)
-		}
-	}
-	for _, a := range o.NodeIPs {
-		if !a.IsValid() || a.Zone() != "" {
-			return fmt.Errorf("node IP %q: not a valid address", a)
-		}
-	}
-	return nil
+	return nodeflags.CheckOptions(o.ClusterCIDRs, o.NodePortAddresses, o.NodeIPs, o.MasqueradeBit)
 }
 
 // prefixesOf returns the prefixes of family f.

@@ -112,11 +112,33 @@ func checkBit(bit int) error {
 	return nil
 }
 
-// ValidateMasqueradeBit reports a --masquerade-bit out of the range the
-// backends accept, naming the flag.
-func ValidateMasqueradeBit(bit int) error {
-	if err := checkBit(bit); err != nil {
-		return fmt.Errorf("--%s=%d: %w", MasqueradeBit, bit, err)
+// CheckOptions reports the first of a backend's node options that cannot
+// be used, naming its Options field: a masquerade bit out of 0-31 (0
+// meaning the backend's default), a prefix of ClusterCIDRs or
+// NodePortAddresses that is not a network address (host bits set, a
+// zone, or an IPv4-mapped IPv6 prefix, which would never match an IPv4
+// packet), or a NodeIPs address that is not valid. Each backend's
+// Options.Validate calls it, so the backends refuse the same values.
+func CheckOptions(clusterCIDRs, nodePortAddresses []netip.Prefix, nodeIPs []netip.Addr, masqueradeBit int) error {
+	if masqueradeBit != 0 {
+		if err := checkBit(masqueradeBit); err != nil {
+			return fmt.Errorf("options: MasqueradeBit %d: %w (0: the default)", masqueradeBit, err)
+		}
+	}
+	for _, set := range []struct {
+		field string
+		ps    []netip.Prefix
+	}{{"ClusterCIDRs", clusterCIDRs}, {"NodePortAddresses", nodePortAddresses}} {
+		for _, p := range set.ps {
+			if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+				return fmt.Errorf("options: %s: prefix %s: not a valid network address", set.field, p)
+			}
+		}
+	}
+	for _, a := range nodeIPs {
+		if !a.IsValid() || a.Zone() != "" {
+			return fmt.Errorf("options: NodeIPs: %q: not a valid address", a)
+		}
 	}
 	return nil
 }

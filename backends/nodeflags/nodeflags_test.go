@@ -62,14 +62,29 @@ func TestBadValues(t *testing.T) {
 	}
 }
 
-func TestValidateMasqueradeBit(t *testing.T) {
-	for bit, ok := range map[int]bool{-1: false, 0: false, 1: true, 14: true, 31: true, 32: false} {
-		err := ValidateMasqueradeBit(bit)
-		if (err == nil) != ok {
-			t.Errorf("ValidateMasqueradeBit(%d) = %v, want ok %v", bit, err, ok)
-		}
-		if err != nil && !strings.Contains(err.Error(), "--masquerade-bit") {
-			t.Errorf("ValidateMasqueradeBit(%d) = %v, want the flag named", bit, err)
+func TestCheckOptions(t *testing.T) {
+	good := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/64")}
+	ips := []netip.Addr{netip.MustParseAddr("10.0.0.2")}
+	if err := CheckOptions(good, good, ips, 0); err != nil {
+		t.Errorf("good options: %v", err)
+	}
+	for _, tc := range []struct {
+		name        string
+		cidrs, npas []netip.Prefix
+		ips         []netip.Addr
+		bit         int
+		want        string
+	}{
+		{"bit", nil, nil, nil, 32, "MasqueradeBit 32"},
+		{"negative bit", nil, nil, nil, -1, "MasqueradeBit -1"},
+		{"host bits", []netip.Prefix{netip.PrefixFrom(netip.MustParseAddr("10.0.0.1"), 8)}, nil, nil, 0, "ClusterCIDRs"},
+		{"mapped", nil, []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}, nil, 0, "NodePortAddresses"},
+		{"invalid prefix", nil, []netip.Prefix{{}}, nil, 0, "NodePortAddresses"},
+		{"zone", nil, nil, []netip.Addr{netip.MustParseAddr("fe80::1%eth0")}, 0, "NodeIPs"},
+	} {
+		err := CheckOptions(tc.cidrs, tc.npas, tc.ips, tc.bit)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.want)
 		}
 	}
 }
