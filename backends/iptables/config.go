@@ -88,9 +88,6 @@ const DefaultCheckPeriod = 10 * time.Second
 // takes besides its wiring flags (--name, --netns, --cleanup,
 // --healthcheck). Call Validate after parsing.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
-	if c.Options.MasqueradeBit == 0 {
-		c.Options.MasqueradeBit = DefaultMasqueradeBit
-	}
 	if c.Variant == "" {
 		c.Variant = VariantAuto
 	}

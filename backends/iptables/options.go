@@ -9,8 +9,8 @@ import (
 
 // DefaultMasqueradeBit is the packet mark bit asking for masquerading
 // when Options does not set one: kube-proxy's (0x4000), so that both mean
-// the same on a node running both.
-const DefaultMasqueradeBit = 14
+// the same on a node running both; the same for every backend.
+const DefaultMasqueradeBit = nodeflags.DefaultMasqueradeBit
 
 // Options are the node-wide settings that shape the rules (those of
 // kube-proxy's iptables mode).

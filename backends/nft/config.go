@@ -92,9 +92,6 @@ type SyncResult struct {
 // (--name, --netns, --cleanup, --healthcheck). Call Validate after
 // parsing.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
-	if c.Options.MasqueradeBit == 0 {
-		c.Options.MasqueradeBit = DefaultMasqueradeBit
-	}
 	if c.CheckPeriod == 0 {
 		c.CheckPeriod = DefaultCheckPeriod
 	}

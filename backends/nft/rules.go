@@ -34,8 +34,8 @@ const (
 
 // DefaultMasqueradeBit is the packet mark bit asking for masquerading
 // when Options does not set one: kube-proxy's (14, mark 0x4000), so that
-// both mean the same on a node running both.
-const DefaultMasqueradeBit = 14
+// both mean the same on a node running both; the same for every backend.
+const DefaultMasqueradeBit = nodeflags.DefaultMasqueradeBit
 
 // Options are the node-wide settings that shape the rules.
 type Options struct {

@@ -30,9 +30,15 @@ const (
 	MaxMasqueradeBit = 31
 )
 
+// DefaultMasqueradeBit is the mark bit asking for masquerading that the
+// backends use when their Options leave it zero: kube-proxy's (14, mark
+// 0x4000), so that both mean the same on a node running both.
+const DefaultMasqueradeBit = 14
+
 // Node points at the fields of a backend's options that the flags fill;
 // a nil pointer registers no flag. The flags' defaults are the values the
-// fields hold when Bind is called.
+// fields hold when Bind is called, but for a zero MasqueradeBit, which
+// Bind sets to DefaultMasqueradeBit.
 type Node struct {
 	ClusterCIDRs      *[]netip.Prefix
 	NodePortAddresses *[]netip.Prefix
@@ -74,6 +80,9 @@ func (n Node) Bind(fs *flag.FlagSet) {
 		fs.BoolVar(n.MasqueradeAll, MasqueradeAll, *n.MasqueradeAll, usage(MasqueradeAll))
 	}
 	if n.MasqueradeBit != nil {
+		if *n.MasqueradeBit == 0 {
+			*n.MasqueradeBit = DefaultMasqueradeBit
+		}
 		fs.Var(bitValue{n.MasqueradeBit}, MasqueradeBit, usage(MasqueradeBit))
 	}
 }

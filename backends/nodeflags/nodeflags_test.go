@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -95,5 +96,22 @@ func TestMasqueradeBitDefault(t *testing.T) {
 	Node{MasqueradeBit: &bit}.Bind(fs)
 	if f := fs.Lookup(MasqueradeBit); f.DefValue != "14" {
 		t.Errorf("--masquerade-bit default %q, want 14", f.DefValue)
+	}
+}
+
+// TestBindDefaultsTheBit: a zero MasqueradeBit becomes the default at
+// Bind (the flag's default and the value kept when the flag is not
+// given); a bit already set is kept.
+func TestBindDefaultsTheBit(t *testing.T) {
+	for _, tc := range []struct{ start, want int }{{0, DefaultMasqueradeBit}, {3, 3}} {
+		bit := tc.start
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		Node{MasqueradeBit: &bit}.Bind(fs)
+		if err := fs.Parse(nil); err != nil {
+			t.Fatal(err)
+		}
+		if bit != tc.want || fs.Lookup(MasqueradeBit).DefValue != strconv.Itoa(tc.want) {
+			t.Errorf("start %d: bit %d, flag default %s; want %d", tc.start, bit, fs.Lookup(MasqueradeBit).DefValue, tc.want)
+		}
 	}
 }
