@@ -76,6 +76,18 @@ type Sink struct {
 	servers sync.WaitGroup
 }
 
+// timeouts bound how long a client of a health check node port may hold
+// a connection: to send its request (readHeader, read), to take the
+// answer (write), and between two requests (idle). A port is open on the
+// node's addresses, to load balancers and whoever else reaches them.
+type timeouts struct {
+	readHeader, read, write, idle time.Duration
+}
+
+// serverTimeouts are the ports' (tests shorten them): a load balancer's
+// probe is one small request and answer, every few seconds.
+var serverTimeouts = timeouts{readHeader: 5 * time.Second, read: 5 * time.Second, write: 10 * time.Second, idle: 30 * time.Second}
+
 // port is one served health check node port: one server, listening on
 // each of the addresses chosen for it.
 type port struct {
@@ -220,7 +232,8 @@ func (s *Sink) Sync() error {
 		pt := s.ports[p]
 		if pt == nil {
 			pt = &port{healthy: s.cfg.Healthy, listeners: map[netip.Addr]net.Listener{}}
-			pt.server = &http.Server{Handler: pt, ReadHeaderTimeout: 5 * time.Second}
+			t := serverTimeouts
+			pt.server = &http.Server{Handler: pt, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle, MaxHeaderBytes: 16 << 10}
 			s.ports[p] = pt
 		}
 		pt.mu.Lock()

@@ -378,3 +378,46 @@ func TestContextEndStopsServing(t *testing.T) {
 		t.Errorf("ports %v served after the context ended", s.Ports())
 	}
 }
+
+// TestIdleConnectionsAreClosed serves a health check node port on a real
+// loopback port with a short idle timeout: a keep-alive connection left
+// idle after its answer is closed by the server (without the timeout, a
+// client could hold connections to the node's port for ever), and one
+// that never finishes its request is closed too.
+func TestIdleConnectionsAreClosed(t *testing.T) {
+	saved := serverTimeouts
+	serverTimeouts = timeouts{readHeader: 200 * time.Millisecond, read: 200 * time.Millisecond, write: 200 * time.Millisecond, idle: 200 * time.Millisecond}
+	t.Cleanup(func() { serverTimeouts = saved })
+	ports := freePorts(t, 1)
+	s, err := New(context.Background(), loopback)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	f := feed(t, s, localsink.FeederOptions{NoRetry: true})
+	f.SetAll([]*model.ServiceEndpoints{withEndpoints(lbService("lb", ports[0], true), endpoint("10.1.0.1", true, true))})
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	for _, tc := range []struct{ what, request string }{
+		{"an idle keep-alive connection", "GET /healthz HTTP/1.1\r\nHost: kpng\r\n\r\n"},
+		{"a request never finished", "GET /healthz HTTP/1.1\r\nHost: kpng\r\n"},
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, tc.request); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		// The answer, if any, then the end of the connection.
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Errorf("%s: %v, want the server to close it", tc.what, err)
+		}
+	}
+}

@@ -526,15 +526,36 @@ func (r *Recorder) healthyLocked() bool {
 	return r.pendingSince.IsZero() || r.now().Sub(r.pendingSince) <= r.timeout
 }
 
+// timeouts bound how long a client of the metrics, health and debug
+// servers may hold a connection: to send its request (readHeader, read),
+// to take the answer (write: a client that stops reading is dropped),
+// and between two requests on one connection (idle).
+type timeouts struct {
+	readHeader, read, write, idle time.Duration
+}
+
+// serveTimeouts are Serve's (tests shorten them): room for a Prometheus
+// scrape (10 s by default) or the debug endpoint's answer at 50,000
+// services on loopback, and an idle keep-alive connection kept for a
+// minute, as a scraper polling every 15 to 60 s reuses it.
+var serveTimeouts = timeouts{readHeader: 10 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute}
+
+// maxHeaderBytes bounds a request's header: the endpoints take none
+// worth more than a few hundred bytes.
+const maxHeaderBytes = 64 << 10
+
 // Serve listens on addr and serves h there until ctx ends or stop is
-// called (stop closes the listener before it returns). The listen error,
-// if any, is returned at once.
+// called (stop closes the listener before it returns). A request must
+// arrive within 10 s, its answer be taken within 30 s, and an idle
+// connection is closed after a minute. The listen error, if any, is
+// returned at once.
 func Serve(ctx context.Context, addr string, h http.Handler) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	t := serveTimeouts
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle, MaxHeaderBytes: maxHeaderBytes}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			klog.ErrorS(err, "Metrics or health server stopped", "address", addr)
