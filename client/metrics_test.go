@@ -149,6 +149,7 @@ func TestMetricsAndHealth(t *testing.T) {
 
 	f := Flags{Kubeconfig: cp.KubeconfigPath(), ServiceProxyName: name, NodeName: node,
 		MetricsBindAddress: testio.FreeAddr(t), HealthzBindAddress: testio.FreeAddr(t), HealthzTimeout: time.Second}
+	f.DebugBindAddress = f.MetricsBindAddress
 	// Started before Run, so that the health check port asks its
 	// Recorder: the servers are the test's, closed at its end.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -305,4 +306,60 @@ func TestMetricsServersEndWithRun(t *testing.T) {
 			t.Errorf("Run %d returned, its metrics server still answers", i)
 		}
 	}
+}
+
+// TestDebugEndpointOnlyWhereAsked starts the servers of Flags on real
+// loopback ports: without --debug-bind-address no server answers the
+// debug endpoint (the metrics and health servers answer 404 there); with
+// it equal to the metrics address, that one server answers both; with an
+// address of its own, the debug endpoint is there and not on the metrics
+// address.
+func TestDebugEndpointOnlyWhereAsked(t *testing.T) {
+	start := func(t *testing.T, f *Flags) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		if _, err := f.StartMetrics(ctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); f.stopMetrics() })
+	}
+	t.Run("off by default", func(t *testing.T) {
+		f := Flags{MetricsBindAddress: testio.FreeAddr(t), HealthzBindAddress: testio.FreeAddr(t)}
+		start(t, &f)
+		for addr, path := range map[string]string{f.MetricsBindAddress: "/metrics", f.HealthzBindAddress: "/healthz"} {
+			if got := status(t, addr, path); got != http.StatusOK {
+				t.Errorf("GET %s%s: %d, want 200", addr, path, got)
+			}
+			if got := status(t, addr, metrics.DebugPath); got != http.StatusNotFound {
+				t.Errorf("without --debug-bind-address, GET %s%s: %d, want 404", addr, metrics.DebugPath, got)
+			}
+		}
+	})
+	t.Run("beside the metrics", func(t *testing.T) {
+		f := Flags{MetricsBindAddress: testio.FreeAddr(t), HealthzBindAddress: testio.FreeAddr(t)}
+		f.DebugBindAddress = f.MetricsBindAddress
+		start(t, &f)
+		for path, want := range map[string]int{"/metrics": 200, metrics.DebugPath: 200, "/healthz": 404} {
+			if got := status(t, f.MetricsBindAddress, path); got != want {
+				t.Errorf("GET %s%s: %d, want %d", f.MetricsBindAddress, path, got, want)
+			}
+		}
+		if got := status(t, f.HealthzBindAddress, metrics.DebugPath); got != http.StatusNotFound {
+			t.Errorf("GET %s%s (health): %d, want 404", f.HealthzBindAddress, metrics.DebugPath, got)
+		}
+	})
+	t.Run("its own address", func(t *testing.T) {
+		f := Flags{MetricsBindAddress: testio.FreeAddr(t), DebugBindAddress: testio.FreeAddr(t)}
+		start(t, &f)
+		if got := status(t, f.DebugBindAddress, metrics.DebugPath); got != http.StatusOK {
+			t.Errorf("GET %s%s: %d, want 200", f.DebugBindAddress, metrics.DebugPath, got)
+		}
+		if got := status(t, f.MetricsBindAddress, metrics.DebugPath); got != http.StatusNotFound {
+			t.Errorf("GET %s%s (metrics): %d, want 404", f.MetricsBindAddress, metrics.DebugPath, got)
+		}
+		if got := status(t, f.DebugBindAddress, "/metrics"); got != http.StatusNotFound {
+			t.Errorf("GET %s/metrics (debug): %d, want 404", f.DebugBindAddress, got)
+		}
+	})
 }

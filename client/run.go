@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -53,6 +55,12 @@ type Flags struct {
 	// successful sync before those answer 503.
 	MetricsBindAddress, HealthzBindAddress string
 	HealthzTimeout                         time.Duration
+	// DebugBindAddress, when set, is where StartMetrics serves the debug
+	// endpoint (metrics.DebugPath: every service and endpoint the backend
+	// holds); empty, the default, serves it nowhere. An address equal to
+	// MetricsBindAddress (or HealthzBindAddress) serves it on that
+	// server.
+	DebugBindAddress string
 	// AppliedLater tells StartMetrics that the sink applies the rounds
 	// after its Sync returns and reports each success to the Recorder
 	// with Applied (metrics.Options.AppliedLater): health then follows
@@ -103,19 +111,22 @@ func (f *Flags) BindAPI(fs *flag.FlagSet) {
 	fs.BoolVar(&f.APIInsecure, "api-insecure", false, "plain TCP to a loopback controller address")
 }
 
-// BindMetrics registers --metrics-bind-address, --healthz-bind-address
-// and --healthz-timeout on fs (kube-proxy's names; empty addresses serve
-// nothing, and kube-proxy's ports 10249 and 10256 are left to it).
+// BindMetrics registers --metrics-bind-address, --healthz-bind-address,
+// --healthz-timeout (kube-proxy's names; empty addresses serve nothing,
+// and kube-proxy's ports 10249 and 10256 are left to it) and
+// --debug-bind-address on fs.
 func (f *Flags) BindMetrics(fs *flag.FlagSet) {
 	fs.StringVar(&f.MetricsBindAddress, "metrics-bind-address", "", "serve Prometheus metrics on /metrics at this address (e.g. 127.0.0.1:10349; empty: not served)")
 	fs.StringVar(&f.HealthzBindAddress, "healthz-bind-address", "", "serve /healthz and /livez at this address (e.g. 0.0.0.0:10356; empty: not served)")
+	fs.StringVar(&f.DebugBindAddress, "debug-bind-address", "", "serve the debug endpoint "+metrics.DebugPath+" (every service and endpoint the backend holds, unauthenticated) at this address; the metrics address serves both on one port (e.g. 127.0.0.1:10349; empty: not served)")
 	fs.DurationVar(&f.HealthzTimeout, "healthz-timeout", metrics.DefaultHealthTimeout, "how long a change may wait for a successful sync before /healthz and /livez answer 503")
 }
 
 // StartMetrics makes the Recorder of the rounds these flags run, serves
-// the endpoints they ask for until ctx ends (the metrics and the debug
-// endpoint on --metrics-bind-address, /healthz and /livez on
-// --healthz-bind-address; nothing when neither is set), and sets
+// the endpoints they ask for until ctx ends (the metrics on
+// --metrics-bind-address, /healthz and /livez on --healthz-bind-address,
+// the debug endpoint on --debug-bind-address; one server for the
+// endpoints given the same address; nothing when none is set), and sets
 // f.Observe, f.Queued and f.NodeEligible to feed it. A second call returns
 // what the first started. The Recorder is returned for a backend's own
 // metrics and for its health (Recorder.Healthy: the health check node
@@ -125,23 +136,50 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 		return f.recorder, nil
 	}
 	r := metrics.New(metrics.Options{ServiceProxyName: f.ServiceProxyName, HealthTimeout: f.HealthzTimeout, AppliedLater: f.AppliedLater})
-	var stops []func()
-	for _, s := range []struct {
+	health := r.HealthHandler()
+	// servers are the addresses to serve, in the flags' order, each with
+	// its flags and the paths they ask for.
+	type server struct {
+		addr  string
+		flags []string
+		mux   *http.ServeMux
+	}
+	var servers []*server
+	for _, e := range []struct {
 		flag, addr string
-		h          http.Handler
-	}{{"--metrics-bind-address", f.MetricsBindAddress, r.MetricsMux()}, {"--healthz-bind-address", f.HealthzBindAddress, r.HealthHandler()}} {
-		if s.addr == "" {
+		paths      map[string]http.Handler
+	}{
+		{"--metrics-bind-address", f.MetricsBindAddress, map[string]http.Handler{"/metrics": r.MetricsHandler()}},
+		{"--healthz-bind-address", f.HealthzBindAddress, map[string]http.Handler{"/healthz": health, "/livez": health}},
+		{"--debug-bind-address", f.DebugBindAddress, map[string]http.Handler{metrics.DebugPath: r.DebugHandler()}},
+	} {
+		if e.addr == "" {
 			continue
 		}
-		stop, err := metrics.Serve(ctx, s.addr, s.h)
+		i := slices.IndexFunc(servers, func(s *server) bool { return s.addr == e.addr })
+		if i < 0 {
+			servers = append(servers, &server{addr: e.addr, mux: http.NewServeMux()})
+			i = len(servers) - 1
+		}
+		s := servers[i]
+		s.flags = append(s.flags, e.flag)
+		for path, h := range e.paths {
+			s.mux.Handle(path, h)
+		}
+	}
+	var stops []func()
+	for _, s := range servers {
+		stop, err := metrics.Serve(ctx, s.addr, s.mux)
 		if err != nil {
 			for _, stop := range stops {
-				stop() // the server started before, if any
+				stop() // the servers started before, if any
 			}
-			return nil, fmt.Errorf("%s=%s: %w", s.flag, s.addr, err)
+			return nil, fmt.Errorf("%s=%s: %w", strings.Join(s.flags, ", "), s.addr, err)
 		}
 		stops = append(stops, stop)
-		klog.InfoS("Serving", "flag", s.flag, "address", s.addr)
+		for _, fl := range s.flags {
+			klog.InfoS("Serving", "flag", fl, "address", s.addr)
+		}
 	}
 	f.Observe, f.Queued, f.NodeEligible, f.recorder = r.Observe, r.Queued, r.SetNodeEligible, r
 	f.stopMetrics = func() {

@@ -153,6 +153,24 @@ func parseCommand(t *testing.T, c *v1.Container, values map[string]string) comma
 	return cmd
 }
 
+// nodeIP is the value the tests give $(POD_IP): with hostNetwork, the
+// node's address.
+const nodeIP = "192.0.2.10"
+
+// loopbackOnly says whether the bind address addr (host:port) listens on
+// loopback only: an IP literal of 127.0.0.0/8 or ::1 (not a name, not an
+// empty host, which is every address).
+func loopbackOnly(t *testing.T, addr string) bool {
+	t.Helper()
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Errorf("%s: %v", addr, err)
+		return false
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
 // port returns the port of a bind address flag.
 func port(t *testing.T, cmd command, flag string) int32 {
 	t.Helper()
@@ -210,7 +228,7 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			if !inImage[c.Command[0]] {
 				t.Errorf("command %s: not a program of the image (%v)", c.Command[0], inImage)
 			}
-			cmd := parseCommand(t, c, map[string]string{"POD_IP": "127.0.0.1", "NODE_NAME": "node-a"})
+			cmd := parseCommand(t, c, map[string]string{"POD_IP": nodeIP, "NODE_NAME": "node-a"})
 			if cmd.backend != d.backend {
 				t.Errorf("backend %s, want %s", cmd.backend, d.backend)
 			}
@@ -226,6 +244,22 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			}
 			if !nodeName && cmd.kube["node-name"] == "" {
 				t.Error("neither NODE_NAME from spec.nodeName nor --node-name")
+			}
+
+			// What is served where: the metrics (and the debug endpoint,
+			// if on) on loopback only, as kube-proxy's; health on the
+			// node's address (the pod's, with hostNetwork), which the
+			// kubelet probes.
+			for _, flag := range []string{"metrics-bind-address", "debug-bind-address"} {
+				if a, ok := cmd.kube[flag]; ok && !loopbackOnly(t, a) {
+					t.Errorf("--%s=%s: want a loopback address (127.0.0.1), not one the node's network reaches", flag, a)
+				}
+			}
+			if _, ok := cmd.kube["metrics-bind-address"]; !ok {
+				t.Error("no --metrics-bind-address")
+			}
+			if h, _, err := net.SplitHostPort(cmd.kube["healthz-bind-address"]); err != nil || h != nodeIP {
+				t.Errorf("--healthz-bind-address=%s: want $(POD_IP), the node's address the kubelet probes", cmd.kube["healthz-bind-address"])
 			}
 
 			// Ports: named, those of the flags, not kube-proxy's, not the

@@ -64,11 +64,12 @@ func (r *Recorder) DebugHandler() http.Handler {
 	})
 }
 
-// MetricsMux serves MetricsHandler on /metrics and DebugHandler on
-// DebugPath: what --metrics-bind-address serves.
+// MetricsMux serves MetricsHandler on /metrics: what
+// --metrics-bind-address serves. The debug endpoint is not in it: it
+// lists every service and endpoint the backend holds, and is served only
+// where asked (--debug-bind-address, client.Flags.DebugBindAddress).
 func (r *Recorder) MetricsMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", r.MetricsHandler())
-	mux.Handle(DebugPath, r.DebugHandler())
 	return mux
 }

@@ -4,11 +4,11 @@
 // listing what the backend holds and what it could not program. A Recorder
 // observes the per-round records of localsink.Feeder
 // (watcher.Config.Observe, remote.Config.Observe); client.Run programs and
-// the kpng binary serve it with --metrics-bind-address and
-// --healthz-bind-address. A backend that applies the rounds after its
-// Sync returns (kpng-callout) says so with Options.AppliedLater and
-// reports its successes with Recorder.Applied, so that its health follows
-// what it really applied.
+// the kpng binary serve it with --metrics-bind-address,
+// --healthz-bind-address and --debug-bind-address. A backend that applies
+// the rounds after its Sync returns (kpng-callout) says so with
+// Options.AppliedLater and reports its successes with Recorder.Applied,
+// so that its health follows what it really applied.
 //
 // The metric names are kube-proxy's with the kpng_ prefix instead of
 // kubeproxy_, and a service_proxy_name label: kpng runs beside kube-proxy,

@@ -126,7 +126,7 @@ func TestRecorderProblems(t *testing.T) {
 
 	get := func(query string) (int, Debug) {
 		rec := httptest.NewRecorder()
-		r.MetricsMux().ServeHTTP(rec, httptest.NewRequest("GET", DebugPath+query, nil))
+		r.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", DebugPath+query, nil))
 		var d Debug
 		if rec.Code == http.StatusOK {
 			if err := json.Unmarshal(rec.Body.Bytes(), &d); err != nil {

@@ -46,7 +46,7 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	kpng := e2e.Start(t, e2e.Build(t, "cmd/kpng"), "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
-		"--node-name=node-a", "--metrics-bind-address="+addr, "to-local", "to-nft", "--check-period=0", "--netns="+node.Path())
+		"--node-name=node-a", "--metrics-bind-address="+addr, "--debug-bind-address="+addr, "to-local", "to-nft", "--check-period=0", "--netns="+node.Path())
 
 	scrape := func() map[string]float64 {
 		resp, err := http.Get("http://" + addr + "/metrics")

@@ -158,7 +158,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	args := []string{"--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + serviceProxyName,
-		"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthAddr}
+		"--metrics-bind-address=" + metricsAddr, "--healthz-bind-address=" + healthAddr, "--debug-bind-address=" + metricsAddr}
 	step(out, fmt.Sprintf("Running NODE_NAME=%s kpng-json %s", localNode, strings.Join(args, " ")))
 	var stdout, stderr syncBuffer
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -204,7 +204,8 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "    http://%s/metrics              Prometheus metrics (kube-proxy's names, kpng_ prefix)\n", metricsAddr)
 	fmt.Fprintf(out, "    http://%s%s  what the backend holds and what it refused (JSON)\n", metricsAddr, metrics.DebugPath)
 	fmt.Fprintf(out, "    http://%s/healthz and /livez   health, as kube-proxy's\n", healthAddr)
-	fmt.Fprintf(out, "    (a program of yours gets them with --metrics-bind-address and --healthz-bind-address)\n")
+	fmt.Fprintf(out, "    (a program of yours gets them with --metrics-bind-address, --healthz-bind-address and\n")
+	fmt.Fprintf(out, "    --debug-bind-address; the debug endpoint is off unless asked for)\n")
 	fmt.Fprintf(out, "  Some of the metrics:\n")
 	for _, l := range strings.Split(metricsText, "\n") {
 		for _, name := range []string{"kpng_services{", "kpng_endpoints{", "kpng_rounds_total{", "kpng_sync_proxy_rules_service_changes_total{", "kpng_sync_proxy_rules_duration_seconds_count{"} {
