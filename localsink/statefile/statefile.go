@@ -69,7 +69,8 @@ func MarshalState(cluster *model.Cluster, items []*model.ServiceEndpoints) ([]by
 // Write writes a state to path atomically: a temporary file in the same
 // directory, flushed to the disk, renamed over it. A reader never sees half
 // a file, and when the write fails (a full disk, say) path keeps its
-// previous content whole and the temporary file is removed.
+// previous content whole and the temporary file is removed. The file is
+// mode 0600: readable by its owner only.
 func Write(path string, items []*model.ServiceEndpoints) error {
 	return WriteState(path, nil, items)
 }
@@ -89,7 +90,10 @@ func WriteState(path string, cluster *model.Cluster, items []*model.ServiceEndpo
 		tmp.Close()
 		return fmt.Errorf("write state %s (%d bytes): %w", path, len(data), err)
 	}
-	if err := tmp.Chmod(0o644); err != nil {
+	// The whole state of the proxier (every service and endpoint): for
+	// its owner only, whatever the umask and the mode of the file
+	// replaced.
+	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
 		return fmt.Errorf("write state %s: %w", path, err)
 	}
@@ -610,10 +614,20 @@ func WatchWithOptions(ctx context.Context, path string, interval time.Duration, 
 	var last os.FileInfo
 	var lastSum [sha256.Size]byte
 	have := false
+	// bad is the version of the file last found malformed, and badSum
+	// its content's hash (haveBad: there is one), remembered as the good
+	// one is: a malformed file is parsed once, not at every check (a
+	// 30 MB file with one bad address at its end took 27 CPU-seconds to
+	// parse), and its error logged once.
+	var bad os.FileInfo
+	var badSum [sha256.Size]byte
+	haveBad := false
 	logged := ""
 	for {
 		var err error
-		if fi, statErr := os.Stat(path); statErr != nil || !have || !sameVersion(fi, last) {
+		fi, statErr := os.Stat(path)
+		known := statErr == nil && (have && sameVersion(fi, last) || haveBad && sameVersion(fi, bad))
+		if !known {
 			var data []byte
 			var read os.FileInfo
 			data, read, err = readFile(path, maxSize)
@@ -622,12 +636,17 @@ func WatchWithOptions(ctx context.Context, path string, interval time.Duration, 
 			case err != nil:
 			case have && sum == lastSum:
 				last = read // the same content (touched, rewritten)
+			case haveBad && sum == badSum:
+				bad = read // the malformed content again (touched, copied)
 			default:
 				err = settled(ctx, path, maxSize, data, settleDelay)
 				var items []*model.ServiceEndpoints
 				var cluster *model.Cluster
 				if err == nil {
-					cluster, items, err = ParseState(data)
+					cluster, items, err = parseWatched(data)
+					if err != nil {
+						bad, badSum, haveBad = read, sum, true
+					}
 				}
 				if err == nil {
 					klog.V(2).InfoS("Loaded state file", "path", path, "services", len(items))
@@ -635,6 +654,7 @@ func WatchWithOptions(ctx context.Context, path string, interval time.Duration, 
 					feeder.SetAll(items)
 					_ = feeder.Sync() // logged by the Feeder, retried
 					last, lastSum, have = read, sum, true
+					haveBad = false
 					logged = ""
 				} else {
 					err = fmt.Errorf("state file %s: %w", path, err)
@@ -652,6 +672,9 @@ func WatchWithOptions(ctx context.Context, path string, interval time.Duration, 
 		}
 	}
 }
+
+// parseWatched is ParseState, for Watch (tests count its calls).
+var parseWatched = ParseState
 
 // settleDelay is how long a new content of a watched file must stay the
 // same before it is taken.

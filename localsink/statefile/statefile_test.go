@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -544,6 +545,97 @@ func TestJSONItems(t *testing.T) {
 			if !json.Valid(r) || r[0] != '{' {
 				t.Errorf("%q: item %q", tc.data, r)
 			}
+		}
+	}
+}
+
+// TestWatchParsesAMalformedVersionOnce replaces a watched file with a
+// malformed one (a bad address in its last item), checked every 10 ms:
+// it is parsed once, not at every check, nor again when touched or
+// copied over itself (same content); the next good file is parsed and
+// delivered.
+func TestWatchParsesAMalformedVersionOnce(t *testing.T) {
+	var parses atomic.Int64
+	saved := parseWatched
+	parseWatched = func(data []byte) (*model.Cluster, []*model.ServiceEndpoints, error) {
+		parses.Add(1)
+		return ParseState(data)
+	}
+	t.Cleanup(func() { parseWatched = saved })
+
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.yaml")
+	if err := Write(path, sample()); err != nil {
+		t.Fatal(err)
+	}
+	rec := watchFile(t, path, 10*time.Millisecond)
+	rec.last(t, 1)
+	good, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	malformed := bytes.Replace(good, []byte("1100::202"), []byte("1100::zzz"), 1)
+	replace := func(data []byte) {
+		t.Helper()
+		tmp := filepath.Join(dir, "new")
+		if err := os.WriteFile(tmp, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replace(malformed)
+	for deadline := time.Now().Add(10 * time.Second); parses.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := parses.Load(); n != 2 {
+		t.Fatalf("%d parses, want 2: the good file, then the malformed one", n)
+	}
+	time.Sleep(300 * time.Millisecond) // some 30 checks
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	replace(malformed)
+	time.Sleep(100 * time.Millisecond)
+	if n := parses.Load(); n != 2 {
+		t.Errorf("%d parses, want 2: the malformed file was parsed again (at every check, or touched, or copied)", n)
+	}
+	if n := rec.count(); n != 1 {
+		t.Errorf("%d states, want the first one only", n)
+	}
+	changed := sample()
+	changed[0].Endpoints = changed[0].Endpoints[:1]
+	if err := Write(path, changed); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(changed, rec.last(t, 2), equatePrefixes); diff != "" {
+		t.Errorf("state after the malformed file (-want +got):\n%s", diff)
+	}
+}
+
+// TestWriteIsPrivate: the state file is written mode 0600, also over a
+// file that was 0644, and whatever the umask.
+func TestWriteIsPrivate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.yaml")
+	if err := os.WriteFile(path, []byte("[]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := Write(path, sample()); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := fi.Mode().Perm(); m != 0o600 {
+			t.Errorf("write %d: mode %v, want -rw------- (the whole state, for its owner only)", i, m)
 		}
 	}
 }
