@@ -14,10 +14,10 @@ import (
 )
 
 // listenUnix listens on the unix socket path, created with mode 0600. Its
-// directory is created 0755 if missing; an existing one must belong to
-// this process's user or to root and must not be writable by others
-// (unless sticky, as /tmp): whoever can write to it could replace the
-// socket. An existing file at path is replaced only when it is a socket
+// directory is created 0755 if missing; it and every directory above it
+// must belong to this process's user or to root and must not be writable
+// by others (unless sticky, as /tmp): whoever can write to one could
+// replace the socket. An existing file at path is replaced only when it is a socket
 // of this process's user that nobody listens on (a previous run's): a
 // live socket is another controller's, and another user's is not ours to
 // remove.
@@ -47,10 +47,37 @@ func listenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// checkDir checks that the socket's directory belongs to this process's
-// user or to root, and that nobody else can write to it (but for a sticky
-// directory, where only a file's owner may remove or rename it).
+// checkDir checks the socket's directory and every directory above it,
+// as written and with its symbolic links resolved: each must belong to
+// this process's user or to root, and nobody else may write to it (but
+// for a sticky directory, where only a file's owner may remove or rename
+// it). Whoever can rename an entry of any of them could put a directory
+// of theirs in the socket's path.
 func checkDir(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	resolved, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return err
+	}
+	for _, path := range []string{abs, resolved} {
+		for d := path; ; d = filepath.Dir(d) {
+			if err := checkOneDir(d); err != nil {
+				return err
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// checkOneDir checks that dir belongs to this process's user or to root,
+// and that nobody else can write to it unless it is sticky.
+func checkOneDir(dir string) error {
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return err
