@@ -17,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -43,10 +44,22 @@ var daemonSets = []struct {
 	backend  string
 	caps     []v1.Capability
 	variants [][]string
+	// childMiB is the peak RSS of the program the backend runs beside
+	// kpng in the container, measured at 10,000 services × 10 endpoints
+	// (docs/benchmarks.md, "Memory limits of the DaemonSets").
+	childMiB int64
 }{
-	{"kpng-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}},
-	{"kpng-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}},
+	{"kpng-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}, 0},
+	{"kpng-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}, 170},
 }
+
+// peakMiB is kpng kube's peak RSS at 10,000 services × 10 endpoints (the
+// highest of six processes, docs/benchmarks.md).
+const peakMiB = 304
+
+// heldMiB is what kpng kube holds at 10,000 services × 10 endpoints
+// after its first state (173–181 MiB): the memory request.
+const heldMiB = 181
 
 // watcherRules are the permissions of the watcher (client/watcher): it
 // lists, then watches, Services and EndpointSlices (by label) and its Node
@@ -310,6 +323,30 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			}
 			if !cmp.Equal(sc.Capabilities.Add, d.caps) {
 				t.Errorf("adds %v, want %v", sc.Capabilities.Add, d.caps)
+			}
+
+			// Memory: requested what kpng holds at 10,000 services,
+			// limited with room over the peak measured there, and Go's
+			// soft limit, if set, under the container's.
+			req, lim := c.Resources.Requests.Memory(), c.Resources.Limits.Memory()
+			if req.IsZero() || lim.IsZero() {
+				t.Errorf("memory request %v, limit %v: want both", req, lim)
+			} else {
+				if req.Value() < heldMiB<<20 || req.Cmp(*lim) > 0 {
+					t.Errorf("memory request %v: want at least %d MiB (held at 10,000 services) and at most the limit %v", req, heldMiB, lim)
+				}
+				if peak := peakMiB + d.childMiB; lim.Value() < peak<<20*3/2 {
+					t.Errorf("memory limit %v: want at least 1.5 times the peak of %d MiB measured at 10,000 services", lim, peak)
+				}
+			}
+			for _, e := range c.Env {
+				if e.Name != "GOMEMLIMIT" {
+					continue
+				}
+				q, err := resource.ParseQuantity(strings.Replace(e.Value, "iB", "i", 1))
+				if err != nil || lim.IsZero() || q.Value() < peakMiB<<20 || q.Value() > lim.Value()-d.childMiB<<20 {
+					t.Errorf("GOMEMLIMIT=%s: want a size over kpng's peak (%d MiB) that leaves the limit %v room for what the backend runs (%d MiB) (%v)", e.Value, peakMiB, lim, d.childMiB, err)
+				}
 			}
 
 			// kpng accepts the command line (a wrong flag name exits 2).
