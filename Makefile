@@ -9,7 +9,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo serve test unit controlplane lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image
+.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -37,6 +37,28 @@ unit:
 ## controlplane: build (once, then cached) kube-apiserver and etcd.
 controlplane:
 	bash hack/build-controlplane.sh >/dev/null
+
+## cluster: a two-node Kubernetes cluster on this machine (root; see
+## docs/cluster.md): the control plane, and per node a network namespace
+## with containerd and kubelet, every image built here; then PROXIER
+## deployed: kpng-nft (default) or kpng-iptables (deploy/'s DaemonSets,
+## kpng the only proxier), kube-proxy-nftables or kube-proxy-iptables,
+## or seeds (kube-proxy, and kpng beside it for its labelled services).
+## kubectl: hack/cluster/kubectl.sh.
+PROXIER ?= kpng-nft
+cluster:
+	bash hack/cluster/up.sh
+	bash hack/cluster/proxier.sh deploy $(PROXIER)
+
+## cluster-down: remove the cluster and everything it made.
+cluster-down:
+	bash hack/cluster/down.sh
+
+## cluster-test: the cluster's smoke test: up, kpng as its proxier (nft,
+## then iptables), then the seeds' mode, pods reaching services across the
+## nodes; then down, checking that nothing is left.
+cluster-test:
+	bash hack/cluster/test.sh
 
 ## lint: gofmt, go vet and staticcheck, then the cross builds.
 lint: cross

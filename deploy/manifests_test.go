@@ -39,6 +39,9 @@ func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 // and the capabilities it needs (capabilities_linux_test.go shows that it
 // works with them and not with one fewer, with each of variants: backend
 // flags, the first of which needs every capability).
+// The default proxiers (defaultProxier) run instead of kube-proxy: no
+// service-proxy-name, kube-proxy's ports, the API server's address from a
+// ConfigMap.
 var daemonSets = []struct {
 	file     string
 	backend  string
@@ -47,11 +50,19 @@ var daemonSets = []struct {
 	// childMiB is the peak RSS of the program the backend runs beside
 	// kpng in the container, measured at 10,000 services × 10 endpoints
 	// (docs/benchmarks.md, "Memory limits of the DaemonSets").
-	childMiB int64
+	childMiB       int64
+	defaultProxier bool
 }{
-	{"kpng-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}, 0},
-	{"kpng-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}, 170},
+	{"kpng-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}, 0, false},
+	{"kpng-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}, 170, false},
+	{"kpng-default-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}, 0, true},
+	{"kpng-default-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}, 170, true},
 }
+
+// apiServerConfigMap is the ConfigMap a default proxier reads the API
+// server's address from (KUBERNETES_SERVICE_HOST and _PORT): the
+// kubernetes Service's cluster IP works only once the proxier runs.
+const apiServerConfigMap = "kpng-apiserver"
 
 // peakMiB is kpng kube's peak RSS at 10,000 services × 10 endpoints (the
 // highest of six processes, docs/benchmarks.md).
@@ -68,6 +79,11 @@ var watcherRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: []string{"list", "watch"}},
 	{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
 }
+
+// serviceCIDRRule is what the watcher of a default proxier needs besides:
+// the ServiceCIDR objects, whose ranges are the cluster IPs (addresses no
+// service holds are then refused, as kube-proxy does).
+var serviceCIDRRule = rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"servicecidrs"}, Verbs: []string{"list", "watch"}}
 
 // proxier is one manifest, decoded.
 type proxier struct {
@@ -229,7 +245,11 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 				t.Errorf("ClusterRoleBinding subjects %+v, want %+v", p.binding.Subjects, want)
 			}
 			// Least privilege: the watcher's permissions, no more.
-			if diff := cmp.Diff(watcherRules, p.role.Rules); diff != "" {
+			want := watcherRules
+			if d.defaultProxier {
+				want = append(slices.Clone(watcherRules), serviceCIDRRule)
+			}
+			if diff := cmp.Diff(want, p.role.Rules); diff != "" {
 				t.Errorf("ClusterRole rules, not the watcher's (-want +got):\n%s", diff)
 			}
 
@@ -245,7 +265,20 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			if cmd.backend != d.backend {
 				t.Errorf("backend %s, want %s", cmd.backend, d.backend)
 			}
-			if cmd.kube["service-proxy-name"] == "" {
+			if d.defaultProxier {
+				if cmd.kube["service-proxy-name"] != "" {
+					t.Errorf("--service-proxy-name=%s: a default proxier handles the services without one", cmd.kube["service-proxy-name"])
+				}
+				fromConfigMap := false
+				for _, e := range c.EnvFrom {
+					if e.ConfigMapRef != nil && e.ConfigMapRef.Name == apiServerConfigMap && e.Prefix == "" && (e.ConfigMapRef.Optional == nil || !*e.ConfigMapRef.Optional) {
+						fromConfigMap = true
+					}
+				}
+				if !fromConfigMap {
+					t.Errorf("no env from the ConfigMap %s (required): kpng would look for the API server at the cluster IP it has not programmed yet", apiServerConfigMap)
+				}
+			} else if cmd.kube["service-proxy-name"] == "" {
 				t.Error("no --service-proxy-name: it would proxy the services kube-proxy handles")
 			}
 			// NODE_NAME is the node's name (Local endpoints, topology).
@@ -275,8 +308,9 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 				t.Errorf("--healthz-bind-address=%s: want $(POD_IP), the node's address the kubelet probes", cmd.kube["healthz-bind-address"])
 			}
 
-			// Ports: named, those of the flags, not kube-proxy's, not the
-			// other DaemonSet's.
+			// Ports: named, those of the flags; a specialized proxier's are
+			// not kube-proxy's nor the other DaemonSets', a default
+			// proxier's are kube-proxy's.
 			metrics, healthz := port(t, cmd, "metrics-bind-address"), port(t, cmd, "healthz-bind-address")
 			named := map[string]int32{}
 			for _, cp := range c.Ports {
@@ -285,7 +319,15 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			if named["metrics"] != metrics || named["healthz"] != healthz {
 				t.Errorf("container ports %v, want metrics %d and healthz %d (the bind addresses)", named, metrics, healthz)
 			}
+			if d.defaultProxier {
+				if metrics != 10249 || healthz != 10256 {
+					t.Errorf("metrics on %d and healthz on %d, want kube-proxy's 10249 and 10256", metrics, healthz)
+				}
+			}
 			for _, n := range []int32{metrics, healthz} {
+				if d.defaultProxier {
+					continue
+				}
 				if n == 10249 || n == 10256 {
 					t.Errorf("port %d is kube-proxy's", n)
 				}
@@ -440,7 +482,15 @@ func checkWatcherRuns(t *testing.T, user, proxyName string) {
 	}()
 	select {
 	case items := <-got:
-		if len(items) != 1 || items[0].Service.Name != "a" || len(items[0].Endpoints) != 1 || !items[0].Endpoints[0].Local {
+		// A default proxier gets every unlabelled service of the API
+		// server (kubernetes, other tests'): ns/a must be among them.
+		var a *model.ServiceEndpoints
+		for _, it := range items {
+			if it.Service.Namespace == ns && it.Service.Name == "a" {
+				a = it
+			}
+		}
+		if a == nil || len(a.Endpoints) != 1 || !a.Endpoints[0].Local || (proxyName != "" && len(items) != 1) {
 			t.Errorf("as %s, the watcher got %d services, want %s/a with its local endpoint", user, len(items), ns)
 		}
 	case <-ctx.Done():
@@ -449,6 +499,17 @@ func checkWatcherRuns(t *testing.T, user, proxyName string) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("watcher: %v", err)
+	}
+	if proxyName == "" {
+		cfg := cp.RESTConfig()
+		cfg.Impersonate.UserName = user
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.NetworkingV1().ServiceCIDRs().List(context.Background(), metav1.ListOptions{}); err != nil {
+			t.Errorf("as %s, the default proxier's watcher cannot list ServiceCIDRs: %v", user, err)
+		}
 	}
 }
 

@@ -27,6 +27,10 @@
 #
 # With --with-kube-proxy, kube-proxy (the peer of the side-by-side
 # benchmarks, hack/bench-iptables.sh) is built into the same directory.
+# With --with-cluster, so are kube-proxy and what the one-machine cluster
+# (hack/cluster/up.sh) runs besides: kubelet, kube-controller-manager,
+# kube-scheduler, kubectl, and agnhost (the e2e tests' test program, which
+# the cluster's test image is made of).
 #
 # Progress goes to stderr; the last line on stdout is the cache directory.
 # A cold build of kube-apiserver takes several minutes on a small machine.
@@ -54,13 +58,27 @@ cache_root="${KPNG_CACHE_DIR:-${HOME}/.cache/kpng}"
 dir="${cache_root}/controlplane/k8s-${k8s_version}-etcd-${etcd_version}"
 
 with_kube_proxy=false
-if [[ "${1:-}" == "--with-kube-proxy" ]]; then
-  with_kube_proxy=true
-fi
+with_cluster=false
+for arg in "$@"; do
+  case "${arg}" in
+    --with-kube-proxy) with_kube_proxy=true ;;
+    --with-cluster) with_kube_proxy=true; with_cluster=true ;;
+    *) log "unknown argument ${arg} (--with-kube-proxy, --with-cluster)"; exit 2 ;;
+  esac
+done
+cluster_binaries=(kubelet kube-controller-manager kube-scheduler kubectl agnhost)
 
 have_binaries() {
   [[ -x "${dir}/kube-apiserver" && -x "${dir}/etcd" ]] &&
-    { ! ${with_kube_proxy} || [[ -x "${dir}/kube-proxy" ]]; }
+    { ! ${with_kube_proxy} || [[ -x "${dir}/kube-proxy" ]]; } &&
+    { ! ${with_cluster} || all_executable "${cluster_binaries[@]}"; }
+}
+
+all_executable() {
+  local name
+  for name in "$@"; do
+    [[ -x "${dir}/${name}" ]] || return 1
+  done
 }
 
 if have_binaries; then
@@ -124,6 +142,16 @@ build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver -ldflags="${k8s_ldflag
 build etcd ./etcd
 if ${with_kube_proxy}; then
   build kube-proxy k8s.io/kubernetes/cmd/kube-proxy -ldflags="${k8s_ldflags}"
+fi
+if ${with_cluster}; then
+  for name in "${cluster_binaries[@]}"; do
+    case "${name}" in
+      # Built as the others (with cgo: the build shares their cache), for
+      # an image with a C library.
+      agnhost) build agnhost k8s.io/kubernetes/test/images/agnhost ;;
+      *) build "${name}" "k8s.io/kubernetes/cmd/${name}" -ldflags="${k8s_ldflags}" ;;
+    esac
+  done
 fi
 
 log "binaries ready in ${dir}"

@@ -1,0 +1,107 @@
+# lib.sh: what the scripts of hack/cluster share: the cluster's layout
+# (names, addresses, directories) and small helpers. Sourced, not run.
+#
+# The cluster, all on this machine (docs/cluster.md):
+#   - a "lan" network namespace (kpngc-lan) holding the bridge that joins
+#     the nodes, and the control plane: etcd, kube-apiserver (on the
+#     bridge's address), kube-controller-manager, kube-scheduler;
+#   - one network namespace per node (kpngc-node-a, kpngc-node-b), each with
+#     its own containerd and kubelet, its address on the bridge, and a pod
+#     network (CNI ptp + host-local) routed to the other node.
+# Processes run in the namespaces with `nsenter --net` only: kubelet and
+# containerd must share the mount namespace (the volumes kubelet mounts are
+# bind-mounted into the containers by runc), which `ip netns exec` would
+# give each its own.
+
+KPNGC_PREFIX=kpngc
+KPNGC_LAN="${KPNGC_PREFIX}-lan"
+KPNGC_BRIDGE="${KPNGC_PREFIX}0"
+KPNGC_LAN_IP=10.250.0.1
+KPNGC_NODES=(node-a node-b)
+declare -A KPNGC_NODE_IP=([node-a]=10.250.0.11 [node-b]=10.250.0.12)
+declare -A KPNGC_POD_CIDR=([node-a]=10.244.1.0/24 [node-b]=10.244.2.0/24)
+KPNGC_CLUSTER_CIDR=10.244.0.0/16
+KPNGC_SERVICE_CIDR=10.96.0.0/16
+KPNGC_KUBERNETES_IP=10.96.0.1
+KPNGC_DNS_IP=10.96.0.10
+KPNGC_API_PORT=6443
+KPNGC_SERVER="https://${KPNGC_LAN_IP}:${KPNGC_API_PORT}"
+
+# The sandbox image containerd runs for every pod, and the test image: both
+# built here (images.sh), with the names the e2e tests ask for.
+KPNGC_PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
+KPNGC_AGNHOST_IMAGE=registry.k8s.io/e2e-test-images/agnhost:2.63.0
+# kpng's image, built here; the manifests of deploy/ get this name instead
+# of their registry.example/kpng:latest, and nothing else changes.
+KPNGC_KPNG_IMAGE=localhost/kpng:cluster
+
+# Everything the cluster writes lives under KPNGC_DIR (state, logs, pid
+# files, certificates); what is built once lives under KPNGC_CACHE.
+KPNGC_DIR="${KPNG_CLUSTER_DIR:-/var/lib/kpng-cluster}"
+KPNGC_CACHE="${KPNG_CACHE_DIR:-${HOME}/.cache/kpng}/cluster"
+KPNGC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+# The CNI plugins (Debian's containernetworking-plugins).
+KPNGC_CNI_BIN=/usr/lib/cni
+
+kpngc_log() {
+  echo "cluster: $*" >&2
+}
+
+kpngc_die() {
+  echo "cluster: error: $*" >&2
+  exit 1
+}
+
+# kpngc_netns NODE prints the network namespace of NODE (or lan).
+kpngc_netns() {
+  echo "${KPNGC_PREFIX}-$1"
+}
+
+# kpngc_in NS CMD... runs CMD in the network namespace NS (lan or a node).
+kpngc_in() {
+  local ns
+  ns="$(kpngc_netns "$1")"
+  shift
+  nsenter --net="/run/netns/${ns}" -- "$@"
+}
+
+# kpngc_kubectl ARGS... runs kubectl as the cluster's admin.
+kpngc_kubectl() {
+  kpngc_in lan "${KPNGC_BIN}/kubectl" --kubeconfig="${KPNGC_DIR}/pki/admin.kubeconfig" "$@"
+}
+
+# kpngc_start NAME NS CMD... starts CMD in the background in namespace NS
+# (lan or a node), in its own session, with its output in logs/NAME.log and
+# its pid in run/NAME.pid.
+kpngc_start() {
+  local name="$1" ns="$2"
+  shift 2
+  mkdir -p "${KPNGC_DIR}/logs" "${KPNGC_DIR}/run"
+  # exec all the way down (subshell, nsenter, setsid), so that $! is the
+  # program's own pid.
+  (exec nsenter --net="/run/netns/$(kpngc_netns "${ns}")" -- setsid "$@" >"${KPNGC_DIR}/logs/${name}.log" 2>&1 </dev/null) &
+  echo $! >"${KPNGC_DIR}/run/${name}.pid"
+}
+
+# kpngc_wait WHAT SECONDS CMD... retries CMD every half second until it
+# succeeds, or fails after SECONDS naming WHAT.
+kpngc_wait() {
+  local what="$1" timeout="$2"
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      kpngc_log "timed out after ${timeout}s waiting for ${what}"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# kpngc_binaries sets KPNGC_BIN to the directory of the Kubernetes binaries
+# (built once and cached by hack/build-controlplane.sh --with-cluster).
+kpngc_binaries() {
+  KPNGC_BIN="$(bash "${KPNGC_ROOT}/hack/build-controlplane.sh" --with-cluster | tail -n 1)"
+  [[ -x "${KPNGC_BIN}/kubelet" ]] || kpngc_die "no kubelet in ${KPNGC_BIN}"
+}

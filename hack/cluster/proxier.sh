@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# proxier.sh deploy NAME | remove NAME: the cluster's proxier.
+#
+#   kpng-nft, kpng-iptables   kpng as the cluster's only proxier: the
+#                             DaemonSet deploy/kpng-default-<backend>.yaml,
+#                             applied as a user would, only its image name
+#                             replaced by the one built here; no kube-proxy.
+#   kube-proxy-nftables,      kube-proxy v1.36.3 (built from the module
+#   kube-proxy-iptables       proxy) as the only proxier, a process on each
+#                             node, in that mode (no image of kube-proxy can
+#                             be pulled here).
+#   seeds                     the seeds' own mode: kube-proxy (nftables) as
+#                             the default proxier, and beside it kpng for the
+#                             Services labelled with its service-proxy-name:
+#                             deploy/kpng-nft.yaml (kpng-nft) and the blog's
+#                             all-IP proxier (examples/manifests, kpng-example).
+#
+# remove undoes deploy, and removes the proxier's rules from each node as
+# its operator would (kpng ... --cleanup, kube-proxy --cleanup), so that the
+# next proxier is the only one programming the nodes.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+kpngc_binaries
+
+# apply FILE applies a manifest of the repository with the local image.
+apply() {
+  sed "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" "${KPNGC_ROOT}/$1" | kpngc_kubectl apply -f - >/dev/null
+}
+
+# delete FILE deletes what apply made, and waits for its pods to go.
+delete() {
+  sed "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" "${KPNGC_ROOT}/$1" |
+    kpngc_kubectl delete --ignore-not-found --wait=true --timeout=120s -f - >/dev/null
+}
+
+# rollout NAME waits until the DaemonSet kube-system/NAME runs a ready pod
+# on every node.
+rollout() {
+  kpngc_kubectl -n kube-system rollout status "daemonset/$1" --timeout=180s >/dev/null ||
+    kpngc_die "DaemonSet $1 did not become ready: $(kpngc_kubectl -n kube-system get pods -o wide 2>&1 | tail -n +1)"
+}
+
+# apiserver_configmap tells the default-proxier DaemonSets where the API
+# server is (see the top of deploy/kpng-default-nft.yaml).
+apiserver_configmap() {
+  kpngc_kubectl -n kube-system create configmap kpng-apiserver \
+    --from-literal=KUBERNETES_SERVICE_HOST="${KPNGC_LAN_IP}" \
+    --from-literal=KUBERNETES_SERVICE_PORT="${KPNGC_API_PORT}" \
+    --dry-run=client -o yaml | kpngc_kubectl apply -f - >/dev/null
+}
+
+# kube_proxy MODE starts kube-proxy in MODE on each node.
+kube_proxy() {
+  local node
+  for node in "${KPNGC_NODES[@]}"; do
+    kpngc_start "proxier-kube-proxy-${node}" "${node}" "${KPNGC_BIN}/kube-proxy" \
+      --kubeconfig="${KPNGC_DIR}/pki/kube-proxy.kubeconfig" --hostname-override="${node}" \
+      --proxy-mode="$1" --cluster-cidr="${KPNGC_CLUSTER_CIDR}" \
+      --conntrack-max-per-core=0 --conntrack-tcp-timeout-established=0 \
+      --conntrack-tcp-timeout-close-wait=0
+  done
+  for node in "${KPNGC_NODES[@]}"; do
+    kpngc_wait "kube-proxy on ${node}" 60 kpngc_in "${node}" curl -sf "http://127.0.0.1:10256/healthz"
+  done
+}
+
+# stop_kube_proxy stops kube-proxy on each node and removes its rules.
+stop_kube_proxy() {
+  local node f
+  for node in "${KPNGC_NODES[@]}"; do
+    f="${KPNGC_DIR}/run/proxier-kube-proxy-${node}.pid"
+    if [[ -f "${f}" ]]; then
+      kill "$(cat "${f}")" 2>/dev/null || true
+      rm -f "${f}"
+    fi
+    kpngc_in "${node}" "${KPNGC_BIN}/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  done
+}
+
+# kpng_cleanup BACKEND [NAME] removes kpng's rules of BACKEND (nft,
+# iptables) from each node, with the kpng binary of the image.
+kpng_cleanup() {
+  local node name=()
+  [[ -z "${2:-}" ]] || name=("--name=$2")
+  for node in "${KPNGC_NODES[@]}"; do
+    kpngc_in "${node}" "${KPNGC_CACHE}/images/bin/kpng" file --input=/dev/null \
+      to-local "to-$1" "${name[@]}" --cleanup >/dev/null 2>&1 ||
+      kpngc_log "kpng to-$1 --cleanup on ${node} failed"
+  done
+}
+
+action="${1:-}" name="${2:-}"
+case "${action}:${name}" in
+  deploy:kpng-nft | deploy:kpng-iptables)
+    apiserver_configmap
+    apply "deploy/kpng-default-${name#kpng-}.yaml"
+    rollout "kpng-default-${name#kpng-}"
+    ;;
+  remove:kpng-nft | remove:kpng-iptables)
+    delete "deploy/kpng-default-${name#kpng-}.yaml"
+    kpng_cleanup "${name#kpng-}"
+    ;;
+  deploy:kube-proxy-nftables | deploy:kube-proxy-iptables)
+    kube_proxy "${name#kube-proxy-}"
+    ;;
+  remove:kube-proxy-nftables | remove:kube-proxy-iptables)
+    stop_kube_proxy
+    ;;
+  deploy:seeds)
+    kube_proxy nftables
+    apply deploy/kpng-nft.yaml
+    apply examples/manifests/kpng-example-proxy.yaml
+    rollout kpng-nft
+    rollout kpng-example-proxy
+    ;;
+  remove:seeds)
+    delete examples/manifests/kpng-example-proxy.yaml
+    delete deploy/kpng-nft.yaml
+    kpng_cleanup nft kpng-nft
+    stop_kube_proxy
+    ;;
+  *)
+    kpngc_die "usage: proxier.sh deploy|remove kpng-nft|kpng-iptables|kube-proxy-nftables|kube-proxy-iptables|seeds"
+    ;;
+esac
+echo "${name}" >"${KPNGC_DIR}/run/proxier"
+[[ "${action}" == deploy ]] || rm -f "${KPNGC_DIR}/run/proxier"
+kpngc_log "${action} ${name}: done"
