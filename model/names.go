@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -30,6 +32,19 @@ func Quote(s string) string {
 		cut--
 	}
 	return strconv.Quote(s[:cut]) + fmt.Sprintf("…(%d bytes)", len(s))
+}
+
+// LogValue returns s as a value to log with klog: s itself when it is at
+// most MaxQuoted bytes of printable UTF-8 on one line (klog quotes such a
+// string), else Quote(s), one line and bounded. klog writes a string
+// holding a newline as several lines, and in full: a name from outside
+// (a node name a gRPC client sends) would otherwise make a log record as
+// large as the name, or look like several records.
+func LogValue(s string) string {
+	if len(s) <= MaxQuoted && utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return s
+	}
+	return Quote(s)
 }
 
 // CheckNames checks the names of se as the API server would: the

@@ -105,3 +105,21 @@ func TestQuote(t *testing.T) {
 		}
 	}
 }
+
+// TestLogValue: a short printable one-line value is logged as it is (klog
+// quotes it); anything else is quoted and bounded (klog writes a string
+// holding a newline as several lines).
+func TestLogValue(t *testing.T) {
+	for in, want := range map[string]string{
+		"node-1":                 "node-1",
+		"nœud 1":                 "nœud 1",
+		"a\nb":                   `"a\nb"`,
+		"a\x00":                  `"a\x00"`,
+		"\xff":                   `"\xff"`,
+		strings.Repeat("x", 300): `"` + strings.Repeat("x", MaxQuoted) + `"…(300 bytes)`,
+	} {
+		if got := LogValue(in); got != want {
+			t.Errorf("LogValue(%.20q) = %.40q, want %.40q", in, got, want)
+		}
+	}
+}
