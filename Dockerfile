@@ -14,7 +14,7 @@
 # in every Debian image) and the all-IP script needs bash and jq; to-nft
 # speaks netlink and needs no binary.
 
-ARG GO_VERSION=1.26
+ARG GO_VERSION=1.27.3
 ARG DEBIAN_RELEASE=bookworm
 
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-${DEBIAN_RELEASE} AS build

@@ -117,12 +117,16 @@ func runBuildStage() (*imageBuild, error) {
 	return b, nil
 }
 
-// goVersion returns go.mod's go directive, major.minor ("1.26").
+// goVersion returns the Go that builds kpng: go.mod's toolchain line
+// ("1.27.3"), or else its go directive, major.minor ("1.26").
 func goVersion(t *testing.T) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, "go.mod"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if m := regexp.MustCompile(`(?m)^toolchain go(\d+\.\d+\.\d+)$`).FindSubmatch(data); m != nil {
+		return string(m[1])
 	}
 	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(data)
 	if m == nil {
@@ -144,7 +148,7 @@ func TestDockerfileStages(t *testing.T) {
 		t.Errorf("first stage named %q, want build", build.name)
 	}
 	if want := "golang:" + goVersion(t) + "-"; !strings.HasPrefix(build.base, want) {
-		t.Errorf("build stage FROM %s, want %s… (go.mod's Go)", build.base, want)
+		t.Errorf("build stage FROM %s, want %s… (go.mod's toolchain)", build.base, want)
 	}
 	// The runtime base: Debian (its iptables package), slim.
 	if !regexp.MustCompile(`^debian:[a-z]+-slim$`).MatchString(final.base) {

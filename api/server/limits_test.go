@@ -126,6 +126,65 @@ func TestRequestPastTheSizeLimit(t *testing.T) {
 	good.WaitSyncs(t, 1, 20*time.Second)
 }
 
+// TestNodeNameIsLoggedBoundedOnOneLine: a client's node name of 60 KiB
+// holding newlines and what looks like a log record is logged by the
+// controller (when the backend connects and disconnects) on one line,
+// escaped, cut to model.MaxQuoted bytes with its length.
+func TestNodeNameIsLoggedBoundedOnOneLine(t *testing.T) {
+	var logs testio.SyncBuffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&logs)
+	defer func() { klog.SetOutput(os.Stderr); klog.LogToStderr(true) }()
+
+	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.2", "node-a"))})
+	node := "node-a\nE1127 00:00:00.000000       1 forged.go:1] \"Forged record\"\n" + strings.Repeat("x", 60<<10)
+	target, opts, err := remote.Config{Address: s.addr}.DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := kpngv1.NewControllerClient(conn).Watch(ctx, &kpngv1.WatchRequest{NodeName: node})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if err != nil {
+		t.Fatalf("watch as a node of %d bytes: %v", len(node), err)
+	}
+	cancel()
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(logs.String(), "Backend disconnected"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller logged no disconnection:\n%.3000s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	klog.Flush()
+	var records int
+	for _, line := range strings.Split(strings.TrimSuffix(logs.String(), "\n"), "\n") {
+		if len(line) > 1000 {
+			t.Errorf("a log line of %d bytes: %.300s…", len(line), line)
+		}
+		if strings.Contains(line, "Forged record") && !strings.Contains(line, "Backend ") {
+			t.Errorf("the node name made a log line of its own: %q", line)
+		}
+		if strings.Contains(line, "Backend connected") || strings.Contains(line, "Backend disconnected") {
+			records++
+			if !strings.Contains(line, fmt.Sprintf("…(%d bytes)", len(node))) {
+				t.Errorf("the node name is not logged cut with its length: %.600s", line)
+			}
+		}
+	}
+	if records != 2 {
+		t.Errorf("%d log records of the backend connecting and disconnecting, want 2:\n%.3000s", records, logs.String())
+	}
+}
+
 // rawCodec sends and receives bytes as they are: a client sending
 // whatever it likes in a gRPC message.
 type rawCodec struct{}

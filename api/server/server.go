@@ -105,7 +105,10 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 		who = p.Addr.String()
 	}
 	node := req.GetNodeName()
-	klog.InfoS("Backend connected", "node", node, "peer", who)
+	// The node name is the client's (up to the request's 64 KiB, any
+	// bytes): logged bounded, on one line.
+	logNode := model.LogValue(node)
+	klog.InfoS("Backend connected", "node", logNode, "peer", who)
 	s.connections.Add(1)
 	s.connected.Add(1)
 	defer s.connected.Add(-1)
@@ -126,7 +129,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	for {
 		select {
 		case err := <-done:
-			klog.InfoS("Backend disconnected", "node", node, "peer", who, "err", err)
+			klog.InfoS("Backend disconnected", "node", logNode, "peer", who, "err", err)
 			if errors.Is(err, context.Canceled) {
 				return nil
 			}
@@ -136,7 +139,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 			return err
 		case <-tick.C:
 			if since := out.sendingSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
-				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", node, "peer", who, "timeout", s.sendTimeout)
+				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", logNode, "peer", who, "timeout", s.sendTimeout)
 				s.dropped.Add(1)
 				return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
 			}

@@ -238,7 +238,7 @@ func portID(svc model.ServiceKey, p *model.PortMapping) string {
 func chainName(prefix, readable string) string {
 	sum := sha256.Sum256([]byte(prefix + "\x00" + readable))
 	h := base32.StdEncoding.EncodeToString(sum[:])[:hashLen]
-	name := prefix + "-" + h + "-" + nameSafe.Replace(readable)
+	name := prefix + "-" + h + "-" + nameSafe(readable)
 	if len(name) > maxNameLen {
 		name = name[:maxNameLen]
 	}
@@ -248,12 +248,27 @@ func chainName(prefix, readable string) string {
 // nameSafe rewrites what nft's syntax does not allow in a name: a name is
 // a letter, "_" or "." followed by letters, digits and "/-_.", and is not
 // quoted in a listing, so a listing naming an object otherwise cannot be
-// loaded back with nft -f. Namespaces, service names, protocols and ports
-// are made of allowed characters already; IPv6 addresses (in the names of
-// endpoint chains and affinity sets) have their ":" written "."
-// ("fd00.1..2/8080"), which keeps them apart from each other and, the
-// family being in the prefix (ep6, aff6), from IPv4 addresses.
-var nameSafe = strings.NewReplacer(":", ".")
+// loaded back with nft -f (and a name holding a newline, ";" or "}" could
+// write rules into it). Namespaces, service names, protocols and ports
+// that Kubernetes accepts are made of allowed characters already; IPv6
+// addresses (in the names of endpoint chains and affinity sets) have
+// their ":" written "." ("fd00.1..2/8080"), which keeps them apart from
+// each other and, the family being in the prefix (ep6, aff6), from IPv4
+// addresses. Any other byte (from a state file or another controller,
+// which Kubernetes does not check) becomes "_", as the iptables backend
+// does; the hash in the name, of the identity before this rewriting,
+// keeps such names apart.
+func nameSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '/', r == '-', r == '_', r == '.':
+			return r
+		case r == ':':
+			return '.'
+		}
+		return '_'
+	}, s)
+}
 
 // serviceChainName names the chain choosing among the endpoints of a
 // service port for one family: "svc4-HASH-ns/name/tcp/80" for cluster IP

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"sigs.k8s.io/kpng/model"
 )
@@ -227,12 +229,28 @@ func blockOffset(slot uint32) uint32 { return slot % blocksPerMap * blockRange }
 // NFTNL_UDATA_COMMENT_MAXLEN): a listing with a longer one fails to load.
 const maxCommentLen = 128
 
-// comment cuts s to maxCommentLen bytes.
+// comment returns s as a comment nft lists and reads back: a listing
+// writes it between double quotes, unescaped, and the kernel keeps it
+// up to its first NUL, so a quote, backslash, NUL, newline or other
+// control character (from a name a state file or another controller
+// gave, which Kubernetes does not check) becomes "_", as do bytes that
+// are not UTF-8; then it is cut to at most maxCommentLen bytes, on a
+// character boundary.
 func comment(s string) string {
-	if len(s) > maxCommentLen {
-		return s[:maxCommentLen]
+	s = strings.Map(func(r rune) rune {
+		if r == '"' || r == '\\' || r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '_'
+		}
+		return r
+	}, s)
+	if len(s) <= maxCommentLen {
+		return s
 	}
-	return s
+	cut := maxCommentLen
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // block is the set of endpoints one service chain DNATs to (without

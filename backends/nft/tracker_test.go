@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"sigs.k8s.io/kpng/model"
 )
@@ -203,6 +204,43 @@ func TestComments(t *testing.T) {
 	bl := &block{ID: "ext6/" + portID(long, udp(53, 53))}
 	if c := bl.Comment(); len(c) != maxCommentLen || !strings.HasPrefix(c, "ext6 "+long.Namespace) {
 		t.Errorf("block comment %q (%d bytes)", c, len(c))
+	}
+}
+
+// TestCommentsOfHostileNames: whatever a name holds (names from a state
+// file or another controller are not checked by Kubernetes), a comment
+// holds no quote, backslash, NUL, newline or other control character, is
+// UTF-8 and at most 128 bytes, cut on a character boundary: nft lists it
+// between quotes and must read it back.
+func TestCommentsOfHostileNames(t *testing.T) {
+	for _, name := range []string{
+		"a\"b", "a\nb", "a\x00b", "a\\b", "a;b}", "\xff\xfe", "a\tb\rc", strings.Repeat("é", 100), strings.Repeat("x", 127) + "é",
+		"\"; flush ruleset; \"", strings.Repeat("\u65e5", 60),
+	} {
+		key := model.ServiceKey{Namespace: "ns", Name: name}
+		for _, c := range []string{mapElement{Service: key}.Comment(), (&block{ID: "svc4/" + portID(key, tcp(80, 80))}).Comment()} {
+			if len(c) > maxCommentLen || !utf8.ValidString(c) || strings.ContainsAny(c, "\"\\\x00\n\r\t") {
+				t.Errorf("name %q: comment %q (%d bytes)", name, c, len(c))
+			}
+		}
+	}
+	// A cut in a character drops the whole character.
+	key := model.ServiceKey{Namespace: "ns", Name: strings.Repeat("x", 124) + "é"}
+	if c := (mapElement{Service: key}).Comment(); c != "ns/"+strings.Repeat("x", 124) {
+		t.Errorf("comment %q (%d bytes), want the é dropped whole", c, len(c))
+	}
+}
+
+// TestNameSafe: object names keep only what nft reads back unquoted.
+func TestNameSafe(t *testing.T) {
+	for in, want := range map[string]string{
+		"default/web/tcp/80":        "default/web/tcp/80",
+		"ns/w/tcp/80__fd00::1/8080": "ns/w/tcp/80__fd00..1/8080",
+		"ns/a\"b\n}; c\x00é/tcp/80": "ns/a_b____c__/tcp/80",
+	} {
+		if got := nameSafe(in); got != want {
+			t.Errorf("nameSafe(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

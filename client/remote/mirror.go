@@ -63,6 +63,11 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 		if err != nil {
 			return fmt.Errorf("set_service: %w", err)
 		}
+		// Names the API server would refuse (another controller's stream
+		// is not checked by it) reach rule text and logs: refused.
+		if err := svc.CheckNames(); err != nil {
+			return fmt.Errorf("set_service: %w", err)
+		}
 		m.entry(svc.Key()).svc = svc
 	case *kpngv1.Op_DeleteService:
 		key := o.DeleteService.Model()
@@ -74,7 +79,11 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 		if o.SetEndpoint.GetService() == nil || o.SetEndpoint.GetEndpoint() == nil {
 			return fmt.Errorf("set_endpoint without service or endpoint")
 		}
-		m.entry(o.SetEndpoint.GetService().Model()).eps[o.SetEndpoint.GetKey()] = o.SetEndpoint.GetEndpoint().Model()
+		key, ep := o.SetEndpoint.GetService().Model(), o.SetEndpoint.GetEndpoint().Model()
+		if err := ep.CheckNames(key, "endpoints[]"); err != nil {
+			return fmt.Errorf("set_endpoint %s: %w", model.Quote(o.SetEndpoint.GetKey()), err)
+		}
+		m.entry(key).eps[o.SetEndpoint.GetKey()] = ep
 	case *kpngv1.Op_DeleteEndpoint:
 		if o.DeleteEndpoint.GetService() == nil {
 			return fmt.Errorf("delete_endpoint without service")

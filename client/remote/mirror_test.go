@@ -92,6 +92,15 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 		{&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns", Name: "lb",
 			LoadBalancerSourceRanges: []string{"10.0.0.0/8", "bogus"}}}}, `set_service: service ns/lb: load_balancer_source_ranges: "bogus" is not a usable CIDR`},
 		{&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{Key: "10.0.0.1"}}}, "without service or endpoint"},
+		// Names are checked as the API server checks them (they reach
+		// rule text and logs): a bad one names the service and the field.
+		{&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns", Name: "x\"\n; }"}}},
+			`set_service: service "ns"/"x\"\n; }": metadata.name: "x\"\n; }" is not a DNS-1035 label`},
+		{&kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "ns", Name: "web",
+			Ports: []*kpngv1.PortMapping{{Name: "HTTP", Protocol: 1, Port: 80}}}}}, `spec.ports[0].name: "HTTP" is not a DNS-1123 label`},
+		{&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{Key: "10.0.0.1",
+			Service: &kpngv1.ServiceKey{Namespace: "ns", Name: "web"}, Endpoint: &kpngv1.Endpoint{NodeName: "node\nINFO forged"}}}},
+			`set_endpoint "10.0.0.1": service "ns"/"web": endpoints[].nodeName: "node\nINFO forged" is not a DNS-1123 subdomain`},
 		{&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Key: "10.0.0.1"}}}, "without service"},
 		{&kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{Cluster: &kpngv1.Cluster{ServiceCidrs: []string{"10.96.0.0/16", "bogus"}}}}},
 			`sync: cluster: service_cidrs: "bogus" is not a usable CIDR`},

@@ -525,6 +525,11 @@ func check(items []*model.ServiceEndpoints, pos []int) error {
 		if svc.Namespace == "" || svc.Name == "" {
 			return fmt.Errorf("item %d: Service.Namespace and Service.Name are required", i)
 		}
+		// Kubernetes refuses such names; a file is not checked by it, and
+		// names reach rule text, comments and logs.
+		if err := se.CheckNames(); err != nil {
+			return fmt.Errorf("item %d: %w", i, err)
+		}
 		if j, dup := seen[key]; dup {
 			return fmt.Errorf("item %d (service %s): same service as item %d", i, key, j)
 		}

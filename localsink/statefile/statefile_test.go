@@ -172,6 +172,12 @@ func TestParseErrorsNameTheProblem(t *testing.T) {
 		{"- Cluster: {}\n- Cluster: {}", "item 1: a second Cluster item (the first is item 0)"},
 		{"- Cluster: {ServiceCIDRs: []}\n  Service: {Namespace: a, Name: x}", "item 0: Cluster: "},
 		{"- Cluster: {ServiceCIDRs: [10.96.0.0/16]}\n- Service: {Namespace: a}", "item 1: Service.Namespace and Service.Name are required"},
+		// Names are checked as the API server checks them (they reach
+		// rule text, comments and logs), quoted in the message.
+		{`- Service: {Namespace: a, Name: "x\"\n}"}`, `item 0: service "a"/"x\"\n}": metadata.name: "x\"\n}" is not a DNS-1035 label`},
+		{"- Service: {Namespace: A, Name: x}", `item 0: service "A"/"x": metadata.namespace: "A" is not a DNS-1123 label`},
+		{"- Service: {Namespace: a, Name: x, Ports: [{Name: 'a;b', Protocol: 1, Port: 1}]}", `spec.ports[0].name: "a;b" is not a DNS-1123 label`},
+		{"- Service: {Namespace: a, Name: x}\n  Endpoints: [{IPs: {V4: [1.2.3.4]}}, {IPs: {V4: [1.2.3.5]}, NodeName: \"n\\0\"}]", `endpoints[1].nodeName: "n\x00" is not a DNS-1123 subdomain`},
 		{"- Service: {Namespace: a, Name: x, LoadBalancerSourceRanges: ['::ffff:0.0.0.0/90']}",
 			`item 0 (service a/x): Service.LoadBalancerSourceRanges[0]: "::ffff:0.0.0.0/90" is not a usable CIDR (an IPv4-mapped prefix shorter than /96)`},
 	} {
