@@ -562,3 +562,59 @@ func checkNothingElse(t *testing.T, user string) {
 		}
 	}
 }
+
+// TestDefaultProxiersFollowTheSpecialized: each default-proxier manifest
+// is its specialized proxier's with only the differences a default proxier
+// needs (names, no service-proxy-name, ports, the API server's ConfigMap,
+// the ServiceCIDRs): what is set for confinement, memory and scheduling in
+// one is set in the other.
+func TestDefaultProxiersFollowTheSpecialized(t *testing.T) {
+	for _, pair := range [][2]string{{"kpng-nft.yaml", "kpng-default-nft.yaml"}, {"kpng-iptables.yaml", "kpng-default-iptables.yaml"}} {
+		t.Run(pair[1], func(t *testing.T) {
+			spec, def := decode(t, pair[0]), decode(t, pair[1])
+			s, d := spec.ds.Spec.Template.Spec, def.ds.Spec.Template.Spec
+			sc, dc := spec.container(t), def.container(t)
+			for _, f := range []struct {
+				what string
+				s, d any
+			}{
+				{"image", sc.Image, dc.Image},
+				{"securityContext", sc.SecurityContext, dc.SecurityContext},
+				{"resources", sc.Resources, dc.Resources},
+				{"volumeMounts", sc.VolumeMounts, dc.VolumeMounts},
+				{"env", sc.Env, dc.Env},
+				{"volumes", s.Volumes, d.Volumes},
+				{"tolerations", s.Tolerations, d.Tolerations},
+				{"nodeSelector", s.NodeSelector, d.NodeSelector},
+				{"priorityClassName", s.PriorityClassName, d.PriorityClassName},
+				{"hostNetwork", s.HostNetwork, d.HostNetwork},
+				{"dnsPolicy", s.DNSPolicy, d.DNSPolicy},
+				{"updateStrategy", spec.ds.Spec.UpdateStrategy, def.ds.Spec.UpdateStrategy},
+				{"ClusterRole rules", append(slices.Clone(spec.role.Rules), serviceCIDRRule), def.role.Rules},
+			} {
+				if diff := cmp.Diff(f.s, f.d); diff != "" {
+					t.Errorf("%s differs from %s's (-%s +%s):\n%s", f.what, pair[0], pair[0], pair[1], diff)
+				}
+			}
+			// The command: the same but for --service-proxy-name and the
+			// ports of the bind addresses.
+			strip := func(c *v1.Container) []string {
+				var out []string
+				for _, a := range c.Command {
+					if strings.HasPrefix(a, "--service-proxy-name=") {
+						continue
+					}
+					if k, v, ok := strings.Cut(a, "="); ok && strings.HasSuffix(k, "-bind-address") {
+						h, _, _ := net.SplitHostPort(v)
+						a = k + "=" + h
+					}
+					out = append(out, a)
+				}
+				return out
+			}
+			if diff := cmp.Diff(strip(sc), strip(dc)); diff != "" {
+				t.Errorf("command differs from %s's beyond the name and ports (-%s +%s):\n%s", pair[0], pair[0], pair[1], diff)
+			}
+		})
+	}
+}
