@@ -61,6 +61,16 @@ type Config struct {
 	// to New ends; 0: there are none (DefaultCheckPeriod is the command's
 	// default).
 	CheckPeriod time.Duration
+	// NoMonitor turns off the monitor: by default the sink listens, in
+	// its connections' namespace, for nftables' notifications of the
+	// changes others make to its table (nft flush ruleset, nft delete
+	// table, a chain or rule deleted or added, …) and rewrites the table
+	// at once, not at the next check (backends/nfmonitor: one repair
+	// per burst of changes, spaced out with backoff while they keep
+	// coming, each counted by AfterSync with a Repair). The check of
+	// CheckPeriod stays for what notifications miss; a connection with a
+	// TestDial has no monitor.
+	NoMonitor bool
 }
 
 // SyncResult describes one transaction of a Sync.
@@ -79,7 +89,8 @@ type SyncResult struct {
 	// was applied and the next Sync is a full one.
 	Err error
 	// Repair, when not empty, says why the periodic check (Config.
-	// CheckPeriod) rewrote the table: it is not a Sync of kpng's.
+	// CheckPeriod) or the monitor (a change made by another program,
+	// Config.NoMonitor) rewrote the table: it is not a Sync of kpng's.
 	Repair string
 }
 

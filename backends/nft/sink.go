@@ -47,6 +47,9 @@ type Sink struct {
 	// staleFlows are the conntrack entries to delete after the next
 	// successful transaction.
 	staleFlows []staleFlow
+	// own are the port IDs of the sockets of the sink's transactions,
+	// which its monitor does not repair (monitor_linux.go).
+	own ownPorts
 }
 
 // New returns a sink that programs the services it receives into the
@@ -75,6 +78,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		needFull: true,
 	}
 	s.applier = newApplier(cfg.Conn, s.table)
+	s.applier.dialed = s.own.add
 	conn, err := s.applier.newConn()
 	if err != nil {
 		return nil, fmt.Errorf("nftables backend: %w", err)
@@ -88,6 +92,11 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		s.applier.Close()
 	})
 	periodic.Start(ctx, cfg.CheckPeriod, s.check)
+	if !cfg.NoMonitor && conn.TestDial == nil {
+		if err := s.startMonitor(ctx, conn.NetNS); err != nil {
+			return nil, fmt.Errorf("nftables backend: %w", err)
+		}
+	}
 	return s, nil
 }
 
