@@ -52,6 +52,10 @@ type Sink struct {
 	own ownPorts
 }
 
+// buildMu serializes the transactions of all the sinks of the process
+// (Sink.sync).
+var buildMu sync.Mutex
+
 // New returns a sink that programs the services it receives into the
 // nftables table TableName(cfg.ServiceProxyName): the first Sync (and the
 // first one after a Reset or a failure) replaces the whole table in one
@@ -166,6 +170,11 @@ func (s *Sink) sync(repair string) error {
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull, Repair: repair}
+	// google/nftables numbers the sets of every Conn from one counter,
+	// unguarded: the sinks of a process (and a sink's repairs) build
+	// their transactions one at a time.
+	buildMu.Lock()
+	defer buildMu.Unlock()
 	if s.needFull {
 		res.Services = s.tracker.ServiceKeys()
 		res.Stats, res.Err = s.applier.Full(s.tracker.Ruleset(s.table))
