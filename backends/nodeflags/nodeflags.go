@@ -199,3 +199,32 @@ func splitList(list string) []string {
 	}
 	return out
 }
+
+// Not returns a boolean flag.Value that stores the opposite of its value
+// in *p: a flag --x whose default is true for a Config field NoX that is
+// false by default (--monitor=false sets NoMonitor).
+func Not(p *bool) flag.Value { return notValue{p} }
+
+// notValue is the flag.Value of Not.
+type notValue struct{ p *bool }
+
+// String implements flag.Value.
+func (n notValue) String() string {
+	if n.p == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*n.p)
+}
+
+// Set implements flag.Value.
+func (n notValue) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*n.p = !v
+	return nil
+}
+
+// IsBoolFlag makes --x mean --x=true.
+func (n notValue) IsBoolFlag() bool { return true }
