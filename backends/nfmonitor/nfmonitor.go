@@ -303,14 +303,15 @@ func (m *monitor) loop(ctx context.Context) {
 			if !sleep(ctx, time.Until(last.Add(gap))) {
 				return
 			}
-			// What came meanwhile is repaired too.
+			// What came meanwhile is repaired too (notifications lost
+			// meanwhile: by the repair, or the check made for those
+			// lost before).
 			m.mu.Lock()
 			for _, b := range m.pending {
 				if !m.cfg.Own(b) {
 					foreign = append(foreign, b)
 				}
 			}
-			lost = lost || m.lost
 			m.pending, m.lost = nil, false
 			m.mu.Unlock()
 			repairs++
