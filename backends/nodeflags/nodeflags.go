@@ -2,7 +2,8 @@
 // the backends share (--cluster-cidr, --nodeport-addresses, --node-ip,
 // --masquerade-all, --masquerade-bit) and parses their values, so that
 // every backend reads them the same way: each backend's BindFlags calls
-// Bind with pointers to its own Options' fields.
+// Bind with pointers to its own Options' fields. Not binds a boolean flag
+// to a Config field that says the opposite (--monitor to NoMonitor).
 package nodeflags
 
 import (
