@@ -35,9 +35,10 @@ type Config struct {
 	FullSyncPeriod time.Duration
 	// CheckPeriod, if positive, is how often the sink checks its canary
 	// chains (one rule in a chain of its own in the nat and filter tables
-	// of each family, which nothing else touches): when one is gone,
-	// someone flushed or replaced the tables, and the sink rewrites
-	// everything at once (or, in the middle of a round, at its Sync). The
+	// of each family, which nothing else touches) and the jumps from the
+	// built-in chains: when one is gone, someone flushed or replaced the
+	// tables or deleted the jump, and the sink rewrites everything at
+	// once (or, in the middle of a round, at its Sync). The
 	// same check runs the periodic full sync, and tries again a full sync
 	// that failed. It runs until the context given to New ends; 0: there
 	// is no check (DefaultCheckPeriod is the command's default).
@@ -48,6 +49,17 @@ type Config struct {
 	// (kube-proxy's sync_proxy_rules_iptables_restore_failures_total and
 	// …_iptables_partial_restore_failures_total).
 	AfterSync func(SyncResult)
+	// NoMonitor turns off the monitor: by default, with iptables-nft
+	// and the sink's own Runner (Runner nil), the sink listens in NetNS
+	// for nftables' notifications of the changes others make to its
+	// chains, to the jumps from the built-in chains, or to the nat and
+	// filter tables whole (iptables -t nat -F, nft flush ruleset, …),
+	// and rewrites every chain at once, not at the next check
+	// (backends/nfmonitor: one repair per burst of changes, spaced out
+	// with backoff while they keep coming, each counted by AfterSync
+	// with a Repair). iptables-legacy sends no notifications: there, the
+	// check of CheckPeriod (canary chains and jumps) is all.
+	NoMonitor bool
 }
 
 // SyncResult describes one sync.
@@ -66,6 +78,7 @@ type SyncResult struct {
 	// Err is the error of the sync, if it failed.
 	Err error
 	// Repair, when not empty, says why the periodic check (CheckPeriod)
+	// or the monitor (a change made by another program, NoMonitor)
 	// synced: it is not a Sync of kpng's.
 	Repair string
 }
@@ -83,8 +96,8 @@ const DefaultCheckPeriod = 10 * time.Second
 // DefaultCheckPeriod where c leaves them zero): the node options
 // (--cluster-cidr, --nodeport-addresses, --node-ip, --masquerade-all,
 // --masquerade-bit, parsed by backends/nodeflags), --iptables (the
-// variant) and --check-period (--canary-period, its former name, is kept
-// as a deprecated alias). They are what `kpng … to-local to-iptables`
+// variant), --check-period (--canary-period, its former name, is kept
+// as a deprecated alias) and --monitor (Config.NoMonitor, inverted). They are what `kpng … to-local to-iptables`
 // takes besides its wiring flags (--name, --netns, --cleanup,
 // --healthcheck). Call Validate after parsing.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
@@ -98,9 +111,10 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	nodeflags.Node{ClusterCIDRs: &o.ClusterCIDRs, NodePortAddresses: &o.NodePortAddresses, NodeIPs: &o.NodeIPs,
 		MasqueradeAll: &o.MasqueradeAll, MasqueradeBit: &o.MasqueradeBit}.Bind(fs)
 	fs.StringVar(&c.Variant, "iptables", c.Variant, "the iptables variant: legacy, nft, or auto (the one whose tables hold more rules, nft when none)")
-	const checkUsage = "how often to check the canary chains (when they are gone, the tables were flushed: every chain is rewritten); 0: never"
+	const checkUsage = "how often to check the canary chains and the jumps from the built-in chains (when one is gone, the tables were flushed or the jump deleted: every chain is rewritten); 0: never"
 	fs.DurationVar(&c.CheckPeriod, "check-period", c.CheckPeriod, checkUsage)
 	fs.DurationVar(&c.CheckPeriod, "canary-period", c.CheckPeriod, "deprecated: use --check-period")
+	fs.Var(nodeflags.Not(&c.NoMonitor), "monitor", "with iptables-nft, listen for nftables' notifications of changes other programs make to the chains, their jumps or the tables, and rewrite every chain at once (false: only the periodic check repairs them)")
 }
 
 // Validate reports the first setting of c that cannot be used, naming its

@@ -15,16 +15,25 @@ import (
 func TestConformance(t *testing.T) {
 	for _, variant := range []string{VariantLegacy, VariantNFT} {
 		t.Run(variant, func(t *testing.T) {
-			conformance.Run(t, conformance.Backend{Name: "iptables-" + variant, Start: startConformance(variant)})
+			var stop context.CancelFunc
+			conformance.Run(t, conformance.Backend{Name: "iptables-" + variant, Start: startConformance(variant, &stop)})
 		})
 	}
 }
 
 // startConformance builds the sink of variant in the kit's node
 // namespace, as `kpng … to-local to-iptables --netns` does; its chains are
-// removed when the scenario ends (the namespace goes with it anyway).
-func startConformance(variant string) func(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+// removed when the scenario ends (the namespace goes with it anyway). The
+// sink started before (*stop) stops first, as the process a restart
+// replaces would have (its monitor would otherwise rewrite what the new
+// sink writes).
+func startConformance(variant string, stop *context.CancelFunc) func(t testing.TB, node conformance.Node) (localsink.Sink, error) {
 	return func(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+		if *stop != nil {
+			(*stop)()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		*stop = cancel
 		cfg := Config{
 			ServiceProxyName: "conformance",
 			NetNS:            node.NetNS,
@@ -32,11 +41,12 @@ func startConformance(variant string) func(t testing.TB, node conformance.Node) 
 			Options:          Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
 		}
 		t.Cleanup(func() {
+			cancel() // the monitor would write the chains again
 			if err := Cleanup(context.Background(), cfg); err != nil {
 				t.Errorf("cleanup: %v", err)
 			}
 		})
-		s, err := New(context.Background(), cfg)
+		s, err := New(ctx, cfg)
 		if err != nil {
 			return nil, err
 		}

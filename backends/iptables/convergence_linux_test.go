@@ -112,16 +112,21 @@ func TestKernelConvergence(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/seed=%d", variant, seed), func(t *testing.T) {
 				incNS, freshNS := netns.New(t, "ipt-inc"), netns.New(t, "ipt-fresh")
 				cfg := Config{ServiceProxyName: "churn", Options: churnOptions, Variant: variant}
-				newSinkIn := func(ns *netns.NS) localsink.Sink {
+				// Each sink stops (its context, hence its monitor) when
+				// stop is called: a fresh sink's before its chains are
+				// cleaned up (its monitor would write them again).
+				newSinkIn := func(ns *netns.NS) (localsink.Sink, context.CancelFunc) {
 					c := cfg
 					c.NetNS = ns.Path()
-					s, err := New(context.Background(), c)
+					ctx, stop := context.WithCancel(context.Background())
+					t.Cleanup(stop)
+					s, err := New(ctx, c)
 					if err != nil {
 						t.Fatal(err)
 					}
-					return s
+					return s, stop
 				}
-				inc := newSinkIn(incNS)
+				inc, _ := newSinkIn(incNS)
 				prefix := ChainPrefix(cfg.ServiceProxyName)
 				gen := churn.New(seed, churnPools)
 				for round := range rounds {
@@ -133,7 +138,7 @@ func TestKernelConvergence(t *testing.T) {
 					if err := inc.Sync(); err != nil {
 						t.Fatalf("seed %d round %d: incremental Sync: %v", seed, round, err)
 					}
-					fresh := newSinkIn(freshNS)
+					fresh, stopFresh := newSinkIn(freshNS)
 					for _, se := range gen.State() {
 						fresh.Update(se.Service.Key(), nil, se)
 					}
@@ -145,6 +150,7 @@ func TestKernelConvergence(t *testing.T) {
 					if diff := cmp.Diff(want, got); diff != "" {
 						t.Fatalf("seed %d round %d: the kernel's chains after partial syncs differ from a fresh sync (-fresh +incremental):\n%s", seed, round, diff)
 					}
+					stopFresh()
 					if err := Cleanup(context.Background(), Config{ServiceProxyName: cfg.ServiceProxyName, NetNS: freshNS.Path(), Variant: variant}); err != nil {
 						t.Fatal(err)
 					}

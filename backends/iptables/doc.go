@@ -41,8 +41,11 @@
 //     a partial one, deleting the chains no longer used; a failed restore
 //     leaves that table as it was, is returned, and makes the next Sync a
 //     full one; with CheckPeriod, a canary chain per table whose loss,
-//     when someone flushed the tables, makes the sink rewrite
-//     everything), the jumps from the built-in chains (ensured with
+//     when someone flushed the tables, or a jump from a built-in chain
+//     gone, makes the sink rewrite everything; with iptables-nft, the
+//     monitor of backends/nfmonitor does it at once, from the kernel's
+//     notifications of other programs' changes), the jumps from the
+//     built-in chains (ensured with
 //     github.com/coreos/go-iptables, which also detects --random-fully and
 //     handles --wait) and the variant's detection.
 //

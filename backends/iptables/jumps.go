@@ -52,8 +52,11 @@ func missingJumps(save []byte, table string, js []jump) []jump {
 
 // jumps are the rules from the built-in chains to the proxier's (prefix)
 // chains: nat PREROUTING and OUTPUT to SERVICES (DNAT), POSTROUTING to
-// POSTROUTING (masquerading); filter INPUT, FORWARD and OUTPUT to
-// SERVICES (reject, drop) for new connections.
+// POSTROUTING (masquerading); filter INPUT and OUTPUT to SERVICES
+// (reject, drop) for new connections; filter FORWARD to FORWARD, which
+// sends new connections to SERVICES first, then accepts service traffic
+// where the FORWARD policy is DROP (one jump: two, each inserted first
+// when missing, could end in either order, accepting before rejecting).
 func jumps(prefix string) []jump {
 	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
 	return []jump{
@@ -61,7 +64,14 @@ func jumps(prefix string) []jump {
 		{Table: "nat", From: "OUTPUT", To: prefix + chainServices},
 		{Table: "nat", From: "POSTROUTING", To: prefix + chainPostrouting},
 		{Table: "filter", From: "INPUT", To: prefix + chainServices, Match: newOnly},
-		{Table: "filter", From: "FORWARD", To: prefix + chainServices, Match: newOnly},
+		{Table: "filter", From: "FORWARD", To: prefix + chainForward},
 		{Table: "filter", From: "OUTPUT", To: prefix + chainServices, Match: newOnly},
 	}
+}
+
+// formerJumps are the jumps earlier versions inserted and this one does
+// not: Cleanup removes them too (filter FORWARD went to SERVICES before
+// FORWARD's chain did it).
+func formerJumps(prefix string) []jump {
+	return []jump{{Table: "filter", From: "FORWARD", To: prefix + chainServices, Match: []string{"-m", "conntrack", "--ctstate", "NEW"}}}
 }

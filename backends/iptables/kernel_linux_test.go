@@ -140,8 +140,15 @@ func TestKernelCleanupAndCoexistence(t *testing.T) {
 			ns := netns.New(t, "ipt")
 			ns.MustExec(binary(variant, ipv4, ""), "-t", "nat", "-N", "KUBE-SERVICES")
 			ns.MustExec(binary(variant, ipv4, ""), "-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES")
+			// Proxier one stops before its Cleanup (as --cleanup runs
+			// after kpng stopped: its monitor would write the chains
+			// again); two runs on.
+			ctxs := map[string]context.CancelFunc{}
 			for _, name := range []string{"one", "two"} {
-				s, err := New(context.Background(), Config{ServiceProxyName: name, NetNS: ns.Path(), Variant: variant})
+				ctx, stop := context.WithCancel(context.Background())
+				t.Cleanup(stop)
+				ctxs[name] = stop
+				s, err := New(ctx, Config{ServiceProxyName: name, NetNS: ns.Path(), Variant: variant})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -151,6 +158,7 @@ func TestKernelCleanupAndCoexistence(t *testing.T) {
 					t.Fatalf("%s: Sync: %v", name, err)
 				}
 			}
+			ctxs["one"]()
 			if err := Cleanup(context.Background(), Config{ServiceProxyName: "one", NetNS: ns.Path(), Variant: variant}); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}
@@ -215,7 +223,7 @@ func TestKernelCanary(t *testing.T) {
 			ns := netns.New(t, "ipt")
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			s, err := New(ctx, Config{ServiceProxyName: "canary", NetNS: ns.Path(), Variant: variant, CheckPeriod: 100 * time.Millisecond})
+			s, err := New(ctx, Config{ServiceProxyName: "canary", NetNS: ns.Path(), Variant: variant, CheckPeriod: 100 * time.Millisecond, NoMonitor: true})
 			if err != nil {
 				t.Fatal(err)
 			}

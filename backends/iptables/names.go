@@ -34,6 +34,13 @@ const (
 	// it: when it is gone, someone flushed or replaced the table, and a
 	// full sync follows.
 	chainCanary = "CANARY"
+	// chainForward (filter) sends the forwarded new connections to
+	// SERVICES (reject, drop), then accepts the forwarded packets a node
+	// whose FORWARD policy is DROP would drop: those marked for
+	// masquerading (services' traffic from outside the cluster CIDRs)
+	// and the replies and related packets of accepted connections (as
+	// kube-proxy's KUBE-FORWARD).
+	chainForward = "FORWARD"
 )
 
 // The kinds of a service's chains (3 letters each, as in kube-proxy).

@@ -225,6 +225,11 @@ func (pl planner) fixedChains(f family, fp *familyPlan) {
 	fp.Filter.chain(pl.fixed(chainNodePorts))
 	fp.Filter.add(pl.fixed(chainClusterIPs), "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
 	fp.Filter.add(pl.fixed(chainClusterIPs), "-j", "REJECT")
+	fp.Filter.add(pl.fixed(chainForward), "-m", "conntrack", "--ctstate", "NEW", "-j", pl.fixed(chainServices))
+	fp.Filter.add(pl.fixed(chainForward), "-m", "comment", "--comment", `"kpng forwarding: marked for masquerading"`,
+		"-m", "mark", "--mark", mark+"/"+mark, "-j", "ACCEPT")
+	fp.Filter.add(pl.fixed(chainForward), "-m", "comment", "--comment", `"kpng forwarding: replies and related"`,
+		"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 	for _, t := range []*tablePlan{nat, &fp.Filter} {
 		t.add(pl.fixed(chainCanary), canaryRule...)
 	}

@@ -198,7 +198,7 @@ func TestGolden(t *testing.T) {
 // a built-in target, and no chain jumping to an empty chain.
 func checkPlan(t *testing.T, p *plan) {
 	t.Helper()
-	builtin := map[string]bool{"RETURN": true, "DROP": true, "REJECT": true, "DNAT": true, "MARK": true, "MASQUERADE": true}
+	builtin := map[string]bool{"RETURN": true, "DROP": true, "REJECT": true, "DNAT": true, "MARK": true, "MASQUERADE": true, "ACCEPT": true}
 	for _, f := range families {
 		for _, table := range tables {
 			tp := p.Families[f].table(table)

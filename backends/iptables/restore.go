@@ -27,6 +27,10 @@ type ExecRunner struct {
 	// NetNS is the path of a network namespace (/run/netns/x); empty:
 	// the current one.
 	NetNS string
+	// Started, if set, is given the process ID of each process started,
+	// before it is waited for (nsenter execs the binary: the same
+	// process). The sink tells its own iptables-nft transactions by it.
+	Started func(pid int)
 }
 
 // Run implements Runner.
@@ -39,7 +43,14 @@ func (r ExecRunner) Run(ctx context.Context, name string, args []string, stdin [
 	cmd.Stdin = bytes.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err := cmd.Start()
+	if err == nil {
+		if r.Started != nil {
+			r.Started(cmd.Process.Pid)
+		}
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", path, strings.Join(argv, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil

@@ -75,11 +75,13 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if cfg.CheckPeriod < 0 {
 		return nil, fmt.Errorf("iptables backend: CheckPeriod %v: must not be negative", cfg.CheckPeriod)
 	}
+	var own *ownPIDs
 	if cfg.Runner == nil {
 		if _, err := exec.LookPath("nsenter"); err != nil && cfg.NetNS != "" {
 			return nil, fmt.Errorf("iptables backend: NetNS %s needs nsenter (util-linux): %w", cfg.NetNS, err)
 		}
-		cfg.Runner = ExecRunner{NetNS: cfg.NetNS}
+		own = &ownPIDs{}
+		cfg.Runner = ExecRunner{NetNS: cfg.NetNS, Started: own.add}
 	}
 	variant, err := resolveVariant(ctx, cfg.Runner, cfg.Variant)
 	if err != nil {
@@ -92,6 +94,11 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	s := newSink(ctx, cfg, variant, j)
 	s.logger.Info("iptables backend", "variant", variant, "prefix", ChainPrefix(cfg.ServiceProxyName), "randomFully", j.RandomFully(ipv4))
 	periodic.Start(ctx, cfg.CheckPeriod, s.check)
+	if variant == VariantNFT && own != nil && !cfg.NoMonitor {
+		if err := s.startMonitor(ctx, own); err != nil {
+			return nil, fmt.Errorf("iptables backend: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -130,6 +137,18 @@ func (s *Sink) check() {
 				break
 			}
 		}
+		if why == "" {
+			missing, err := s.missingJumps()
+			if err != nil {
+				s.logger.Error(err, "Cannot check the jumps from the built-in chains", "prefix", s.prefix)
+				return
+			}
+			if missing != "" {
+				s.logger.Info("A jump from a built-in chain is gone: rewriting every chain", "prefix", s.prefix, "jump", missing, "inRound", s.inRound)
+				s.needFull = true
+				why = "a jump was gone: " + missing
+			}
+		}
 	}
 	if why == "" || s.inRound {
 		return // nothing to do, or the round's Sync does it
@@ -137,6 +156,25 @@ func (s *Sink) check() {
 	if err := s.sync(why); err != nil {
 		s.logger.Error(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
 	}
+}
+
+// missingJumps lists the nat and filter tables of both families and
+// returns the first jump from a built-in chain that one lacks ("" when
+// none does): someone deleted it (iptables -D, a firewall's own rules
+// restored without --noflush), which the canary chains do not show.
+func (s *Sink) missingJumps() (string, error) {
+	for _, f := range families {
+		for _, table := range tables {
+			out, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, f, "-save"), []string{"-t", table}, nil)
+			if err != nil {
+				return "", fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
+			}
+			if m := missingJumps(out, table, jumps(s.prefix)); len(m) > 0 {
+				return fmt.Sprintf("%s %s %s to %s", f, table, m[0].From, m[0].To), nil
+			}
+		}
+	}
+	return "", nil
 }
 
 // newSink returns the sink with its jumper (a fake in unit tests).
@@ -471,7 +509,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 			continue
 		}
 		for _, f := range families {
-			if err := j.Remove(f, jumps(prefix)); err != nil {
+			if err := j.Remove(f, append(jumps(prefix), formerJumps(prefix)...)); err != nil {
 				errs = append(errs, fmt.Errorf("iptables cleanup (%s): %w", v, err))
 				continue
 			}

@@ -59,6 +59,19 @@ func (j *fakeJumper) CanaryIntact(family, string) (bool, error) {
 	return true, nil
 }
 
+// jumpsOf returns the number of jumps from the built-in chains of the
+// table that the restore input in names ("*nat\n…").
+func jumpsOf(prefix, in string) int {
+	table, _, _ := strings.Cut(strings.TrimPrefix(in, "*"), "\n")
+	n := 0
+	for _, j := range jumps(prefix) {
+		if j.Table == table {
+			n++
+		}
+	}
+	return n
+}
+
 // names returns the binaries and arguments of calls.
 func names(calls []call) []string {
 	var out []string
@@ -123,8 +136,8 @@ func TestSinkSync(t *testing.T) {
 		t.Errorf("IPv4 nat input does not delete %s only:\n%s", stale, calls[2].Stdin)
 	}
 	for _, c := range calls {
-		if strings.HasSuffix(c.Name, "-restore") && strings.Count(c.Stdin, "\n-I ") != 3 {
-			t.Errorf("%s: want the 3 jumps of its table inserted:\n%s", c.Name, c.Stdin)
+		if strings.HasSuffix(c.Name, "-restore") && strings.Count(c.Stdin, "\n-I ") != jumpsOf(prefix, c.Stdin) {
+			t.Errorf("%s: want the %d jumps of its table inserted:\n%s", c.Name, jumpsOf(prefix, c.Stdin), c.Stdin)
 		}
 	}
 
@@ -184,8 +197,8 @@ func TestSinkSync(t *testing.T) {
 		t.Errorf("Sync after a failure: commands (-want +got):\n%s", diff)
 	}
 	for _, c := range calls {
-		if strings.HasSuffix(c.Name, "-restore") && strings.Count(c.Stdin, "\n-I ") != 3 {
-			t.Errorf("after a failure, %s: want the 3 jumps of its table inserted (the fake listing has none):\n%s", c.Name, c.Stdin)
+		if strings.HasSuffix(c.Name, "-restore") && strings.Count(c.Stdin, "\n-I ") != jumpsOf(prefix, c.Stdin) {
+			t.Errorf("after a failure, %s: want the %d jumps of its table inserted (the fake listing has none):\n%s", c.Name, jumpsOf(prefix, c.Stdin), c.Stdin)
 		}
 	}
 }
@@ -363,14 +376,74 @@ func TestCheckCanaryRetriesAndPeriodicSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.take()
+	listJumps(r, VariantLegacy, ChainPrefix("test"), nil)
 	p.check()
-	if calls := r.take(); len(calls) != 0 {
-		t.Errorf("a check within the period ran %v", names(calls))
+	for _, c := range r.take() {
+		if !strings.HasSuffix(c.Name, "-save") {
+			t.Errorf("a check within the period, the canary and jumps there, ran %s %s", c.Name, c.Args)
+		}
 	}
 	p.lastFull = p.lastFull.Add(-2 * time.Minute)
 	p.check()
 	if calls := r.take(); len(calls) == 0 || time.Since(p.lastFull) > time.Minute {
 		t.Errorf("a check after the period: %v, last full sync %v ago; want a full sync", names(calls), time.Since(p.lastFull))
+	}
+}
+
+// listJumps makes r's listings of the nat and filter tables of both
+// families hold the jumps from the built-in chains but those of drop.
+func listJumps(r *fakeRunner, variant, prefix string, drop *jump) {
+	if r.save == nil {
+		r.save = map[string]string{}
+	}
+	for _, f := range families {
+		for _, table := range tables {
+			var b strings.Builder
+			for _, j := range jumps(prefix) {
+				if j.Table == table && (drop == nil || j.From != drop.From || j.To != drop.To) {
+					b.WriteString("-A " + j.From + " " + strings.Join(j.rule("test"), " ") + "\n")
+				}
+			}
+			r.save[binary(variant, f, "-save")+" -t "+table] = b.String()
+		}
+	}
+}
+
+// TestCheckJumps: the check finds each jump from a built-in chain
+// deleted (the canary chains intact, as after an iptables -D or a
+// firewall's restore of its own chains) and rewrites every chain, which
+// inserts the jump again; with every jump there, it writes nothing.
+func TestCheckJumps(t *testing.T) {
+	prefix := ChainPrefix("test")
+	for _, gone := range jumps(prefix) {
+		t.Run(gone.Table+" "+gone.From+" to "+gone.To, func(t *testing.T) {
+			r := &fakeRunner{}
+			s := newSink(context.Background(), Config{ServiceProxyName: "test", Runner: r}, VariantLegacy, &fakeJumper{})
+			web := webService("10.96.0.10")
+			s.Update(web.Service.Key(), nil, web)
+			if err := s.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			listJumps(r, VariantLegacy, prefix, nil)
+			r.take()
+			s.check()
+			for _, c := range r.take() {
+				if !strings.HasSuffix(c.Name, "-save") {
+					t.Fatalf("every jump there: the check ran %s %s", c.Name, c.Args)
+				}
+			}
+			listJumps(r, VariantLegacy, prefix, &gone)
+			s.check()
+			inserted := false
+			for _, c := range r.take() {
+				if strings.HasSuffix(c.Name, "-restore") && strings.HasPrefix(c.Stdin, "*"+gone.Table+"\n") && strings.Contains(c.Stdin, gone.insertLine("test")) {
+					inserted = true
+				}
+			}
+			if !inserted {
+				t.Errorf("the jump from %s %s to %s gone: the check did not insert it again", gone.Table, gone.From, gone.To)
+			}
+		})
 	}
 }
 

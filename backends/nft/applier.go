@@ -121,6 +121,10 @@ type applier struct {
 	// fault is given to the relay of each transaction: the tests' seam
 	// for socket errors (relay.go); nil otherwise.
 	fault faultFunc
+	// dialed, if set, is given the port ID of each socket a transaction
+	// is sent on, before anything is sent (the sink's monitor tells its
+	// own transactions by it).
+	dialed func(portID uint32)
 }
 
 // txnConn is a connection transactions are written on: the Conn that
@@ -183,6 +187,9 @@ func (a *applier) dial(messages, elements int) (*txnConn, error) {
 	r, err := newRelay(conn, receiveBuffer(receiveBufferFor(messages)), sendBuffer(sendBufferFor(messages, elements)))
 	if err != nil {
 		return nil, fmt.Errorf("nftables connection: %w", err)
+	}
+	if a.dialed != nil && r.raw != nil {
+		a.dialed(r.pid)
 	}
 	return &txnConn{conn: conn, relay: r}, nil
 }

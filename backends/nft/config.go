@@ -61,6 +61,16 @@ type Config struct {
 	// to New ends; 0: there are none (DefaultCheckPeriod is the command's
 	// default).
 	CheckPeriod time.Duration
+	// NoMonitor turns off the monitor: by default the sink listens, in
+	// its connections' namespace, for nftables' notifications of the
+	// changes others make to its table (nft flush ruleset, nft delete
+	// table, a chain or rule deleted or added, …) and rewrites the table
+	// at once, not at the next check (backends/nfmonitor: one repair
+	// per burst of changes, spaced out with backoff while they keep
+	// coming, each counted by AfterSync with a Repair). The check of
+	// CheckPeriod stays for what notifications miss; a connection with a
+	// TestDial has no monitor.
+	NoMonitor bool
 }
 
 // SyncResult describes one transaction of a Sync.
@@ -79,7 +89,8 @@ type SyncResult struct {
 	// was applied and the next Sync is a full one.
 	Err error
 	// Repair, when not empty, says why the periodic check (Config.
-	// CheckPeriod) rewrote the table: it is not a Sync of kpng's.
+	// CheckPeriod) or the monitor (a change made by another program,
+	// Config.NoMonitor) rewrote the table: it is not a Sync of kpng's.
 	Repair string
 }
 
@@ -87,7 +98,8 @@ type SyncResult struct {
 // values as defaults (DefaultMasqueradeBit and DefaultCheckPeriod where c
 // leaves them zero): the node options (--cluster-cidr,
 // --nodeport-addresses, --node-ip, --masquerade-all, --masquerade-bit,
-// parsed by backends/nodeflags), --ignore-headless and --check-period.
+// parsed by backends/nodeflags), --ignore-headless, --check-period and
+// --monitor (Config.NoMonitor, inverted).
 // They are what `kpng … to-local to-nft` takes besides its wiring flags
 // (--name, --netns, --cleanup, --healthcheck). Call Validate after
 // parsing.
@@ -100,6 +112,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		MasqueradeAll: &o.MasqueradeAll, MasqueradeBit: &o.MasqueradeBit}.Bind(fs)
 	fs.BoolVar(&o.IgnoreHeadless, "ignore-headless", o.IgnoreHeadless, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
 	fs.DurationVar(&c.CheckPeriod, "check-period", c.CheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
+	fs.Var(nodeflags.Not(&c.NoMonitor), "monitor", "listen for nftables' notifications of changes other programs make to the table, and rewrite it at once (false: only the periodic check repairs it)")
 }
 
 // Validate reports the first setting of c that cannot be used, naming its

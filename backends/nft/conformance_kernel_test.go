@@ -18,13 +18,21 @@ import (
 // TestConformance runs the whole conformance kit against the nft backend:
 // it declares no feature unsupported.
 func TestConformance(t *testing.T) {
-	conformance.Run(t, conformance.Backend{Name: "nft", Start: startConformance})
+	var stop context.CancelFunc
+	conformance.Run(t, conformance.Backend{Name: "nft", Start: func(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+		return startConformance(t, node, &stop)
+	}})
 }
 
 // startConformance builds the nft sink in the kit's node namespace, as
 // `kpng … to-local to-nft --netns` does; the table is removed when the
-// scenario ends.
-func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, error) {
+// scenario ends. The sink started before (*stop) stops first, as the
+// process a restart replaces would have (its monitor would otherwise
+// rewrite what the new sink writes).
+func startConformance(t testing.TB, node conformance.Node, stop *context.CancelFunc) (localsink.Sink, error) {
+	if *stop != nil {
+		(*stop)()
+	}
 	f, err := os.Open(node.NetNS)
 	if err != nil {
 		return nil, err
@@ -32,6 +40,7 @@ func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, erro
 	t.Cleanup(func() { f.Close() })
 	fd := int(f.Fd())
 	ctx, cancel := context.WithCancel(context.Background())
+	*stop = cancel
 	t.Cleanup(cancel)
 	cfg := Config{
 		ServiceProxyName: "conformance",
@@ -42,6 +51,7 @@ func startConformance(t testing.TB, node conformance.Node) (localsink.Sink, erro
 		Options: Options{NodeIPs: node.IPs, ClusterCIDRs: node.PodCIDRs},
 	}
 	t.Cleanup(func() {
+		cancel() // the monitor would write the table again
 		_ = Cleanup(context.Background(), Config{ServiceProxyName: cfg.ServiceProxyName, Conn: ConnInNetNS(fd)})
 	})
 	s, err := New(ctx, cfg)

@@ -40,9 +40,12 @@
 //     whole table, which atomically replaces any previous table of the
 //     same name, or only what changed; a rejected transaction changes
 //     nothing), the Sink (each Update goes to the tracker, each Sync is
-//     one transaction, a failure makes the next Sync a full one) and the
-//     periodic check that rewrites the table when someone deleted or
-//     flushed it or its chains.
+//     one transaction, a failure makes the next Sync a full one), the
+//     monitor that rewrites the table at once when another program
+//     changed it (backends/nfmonitor: the kernel's notifications, the
+//     sink's own transactions told apart by their socket's port ID), and
+//     the periodic check that rewrites it when someone deleted or flushed
+//     it or its chains (for what the notifications miss).
 //
 // The table layout is documented in docs/backends/nft.md. In short: one
 // table of family inet named "kpng-<service-proxy-name>"; NAT base chains

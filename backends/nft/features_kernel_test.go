@@ -173,6 +173,7 @@ func TestKernelClusterCIDRMasquerade(t *testing.T) {
 			t.Errorf("pod2 to %s: the pod saw %s, want pod2's address (not masqueraded)", cip, a.Remote)
 		}
 	}
+	s.stop() // its monitor would write the table again
 	if err := Cleanup(context.Background(), Config{ServiceProxyName: "cidr", Conn: connIn(t, b.Node)}); err != nil {
 		t.Fatal(err)
 	}

@@ -134,6 +134,9 @@ type testSink struct {
 	checker *sinktest.Checker
 	mu      sync.Mutex // guards results: retries report from a timer
 	results []SyncResult
+	// stop ends the sink's context (its monitor and check stop: a
+	// Cleanup of its table then stays).
+	stop context.CancelFunc
 }
 
 // newTestSink returns a sink programming table kpng-<name> in the node;
@@ -162,12 +165,15 @@ func newConfigSink(t *testing.T, b *netns.BlogTopology, cfg Config, fopts locals
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts.nft = s
+	ts.nft, ts.stop = s, cancel
 	ts.checker = sinktest.NewChecker(s)
 	ts.feeder = localsink.NewFeeder(ts.checker, fopts)
 	ts.edits = edits{state: map[model.ServiceKey]*model.ServiceEndpoints{},
 		apply: func(key model.ServiceKey, _, cur *model.ServiceEndpoints) { ts.feeder.Update(key, cur) }}
 	t.Cleanup(func() {
+		// The sink stops first: its monitor would repair what Cleanup
+		// removes.
+		cancel()
 		ts.feeder.Close()
 		if err := ts.checker.Err(); err != nil {
 			t.Errorf("Sink contract broken:\n%v", err)
@@ -543,7 +549,9 @@ func TestKernelPartialSyncSize(t *testing.T) {
 // comes before the retry, that round's Sync is the full one.
 func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	b := kernelTopology(t)
-	s := newConfigSink(t, b, Config{ServiceProxyName: "recover"}, localsink.FeederOptions{MinRetry: 200 * time.Millisecond, MaxRetry: 400 * time.Millisecond})
+	// The monitor is off: it would repair the table deleted by hand
+	// before the partial transaction fails on it.
+	s := newConfigSink(t, b, Config{ServiceProxyName: "recover", NoMonitor: true}, localsink.FeederOptions{MinRetry: 200 * time.Millisecond, MaxRetry: 400 * time.Millisecond})
 	web := webService()
 	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
 	s.sync()
@@ -629,7 +637,9 @@ func TestKernelCleanup(t *testing.T) {
 	netns.RequireCommands(t, "nft")
 	n := netns.New(t, "node")
 	conn := connIn(t, n)
-	s, err := New(context.Background(), Config{ServiceProxyName: "clean", Conn: conn, Conntrack: conntrackIn(t, n)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := New(ctx, Config{ServiceProxyName: "clean", Conn: conn, Conntrack: conntrackIn(t, n)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -642,6 +652,9 @@ func TestKernelCleanup(t *testing.T) {
 	if out := n.MustExec("nft", "list", "tables"); !strings.Contains(out, "table inet kpng-clean") {
 		t.Fatalf("no table after a sync:\n%s", out)
 	}
+	// As --cleanup, after kpng stopped (a running sink's monitor would
+	// write the table again).
+	cancel()
 	for range 2 {
 		if err := Cleanup(context.Background(), Config{ServiceProxyName: "clean", Conn: conn}); err != nil {
 			t.Fatalf("Cleanup: %v", err)

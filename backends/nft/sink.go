@@ -47,7 +47,14 @@ type Sink struct {
 	// staleFlows are the conntrack entries to delete after the next
 	// successful transaction.
 	staleFlows []staleFlow
+	// own are the port IDs of the sockets of the sink's transactions,
+	// which its monitor does not repair (monitor_linux.go).
+	own ownPorts
 }
+
+// buildMu serializes the transactions of all the sinks of the process
+// (Sink.sync).
+var buildMu sync.Mutex
 
 // New returns a sink that programs the services it receives into the
 // nftables table TableName(cfg.ServiceProxyName): the first Sync (and the
@@ -75,6 +82,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		needFull: true,
 	}
 	s.applier = newApplier(cfg.Conn, s.table)
+	s.applier.dialed = s.own.add
 	conn, err := s.applier.newConn()
 	if err != nil {
 		return nil, fmt.Errorf("nftables backend: %w", err)
@@ -88,6 +96,11 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		s.applier.Close()
 	})
 	periodic.Start(ctx, cfg.CheckPeriod, s.check)
+	if !cfg.NoMonitor && conn.TestDial == nil {
+		if err := s.startMonitor(ctx, conn.NetNS); err != nil {
+			return nil, fmt.Errorf("nftables backend: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -157,6 +170,11 @@ func (s *Sink) sync(repair string) error {
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull, Repair: repair}
+	// google/nftables numbers the sets of every Conn from one counter,
+	// unguarded: the sinks of a process (and a sink's repairs) build
+	// their transactions one at a time.
+	buildMu.Lock()
+	defer buildMu.Unlock()
 	if s.needFull {
 		res.Services = s.tracker.ServiceKeys()
 		res.Stats, res.Err = s.applier.Full(s.tracker.Ruleset(s.table))

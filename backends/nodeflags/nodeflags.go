@@ -2,7 +2,8 @@
 // the backends share (--cluster-cidr, --nodeport-addresses, --node-ip,
 // --masquerade-all, --masquerade-bit) and parses their values, so that
 // every backend reads them the same way: each backend's BindFlags calls
-// Bind with pointers to its own Options' fields.
+// Bind with pointers to its own Options' fields. Not binds a boolean flag
+// to a Config field that says the opposite (--monitor to NoMonitor).
 package nodeflags
 
 import (
@@ -199,3 +200,32 @@ func splitList(list string) []string {
 	}
 	return out
 }
+
+// Not returns a boolean flag.Value that stores the opposite of its value
+// in *p: a flag --x whose default is true for a Config field NoX that is
+// false by default (--monitor=false sets NoMonitor).
+func Not(p *bool) flag.Value { return notValue{p} }
+
+// notValue is the flag.Value of Not.
+type notValue struct{ p *bool }
+
+// String implements flag.Value.
+func (n notValue) String() string {
+	if n.p == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*n.p)
+}
+
+// Set implements flag.Value.
+func (n notValue) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*n.p = !v
+	return nil
+}
+
+// IsBoolFlag makes --x mean --x=true.
+func (n notValue) IsBoolFlag() bool { return true }

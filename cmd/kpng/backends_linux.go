@@ -77,9 +77,16 @@ func nftBackend() app.Backend {
 					if err != nil {
 						return nil, fmt.Errorf("to-nft: %w", err)
 					}
+					repairs, err := env.Metrics.Counter("sync_proxy_rules_nftables_repairs_total", "rewrites of the table kpng did not ask for: another program changed it (the monitor's notifications) or the periodic check found it changed.")
+					if err != nil {
+						return nil, fmt.Errorf("to-nft: %w", err)
+					}
 					cfg.AfterSync = func(res nft.SyncResult) {
 						if res.Err != nil {
 							failures.Inc()
+						}
+						if res.Repair != "" {
+							repairs.Inc()
 						}
 					}
 				}
@@ -132,7 +139,14 @@ func iptablesBackend() app.Backend {
 					if err != nil {
 						return nil, fmt.Errorf("to-iptables: %w", err)
 					}
+					repairs, err := env.Metrics.Counter("sync_proxy_rules_iptables_repairs_total", "full syncs kpng did not ask for: another program changed the chains or jumps (the monitor's notifications, iptables-nft), the periodic check found them changed, or the full-sync period ran out.")
+					if err != nil {
+						return nil, fmt.Errorf("to-iptables: %w", err)
+					}
 					cfg.AfterSync = func(res iptables.SyncResult) {
+						if res.Repair != "" {
+							repairs.Inc()
+						}
 						if !res.RestoreFailed {
 							return
 						}

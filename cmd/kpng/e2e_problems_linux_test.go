@@ -46,7 +46,7 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	kpng := e2e.Start(t, e2e.Build(t, "cmd/kpng"), "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+name,
-		"--node-name=node-a", "--metrics-bind-address="+addr, "--debug-bind-address="+addr, "to-local", "to-nft", "--check-period=0", "--netns="+node.Path())
+		"--node-name=node-a", "--metrics-bind-address="+addr, "--debug-bind-address="+addr, "to-local", "to-nft", "--check-period=0", "--monitor=false", "--netns="+node.Path())
 
 	scrape := func() map[string]float64 {
 		resp, err := http.Get("http://" + addr + "/metrics")
@@ -123,7 +123,7 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 	if m := scrape(); m["kpng_sync_proxy_rules_nftables_sync_failures_total"] != 0 {
 		t.Errorf("nftables sync failures before any: %v", m["kpng_sync_proxy_rules_nftables_sync_failures_total"])
 	}
-	// Someone deletes the table (the check is off): the next round's
+	// Someone deletes the table (the check and the monitor are off): the next round's
 	// transaction fails, is counted, and the retry writes the table whole.
 	table := nft.TableName(name)
 	node.MustExec("nft", "delete", "table", "inet", table)

@@ -1,0 +1,446 @@
+//go:build linux
+
+// Package nfmonitor repairs a backend's rules as soon as someone else
+// changes them: it listens, in the network namespace the backend programs,
+// for the notifications nftables sends of every committed change (the
+// NFNLGRP_NFTABLES group of a NETLINK_NETFILTER socket, what `nft
+// monitor` prints; iptables-nft's tables are nftables tables too), keeps
+// the changes the backend watches (Config.Watch), and once a transaction
+// ends (its NFT_MSG_NEWGEN message) that the backend did not make
+// (Config.Own), calls Config.Repair: once for a burst of such
+// transactions, and never more often than a backoff allows, so that a
+// firewall flushing the ruleset in a loop cannot make the backend spin.
+// A notification lost (the socket's buffer overflowed, ENOBUFS) calls
+// Config.Lost, for a full check.
+package nfmonitor
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// Defaults of Config's timing.
+const (
+	// DefaultSettle is how long the monitor waits after a foreign
+	// transaction for the rest of its burst (a firewall reload commits
+	// several) before repairing.
+	DefaultSettle = 10 * time.Millisecond
+	// DefaultMinGap is the smallest time between two repairs of one
+	// burst; the gap doubles with each repair of the burst.
+	DefaultMinGap = 100 * time.Millisecond
+	// DefaultMaxGap is the largest time between two repairs of a burst.
+	DefaultMaxGap = 5 * time.Second
+)
+
+// receiveBuffer is the monitor socket's receive buffer (SO_RCVBUFFORCE,
+// else as much of it as net.core.rmem_max allows): the backend's own
+// full transactions notify a message per object.
+const receiveBuffer = 16 << 20
+
+// keptChanges is how many of a transaction's watched changes a Batch
+// keeps (for the logs); Count counts them all.
+const keptChanges = 4
+
+// Change is one object changed by a committed transaction, as its
+// notification names it.
+type Change struct {
+	// Type is the message type: unix.NFT_MSG_NEWRULE, …_DELTABLE, ….
+	Type uint8
+	// Family is the table's family (unix.NFPROTO_INET, …_IPV4, …).
+	Family uint8
+	// Table is the table's name; Chain the chain's, for a chain or a
+	// rule ("" otherwise).
+	Table, Chain string
+}
+
+// String describes the change: "delete chain inet kpng-x prerouting".
+func (c Change) String() string {
+	s := typeName(c.Type) + " " + familyName(c.Family) + " " + c.Table
+	if c.Chain != "" {
+		s += " " + c.Chain
+	}
+	return s
+}
+
+// Batch is one committed transaction's watched changes.
+type Batch struct {
+	// PortID is the netlink port ID of the socket that committed it;
+	// ProcPID and ProcName are its process's (as the kernel names it).
+	PortID, ProcPID uint32
+	ProcName        string
+	// Changes are the first watched changes of distinct kinds (and a
+	// table's deletion), Count the number of all.
+	Changes []Change
+	Count   int
+}
+
+// keep counts c, and keeps it if it is of a kind (type, table, chain) not
+// kept yet; a table's deletion is always kept (in place of the last
+// change kept when there are keptChanges already).
+func (b *Batch) keep(c Change) {
+	b.Count++
+	if slices.Contains(b.Changes, c) {
+		return
+	}
+	switch {
+	case len(b.Changes) < keptChanges:
+		b.Changes = append(b.Changes, c)
+	case c.Type == unix.NFT_MSG_DELTABLE:
+		b.Changes[keptChanges-1] = c
+	}
+}
+
+// String describes the batch for a log or a SyncResult's Repair.
+func (b Batch) String() string {
+	parts := make([]string, 0, len(b.Changes))
+	for _, c := range b.Changes {
+		parts = append(parts, c.String())
+	}
+	s := strings.Join(parts, ", ")
+	if b.Count > len(b.Changes) {
+		s += fmt.Sprintf(" (%d changes)", b.Count)
+	}
+	return fmt.Sprintf("%s (by %s, pid %d)", s, b.ProcName, b.ProcPID)
+}
+
+// Config configures a monitor.
+type Config struct {
+	// NetNS is a file descriptor of the network namespace to watch; 0:
+	// the current one.
+	NetNS int
+	// Watch reports whether a change concerns the backend; data is the
+	// message's payload after its nfgenmsg header (its attributes, for
+	// a closer look: a rule's verdict). Called from the monitor's
+	// goroutine, for every notification.
+	Watch func(c Change, data []byte) bool
+	// Own reports whether the backend committed the batch itself (its
+	// port ID or process): such batches are never repaired. It is
+	// called from the monitor's goroutine, at least Settle after the
+	// batch ended.
+	Own func(b Batch) bool
+	// Repair repairs the backend's rules; why describes the foreign
+	// changes. It is called from the monitor's goroutine, one call at a
+	// time.
+	Repair func(why string)
+	// Lost, when notifications were lost, checks the backend's rules
+	// fully (as Repair, but only when they changed). nil: Repair.
+	Lost func()
+	// Settle, MinGap and MaxGap time the repairs (DefaultSettle, … when
+	// zero): a repair comes Settle after the first foreign transaction
+	// of a burst; while foreign transactions keep coming, each repair
+	// waits after the previous one a gap that doubles from MinGap up to
+	// MaxGap. A burst ends when none came for twice the gap.
+	Settle, MinGap, MaxGap time.Duration
+}
+
+// Start opens the monitor's socket in cfg.NetNS and watches it until ctx
+// ends; the channel returned is closed when its goroutines have returned.
+// It logs through ctx's logger.
+func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
+	if cfg.Settle <= 0 {
+		cfg.Settle = DefaultSettle
+	}
+	if cfg.MinGap <= 0 {
+		cfg.MinGap = DefaultMinGap
+	}
+	if cfg.MaxGap < cfg.MinGap {
+		cfg.MaxGap = max(DefaultMaxGap, cfg.MinGap)
+	}
+	if cfg.Lost == nil {
+		cfg.Lost = func() { cfg.Repair("nftables notifications were lost") }
+	}
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: cfg.NetNS})
+	if err != nil {
+		return nil, fmt.Errorf("nftables monitor: netlink socket: %w", err)
+	}
+	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("nftables monitor: join group NFNLGRP_NFTABLES: %w", err)
+	}
+	setReceiveBuffer(conn)
+	m := &monitor{cfg: cfg, logger: klog.FromContext(ctx), wake: make(chan struct{}, 1)}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer stop()
+		m.read(ctx, conn)
+	}()
+	go func() {
+		defer wg.Done()
+		m.loop(ctx)
+	}()
+	go func() { wg.Wait(); close(done) }()
+	return done, nil
+}
+
+// setReceiveBuffer sets the socket's receive buffer to receiveBuffer,
+// forced if allowed (root), else as much as the system allows.
+func setReceiveBuffer(conn *netlink.Conn) {
+	rc, err := conn.SyscallConn()
+	if err == nil {
+		var serr error
+		err = rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, receiveBuffer)
+		})
+		if err == nil && serr == nil {
+			return
+		}
+	}
+	_ = conn.SetReadBuffer(receiveBuffer)
+}
+
+// monitor is the state shared by the reading goroutine and the repairing
+// one.
+type monitor struct {
+	cfg    Config
+	logger klog.Logger
+	mu     sync.Mutex
+	// pending are the batches with watched changes not yet classified;
+	// lost says notifications were lost.
+	pending []Batch
+	lost    bool
+	wake    chan struct{}
+}
+
+// read receives the notifications until the socket is closed.
+func (m *monitor) read(ctx context.Context, conn *netlink.Conn) {
+	var cur Batch
+	for {
+		msgs, err := conn.Receive()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, unix.ENOBUFS) {
+				cur = Batch{}
+				m.post(nil, true)
+				continue
+			}
+			m.logger.Error(err, "nftables monitor: cannot read the notifications: the periodic check stays")
+			return
+		}
+		for _, msg := range msgs {
+			if msg.Header.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || len(msg.Data) < 4 {
+				continue
+			}
+			typ := uint8(msg.Header.Type & 0xff)
+			if typ == unix.NFT_MSG_NEWGEN {
+				if cur.Count > 0 {
+					cur.PortID = msg.Header.PID
+					cur.ProcPID, cur.ProcName = parseGen(msg.Data[4:])
+					b := cur
+					m.post(&b, false)
+				}
+				cur = Batch{}
+				continue
+			}
+			c, ok := parseChange(typ, msg.Data)
+			if !ok || !m.cfg.Watch(c, msg.Data[4:]) {
+				continue
+			}
+			cur.keep(c)
+		}
+	}
+}
+
+// post hands a batch (or the loss of notifications) to the loop.
+func (m *monitor) post(b *Batch, lost bool) {
+	m.mu.Lock()
+	if b != nil {
+		m.pending = append(m.pending, *b)
+	}
+	m.lost = m.lost || lost
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop repairs, Settle after a foreign batch, with the backoff of a burst.
+func (m *monitor) loop(ctx context.Context) {
+	var last time.Time
+	var gap time.Duration
+	var repairs int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+		}
+		if !sleep(ctx, m.cfg.Settle) {
+			return
+		}
+		m.mu.Lock()
+		pending, lost := m.pending, m.lost
+		m.pending, m.lost = nil, false
+		m.mu.Unlock()
+		var foreign []Batch
+		for _, b := range pending {
+			if !m.cfg.Own(b) {
+				foreign = append(foreign, b)
+			}
+		}
+		if len(foreign) == 0 && !lost {
+			continue
+		}
+		// The burst goes on if the previous repair was recent.
+		if !last.IsZero() && time.Since(last) <= 2*max(gap, m.cfg.MinGap) {
+			gap = min(max(2*gap, m.cfg.MinGap), m.cfg.MaxGap)
+			if !sleep(ctx, time.Until(last.Add(gap))) {
+				return
+			}
+			// What came meanwhile is repaired too (notifications lost
+			// meanwhile: by the repair, or the check made for those
+			// lost before).
+			m.mu.Lock()
+			for _, b := range m.pending {
+				if !m.cfg.Own(b) {
+					foreign = append(foreign, b)
+				}
+			}
+			m.pending, m.lost = nil, false
+			m.mu.Unlock()
+			repairs++
+			if repairs == 2 {
+				m.logger.Info("Foreign changes keep coming: repairs are spaced out (backoff), logged at verbosity 2 until they stop", "maxGap", m.cfg.MaxGap)
+			}
+		} else {
+			gap, repairs = 0, 1
+		}
+		last = time.Now()
+		if len(foreign) == 0 {
+			m.logger.V(2).Info("nftables notifications were lost: checking the rules fully")
+			m.cfg.Lost()
+			continue
+		}
+		why := foreign[0].String()
+		if len(foreign) > 1 {
+			why += fmt.Sprintf(" and %d more transactions", len(foreign)-1)
+		}
+		if repairs == 1 {
+			m.logger.Info("Rules changed by another program: repairing them", "change", why)
+		} else {
+			m.logger.V(2).Info("Rules changed by another program again: repairing them", "change", why, "repairs", repairs, "gap", gap)
+		}
+		m.cfg.Repair(why)
+	}
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// parseChange reads the family, table and chain of a notification of
+// type typ (data: nfgenmsg and attributes); false for a type that names
+// no table.
+func parseChange(typ uint8, data []byte) (Change, bool) {
+	c := Change{Type: typ, Family: data[0]}
+	chainAttr := uint16(0)
+	switch typ {
+	case unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE:
+	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
+		chainAttr = unix.NFTA_CHAIN_NAME
+	case unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE:
+		chainAttr = unix.NFTA_RULE_CHAIN
+	case unix.NFT_MSG_NEWSET, unix.NFT_MSG_DELSET, unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM,
+		unix.NFT_MSG_NEWOBJ, unix.NFT_MSG_DELOBJ, unix.NFT_MSG_NEWFLOWTABLE, unix.NFT_MSG_DELFLOWTABLE:
+	default:
+		return c, false
+	}
+	ad, err := netlink.NewAttributeDecoder(data[4:])
+	if err != nil {
+		return c, false
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		// The table is attribute 1 of every type of message above.
+		case 1:
+			c.Table = ad.String()
+		case chainAttr:
+			if chainAttr != 0 {
+				c.Chain = ad.String()
+			}
+		}
+	}
+	return c, ad.Err() == nil && c.Table != ""
+}
+
+// parseGen reads the committing process of a NFT_MSG_NEWGEN message's
+// attributes.
+func parseGen(attrs []byte) (pid uint32, name string) {
+	ad, err := netlink.NewAttributeDecoder(attrs)
+	if err != nil {
+		return 0, ""
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_GEN_PROC_PID:
+			pid = ad.Uint32()
+		case unix.NFTA_GEN_PROC_NAME:
+			name = ad.String()
+		}
+	}
+	return pid, name
+}
+
+// typeName names a message type as nft monitor does.
+func typeName(t uint8) string {
+	names := map[uint8]string{
+		unix.NFT_MSG_NEWTABLE: "add table", unix.NFT_MSG_DELTABLE: "delete table",
+		unix.NFT_MSG_NEWCHAIN: "add chain", unix.NFT_MSG_DELCHAIN: "delete chain",
+		unix.NFT_MSG_NEWRULE: "add rule", unix.NFT_MSG_DELRULE: "delete rule",
+		unix.NFT_MSG_NEWSET: "add set", unix.NFT_MSG_DELSET: "delete set",
+		unix.NFT_MSG_NEWSETELEM: "add element", unix.NFT_MSG_DELSETELEM: "delete element",
+		unix.NFT_MSG_NEWOBJ: "add object", unix.NFT_MSG_DELOBJ: "delete object",
+		unix.NFT_MSG_NEWFLOWTABLE: "add flowtable", unix.NFT_MSG_DELFLOWTABLE: "delete flowtable",
+	}
+	if n, ok := names[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("message %d", t)
+}
+
+// familyName names a table family as nft does.
+func familyName(f uint8) string {
+	switch f {
+	case unix.NFPROTO_INET:
+		return "inet"
+	case unix.NFPROTO_IPV4:
+		return "ip"
+	case unix.NFPROTO_IPV6:
+		return "ip6"
+	case unix.NFPROTO_ARP:
+		return "arp"
+	case unix.NFPROTO_BRIDGE:
+		return "bridge"
+	case unix.NFPROTO_NETDEV:
+		return "netdev"
+	}
+	return fmt.Sprintf("family %d", f)
+}
