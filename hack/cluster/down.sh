@@ -34,19 +34,7 @@ kill_cgroups() {
   kpngc_log "processes left in the cgroups of $1: ${pids}"
 }
 
-# stop NAME stops the process of run/NAME.pid (TERM, then KILL).
-stop() {
-  local f="${KPNGC_DIR}/run/$1.pid" pid i
-  [[ -f "${f}" ]] || return 0
-  pid="$(cat "${f}")"
-  kill -TERM "${pid}" 2>/dev/null
-  for i in $(seq 1 50); do
-    kill -0 "${pid}" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL "${pid}" 2>/dev/null
-  rm -f "${f}"
-}
+stop() { kpngc_stop "$@"; }
 
 # Proxiers run as processes (proxier.sh) first, then each node's kubelet,
 # its containers, the containerd shims that ran them, and containerd.
@@ -87,10 +75,28 @@ rm -f /var/lib/cni/results/kpngc-*
 for c in kube-scheduler kube-controller-manager kube-apiserver etcd; do
   stop "${c}"
 done
-# Whatever else names the cluster's directory (a pid file lost, a process
-# started by hand).
-pkill -9 -f -- "${KPNGC_DIR}/" 2>/dev/null
+# Any other of the cluster's programs whose command line names its
+# directory (a pid file lost): only those programs, never a shell or a
+# viewer of its logs.
+for pid in $(pgrep -f -- "${KPNGC_DIR}/"); do
+  exe="$(basename "$(readlink "/proc/${pid}/exe" 2>/dev/null)")"
+  case "${exe}" in
+    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy | containerd | containerd-shim-runc-v2)
+      kpngc_ours "${pid}" && kill -9 "${pid}" 2>/dev/null ;;
+  esac
+done
 sleep 0.2
+
+# kubelet's links to the pods' logs, in a directory it does not let one
+# configure (/var/log/containers), pointing into the cluster's.
+find /var/log/containers -maxdepth 1 -lname "${KPNGC_DIR}/*" -delete 2>/dev/null
+
+# The kernel settings kubelet changed, as they were before.
+if [[ -f "${KPNGC_DIR}/sysctls.saved" ]]; then
+  while IFS='=' read -r k v; do
+    sysctl -qw "${k}=${v}" || kpngc_log "could not restore ${k}=${v}"
+  done <"${KPNGC_DIR}/sysctls.saved"
+fi
 
 # Mounts: kubelet's volumes, containerd's root filesystems, shm and the pods'
 # network namespaces (netns_mounts_under_state_dir), deepest first.

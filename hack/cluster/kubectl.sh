@@ -3,5 +3,5 @@
 # admin, from the lan namespace where the API server is.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-KPNGC_BIN="$(bash "${KPNGC_ROOT}/hack/build-controlplane.sh" --with-cluster 2>/dev/null | tail -n 1)"
+kpngc_binaries
 kpngc_kubectl "$@"

@@ -84,20 +84,53 @@ kpngc_start() {
   echo $! >"${KPNGC_DIR}/run/${name}.pid"
 }
 
+# kpngc_ours PID succeeds if PID is a process of the cluster: one whose
+# command line names the cluster's directory (every process kpngc_start
+# starts does). A pid file that outlived its process is then harmless.
+kpngc_ours() {
+  local cmdline
+  cmdline="$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline")" && [[ "${cmdline}" == *"${KPNGC_DIR}/"* ]]
+}
+
+# kpngc_stop NAME stops the process of run/NAME.pid, if it is still the
+# cluster's: TERM, up to 5 s to exit, then KILL.
+kpngc_stop() {
+  local f="${KPNGC_DIR}/run/$1.pid" pid i
+  [[ -f "${f}" ]] || return 0
+  pid="$(cat "${f}")"
+  rm -f "${f}"
+  kpngc_ours "${pid}" || return 0
+  kill -TERM "${pid}" 2>/dev/null
+  for i in $(seq 1 50); do
+    kpngc_ours "${pid}" || return 0
+    sleep 0.1
+  done
+  kill -KILL "${pid}" 2>/dev/null
+  for i in $(seq 1 50); do
+    kpngc_ours "${pid}" || return 0
+    sleep 0.1
+  done
+}
+
 # kpngc_wait WHAT SECONDS CMD... retries CMD every half second until it
 # succeeds, or fails after SECONDS naming WHAT.
 kpngc_wait() {
   local what="$1" timeout="$2"
   shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
+  local deadline=$((SECONDS + timeout)) out
+  until out="$("$@" 2>&1)"; do
     if ((SECONDS >= deadline)); then
-      kpngc_log "timed out after ${timeout}s waiting for ${what}"
+      kpngc_log "timed out after ${timeout}s waiting for ${what}; the last try said: ${out:0:2000}"
       return 1
     fi
     sleep 0.5
   done
 }
+
+# The kernel settings kubelet sets for the whole machine (not per network
+# namespace): up.sh saves them before the kubelets start, down.sh puts them
+# back.
+KPNGC_SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
 
 # kpngc_binaries sets KPNGC_BIN to the directory of the Kubernetes binaries
 # (built once and cached by hack/build-controlplane.sh --with-cluster).

@@ -28,10 +28,29 @@ apply() {
   sed "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" "${KPNGC_ROOT}/$1" | kpngc_kubectl apply -f - >/dev/null
 }
 
-# delete FILE deletes what apply made, and waits for its pods to go.
+# delete FILE deletes what apply made, and waits until its pods are gone
+# (foreground: the DaemonSet goes after its pods), so that no pod of it can
+# put its rules back after the cleanup.
 delete() {
   sed "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" "${KPNGC_ROOT}/$1" |
-    kpngc_kubectl delete --ignore-not-found --wait=true --timeout=120s -f - >/dev/null
+    kpngc_kubectl delete --ignore-not-found --cascade=foreground --wait=true --timeout=180s -f - >/dev/null
+}
+
+# no_pods LABEL fails while a pod of the DaemonSet named LABEL exists.
+no_pods() {
+  [[ -z "$(kpngc_kubectl -n kube-system get pods -l "app.kubernetes.io/name=$1" -o name)" ]]
+}
+
+# clean_nodes fails, naming what it found, if a node still holds a
+# proxier's rules: kpng's nftables tables, its iptables chains, kube-proxy's.
+clean_nodes() {
+  local node found
+  for node in "${KPNGC_NODES[@]}"; do
+    found="$(kpngc_in "${node}" nft list tables | grep -E 'kpng|kube-proxy' || true)"
+    found+="$(for save in iptables-save iptables-legacy-save; do kpngc_in "${node}" "${save}" 2>/dev/null; done |
+      grep -E '^:(KPNG|KUBE-(SERVICES|NODEPORTS|SVC))' || true)"
+    [[ -z "${found}" ]] || kpngc_die "${node} still holds a proxier's rules: ${found//$'\n'/ }"
+  done
 }
 
 # rollout NAME waits until the DaemonSet kube-system/NAME runs a ready pod
@@ -65,16 +84,14 @@ kube_proxy() {
   done
 }
 
-# stop_kube_proxy stops kube-proxy on each node and removes its rules.
+# stop_kube_proxy stops kube-proxy on each node, waits for it to exit, and
+# removes its rules.
 stop_kube_proxy() {
-  local node f
+  local node
   for node in "${KPNGC_NODES[@]}"; do
-    f="${KPNGC_DIR}/run/proxier-kube-proxy-${node}.pid"
-    if [[ -f "${f}" ]]; then
-      kill "$(cat "${f}")" 2>/dev/null || true
-      rm -f "${f}"
-    fi
-    kpngc_in "${node}" "${KPNGC_BIN}/kube-proxy" --cleanup >/dev/null 2>&1 || true
+    kpngc_stop "proxier-kube-proxy-${node}"
+    kpngc_in "${node}" "${KPNGC_BIN}/kube-proxy" --cleanup >/dev/null 2>&1 ||
+      kpngc_die "kube-proxy --cleanup on ${node} failed"
   done
 }
 
@@ -86,11 +103,14 @@ kpng_cleanup() {
   for node in "${KPNGC_NODES[@]}"; do
     kpngc_in "${node}" "${KPNGC_CACHE}/images/bin/kpng" file --input=/dev/null \
       to-local "to-$1" "${name[@]}" --cleanup >/dev/null 2>&1 ||
-      kpngc_log "kpng to-$1 --cleanup on ${node} failed"
+      kpngc_die "kpng to-$1 --cleanup on ${node} failed"
   done
 }
 
 action="${1:-}" name="${2:-}"
+# A proxier is deployed on clean nodes only: its checks then cannot pass
+# through another's leftover rules.
+[[ "${action}" != deploy ]] || clean_nodes
 case "${action}:${name}" in
   deploy:kpng-nft | deploy:kpng-iptables)
     apiserver_configmap
@@ -99,13 +119,16 @@ case "${action}:${name}" in
     ;;
   remove:kpng-nft | remove:kpng-iptables)
     delete "deploy/kpng-default-${name#kpng-}.yaml"
+    kpngc_wait "the pods of kpng-default-${name#kpng-} to go" 120 no_pods "kpng-default-${name#kpng-}"
     kpng_cleanup "${name#kpng-}"
+    clean_nodes
     ;;
   deploy:kube-proxy-nftables | deploy:kube-proxy-iptables)
     kube_proxy "${name#kube-proxy-}"
     ;;
   remove:kube-proxy-nftables | remove:kube-proxy-iptables)
     stop_kube_proxy
+    clean_nodes
     ;;
   deploy:seeds)
     kube_proxy nftables
@@ -117,8 +140,15 @@ case "${action}:${name}" in
   remove:seeds)
     delete examples/manifests/kpng-example-proxy.yaml
     delete deploy/kpng-nft.yaml
+    kpngc_wait "the pods of kpng-nft to go" 120 no_pods kpng-nft
     kpng_cleanup nft kpng-nft
+    # The all-IP callout removes its chains when given an empty state.
+    for node in "${KPNGC_NODES[@]}"; do
+      echo '[]' | kpngc_in "${node}" "${KPNGC_ROOT}/examples/allip/kpng-example-allip" >/dev/null ||
+        kpngc_die "kpng-example-allip with an empty state on ${node} failed"
+    done
     stop_kube_proxy
+    clean_nodes
     ;;
   *)
     kpngc_die "usage: proxier.sh deploy|remove kpng-nft|kpng-iptables|kube-proxy-nftables|kube-proxy-iptables|seeds"

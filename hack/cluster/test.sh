@@ -57,6 +57,8 @@ finish() {
   echo "cluster-test: $([[ ${rc} == 0 ]] && echo PASS || echo FAIL) passed=${#passed[@]} failed=${#failed[@]}${failed:+ (${failed[*]})} times: ${times[*]} total=$((SECONDS - t0))s"
   exit "${rc}"
 }
+# A cluster that is not this run's is left alone: no teardown then.
+[[ ! -e "${KPNGC_DIR}" ]] || kpngc_die "${KPNGC_DIR} holds a cluster already (make cluster-down removes it)"
 trap finish EXIT
 
 k() { kpngc_kubectl "$@"; }
@@ -185,11 +187,19 @@ connection_survives() {
     req >>/tmp/out
     echo done >>/tmp/out' "${vip}" &
   local client=$!
-  kpngc_wait "the first request" 30 k -n "${ns}" exec client -- grep -q server- /tmp/out
+  kpngc_wait "the first request" 30 k -n "${ns}" exec client -- grep -q server- /tmp/out || return 1
   old="$(k -n kube-system get pods -l "app.kubernetes.io/name=${ds}" --field-selector spec.nodeName=node-a -o name)"
-  k -n kube-system delete "${old}" --wait=true --timeout=120s >/dev/null
-  k -n kube-system rollout status "daemonset/${ds}" --timeout=180s >/dev/null
-  k -n "${ns}" exec client -- touch /tmp/go
+  [[ -n "${old}" ]] || { kpngc_log "no pod of ${ds} on node-a"; return 1; }
+  k -n kube-system delete "${old}" --wait=true --timeout=120s >/dev/null || return 1
+  # Another pod of the DaemonSet on node-a, ready: it has synced (its
+  # readiness is /healthz).
+  replaced() {
+    k -n kube-system get pods -l "app.kubernetes.io/name=${ds}" --field-selector spec.nodeName=node-a \
+      -o jsonpath='{range .items[*]}pod/{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+      awk -v old="${old}" '$1 != old && $2 == "True" { found = 1 } END { exit !found }'
+  }
+  kpngc_wait "a new ready pod of ${ds} on node-a" 180 replaced || return 1
+  k -n "${ns}" exec client -- touch /tmp/go || return 1
   wait "${client}" || true
   local out
   out="$(k -n "${ns}" exec client -- cat /tmp/out)"
@@ -243,14 +253,14 @@ seeds_kpng() {
   out="$(get_from_pod "${vip}:80/hostname")"
   is_server "${out}" || return 1
   # It is kpng's table that has it, not kube-proxy's.
-  grep -qF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
+  grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
 }
 seeds_kube_proxy() {
   local vip out
   vip="$(k -n "${ns}" get service web -o jsonpath='{.spec.clusterIP}')"
   out="$(get_from_pod "${vip}:80/hostname")"
   is_server "${out}" || return 1
-  ! grep -qF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
+  ! grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
 }
 # The blog's all-IP proxier: every port of the external IP DNATed to the
 # service's endpoint on the node the IP is routed to (node-b, from the lan).

@@ -8,13 +8,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/pki.sh"
 
 [[ "$(id -u)" == 0 ]] || kpngc_die "run as root: the cluster needs network namespaces, cgroups and mounts"
-if [[ -e "${KPNGC_DIR}/run" ]]; then
+[[ ! -e /sys/fs/cgroup/cgroup.controllers ]] ||
+  kpngc_die "this machine has cgroup v2 only: these scripts make the kubelets' cgroup roots in cgroup v1's hierarchies"
+# The cluster's directory, claimed at once (mkdir is atomic): a second
+# up.sh, or one beside a cluster that runs, stops here.
+mkdir -p "$(dirname "${KPNGC_DIR}")"
+mkdir "${KPNGC_DIR}" 2>/dev/null ||
   kpngc_die "${KPNGC_DIR} holds a cluster already: run hack/cluster/down.sh (make cluster-down) first"
-fi
 
 # What the nodes run comes from Debian's packages.
 need=()
-for tool in containerd:containerd runc:runc buildah:buildah debootstrap:debootstrap openssl:openssl nsenter:util-linux nft:nftables iptables:iptables conntrack:conntrack; do
+for tool in containerd:containerd runc:runc buildah:buildah debootstrap:debootstrap openssl:openssl nsenter:util-linux nft:nftables iptables:iptables conntrack:conntrack curl:curl; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 [[ -x "${KPNGC_CNI_BIN}/ptp" ]] || need+=(containernetworking-plugins)
@@ -96,7 +100,11 @@ kpngc_start kube-scheduler lan "${KPNGC_BIN}/kube-scheduler" \
   --bind-address=127.0.0.1 --leader-elect=false
 phase "control plane up at ${KPNGC_SERVER}"
 
-# The nodes: containerd and kubelet in each node's namespace.
+# The nodes: containerd and kubelet in each node's namespace. kubelet sets
+# a few kernel settings of the whole machine: saved for down.sh to restore.
+for k in "${KPNGC_SYSCTLS[@]}"; do
+  echo "${k}=$(sysctl -n "${k}")"
+done >"${KPNGC_DIR}/sysctls.saved"
 for node in "${KPNGC_NODES[@]}"; do
   d="${KPNGC_DIR}/${node}"
   mkdir -p "${d}/cni" "${d}/kubelet" "${d}/pods-logs"
@@ -116,6 +124,8 @@ root = "${d}/containerd/root"
 state = "${KPNGC_DIR}/run/${node}/containerd"
 [grpc]
   address = "${KPNGC_DIR}/run/${node}/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "${d}/opt"
 [ttrpc]
   address = "${KPNGC_DIR}/run/${node}/containerd-ttrpc.sock"
 [plugins."io.containerd.grpc.v1.cri"]

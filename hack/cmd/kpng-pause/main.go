@@ -4,7 +4,8 @@
 // (hack/cluster, docs/cluster.md): the process that holds a pod's
 // namespaces while its containers come and go. It waits for SIGTERM or
 // SIGINT and exits 0, and as the first process of a pod that shares its
-// process namespace, it reaps the orphans that are given to it. Built
+// process namespace, it reaps the orphans that are given to it; other
+// signals are ignored. Built
 // static, it is the whole of the cluster's pause image.
 package main
 
@@ -16,6 +17,11 @@ import (
 )
 
 func main() {
+	// The kernel drops the signals a namespace's first process has no
+	// handler for, but Go handles every signal, and would exit on SIGHUP
+	// or SIGQUIT (or SIGUSR1, SIGPIPE...) sent from the pod or the host:
+	// ignore them, as a sandbox must outlive anything but a stop.
+	signal.Ignore(syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	children := make(chan os.Signal, 1)
