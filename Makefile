@@ -184,10 +184,17 @@ image-sizes:
 			$$(stat -c %s $$d/stripped/$$n $$d/unstripped/$$n $$d/plain/$$n | awk '{printf "%s ", $$1/1e6}'); \
 	done
 
-## image: build the image with docker (or IMAGE_TOOL=podman) as IMAGE.
+## image: build the images with docker (or IMAGE_TOOL=podman): IMAGE_NFT
+## (kpng alone, for the nft DaemonSets), IMAGE_IPTABLES (kpng and Debian's
+## iptables, for the iptables DaemonSets) and IMAGE (every program, with
+## iptables and jq, for the examples).
 IMAGE ?= kpng:latest
+IMAGE_NFT ?= kpng-nft:latest
+IMAGE_IPTABLES ?= kpng-iptables:latest
 IMAGE_TOOL ?= docker
 image:
+	$(IMAGE_TOOL) build --target nft -t $(IMAGE_NFT) .
+	$(IMAGE_TOOL) build --target iptables -t $(IMAGE_IPTABLES) .
 	$(IMAGE_TOOL) build -t $(IMAGE) .
 
 ## generate: regenerate api/kpngv1 from kpng.proto (needs protoc $(PROTOC_VERSION):

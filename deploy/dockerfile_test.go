@@ -125,6 +125,11 @@ func (d *dockerfile) add(line int, text string) error {
 	case in.cmd == "ARG" && len(d.stages) == 0:
 		for _, a := range in.args {
 			k, v, _ := strings.Cut(a, "=")
+			// A default may name the ARGs before it.
+			v, err := expand(v, d.args)
+			if err != nil {
+				return fmt.Errorf("ARG %s: %w", k, err)
+			}
 			d.args[k] = v
 		}
 		return nil

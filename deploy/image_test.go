@@ -135,43 +135,96 @@ func goVersion(t *testing.T) string {
 	return string(m[1])
 }
 
+// imageStages are the Dockerfile's images after its build stage: the stage
+// name (empty for the last, the default target), the image's name in the
+// manifests, its base, the Debian packages it installs, the programs it
+// holds.
+var imageStages = []struct {
+	stage, image, base string
+	packages, programs []string
+}{
+	{"nft", "registry.example/kpng-nft", "scratch", nil, []string{"kpng"}},
+	{"iptables", "registry.example/kpng-iptables", "debian-slim", []string{"iptables"}, []string{"kpng"}},
+	{"", "registry.example/kpng", "debian-slim", []string{"iptables", "jq"}, imagePrograms},
+}
+
+// stageOf returns the stage that builds the image named image (a manifest's
+// image: without its tag).
+func stageOf(t *testing.T, df *dockerfile, image string) *stage {
+	t.Helper()
+	for i, is := range imageStages {
+		if is.image == image {
+			return df.stages[i+1]
+		}
+	}
+	t.Fatalf("image %s: no stage of the Dockerfile builds it", image)
+	return nil
+}
+
 func TestDockerfileStages(t *testing.T) {
 	df, err := parseDockerfile(filepath.Join(root, "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(df.stages) != 2 {
-		t.Fatalf("%d stages, want 2: build, then the runtime image", len(df.stages))
+	if len(df.stages) != 1+len(imageStages) {
+		t.Fatalf("%d stages, want %d: build, then the images nft, iptables and the full one", len(df.stages), 1+len(imageStages))
 	}
-	build, final := df.stages[0], df.stages[1]
+	build := df.stages[0]
 	if build.name != "build" {
 		t.Errorf("first stage named %q, want build", build.name)
 	}
 	if want := "golang:" + goVersion(t) + "-"; !strings.HasPrefix(build.base, want) {
 		t.Errorf("build stage FROM %s, want %s… (go.mod's toolchain)", build.base, want)
 	}
-	// The runtime base: Debian (its iptables package), slim.
-	if !regexp.MustCompile(`^debian:[a-z]+-slim$`).MatchString(final.base) {
-		t.Errorf("runtime stage FROM %s, want debian:<release>-slim", final.base)
-	}
-	var installed []string
-	for _, run := range final.all("RUN") {
-		if i := slices.Index(run.args, "install"); i > 0 && run.args[i-1] == "apt-get" {
-			for _, w := range run.args[i+1:] {
-				if w == "&&" {
-					break
-				}
-				if !strings.HasPrefix(w, "-") {
-					installed = append(installed, w)
+	for i, is := range imageStages {
+		st := df.stages[i+1]
+		if st.name != is.stage {
+			t.Errorf("stage %d named %q, want %q", i+1, st.name, is.stage)
+		}
+		// The base: nothing, or Debian (its iptables package), slim.
+		switch is.base {
+		case "scratch":
+			if st.base != "scratch" {
+				t.Errorf("stage %q FROM %s, want scratch: it runs no program but kpng", is.stage, st.base)
+			}
+		case "debian-slim":
+			if !regexp.MustCompile(`^debian:[a-z]+-slim(@sha256:[0-9a-f]{64})?$`).MatchString(st.base) {
+				t.Errorf("stage %q FROM %s, want debian:<release>-slim", is.stage, st.base)
+			}
+		}
+		var installed []string
+		for _, run := range st.all("RUN") {
+			if i := slices.Index(run.args, "install"); i > 0 && run.args[i-1] == "apt-get" {
+				for _, w := range run.args[i+1:] {
+					if w == "&&" {
+						break
+					}
+					if !strings.HasPrefix(w, "-") {
+						installed = append(installed, w)
+					}
 				}
 			}
 		}
-	}
-	// iptables: the binaries to-local to-iptables runs; jq: what
-	// kpng-example-allip (and the blog's CALLOUT=jq) runs.
-	for _, pkg := range []string{"iptables", "jq"} {
-		if !slices.Contains(installed, pkg) {
-			t.Errorf("runtime stage installs %v, want %s among them", installed, pkg)
+		// iptables: the binaries to-local to-iptables runs; jq: what
+		// kpng-example-allip (and the blog's CALLOUT=jq) runs. Nothing
+		// else.
+		slices.Sort(installed)
+		if !slices.Equal(installed, is.packages) {
+			t.Errorf("stage %q installs %v, want %v", is.stage, installed, is.packages)
+		}
+		var copied []string
+		for _, cp := range st.all("COPY") {
+			for _, src := range cp.args[:len(cp.args)-1] {
+				copied = append(copied, path.Base(src))
+			}
+		}
+		for _, p := range is.programs {
+			if !slices.Contains(copied, p) {
+				t.Errorf("stage %q does not copy %s (copies %v)", is.stage, p, copied)
+			}
+		}
+		if len(copied) != len(is.programs) && is.stage != "" {
+			t.Errorf("stage %q copies %v, want only %v", is.stage, copied, is.programs)
 		}
 	}
 }

@@ -223,11 +223,16 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inImage := map[string]bool{}
-	for _, cp := range df.stages[len(df.stages)-1].all("COPY") {
-		for _, src := range cp.args[:len(cp.args)-1] {
-			inImage[filepath.Base(src)] = true
+	// inImage tells the programs of the image a container runs.
+	inImage := func(t *testing.T, image string) map[string]bool {
+		name, _, _ := strings.Cut(image, ":")
+		progs := map[string]bool{}
+		for _, cp := range stageOf(t, df, name).all("COPY") {
+			for _, src := range cp.args[:len(cp.args)-1] {
+				progs[filepath.Base(src)] = true
+			}
 		}
+		return progs
 	}
 	ports := map[int32]string{}
 	for _, d := range daemonSets {
@@ -258,8 +263,12 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 				t.Error("hostNetwork is false: the rules would go into the pod's own network namespace")
 			}
 			c := p.container(t)
-			if !inImage[c.Command[0]] {
-				t.Errorf("command %s: not a program of the image (%v)", c.Command[0], inImage)
+			// Each proxier's own image: what its backend runs, no more.
+			if name, _, _ := strings.Cut(c.Image, ":"); stageOf(t, df, name).name != strings.TrimPrefix(d.backend, "to-") {
+				t.Errorf("image %s: not the %s proxier's image (stage %s)", c.Image, d.backend, strings.TrimPrefix(d.backend, "to-"))
+			}
+			if progs := inImage(t, c.Image); !progs[c.Command[0]] {
+				t.Errorf("command %s: not a program of the image %s (%v)", c.Command[0], c.Image, progs)
 			}
 			cmd := parseCommand(t, c, map[string]string{"POD_IP": nodeIP, "NODE_NAME": "node-a"})
 			if cmd.backend != d.backend {

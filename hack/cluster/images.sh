@@ -2,9 +2,12 @@
 # images.sh builds, without a registry, the images the cluster runs, as
 # docker archives that `ctr images import` loads into each node's containerd:
 #
-#   kpng      the Dockerfile's image: its programs built by the same
-#             `make image-binaries`, on Debian bookworm with iptables and jq
-#             (the Dockerfile's runtime stage), the root filesystem made by
+#   kpng-nft  the Dockerfile's nft image: kpng alone, built by the same
+#             `make image-binaries`;
+#   kpng-iptables, kpng
+#             its iptables and full images: kpng, or every program, on
+#             Debian bookworm with iptables and jq (the Dockerfile's iptables
+#             image has no jq: one root filesystem serves both here), made by
 #             debootstrap instead of pulled (cached);
 #   agnhost   the e2e tests' test image (agnhost, built from the pinned
 #             k8s.io/kubernetes), on the same Debian root filesystem;
@@ -76,6 +79,10 @@ for p in "${out}"/bin/*; do
 done
 kpng_adds+=("${KPNGC_ROOT}/examples/allip/kpng-example-allip:/usr/local/bin/")
 image "${KPNGC_KPNG_IMAGE}" "${out}/kpng.tar" '["kpng","--help"]' '[]' "${kpng_adds[@]}"
+image "${KPNGC_KPNG_IPTABLES_IMAGE}" "${out}/kpng-iptables.tar" '["kpng","--help"]' '[]' \
+  "${rootfs}:/" "${out}/bin/kpng:/usr/local/bin/"
+image "${KPNGC_KPNG_NFT_IMAGE}" "${out}/kpng-nft.tar" '["kpng","--help"]' '[]' \
+  "${out}/bin/kpng:/usr/local/bin/"
 
 image "${KPNGC_AGNHOST_IMAGE}" "${out}/agnhost.tar" '["pause"]' '["/agnhost"]' \
   "${rootfs}:/" "${KPNGC_BIN}/agnhost:/agnhost"

@@ -31,9 +31,11 @@ KPNGC_SERVER="https://${KPNGC_LAN_IP}:${KPNGC_API_PORT}"
 # built here (images.sh), with the names the e2e tests ask for.
 KPNGC_PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 KPNGC_AGNHOST_IMAGE=registry.k8s.io/e2e-test-images/agnhost:2.63.0
-# kpng's image, built here; the manifests of deploy/ get this name instead
-# of their registry.example/kpng:latest, and nothing else changes.
+# kpng's images, built here; the manifests get these names instead of their
+# registry.example/kpng{,-nft,-iptables}:latest, and nothing else changes.
 KPNGC_KPNG_IMAGE=localhost/kpng:cluster
+KPNGC_KPNG_NFT_IMAGE=localhost/kpng-nft:cluster
+KPNGC_KPNG_IPTABLES_IMAGE=localhost/kpng-iptables:cluster
 
 # Everything the cluster writes lives under KPNGC_DIR (state, logs, pid
 # files, certificates); what is built once lives under KPNGC_CACHE.

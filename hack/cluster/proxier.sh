@@ -23,17 +23,24 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 kpngc_binaries
 
-# apply FILE applies a manifest of the repository with the local image.
+# local_images FILE prints a manifest of the repository with the images
+# built here in place of registry.example's.
+local_images() {
+  sed -e "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" \
+    -e "s|registry.example/kpng-nft:latest|${KPNGC_KPNG_NFT_IMAGE}|g" \
+    -e "s|registry.example/kpng-iptables:latest|${KPNGC_KPNG_IPTABLES_IMAGE}|g" "${KPNGC_ROOT}/$1"
+}
+
+# apply FILE applies a manifest of the repository with the local images.
 apply() {
-  sed "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" "${KPNGC_ROOT}/$1" | kpngc_kubectl apply -f - >/dev/null
+  local_images "$1" | kpngc_kubectl apply -f - >/dev/null
 }
 
 # delete FILE deletes what apply made, and waits until its pods are gone
 # (foreground: the DaemonSet goes after its pods), so that no pod of it can
 # put its rules back after the cleanup.
 delete() {
-  sed "s|registry.example/kpng:latest|${KPNGC_KPNG_IMAGE}|g" "${KPNGC_ROOT}/$1" |
-    kpngc_kubectl delete --ignore-not-found --cascade=foreground --wait=true --timeout=180s -f - >/dev/null
+  local_images "$1" | kpngc_kubectl delete --ignore-not-found --cascade=foreground --wait=true --timeout=180s -f - >/dev/null
 }
 
 # no_pods LABEL fails while a pod of the DaemonSet named LABEL exists.

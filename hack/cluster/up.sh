@@ -165,7 +165,7 @@ EOF
   mkdir -p "${KPNGC_DIR}/run/${node}"
   kpngc_start "containerd-${node}" "${node}" containerd --config "${d}/containerd.toml"
   kpngc_wait "containerd on ${node}" 60 ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" version
-  for img in pause agnhost kpng; do
+  for img in pause agnhost kpng kpng-nft kpng-iptables; do
     ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" -n k8s.io images import \
       "${KPNGC_CACHE}/images/${img}.tar" >/dev/null
   done
