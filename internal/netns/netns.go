@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -272,36 +274,74 @@ func Veth(t testing.TB, a *NS, aDev string, b *NS, bDev string) {
 // left locked, so that the Go runtime discards it rather than reuse it in the
 // wrong namespace.
 func (n *NS) Do(fn func() error) error {
-	errc := make(chan error, 1)
+	_, err := RunIn(n.Path(), func() (struct{}, error) { return struct{}{}, fn() })
+	return err
+}
+
+// RunIn is Do for the network namespace at path (a /run/netns entry or any
+// namespace file), returning fn's value too: for programs that have a
+// namespace's path rather than an NS.
+func RunIn[T any](path string, fn func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
 	go func() {
+		var zero T
 		runtime.LockOSThread()
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open current network namespace: %w", err)
+			ch <- result{zero, fmt.Errorf("open current network namespace: %w", err)}
 			return
 		}
 		defer orig.Close()
-		target, err := os.Open(n.Path())
+		target, err := os.Open(path)
 		if err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open network namespace %s: %w", n.Name, err)
+			ch <- result{zero, fmt.Errorf("open network namespace %s: %w", path, err)}
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace %s: %w", n.Name, err)
+			ch <- result{zero, fmt.Errorf("enter network namespace %s: %w", path, err)}
 			return
 		}
-		fnErr := fn()
+		v, fnErr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
 			// Stay locked: the thread dies with this goroutine.
-			errc <- errors.Join(fnErr, fmt.Errorf("return from network namespace %s: %w", n.Name, err))
+			ch <- result{v, errors.Join(fnErr, fmt.Errorf("return from network namespace %s: %w", path, err))}
 			return
 		}
 		runtime.UnlockOSThread()
-		errc <- fnErr
+		ch <- result{v, fnErr}
 	}()
-	return <-errc
+	r := <-ch
+	return r.v, r.err
+}
+
+// Forward copies each connection accepted by l to a new TCP connection to
+// addr, both ways, until l is closed: for example a listener made in a
+// namespace with RunIn, forwarding to a server outside it.
+func Forward(l net.Listener, addr string) {
+	for {
+		in, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer in.Close()
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				return
+			}
+			defer out.Close()
+			done := make(chan struct{}, 2)
+			go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+			<-done
+		}()
+	}
 }

@@ -5,6 +5,8 @@ package netns
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -138,6 +140,65 @@ func TestDoRestoresNamespace(t *testing.T) {
 			t.Fatalf("after Do, thread in %s (%v), want %s", now, err, before)
 		}
 		_ = n.Do(func() error { return nil })
+	}
+}
+
+// TestRunInAndForward: a listener made in a namespace with RunIn stays
+// there (it answers a connection from inside the namespace, where the
+// caller's loopback is not), and Forward carries that connection to a
+// server outside, both ways.
+func TestRunInAndForward(t *testing.T) {
+	RequirePrivileged(t)
+	n := New(t, "fwd")
+	n.IP("link", "set", "lo", "up")
+	server, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	go func() {
+		for {
+			c, err := server.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	inside, err := RunIn(n.Path(), func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inside.Close()
+	go Forward(inside, server.Addr().String())
+	// From the host, the namespace's listener is not reachable.
+	if c, err := net.DialTimeout("tcp", inside.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatalf("the listener made with RunIn answered outside the namespace %s", n.Name)
+	}
+	got, err := RunIn(n.Path(), func() (string, error) {
+		c, err := net.DialTimeout("tcp", inside.Addr().String(), 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			return "", err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 5)
+		_, err = io.ReadFull(c, buf)
+		return string(buf), err
+	})
+	if err != nil || got != "ping\n" {
+		t.Fatalf("through Forward from inside %s: %q, %v; want the echo", n.Name, got, err)
+	}
+	want := errors.New("boom")
+	if _, err := RunIn(n.Path(), func() (int, error) { return 0, want }); !errors.Is(err, want) {
+		t.Errorf("RunIn did not return fn's error: %v", err)
+	}
+	if _, err := RunIn("/nonexistent/netns", func() (int, error) { return 0, nil }); err == nil {
+		t.Error("RunIn into a missing namespace: no error")
 	}
 }
 

@@ -18,18 +18,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
 
-	vnetns "github.com/vishvananda/netns"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,6 +34,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/netns"
 )
 
 const (
@@ -355,7 +353,7 @@ func newNode(label, apiHost string) (*node, error) {
 		}
 	}
 	var err error
-	if n.listener, err = inNetNS(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
+	if n.listener, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
 		n.close()
 		return nil, err
 	}
@@ -369,11 +367,11 @@ func newNode(label, apiHost string) (*node, error) {
 		}
 	}()
 	// The API server, at the kubeconfig's 127.0.0.1:port, from inside.
-	if n.apiFwd, err = inNetNS(n.path, func() (net.Listener, error) { return net.Listen("tcp", apiHost) }); err != nil {
+	if n.apiFwd, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", apiHost) }); err != nil {
 		n.close()
 		return nil, err
 	}
-	go forward(n.apiFwd, apiHost)
+	go netns.Forward(n.apiFwd, apiHost)
 	return n, nil
 }
 
@@ -521,7 +519,7 @@ func proxierCommand(cfg config, cp *controlplane.ControlPlane, p proxier, n *nod
 // interval until the endpoint answers, and returns how long it took; an
 // error after limit.
 func untilServed(n *node, probe netip.Addr, limit, interval time.Duration) (time.Duration, error) {
-	return inNetNS(n.path, func() (time.Duration, error) {
+	return netns.RunIn(n.path, func() (time.Duration, error) {
 		start := time.Now()
 		dst := netip.AddrPortFrom(probe, 80).String()
 		for time.Since(start) < limit {
@@ -535,68 +533,6 @@ func untilServed(n *node, probe netip.Addr, limit, interval time.Duration) (time
 		}
 		return 0, fmt.Errorf("%s not served within %v", dst, limit)
 	})
-}
-
-// inNetNS runs f on an OS thread inside the namespace at path (sockets
-// made there stay there), then moves the thread back.
-func inNetNS[T any](path string, f func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		var zero T
-		orig, err := vnetns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{zero, err}
-			return
-		}
-		defer orig.Close()
-		target, err := vnetns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{zero, err}
-			return
-		}
-		defer target.Close()
-		if err := vnetns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{zero, err}
-			return
-		}
-		v, err := f()
-		if vnetns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		ch <- result{v, err}
-	}()
-	r := <-ch
-	return r.v, r.err
-}
-
-// forward copies each connection accepted by l to a new one to addr.
-func forward(l net.Listener, addr string) {
-	for {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer in.Close()
-			out, err := net.Dial("tcp", addr)
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
-			<-done
-		}()
-	}
 }
 
 // printTable prints the markdown table of docs/reliability.md: median and

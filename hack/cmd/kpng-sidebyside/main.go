@@ -39,14 +39,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	vnetns "github.com/vishvananda/netns"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,6 +52,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/netns"
 )
 
 // config is the command line.
@@ -350,7 +349,7 @@ func (b *bench) newNode(label string) (*node, error) {
 		}
 	}
 	var err error
-	if n.listener, err = inNetNS(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
+	if n.listener, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
 		n.close()
 		return nil, err
 	}
@@ -367,11 +366,11 @@ func (b *bench) newNode(label string) (*node, error) {
 	// kubeconfig (127.0.0.1:port): a forwarder listening in the
 	// namespace and dialling from here.
 	host := strings.TrimPrefix(b.cp.Host(), "https://")
-	if n.apiFwd, err = inNetNS(n.path, func() (net.Listener, error) { return net.Listen("tcp", host) }); err != nil {
+	if n.apiFwd, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", host) }); err != nil {
 		n.close()
 		return nil, err
 	}
-	go forward(n.apiFwd, host)
+	go netns.Forward(n.apiFwd, host)
 	return n, nil
 }
 
@@ -386,77 +385,12 @@ func (n *node) close() {
 	_ = exec.Command("ip", "netns", "del", n.name).Run()
 }
 
-// inNetNS runs f on an OS thread inside the namespace at path (a socket
-// made there stays there), then moves the thread back. The thread must
-// not end inside the namespace: the control plane's processes die with
-// the thread that started them (Pdeathsig), which may be this one.
-func inNetNS[T any](path string, f func() (T, error)) (T, error) {
-	type out struct {
-		v   T
-		err error
-	}
-	ch := make(chan out, 1)
-	go func() {
-		runtime.LockOSThread()
-		var zero T
-		orig, err := vnetns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- out{zero, err}
-			return
-		}
-		defer orig.Close()
-		target, err := vnetns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- out{zero, err}
-			return
-		}
-		defer target.Close()
-		if err := vnetns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			ch <- out{zero, err}
-			return
-		}
-		v, err := f()
-		if restoreErr := vnetns.Set(orig); restoreErr == nil {
-			runtime.UnlockOSThread()
-		} // else the thread stays locked and ends with the goroutine
-		ch <- out{v, err}
-	}()
-	o := <-ch
-	return o.v, o.err
-}
-
-// forward copies each connection accepted by l to a new connection to
-// addr, both ways.
-func forward(l net.Listener, addr string) {
-	for {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer in.Close()
-			out, err := net.Dial("tcp", addr)
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
-			<-done
-		}()
-	}
-}
-
 // firstPacket returns the median time of a TCP connect from the node
 // namespace to the probe services' cluster IPs (the first packet crosses
 // the proxier's dispatch; the endpoints are local addresses).
 func (b *bench) firstPacket(n *node) (time.Duration, error) {
 	probes := b.probeServices()
-	return inNetNS(n.path, func() (time.Duration, error) {
+	return netns.RunIn(n.path, func() (time.Duration, error) {
 		var times []time.Duration
 		for k := range b.cfg.probes {
 			b.mu.Lock()
