@@ -20,7 +20,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image vulncheck
+.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test e2e e2e-report lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image vulncheck
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -70,6 +70,21 @@ cluster-down:
 ## nodes; then down, checking that nothing is left.
 cluster-test:
 	bash hack/cluster/test.sh
+
+## e2e: Kubernetes' own network e2e tests (test/e2e/network, v1.36.3)
+## through each of PROXIER (one or more of kpng-nft, kpng-iptables,
+## kube-proxy-nftables, kube-proxy-iptables) in turn on one two-node
+## cluster, CoreDNS beside it; FOCUS narrows the tests (a regular
+## expression). Reports in _output/e2e/PROXIER; see docs/e2e.md.
+FOCUS ?=
+e2e:
+	FOCUS='$(FOCUS)' bash hack/e2e/run.sh $(PROXIER)
+
+## e2e-report: the table of the last make e2e runs (docs/e2e.md), and for
+## each kpng proxier the tests kube-proxy passed in the same mode that it
+## did not.
+e2e-report:
+	bash hack/e2e/report.sh
 
 ## lint: gofmt, go vet and staticcheck, then the cross builds.
 lint: cross

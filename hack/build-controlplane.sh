@@ -31,6 +31,10 @@
 # (hack/cluster/up.sh) runs besides: kubelet, kube-controller-manager,
 # kube-scheduler, kubectl, and agnhost (the e2e tests' test program, which
 # the cluster's test image is made of).
+# With --with-e2e, also Kubernetes' own network e2e tests
+# (hack/tools/e2e, as e2e-network.test), the ginkgo program that runs them
+# in parallel, and regression-issue-74839 (the program of the conntrack
+# test's image), for make e2e (hack/e2e/run.sh).
 #
 # Progress goes to stderr; the last line on stdout is the cache directory.
 # A cold build of kube-apiserver takes several minutes on a small machine.
@@ -59,19 +63,23 @@ dir="${cache_root}/controlplane/k8s-${k8s_version}-etcd-${etcd_version}"
 
 with_kube_proxy=false
 with_cluster=false
+with_e2e=false
 for arg in "$@"; do
   case "${arg}" in
     --with-kube-proxy) with_kube_proxy=true ;;
     --with-cluster) with_kube_proxy=true; with_cluster=true ;;
-    *) log "unknown argument ${arg} (--with-kube-proxy, --with-cluster)"; exit 2 ;;
+    --with-e2e) with_kube_proxy=true; with_cluster=true; with_e2e=true ;;
+    *) log "unknown argument ${arg} (--with-kube-proxy, --with-cluster, --with-e2e)"; exit 2 ;;
   esac
 done
 cluster_binaries=(kubelet kube-controller-manager kube-scheduler kubectl agnhost)
+e2e_binaries=(e2e-network.test ginkgo regression-issue-74839)
 
 have_binaries() {
   [[ -x "${dir}/kube-apiserver" && -x "${dir}/etcd" ]] &&
     { ! ${with_kube_proxy} || [[ -x "${dir}/kube-proxy" ]]; } &&
-    { ! ${with_cluster} || all_executable "${cluster_binaries[@]}"; }
+    { ! ${with_cluster} || all_executable "${cluster_binaries[@]}"; } &&
+    { ! ${with_e2e} || all_executable "${e2e_binaries[@]}"; }
 }
 
 all_executable() {
@@ -122,7 +130,11 @@ build() {
   trap 'rm -f "'"${tmp}"'"; exit 130' INT TERM
   log "${name}: building ${pkg} (this can take several minutes on a cold Go build cache)"
   local start=${SECONDS}
-  (cd "${tools}" && go build -trimpath "$@" -o "${tmp}" "${pkg}")
+  if [[ "${name}" == *.test ]]; then
+    (cd "${tools}" && go test -c -trimpath "$@" -o "${tmp}" "${pkg}")
+  else
+    (cd "${tools}" && go build -trimpath "$@" -o "${tmp}" "${pkg}")
+  fi
   mv -f "${tmp}" "${out}"
   trap - EXIT INT TERM
   log "${name}: built in $((SECONDS - start))s"
@@ -152,6 +164,15 @@ if ${with_cluster}; then
       *) build "${name}" "k8s.io/kubernetes/cmd/${name}" -ldflags="${k8s_ldflags}" ;;
     esac
   done
+fi
+
+if ${with_e2e}; then
+  # The suite is a test binary (hack/tools/e2e, behind the e2e build tag);
+  # the version it prints comes from the same linker flags.
+  build e2e-network.test ./e2e -tags=e2e -ldflags="${k8s_ldflags}"
+  build ginkgo github.com/onsi/ginkgo/v2/ginkgo
+  # Static: its image has nothing else.
+  CGO_ENABLED=0 build regression-issue-74839 k8s.io/kubernetes/test/images/regression-issue-74839
 fi
 
 log "binaries ready in ${dir}"

@@ -10,7 +10,8 @@
 #             image has no jq: one root filesystem serves both here), made by
 #             debootstrap instead of pulled (cached);
 #   agnhost   the e2e tests' test image (agnhost, built from the pinned
-#             k8s.io/kubernetes), on the same Debian root filesystem;
+#             k8s.io/kubernetes), on the same Debian root filesystem with
+#             the tools the tests run in it;
 #   pause     the pod sandbox: hack/cmd/kpng-pause alone, static.
 #
 # Images are made with buildah (from scratch, then add and commit) in a
@@ -42,6 +43,26 @@ if [[ ! -s "${rootfs}" ]]; then
   rm -rf "${tmp}"
   mv "${rootfs}.tmp" "${rootfs}"
 fi
+
+# rootfs_plus TAR PACKAGES [COMMAND] makes TAR, unless it exists: the
+# bookworm root filesystem with PACKAGES installed by apt-get in a copy of
+# it (about a minute, once), then COMMAND run in it.
+rootfs_plus() {
+  local tar="$1" packages="$2" command="${3:-true}"
+  [[ -s "${tar}" ]] && return 0
+  kpngc_log "root filesystem with ${packages}: apt-get in a copy of the bookworm one (once)"
+  local tmp
+  tmp="$(mktemp -d "${KPNGC_CACHE}/rootfs.XXXXXX")"
+  tar -C "${tmp}" -xf "${rootfs}"
+  cp /etc/resolv.conf "${tmp}/etc/resolv.conf"
+  chroot "${tmp}" /bin/sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${packages} && ${command}" \
+    >"${tar}.log" 2>&1 || { rm -rf "${tmp}"; kpngc_die "apt-get install ${packages} failed: see ${tar}.log"; }
+  rm -rf "${tmp}/var/lib/apt/lists/"* "${tmp}/var/cache/apt/"*.bin "${tmp}/var/cache/apt/archives/"*.deb
+  : >"${tmp}/etc/resolv.conf"
+  tar -C "${tmp}" --numeric-owner -cf "${tar}.tmp" .
+  rm -rf "${tmp}"
+  mv "${tar}.tmp" "${tar}"
+}
 
 # image NAME ARCHIVE CMD_JSON ENTRYPOINT_JSON ADD... commits an image from
 # scratch with each ADD (SOURCE:DEST; a .tar is unpacked at DEST) and writes
@@ -84,9 +105,70 @@ image "${KPNGC_KPNG_IPTABLES_IMAGE}" "${out}/kpng-iptables.tar" '["kpng","--help
 image "${KPNGC_KPNG_NFT_IMAGE}" "${out}/kpng-nft.tar" '["kpng","--help"]' '[]' \
   "${out}/bin/kpng:/usr/local/bin/"
 
-image "${KPNGC_AGNHOST_IMAGE}" "${out}/agnhost.tar" '["pause"]' '["/agnhost"]' \
-  "${rootfs}:/" "${KPNGC_BIN}/agnhost:/agnhost"
+# agnhost's image as its Dockerfile makes it (test/images/agnhost, on
+# Alpine there): the tools the tests run in it (nc, curl, dig, ip, iperf,
+# bash), the user and group the tests look for, the porter's certificate,
+# /uploads; for make e2e (KPNGC_E2E=1) also CoreDNS as /coredns, which a
+# DNS test runs (the one hack/e2e/build-coredns.sh builds: the upstream
+# image has an older one).
+agnhost_root="${KPNGC_CACHE}/rootfs-bookworm-agnhost.tar"
+rootfs_plus "${agnhost_root}" "dnsutils curl netcat-openbsd iproute2 iperf bash procps" \
+  "groupadd -g 50000 group-defined-in-image && useradd -u 1000 -M user-defined-in-image && usermod -aG group-defined-in-image user-defined-in-image && mkdir -p /uploads && ln -s agnhost /agnhost-2"
+agnhost_src="$(GOWORK=off go -C "${KPNGC_ROOT}/hack/tools" list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)"
+agnhost_adds=("${agnhost_root}:/" "${KPNGC_BIN}/agnhost:/agnhost"
+  "${agnhost_src}/porter/localhost.crt:/localhost.crt" "${agnhost_src}/porter/localhost.key:/localhost.key")
+if [[ "${KPNGC_E2E:-}" == 1 ]]; then
+  coredns="$(bash "${KPNGC_ROOT}/hack/e2e/build-coredns.sh" | tail -n 1)"
+  agnhost_adds+=("${coredns}:/coredns")
+fi
+image "${KPNGC_AGNHOST_IMAGE}" "${out}/agnhost.tar" '["pause"]' '["/agnhost"]' "${agnhost_adds[@]}"
 
 CGO_ENABLED=0 go build -C "${KPNGC_ROOT}" -trimpath -ldflags=-s -o "${out}/pause/kpng-pause" ./hack/cmd/kpng-pause
 image "${KPNGC_PAUSE_IMAGE}" "${out}/pause.tar" '[]' '["/kpng-pause"]' \
   "${out}/pause/kpng-pause:/kpng-pause"
+
+# With KPNGC_E2E=1 (make e2e), the other images Kubernetes' network e2e
+# tests run, under the names they ask for, in ${out}/e2e:
+#   busybox      Debian's static busybox, with a link for each applet;
+#   nginx        Debian's nginx-light on the bookworm root filesystem,
+#                serving its default page on port 80 in the foreground;
+#   distroless-iptables
+#                the root filesystem with conntrack added (the KubeProxy
+#                test reads the node's connection tracking table with it);
+#   regression-issue-74839
+#                its program alone, built from the pinned k8s.io/kubernetes;
+#   coredns      CoreDNS (built from the Go module proxy by
+#                hack/e2e/build-coredns.sh) alone, for the cluster's DNS.
+[[ "${KPNGC_E2E:-}" == 1 ]] || exit 0
+e2e="${out}/e2e"
+mkdir -p "${e2e}"
+
+# busybox: a tree with the binary and its applets' links, as a tar.
+bb="${e2e}/busybox-root.tar"
+[[ -x /bin/busybox ]] || kpngc_die "no /bin/busybox: install busybox-static (up.sh does)"
+if [[ ! -s "${bb}" || /bin/busybox -nt "${bb}" ]]; then
+  tmp="$(mktemp -d)"
+  mkdir -p "${tmp}/bin" "${tmp}/tmp" "${tmp}/etc"
+  cp /bin/busybox "${tmp}/bin/busybox"
+  for applet in $(/bin/busybox --list); do
+    [[ -e "${tmp}/bin/${applet}" ]] || ln -s busybox "${tmp}/bin/${applet}"
+  done
+  echo "root:x:0:0:root:/root:/bin/sh" >"${tmp}/etc/passwd"
+  echo "root:x:0:" >"${tmp}/etc/group"
+  tar -C "${tmp}" --numeric-owner -cf "${bb}" .
+  rm -rf "${tmp}"
+fi
+image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 "${e2e}/busybox.tar" '["sh"]' '[]' "${bb}:/"
+
+nginx_root="${KPNGC_CACHE}/rootfs-bookworm-nginx.tar"
+rootfs_plus "${nginx_root}" nginx-light
+image registry.k8s.io/e2e-test-images/nginx:1.15-4 "${e2e}/nginx.tar" '["nginx","-g","daemon off;"]' '[]' "${nginx_root}:/"
+
+conntrack_root="${KPNGC_CACHE}/rootfs-bookworm-conntrack.tar"
+rootfs_plus "${conntrack_root}" conntrack
+image registry.k8s.io/build-image/distroless-iptables:v0.9.6 "${e2e}/distroless-iptables.tar" '[]' '[]' "${conntrack_root}:/"
+
+image registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 "${e2e}/regression-issue-74839.tar" '[]' '["/regression-issue-74839"]' \
+  "${KPNGC_BIN}/regression-issue-74839:/regression-issue-74839"
+
+image "${KPNGC_COREDNS_IMAGE}" "${e2e}/coredns.tar" '[]' '["/coredns"]' "${coredns}:/coredns"

@@ -36,6 +36,7 @@ KPNGC_AGNHOST_IMAGE=registry.k8s.io/e2e-test-images/agnhost:2.63.0
 KPNGC_KPNG_IMAGE=localhost/kpng:cluster
 KPNGC_KPNG_NFT_IMAGE=localhost/kpng-nft:cluster
 KPNGC_KPNG_IPTABLES_IMAGE=localhost/kpng-iptables:cluster
+KPNGC_COREDNS_IMAGE=localhost/coredns:v1.15.0
 
 # Everything the cluster writes lives under KPNGC_DIR (state, logs, pid
 # files, certificates); what is built once lives under KPNGC_CACHE.

@@ -22,6 +22,8 @@ for tool in containerd:containerd runc:runc buildah:buildah debootstrap:debootst
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 [[ -x "${KPNGC_CNI_BIN}/ptp" ]] || need+=(containernetworking-plugins)
+# make e2e's busybox image is Debian's static busybox.
+[[ "${KPNGC_E2E:-}" != 1 || -x /bin/busybox ]] || need+=(busybox-static)
 if ((${#need[@]} > 0)); then
   kpngc_log "installing ${need[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -165,9 +167,12 @@ EOF
   mkdir -p "${KPNGC_DIR}/run/${node}"
   kpngc_start "containerd-${node}" "${node}" containerd --config "${d}/containerd.toml"
   kpngc_wait "containerd on ${node}" 60 ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" version
-  for img in pause agnhost kpng kpng-nft kpng-iptables; do
-    ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" -n k8s.io images import \
-      "${KPNGC_CACHE}/images/${img}.tar" >/dev/null
+  archives=("${KPNGC_CACHE}/images/"{pause,agnhost,kpng,kpng-nft,kpng-iptables}.tar)
+  # make e2e's images too (images.sh with KPNGC_E2E=1).
+  [[ "${KPNGC_E2E:-}" != 1 ]] || archives+=("${KPNGC_CACHE}/images/e2e/"*.tar)
+  for archive in "${archives[@]}"; do
+    [[ "${archive}" == */busybox-root.tar ]] && continue
+    ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" -n k8s.io images import "${archive}" >/dev/null
   done
   echo "nameserver 127.0.0.1" >"${d}/resolv.conf"
   cat >"${d}/kubelet.yaml" <<EOF
@@ -214,4 +219,6 @@ for node in "${KPNGC_NODES[@]}"; do
   kpngc_wait "node ${node} Ready" 180 kpngc_kubectl wait --for=condition=Ready "node/${node}" --timeout=1s
 done
 phase "nodes $(kpngc_kubectl get nodes -o name | paste -sd' ') Ready"
+# hack/e2e/run.sh uses a cluster only if it has the e2e tests' images.
+[[ "${KPNGC_E2E:-}" != 1 ]] || touch "${KPNGC_DIR}/run/e2e-images"
 kpngc_log "up; kubectl: hack/cluster/kubectl.sh (or: nsenter --net=/run/netns/${KPNGC_LAN} kubectl --kubeconfig=${pki}/admin.kubeconfig)"

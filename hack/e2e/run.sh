@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# run.sh: Kubernetes' own network e2e tests (test/e2e/network of the pinned
+# k8s.io/kubernetes, built by hack/build-controlplane.sh --with-e2e) through
+# each PROXIER in turn, on one two-node cluster (hack/cluster): make e2e.
+#
+# Usage: run.sh PROXIER...   (kpng-nft, kpng-iptables, kube-proxy-nftables,
+#                             kube-proxy-iptables)
+# Environment:
+#   FOCUS      the tests to run, a regular expression (default: every
+#              [sig-network] test); hack/e2e/skips.txt's are skipped always
+#   E2E_PROCS  tests run at once (default 4; [Serial] ones run alone)
+#   E2E_OUT    where each proxier's JUnit report, log and summary go
+#              (default _output/e2e/PROXIER)
+#   KPNG_E2E_KEEP=1  leave the cluster up afterwards (make cluster-down)
+#
+# It uses a cluster already up (made by make e2e with KPNG_E2E_KEEP=1),
+# else brings one up with the tests' images and tears it down at the end.
+# Each proxier is deployed as the cluster's only proxier on clean nodes
+# (the previous one removed first), CoreDNS beside it. The tests run from
+# the cluster's lan namespace, outside the nodes, as a test machine would.
+# Prints a closing line per proxier; exits non-zero when a test failed.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "${here}/../cluster/lib.sh"
+
+(($# > 0)) || kpngc_die "usage: run.sh PROXIER... (kpng-nft kpng-iptables kube-proxy-nftables kube-proxy-iptables)"
+for p in "$@"; do
+  case "${p}" in
+    kpng-nft | kpng-iptables | kube-proxy-nftables | kube-proxy-iptables) ;;
+    *) kpngc_die "unknown proxier ${p} (kpng-nft kpng-iptables kube-proxy-nftables kube-proxy-iptables)" ;;
+  esac
+done
+focus="${FOCUS:-\[sig-network\]}"
+procs="${E2E_PROCS:-4}"
+out_root="${E2E_OUT:-${KPNGC_ROOT}/_output/e2e}"
+
+KPNGC_BIN="$(bash "${KPNGC_ROOT}/hack/build-controlplane.sh" --with-e2e | tail -n 1)"
+
+# The skip list: its expressions joined, for ginkgo's --skip.
+skip="$(grep -v -e '^#' -e '^$' "${here}/skips.txt" | cut -f1 | paste -sd'|')"
+
+made=false
+teardown() {
+  local rc=$?
+  if ${made} && [[ "${KPNG_E2E_KEEP:-}" != 1 ]]; then
+    bash "${here}/../cluster/down.sh" || rc=1
+  fi
+  exit "${rc}"
+}
+if [[ ! -e "${KPNGC_DIR}" ]]; then
+  made=true
+  trap teardown EXIT
+  KPNGC_E2E=1 bash "${here}/../cluster/up.sh"
+fi
+[[ -e "${KPNGC_DIR}/run/e2e-images" ]] ||
+  kpngc_die "the cluster in ${KPNGC_DIR} was not made with the e2e tests' images: make cluster-down, then make e2e (KPNG_E2E_KEEP=1 keeps it)"
+
+k() { kpngc_kubectl "$@"; }
+
+# Zones, for the Topology Hints and Traffic Distribution tests: one per node.
+k label --overwrite node node-a topology.kubernetes.io/zone=zone-a topology.kubernetes.io/region=region-1 >/dev/null
+k label --overwrite node node-b topology.kubernetes.io/zone=zone-b topology.kubernetes.io/region=region-1 >/dev/null
+
+sed -e "s|__COREDNS_IMAGE__|${KPNGC_COREDNS_IMAGE}|" -e "s|__API_HOST__|${KPNGC_LAN_IP}|" \
+  -e "s|__API_PORT__|${KPNGC_API_PORT}|" -e "s|__DNS_IP__|${KPNGC_DNS_IP}|" "${here}/coredns.yaml" |
+  k apply -f - >/dev/null
+k -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null ||
+  kpngc_die "CoreDNS did not become ready: $(k -n kube-system get pods -l k8s-app=kube-dns -o wide 2>&1)"
+
+rc=0
+for proxier in "$@"; do
+  current="$(cat "${KPNGC_DIR}/run/proxier" 2>/dev/null || true)"
+  [[ -z "${current}" ]] || bash "${here}/../cluster/proxier.sh" remove "${current}"
+  bash "${here}/../cluster/proxier.sh" deploy "${proxier}"
+  dir="${out_root}/${proxier}"
+  rm -rf "${dir}"
+  mkdir -p "${dir}"
+  kpngc_log "e2e: ${proxier}: running (${procs} at once; log: ${dir}/e2e.log)"
+  start=${SECONDS}
+  set +e
+  kpngc_in lan "${KPNGC_BIN}/ginkgo" --procs="${procs}" --focus="${focus}" --skip="${skip}" \
+    --junit-report=junit.xml --json-report=report.json --output-dir="${dir}" --no-color --timeout=4h \
+    "${KPNGC_BIN}/e2e-network.test" -- \
+    --kubeconfig="${KPNGC_DIR}/pki/admin.kubeconfig" --kubectl-path="${KPNGC_BIN}/kubectl" \
+    --provider=skeleton --num-nodes=2 >"${dir}/e2e.log" 2>&1
+  test_rc=$?
+  set -e
+  echo "${proxier}" >"${dir}/proxier"
+  summary="$(go run -C "${KPNGC_ROOT}" ./hack/cmd/kpng-e2e-report --summary "${dir}" 2>&1)" || true
+  echo "e2e: ${proxier}: ${summary} (ginkgo exit ${test_rc}, $((SECONDS - start))s)"
+  ((test_rc == 0)) || rc=1
+done
+exit "${rc}"
