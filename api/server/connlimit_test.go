@@ -264,3 +264,42 @@ func dialUnix(t *testing.T, addr string) *grpc.ClientConn {
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
+
+// TestStreamsPerNodeAreLimited: with two streams per node, a third
+// watching node-a is refused with ResourceExhausted naming the node and
+// the flag; once one of node-a's streams ends, a new one is served. With node-a's client certificate the count is the
+// certificate's node, whatever the request names. Without the limit, the
+// third is served.
+func TestStreamsPerNodeAreLimited(t *testing.T) {
+	certs := writeCerts(t)
+	s := tlsServer(t, certs, server.Options{MaxStreamsPerNode: 2})
+	nodeA := remote.Config{Address: s.addr, TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey}
+	target, opts, err := nodeA.DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	firstCtx, endFirst := context.WithCancel(ctx)
+	defer endFirst()
+	if _, err := watchFirst(firstCtx, conn, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watchFirst(ctx, conn, ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err = watchFirst(ctx, conn, "node-a")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), `node "node-a" already has 2 streams`) {
+		t.Errorf("a third stream of node-a: %v, want ResourceExhausted naming the node", err)
+	}
+	endFirst()
+	waitFor(t, "node-a's first stream to end", func() bool { return s.hub.Subscribers() == 1 })
+	if _, err := watchFirst(ctx, conn, "node-a"); err != nil {
+		t.Errorf("a stream of node-a once another ended: %v", err)
+	}
+}

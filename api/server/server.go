@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,9 @@ const (
 	// whole state (a first state, or all of a node's view again) at once;
 	// the others wait their turn.
 	DefaultMaxConcurrentFirstStates = 4
+	// DefaultMaxStreamsPerNode is how many streams may watch one node's
+	// view at once: a backend or two, and a reconnection overlapping.
+	DefaultMaxStreamsPerNode = 4
 	// batchBytes bounds the encoded size of a Batch: a batch is sent when
 	// it holds DefaultBatchOps operations or this many bytes, well under
 	// kpngv1.MaxBatchSize (a thousand services with large labels are more).
@@ -54,6 +58,10 @@ type Server struct {
 	anyNode     []string
 	// firstStates holds a token for each whole state being sent.
 	firstStates chan struct{}
+	// maxPerNode bounds byNode, the streams watching each node's view.
+	maxPerNode int
+	nodesMu    sync.Mutex
+	byNode     map[string]int
 
 	// The counters of Stats.
 	connected                                             atomic.Int64
@@ -72,6 +80,11 @@ type Options struct {
 	// backends connecting at once would multiply the controller's
 	// memory. The others wait, holding nothing but their request.
 	MaxConcurrentFirstStates int
+	// MaxStreamsPerNode bounds the streams watching one node's view at
+	// once (DefaultMaxStreamsPerNode; negative: no limit): each costs
+	// the controller the node's view. Past it, a Watch is refused with
+	// ResourceExhausted.
+	MaxStreamsPerNode int
 	// AnyNodeCommonNames are the common names of client certificates
 	// without a node identity (CN=system:node:NAME, O=system:nodes) that
 	// may watch any node's view; AnyCertificate allows them all. Other
@@ -92,7 +105,7 @@ type Stats struct {
 	Dropped uint64
 	// Refused is the number of Watch requests refused: another node's
 	// view than its certificate's, a certificate without a node
-	// identity, a node name too long.
+	// identity, a node name too long, a node with too many streams.
 	Refused uint64
 	// SentBytes and SentBatches are what was sent: the Batch messages
 	// and their size in the protobuf encoding (before gRPC's framing).
@@ -121,9 +134,13 @@ func New(hub *Hub, opts Options) *Server {
 	if opts.MaxConcurrentFirstStates <= 0 {
 		opts.MaxConcurrentFirstStates = DefaultMaxConcurrentFirstStates
 	}
+	if opts.MaxStreamsPerNode == 0 {
+		opts.MaxStreamsPerNode = DefaultMaxStreamsPerNode
+	}
 	return &Server{
 		hub: hub, batchOps: DefaultBatchOps, sendTimeout: opts.SendTimeout,
 		anyNode: slices.Clone(opts.AnyNodeCommonNames), firstStates: make(chan struct{}, opts.MaxConcurrentFirstStates),
+		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{},
 	}
 }
 
@@ -150,6 +167,9 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	// The node name is the client's (up to the request's 64 KiB, any
 	// bytes): logged bounded, on one line.
 	node, err := authorize(ctx, req.GetNodeName(), s.anyNode)
+	if err == nil {
+		err = s.takeNodeSlot(node)
+	}
 	if err != nil {
 		s.refused.Add(1)
 		klog.ErrorS(err, "Refusing a backend", "node", model.LogValue(req.GetNodeName()), "peer", who)
@@ -162,6 +182,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	defer s.connected.Add(-1)
 	sub := s.hub.subscribe(node)
 	defer s.hub.unsubscribe(sub)
+	defer s.releaseNodeSlot(node) // before unsubscribing: Subscribers() tells the slot is free
 
 	// The loop runs in its own goroutine so that a backend that stops
 	// reading (Send blocked on flow control) can be dropped: returning from
@@ -192,6 +213,26 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 				return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
 			}
 		}
+	}
+}
+
+// takeNodeSlot counts a stream watching node's view, or refuses it past
+// the limit.
+func (s *Server) takeNodeSlot(node string) error {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if s.maxPerNode >= 0 && s.byNode[node] >= s.maxPerNode {
+		return status.Errorf(codes.ResourceExhausted, "node %s already has %d streams watching its view (the controller's --max-streams-per-node)", model.Quote(node), s.byNode[node])
+	}
+	s.byNode[node]++
+	return nil
+}
+
+func (s *Server) releaseNodeSlot(node string) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if s.byNode[node]--; s.byNode[node] <= 0 {
+		delete(s.byNode, node)
 	}
 }
 

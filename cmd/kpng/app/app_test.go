@@ -254,6 +254,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"kube", "to-api", "--listen=127.0.0.1:9000", "--insecure", "--insecure-no-client-auth"}, "are exclusive"},
 		{[]string{"kube", "to-api", "--tls-any-node-cn=reader"}, "--tls-any-node-cn needs --tls-client-ca"},
 		{[]string{"kube", "to-api", "--max-concurrent-first-states=0"}, "--max-concurrent-first-states must be at least 1"},
+		{[]string{"kube", "to-api", "--max-streams-per-node=0"}, "--max-streams-per-node must be at least 1"},
 		{[]string{"file", "to-api"}, "--input is required"},
 		{[]string{"api", "to-api"}, "--api is required"},
 		{[]string{"api", "--api=10.1.2.3:1", "--api-insecure", "to-api"}, "refusing --api-insecure"},

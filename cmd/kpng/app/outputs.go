@@ -125,6 +125,7 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 	fs.IntVar(&cfg.Limits.MaxConnectionsPerClient, "max-connections-per-client", server.DefaultMaxConnectionsPerClient, "TCP connections served at once from one client IP address (-1: no limit)")
 	fs.DurationVar(&cfg.Limits.ConnectionIdleTimeout, "connection-idle-timeout", server.DefaultConnectionIdleTimeout, "close a connection without a stream after this long (-1s: never)")
 	fs.DurationVar(&cfg.Limits.HandshakeTimeout, "handshake-timeout", server.DefaultHandshakeTimeout, "close a new connection that has not finished its TLS handshake and HTTP/2 preface after this long (-1s: never)")
+	maxPerNode := fs.Int("max-streams-per-node", server.DefaultMaxStreamsPerNode, "streams watching one node's view at once (-1: no limit)")
 	maxFirstStates := fs.Int("max-concurrent-first-states", server.DefaultMaxConcurrentFirstStates, "backends sent their whole view at once; the others wait their turn")
 	sendTimeout := fs.Duration("send-timeout", server.DefaultSendTimeout, "drop a backend that does not read its stream for this long")
 	hub := server.NewHub(nodeViews)
@@ -132,6 +133,9 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 	return out, func() error {
 		if _, _, err := cfg.Options(); err != nil {
 			return usagef("to-api: %v", err)
+		}
+		if *maxPerNode == 0 {
+			return usagef("to-api: --max-streams-per-node must be at least 1, or -1 for no limit")
 		}
 		if *maxFirstStates < 1 {
 			return usagef("to-api: --max-concurrent-first-states must be at least 1, not %d", *maxFirstStates)
@@ -151,7 +155,7 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 				return err
 			}
 			g := grpc.NewServer(opts...)
-			srv := server.New(hub, server.Options{SendTimeout: *sendTimeout, MaxConcurrentFirstStates: *maxFirstStates, AnyNodeCommonNames: anyNodeCNs})
+			srv := server.New(hub, server.Options{SendTimeout: *sendTimeout, MaxConcurrentFirstStates: *maxFirstStates, MaxStreamsPerNode: *maxPerNode, AnyNodeCommonNames: anyNodeCNs})
 			srv.Register(g)
 			if out.metrics != nil {
 				if err := registerAPIMetrics(out.metrics, srv); err != nil {
@@ -257,7 +261,7 @@ func registerAPIMetrics(rec *metrics.Recorder, srv *server.Server) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(rec.Opts("api_backends", "Backends watching this controller now (to-api).")),
 			func() float64 { return float64(srv.Stats().Connected) }),
 		counter("api_backend_connections_total", "Watch streams opened by backends.", func(s server.Stats) uint64 { return s.Connections }),
-		counter("api_backends_refused_total", "Watch requests refused: another node's view than the client certificate's, a certificate without a node identity, a node name too long.", func(s server.Stats) uint64 { return s.Refused }),
+		counter("api_backends_refused_total", "Watch requests refused: another node's view than the client certificate's, a certificate without a node identity, a node name too long, too many streams for a node.", func(s server.Stats) uint64 { return s.Refused }),
 		counter("api_backends_dropped_total", "Streams the controller ended: a backend that did not read for --send-timeout, or a send that failed.", func(s server.Stats) uint64 { return s.Dropped }),
 		counter("api_sent_batches_total", "Batch messages sent to backends.", func(s server.Stats) uint64 { return s.SentBatches }),
 		counter("api_sent_bytes_total", "Bytes of the batches sent to backends (protobuf encoding, before gRPC framing).", func(s server.Stats) uint64 { return s.SentBytes }),
