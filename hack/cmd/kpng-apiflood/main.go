@@ -220,8 +220,13 @@ func idleConn(d *net.Dialer, addr string, cfg *tls.Config) (net.Conn, error) {
 		}
 		c = tc
 	}
-	if _, err := io.WriteString(c, http2.ClientPreface); err == nil {
+	_, err = io.WriteString(c, http2.ClientPreface)
+	if err == nil {
 		err = http2.NewFramer(c, nil).WriteSettings()
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := http2.NewFramer(io.Discard, c).ReadFrame(); err != nil {
