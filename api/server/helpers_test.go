@@ -95,8 +95,13 @@ func ep(ip, node string) *model.Endpoint {
 }
 
 // certs writes a CA, a server certificate for 127.0.0.1 and a client
-// certificate, all signed by the CA, and returns their paths.
-type certFiles struct{ ca, serverCert, serverKey, clientCert, clientKey string }
+// certificate of node-a (CN=system:node:node-a, O=system:nodes, as
+// kubelet's), all signed by the CA, and returns their paths; client
+// issues more client certificates.
+type certFiles struct {
+	ca, serverCert, serverKey, clientCert, clientKey string
+	client                                           func(cn string, orgs ...string) (cert, key string)
+}
 
 func writeCerts(t *testing.T) certFiles {
 	t.Helper()
@@ -114,10 +119,12 @@ func writeCerts(t *testing.T) certFiles {
 	caCert, _ := x509.ParseCertificate(caDER)
 	f := certFiles{ca: filepath.Join(dir, "ca.pem")}
 	writePEM(t, f.ca, "CERTIFICATE", caDER)
-	issue := func(name string, serial int64, usage x509.ExtKeyUsage, ips []net.IP) (string, string) {
+	serial := int64(1)
+	issue := func(name string, orgs []string, usage x509.ExtKeyUsage, ips []net.IP) (string, string) {
 		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		serial++
 		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name, Organization: orgs},
 			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips,
 		}
@@ -126,13 +133,17 @@ func writeCerts(t *testing.T) certFiles {
 			t.Fatal(err)
 		}
 		keyDER, _ := x509.MarshalECPrivateKey(key)
-		cert, keyPath := filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+		file := fmt.Sprintf("%d", serial)
+		cert, keyPath := filepath.Join(dir, file+".pem"), filepath.Join(dir, file+"-key.pem")
 		writePEM(t, cert, "CERTIFICATE", der)
 		writePEM(t, keyPath, "EC PRIVATE KEY", keyDER)
 		return cert, keyPath
 	}
-	f.serverCert, f.serverKey = issue("server", 2, x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
-	f.clientCert, f.clientKey = issue("client", 3, x509.ExtKeyUsageClientAuth, nil)
+	f.serverCert, f.serverKey = issue("server", nil, x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
+	f.client = func(cn string, orgs ...string) (string, string) {
+		return issue(cn, orgs, x509.ExtKeyUsageClientAuth, nil)
+	}
+	f.clientCert, f.clientKey = f.client("system:node:node-a", "system:nodes")
 	return f
 }
 

@@ -182,6 +182,13 @@ func (s *subscription) markDirty(keys []model.ServiceKey, triggers map[model.Ser
 	s.signal()
 }
 
+// wantsAll tells whether the subscriber's next round is its whole view.
+func (s *subscription) wantsAll() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.all
+}
+
 func (s *subscription) markAllDirty() {
 	s.mu.Lock()
 	s.all = true

@@ -24,15 +24,22 @@ type ListenConfig struct {
 	// TLSCert and TLSKey are the server's certificate and key (PEM files),
 	// required on TCP unless Insecure.
 	TLSCert, TLSKey string
-	// TLSClientCA, when set, makes the server require client certificates
-	// signed by this CA (PEM file).
+	// TLSClientCA makes the server require client certificates signed by
+	// this CA (PEM file). On TCP with TLS it is required unless
+	// NoClientAuth.
 	TLSClientCA string
+	// NoClientAuth serves TLS on TCP without client certificates: any
+	// client that reaches the address can watch any node's view.
+	NoClientAuth bool
 	// Insecure allows plain TCP, only on a loopback address.
 	Insecure bool
+	// Limits bound the connections and their streams.
+	Limits Limits
 }
 
 // Listen opens the listener and returns the gRPC options it needs (the
-// message size limits, and TLS credentials on TCP). A unix socket is created
+// message size limits, the Limits, and TLS credentials on TCP). A TCP
+// listener is limited to Limits' connections. A unix socket is created
 // with mode 0600 (its directory is created 0755 if missing); a stale socket
 // file left by a previous run is replaced, any other file is not.
 func (c ListenConfig) Listen() (net.Listener, []grpc.ServerOption, error) {
@@ -48,25 +55,28 @@ func (c ListenConfig) Listen() (net.Listener, []grpc.ServerOption, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	return l, opts, nil
+	return c.Limits.listener(l), opts, nil
 }
 
 // Options checks the configuration (address, TLS files, --insecure only on
-// loopback) without listening, and returns the parsed address and the gRPC
+// loopback, client certificates on TCP unless NoClientAuth) without
+// listening, and returns the parsed address and the gRPC
 // options Listen would use.
 func (c ListenConfig) Options() (address.Address, []grpc.ServerOption, error) {
 	addr, err := address.Parse(c.Address)
 	if err != nil {
 		return addr, nil, err
 	}
-	opts := ServerOptions()
-	tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != ""
+	opts := append(ServerOptions(), c.Limits.serverOptions()...)
+	tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.NoClientAuth
 	switch {
 	case addr.Network == "unix" && (tlsSet || c.Insecure):
-		return addr, nil, fmt.Errorf("listen %s: TLS and --insecure apply to TCP addresses only", addr)
+		return addr, nil, fmt.Errorf("listen %s: TLS, --insecure-no-client-auth and --insecure apply to TCP addresses only", addr)
 	case addr.Network == "unix":
 	case c.Insecure && tlsSet:
 		return addr, nil, fmt.Errorf("listen %s: --insecure and TLS flags are exclusive", addr)
+	case c.NoClientAuth && c.TLSClientCA != "":
+		return addr, nil, fmt.Errorf("listen %s: --insecure-no-client-auth and --tls-client-ca are exclusive", addr)
 	case c.Insecure && !addr.IsLoopback():
 		return addr, nil, fmt.Errorf("listen %s: refusing --insecure on a non-loopback address; use TLS", addr)
 	case !c.Insecure:
@@ -86,6 +96,9 @@ func (c ListenConfig) serverTLS() (credentials.TransportCredentials, error) {
 	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
 	if err != nil {
 		return nil, fmt.Errorf("load server certificate: %w", err)
+	}
+	if c.TLSClientCA == "" && !c.NoClientAuth {
+		return nil, errors.New("TCP needs client certificates (--tls-client-ca), or --insecure-no-client-auth to serve every node's view to any client that reaches the address")
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if c.TLSClientCA != "" {

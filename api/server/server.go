@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +29,13 @@ const (
 	// DefaultSendTimeout is how long a backend may take to accept a batch
 	// before it is considered stalled and dropped.
 	DefaultSendTimeout = 30 * time.Second
+	// DefaultMaxConcurrentFirstStates is how many backends may be sent a
+	// whole state (a first state, or all of a node's view again) at once;
+	// the others wait their turn.
+	DefaultMaxConcurrentFirstStates = 4
+	// DefaultMaxStreamsPerNode is how many streams may watch one node's
+	// view at once: a backend or two, and a reconnection overlapping.
+	DefaultMaxStreamsPerNode = 4
 	// batchBytes bounds the encoded size of a Batch: a batch is sent when
 	// it holds DefaultBatchOps operations or this many bytes, well under
 	// kpngv1.MaxBatchSize (a thousand services with large labels are more).
@@ -46,10 +55,42 @@ type Server struct {
 	hub         *Hub
 	batchOps    int
 	sendTimeout time.Duration
+	anyNode     []string
+	// firstStates holds a token for each whole state being sent.
+	firstStates chan struct{}
+	// maxPerNode bounds byNode, the streams watching each node's view.
+	maxPerNode int
+	nodesMu    sync.Mutex
+	byNode     map[string]int
 
 	// The counters of Stats.
-	connected                                    atomic.Int64
-	connections, dropped, sentBytes, sentBatches atomic.Uint64
+	connected                                             atomic.Int64
+	connections, dropped, refused, sentBytes, sentBatches atomic.Uint64
+}
+
+// Options are a Server's settings; a field's zero value means its
+// default.
+type Options struct {
+	// SendTimeout is how long a backend may take to accept a batch
+	// before it is dropped (DefaultSendTimeout).
+	SendTimeout time.Duration
+	// MaxConcurrentFirstStates bounds the backends being sent a whole
+	// state at once (DefaultMaxConcurrentFirstStates): each holds its
+	// node's view and its encoding in memory until sent, so that many
+	// backends connecting at once would multiply the controller's
+	// memory. The others wait, holding nothing but their request.
+	MaxConcurrentFirstStates int
+	// MaxStreamsPerNode bounds the streams watching one node's view at
+	// once (DefaultMaxStreamsPerNode; negative: no limit): each costs
+	// the controller the node's view. Past it, a Watch is refused with
+	// ResourceExhausted.
+	MaxStreamsPerNode int
+	// AnyNodeCommonNames are the common names of client certificates
+	// without a node identity (CN=system:node:NAME, O=system:nodes) that
+	// may watch any node's view; AnyCertificate allows them all. Other
+	// certificates without a node identity are refused. A certificate
+	// with one may only watch its node's view.
+	AnyNodeCommonNames []string
 }
 
 // Stats are a Server's counters since it was made, for its metrics.
@@ -62,6 +103,10 @@ type Stats struct {
 	// did not read its stream for the send timeout, or a send that
 	// failed while the backend was still there.
 	Dropped uint64
+	// Refused is the number of Watch requests refused: another node's
+	// view than its certificate's, a certificate without a node
+	// identity, a node name too long, a node with too many streams.
+	Refused uint64
 	// SentBytes and SentBatches are what was sent: the Batch messages
 	// and their size in the protobuf encoding (before gRPC's framing).
 	SentBytes, SentBatches uint64
@@ -70,18 +115,33 @@ type Stats struct {
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
 	return Stats{
-		Connected: int(s.connected.Load()), Connections: s.connections.Load(), Dropped: s.dropped.Load(),
+		Connected: int(s.connected.Load()), Connections: s.connections.Load(), Dropped: s.dropped.Load(), Refused: s.refused.Load(),
 		SentBytes: s.sentBytes.Load(), SentBatches: s.sentBatches.Load(),
 	}
 }
 
-// NewServer returns a Server publishing hub's state. sendTimeout of 0 means
-// DefaultSendTimeout.
+// NewServer returns a Server publishing hub's state with the default
+// Options but for the send timeout (0 means DefaultSendTimeout).
 func NewServer(hub *Hub, sendTimeout time.Duration) *Server {
-	if sendTimeout <= 0 {
-		sendTimeout = DefaultSendTimeout
+	return New(hub, Options{SendTimeout: sendTimeout})
+}
+
+// New returns a Server publishing hub's state.
+func New(hub *Hub, opts Options) *Server {
+	if opts.SendTimeout <= 0 {
+		opts.SendTimeout = DefaultSendTimeout
 	}
-	return &Server{hub: hub, batchOps: DefaultBatchOps, sendTimeout: sendTimeout}
+	if opts.MaxConcurrentFirstStates <= 0 {
+		opts.MaxConcurrentFirstStates = DefaultMaxConcurrentFirstStates
+	}
+	if opts.MaxStreamsPerNode == 0 {
+		opts.MaxStreamsPerNode = DefaultMaxStreamsPerNode
+	}
+	return &Server{
+		hub: hub, batchOps: DefaultBatchOps, sendTimeout: opts.SendTimeout,
+		anyNode: slices.Clone(opts.AnyNodeCommonNames), firstStates: make(chan struct{}, opts.MaxConcurrentFirstStates),
+		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{},
+	}
 }
 
 // Register registers s on a gRPC server.
@@ -104,9 +164,17 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	if p, ok := peer.FromContext(ctx); ok {
 		who = p.Addr.String()
 	}
-	node := req.GetNodeName()
 	// The node name is the client's (up to the request's 64 KiB, any
 	// bytes): logged bounded, on one line.
+	node, err := authorize(ctx, req.GetNodeName(), s.anyNode)
+	if err == nil {
+		err = s.takeNodeSlot(node)
+	}
+	if err != nil {
+		s.refused.Add(1)
+		klog.ErrorS(err, "Refusing a backend", "node", model.LogValue(req.GetNodeName()), "peer", who)
+		return err
+	}
 	logNode := model.LogValue(node)
 	klog.InfoS("Backend connected", "node", logNode, "peer", who)
 	s.connections.Add(1)
@@ -114,6 +182,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	defer s.connected.Add(-1)
 	sub := s.hub.subscribe(node)
 	defer s.hub.unsubscribe(sub)
+	defer s.releaseNodeSlot(node) // before unsubscribing: Subscribers() tells the slot is free
 
 	// The loop runs in its own goroutine so that a backend that stops
 	// reading (Send blocked on flow control) can be dropped: returning from
@@ -147,6 +216,26 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	}
 }
 
+// takeNodeSlot counts a stream watching node's view, or refuses it past
+// the limit.
+func (s *Server) takeNodeSlot(node string) error {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if s.maxPerNode >= 0 && s.byNode[node] >= s.maxPerNode {
+		return status.Errorf(codes.ResourceExhausted, "node %s already has %d streams watching its view (the controller's --max-streams-per-node)", model.Quote(node), s.byNode[node])
+	}
+	s.byNode[node]++
+	return nil
+}
+
+func (s *Server) releaseNodeSlot(node string) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if s.byNode[node]--; s.byNode[node] <= 0 {
+		delete(s.byNode, node)
+	}
+}
+
 // serve feeds one subscriber until ctx ends or sending fails.
 func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender) error {
 	// No retry timer: a failed send ends the stream.
@@ -158,21 +247,42 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 			return ctx.Err()
 		case <-sub.notify:
 		}
-		keys, states, cluster, triggers, ok := s.hub.pending(sub)
-		if !ok {
-			continue
+		// A whole state waits for its turn (Options.MaxConcurrentFirstStates).
+		whole := sub.wantsAll()
+		if whole {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case s.firstStates <- struct{}{}:
+			}
 		}
-		f.SetCluster(cluster)
-		for i, key := range keys {
-			f.Update(key, states[i])
+		err := s.send(sub, f)
+		if whole {
+			<-s.firstStates
 		}
-		for key, times := range triggers {
-			f.Triggered(key, times...)
-		}
-		if err := f.Sync(); err != nil {
-			return fmt.Errorf("send to backend: %w", err)
+		if err != nil {
+			return err
 		}
 	}
+}
+
+// send sends sub's pending changes through f, if a state was published.
+func (s *Server) send(sub *subscription, f *localsink.Feeder) error {
+	keys, states, cluster, triggers, ok := s.hub.pending(sub)
+	if !ok {
+		return nil
+	}
+	f.SetCluster(cluster)
+	for i, key := range keys {
+		f.Update(key, states[i])
+	}
+	for key, times := range triggers {
+		f.Triggered(key, times...)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("send to backend: %w", err)
+	}
+	return nil
 }
 
 // batchSender is the sending edge of the wire format: a localsink.Sink that

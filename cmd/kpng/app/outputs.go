@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -103,7 +104,11 @@ func bindOutput(inputCmd string, args []string, stderr io.Writer, backends []Bac
 const toAPIHelp = `to-api: serve the state to backends over gRPC (see api/kpngv1/kpng.proto).
 Each backend names its node and gets the state as seen from it, then only
 what changes for it. Listens on a unix socket (mode 0600) by default; TCP
-requires TLS unless --insecure is given for a loopback address.
+requires TLS unless --insecure is given for a loopback address, and client
+certificates (--tls-client-ca) unless --insecure-no-client-auth. A client
+certificate of a node (CN=system:node:NAME, O=system:nodes, as kubelet's)
+may watch only that node's view; one without a node identity is refused
+unless its common name is in --tls-any-node-cn.
 `
 
 func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
@@ -111,8 +116,17 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 	fs.StringVar(&cfg.Address, "listen", address.DefaultSocket, "where to serve backends: unix:///path or host:port")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate file (TCP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key file (TCP)")
-	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "require client certificates signed by this CA file (TCP)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "require client certificates signed by this CA file (TCP; required unless --insecure-no-client-auth)")
+	fs.BoolVar(&cfg.NoClientAuth, "insecure-no-client-auth", false, "serve TLS on TCP without client certificates: anyone who reaches the address can watch any node's view")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "plain TCP, only allowed on a loopback address")
+	anyNode := fs.String("tls-any-node-cn", "", "comma-separated common names of client certificates without a node identity that may watch any node's view (\"*\": every certificate the CA signed)")
+	fs.IntVar(&cfg.Limits.MaxStreamsPerConnection, "http2-max-streams-per-connection", server.DefaultMaxStreamsPerConnection, "streams a client connection may have open at once (-1: no limit)")
+	fs.IntVar(&cfg.Limits.MaxConnections, "max-connections", server.DefaultMaxConnections, "TCP connections served at once (-1: no limit)")
+	fs.IntVar(&cfg.Limits.MaxConnectionsPerClient, "max-connections-per-client", server.DefaultMaxConnectionsPerClient, "TCP connections served at once from one client IP address (-1: no limit)")
+	fs.DurationVar(&cfg.Limits.ConnectionIdleTimeout, "connection-idle-timeout", server.DefaultConnectionIdleTimeout, "close a connection without a stream after this long (-1s: never)")
+	fs.DurationVar(&cfg.Limits.HandshakeTimeout, "handshake-timeout", server.DefaultHandshakeTimeout, "close a new connection that has not finished its TLS handshake and HTTP/2 preface after this long (-1s: never)")
+	maxPerNode := fs.Int("max-streams-per-node", server.DefaultMaxStreamsPerNode, "streams watching one node's view at once (-1: no limit)")
+	maxFirstStates := fs.Int("max-concurrent-first-states", server.DefaultMaxConcurrentFirstStates, "backends sent their whole view at once; the others wait their turn")
 	sendTimeout := fs.Duration("send-timeout", server.DefaultSendTimeout, "drop a backend that does not read its stream for this long")
 	hub := server.NewHub(nodeViews)
 	out := &output{sink: hub, hub: hub}
@@ -120,13 +134,28 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 		if _, _, err := cfg.Options(); err != nil {
 			return usagef("to-api: %v", err)
 		}
+		if *maxPerNode == 0 {
+			return usagef("to-api: --max-streams-per-node must be at least 1, or -1 for no limit")
+		}
+		if *maxFirstStates < 1 {
+			return usagef("to-api: --max-concurrent-first-states must be at least 1, not %d", *maxFirstStates)
+		}
+		var anyNodeCNs []string
+		for _, cn := range strings.Split(*anyNode, ",") {
+			if cn = strings.TrimSpace(cn); cn != "" {
+				anyNodeCNs = append(anyNodeCNs, cn)
+			}
+		}
+		if len(anyNodeCNs) > 0 && cfg.TLSClientCA == "" {
+			return usagef("to-api: --tls-any-node-cn needs --tls-client-ca")
+		}
 		out.serve = func(ctx context.Context) error {
 			lis, opts, err := cfg.Listen()
 			if err != nil {
 				return err
 			}
 			g := grpc.NewServer(opts...)
-			srv := server.NewServer(hub, *sendTimeout)
+			srv := server.New(hub, server.Options{SendTimeout: *sendTimeout, MaxConcurrentFirstStates: *maxFirstStates, MaxStreamsPerNode: *maxPerNode, AnyNodeCommonNames: anyNodeCNs})
 			srv.Register(g)
 			if out.metrics != nil {
 				if err := registerAPIMetrics(out.metrics, srv); err != nil {
@@ -232,6 +261,7 @@ func registerAPIMetrics(rec *metrics.Recorder, srv *server.Server) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts(rec.Opts("api_backends", "Backends watching this controller now (to-api).")),
 			func() float64 { return float64(srv.Stats().Connected) }),
 		counter("api_backend_connections_total", "Watch streams opened by backends.", func(s server.Stats) uint64 { return s.Connections }),
+		counter("api_backends_refused_total", "Watch requests refused: another node's view than the client certificate's, a certificate without a node identity, a node name too long, too many streams for a node.", func(s server.Stats) uint64 { return s.Refused }),
 		counter("api_backends_dropped_total", "Streams the controller ended: a backend that did not read for --send-timeout, or a send that failed.", func(s server.Stats) uint64 { return s.Dropped }),
 		counter("api_sent_batches_total", "Batch messages sent to backends.", func(s server.Stats) uint64 { return s.SentBatches }),
 		counter("api_sent_bytes_total", "Bytes of the batches sent to backends (protobuf encoding, before gRPC framing).", func(s server.Stats) uint64 { return s.SentBytes }),

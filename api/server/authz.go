@@ -1,0 +1,93 @@
+package server
+
+import (
+	"context"
+	"crypto/x509"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"sigs.k8s.io/kpng/model"
+)
+
+// Node identities in client certificates, as kubelet's: the subject's
+// common name is NodeUserPrefix followed by the node's name, and its
+// organizations include NodesGroup.
+const (
+	NodeUserPrefix = "system:node:"
+	NodesGroup     = "system:nodes"
+)
+
+// MaxNodeName is the longest node name a backend may watch as: the
+// longest name Kubernetes accepts for a node (a DNS-1123 subdomain).
+const MaxNodeName = 253
+
+// AnyCertificate in Options.AnyNodeCommonNames lets every client
+// certificate without a node identity watch any node's view.
+const AnyCertificate = "*"
+
+// NodeOfCertificate returns the node a client certificate names: with a
+// subject common name "system:node:NAME" and the organization
+// "system:nodes", NAME. ok is false for a certificate without a node
+// identity.
+func NodeOfCertificate(cert *x509.Certificate) (node string, ok bool) {
+	name, found := strings.CutPrefix(cert.Subject.CommonName, NodeUserPrefix)
+	if !found || name == "" || !slices.Contains(cert.Subject.Organization, NodesGroup) {
+		return "", false
+	}
+	return name, true
+}
+
+// authorize returns the node whose view the backend behind ctx may watch
+// when it asks for requested's. Without a verified client certificate
+// (a unix socket, plain TCP on loopback, TLS without client
+// certificates) the request names the node. With one that names a node,
+// that node: a request for another node's view is refused
+// (PermissionDenied), an empty request gets the certificate's node. A
+// certificate without a node identity may watch the view it asks for
+// only when its common name is one of anyNode (or anyNode holds
+// AnyCertificate); it is refused otherwise. A name longer than
+// MaxNodeName is refused (InvalidArgument).
+func authorize(ctx context.Context, requested string, anyNode []string) (string, error) {
+	if len(requested) > MaxNodeName {
+		return "", status.Errorf(codes.InvalidArgument, "node name %s is longer than %d bytes", model.Quote(requested), MaxNodeName)
+	}
+	cert := verifiedClientCert(ctx)
+	if cert == nil {
+		return requested, nil
+	}
+	if node, ok := NodeOfCertificate(cert); ok {
+		if len(node) > MaxNodeName {
+			return "", status.Errorf(codes.InvalidArgument, "client certificate's node name %s is longer than %d bytes", model.Quote(node), MaxNodeName)
+		}
+		if requested != "" && requested != node {
+			return "", status.Errorf(codes.PermissionDenied, "client certificate of node %s may not watch node %s's view", model.Quote(node), model.Quote(requested))
+		}
+		return node, nil
+	}
+	cn := cert.Subject.CommonName
+	if slices.Contains(anyNode, cn) || slices.Contains(anyNode, AnyCertificate) {
+		return requested, nil
+	}
+	return "", status.Errorf(codes.PermissionDenied,
+		"client certificate %s has no node identity (CN=%sNAME, O=%s) and is not allowed to watch any node's view (the controller's --tls-any-node-cn); it may not watch node %s's view",
+		model.Quote(cn), NodeUserPrefix, NodesGroup, model.Quote(requested))
+}
+
+// verifiedClientCert returns the client certificate of the connection
+// behind ctx when the server verified it against its client CA, else nil.
+func verifiedClientCert(ctx context.Context) *x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
+		return nil
+	}
+	return info.State.PeerCertificates[0]
+}
