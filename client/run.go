@@ -123,7 +123,7 @@ func (f *Flags) BindMetrics(fs *flag.FlagSet) {
 }
 
 // StartMetrics makes the Recorder of the rounds these flags run, serves
-// the endpoints they ask for until ctx ends (the metrics on
+// the endpoints they ask for until ctx ends (the metrics and /proxyMode on
 // --metrics-bind-address, /healthz and /livez on --healthz-bind-address,
 // the debug endpoint on --debug-bind-address; one server for the
 // endpoints given the same address; nothing when none is set), and sets
@@ -149,7 +149,7 @@ func (f *Flags) StartMetrics(ctx context.Context) (*metrics.Recorder, error) {
 		flag, addr string
 		paths      map[string]http.Handler
 	}{
-		{"--metrics-bind-address", f.MetricsBindAddress, map[string]http.Handler{"/metrics": r.MetricsHandler()}},
+		{"--metrics-bind-address", f.MetricsBindAddress, map[string]http.Handler{"/metrics": r.MetricsHandler(), "/proxyMode": r.ProxyModeHandler()}},
 		{"--healthz-bind-address", f.HealthzBindAddress, map[string]http.Handler{"/healthz": health, "/livez": health}},
 		{"--debug-bind-address", f.DebugBindAddress, map[string]http.Handler{metrics.DebugPath: r.DebugHandler()}},
 	} {

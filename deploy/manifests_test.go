@@ -313,8 +313,16 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			if _, ok := cmd.kube["metrics-bind-address"]; !ok {
 				t.Error("no --metrics-bind-address")
 			}
-			if h, _, err := net.SplitHostPort(cmd.kube["healthz-bind-address"]); err != nil || h != nodeIP {
-				t.Errorf("--healthz-bind-address=%s: want $(POD_IP), the node's address the kubelet probes", cmd.kube["healthz-bind-address"])
+			// A default proxier's health is where kube-proxy's is by default,
+			// on every address: the kubelet probes the node's, load balancers
+			// too, and tools and Kubernetes' e2e tests ask the node's own
+			// 127.0.0.1:10256. A specialized proxier's is on the node's only.
+			wantHealth := nodeIP
+			if d.defaultProxier {
+				wantHealth = "0.0.0.0"
+			}
+			if h, _, err := net.SplitHostPort(cmd.kube["healthz-bind-address"]); err != nil || h != wantHealth {
+				t.Errorf("--healthz-bind-address=%s: want %s", cmd.kube["healthz-bind-address"], wantHealth)
 			}
 
 			// Ports: named, those of the flags; a specialized proxier's are
@@ -574,8 +582,8 @@ func checkNothingElse(t *testing.T, user string) {
 
 // TestDefaultProxiersFollowTheSpecialized: each default-proxier manifest
 // is its specialized proxier's with only the differences a default proxier
-// needs (names, no service-proxy-name, ports, the API server's ConfigMap,
-// the ServiceCIDRs): what is set for confinement, memory and scheduling in
+// needs (names, no service-proxy-name, kube-proxy's ports and health
+// address, the API server's ConfigMap, the ServiceCIDRs): what is set for confinement, memory and scheduling in
 // one is set in the other.
 func TestDefaultProxiersFollowTheSpecialized(t *testing.T) {
 	for _, pair := range [][2]string{{"kpng-nft.yaml", "kpng-default-nft.yaml"}, {"kpng-iptables.yaml", "kpng-default-iptables.yaml"}} {
@@ -591,7 +599,8 @@ func TestDefaultProxiersFollowTheSpecialized(t *testing.T) {
 				{"securityContext", sc.SecurityContext, dc.SecurityContext},
 				{"resources", sc.Resources, dc.Resources},
 				{"volumeMounts", sc.VolumeMounts, dc.VolumeMounts},
-				{"env", sc.Env, dc.Env},
+				// POD_IP is only for the specialized proxier's health address.
+				{"env", slices.DeleteFunc(slices.Clone(sc.Env), func(e v1.EnvVar) bool { return e.Name == "POD_IP" }), dc.Env},
 				{"volumes", s.Volumes, d.Volumes},
 				{"tolerations", s.Tolerations, d.Tolerations},
 				{"nodeSelector", s.NodeSelector, d.NodeSelector},
@@ -616,6 +625,9 @@ func TestDefaultProxiersFollowTheSpecialized(t *testing.T) {
 					if k, v, ok := strings.Cut(a, "="); ok && strings.HasSuffix(k, "-bind-address") {
 						h, _, _ := net.SplitHostPort(v)
 						a = k + "=" + h
+						if k == "--healthz-bind-address" {
+							a = k // every address, or the node's: TestDaemonSetsAreConsistent
+						}
 					}
 					out = append(out, a)
 				}

@@ -98,6 +98,8 @@ type Recorder struct {
 	// nodeEligible is the node's eligibility (nil: not known, not
 	// checked).
 	nodeEligible *bool
+	// proxyMode is what /proxyMode answers (SetProxyMode).
+	proxyMode string
 	// held is what the backend holds, noLocalOf each service's count of
 	// service ports with a Local policy and no local endpoint (internal,
 	// external); nEndpoints the endpoints held.

@@ -73,6 +73,7 @@ func nftBackend() app.Backend {
 					return nil, app.ErrBackendDone
 				}
 				if env.Metrics != nil {
+					env.Metrics.SetProxyMode("nftables")
 					failures, err := env.Metrics.Counter("sync_proxy_rules_nftables_sync_failures_total", "nftables transactions that failed (kpng's rounds and the check's repairs): nothing of them applied, the next sync rewrites the table.")
 					if err != nil {
 						return nil, fmt.Errorf("to-nft: %w", err)
@@ -131,6 +132,7 @@ func iptablesBackend() app.Backend {
 					return nil, app.ErrBackendDone
 				}
 				if env.Metrics != nil {
+					env.Metrics.SetProxyMode("iptables")
 					failures, err := env.Metrics.Counter("sync_proxy_rules_iptables_restore_failures_total", "iptables-restore runs that failed (that table unchanged; the next sync rewrites every chain).")
 					if err != nil {
 						return nil, fmt.Errorf("to-iptables: %w", err)

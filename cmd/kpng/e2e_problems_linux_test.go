@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -84,7 +85,18 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 	}
 	waitMetric("the conflict", "kpng_service_problems/AddressConflict", 1)
 
-	resp, err := http.Get("http://" + addr + metrics.DebugPath)
+	// kube-proxy's /proxyMode, on the metrics address: the mechanism.
+	resp, err := http.Get("http://" + addr + "/proxyMode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || string(mode) != "nftables" {
+		t.Errorf("/proxyMode: %s %q (%v), want 200 \"nftables\"", resp.Status, mode, err)
+	}
+
+	resp, err = http.Get("http://" + addr + metrics.DebugPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,9 @@ func userspaceBackend() app.Backend {
 					}
 					return nil, app.ErrBackendDone
 				}
+				if env.Metrics != nil {
+					env.Metrics.SetProxyMode("userspace")
+				}
 				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)
 				if err != nil {
 					return nil, err
