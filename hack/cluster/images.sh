@@ -44,24 +44,29 @@ if [[ ! -s "${rootfs}" ]]; then
   mv "${rootfs}.tmp" "${rootfs}"
 fi
 
-# rootfs_plus TAR PACKAGES [COMMAND] makes TAR, unless it exists: the
+# rootfs_plus NAME PACKAGES [COMMAND] prints the path of a tar of the
 # bookworm root filesystem with PACKAGES installed by apt-get in a copy of
-# it (about a minute, once), then COMMAND run in it.
+# it, then COMMAND run in it; made once (about a minute) for each NAME,
+# PACKAGES and COMMAND (their hash is in the file's name).
 rootfs_plus() {
-  local tar="$1" packages="$2" command="${3:-true}"
-  [[ -s "${tar}" ]] && return 0
-  kpngc_log "root filesystem with ${packages}: apt-get in a copy of the bookworm one (once)"
-  local tmp
-  tmp="$(mktemp -d "${KPNGC_CACHE}/rootfs.XXXXXX")"
-  tar -C "${tmp}" -xf "${rootfs}"
-  cp /etc/resolv.conf "${tmp}/etc/resolv.conf"
-  chroot "${tmp}" /bin/sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${packages} && ${command}" \
-    >"${tar}.log" 2>&1 || { rm -rf "${tmp}"; kpngc_die "apt-get install ${packages} failed: see ${tar}.log"; }
-  rm -rf "${tmp}/var/lib/apt/lists/"* "${tmp}/var/cache/apt/"*.bin "${tmp}/var/cache/apt/archives/"*.deb
-  : >"${tmp}/etc/resolv.conf"
-  tar -C "${tmp}" --numeric-owner -cf "${tar}.tmp" .
-  rm -rf "${tmp}"
-  mv "${tar}.tmp" "${tar}"
+  local name="$1" packages="$2" command="${3:-true}"
+  local tar
+  tar="${KPNGC_CACHE}/rootfs-bookworm-${name}-$(echo "${packages}|${command}" | sha256sum | cut -c1-12).tar"
+  if [[ ! -s "${tar}" ]]; then
+    kpngc_log "root filesystem with ${packages}: apt-get in a copy of the bookworm one (once)"
+    local tmp
+    tmp="$(mktemp -d "${KPNGC_CACHE}/rootfs.XXXXXX")"
+    tar -C "${tmp}" -xf "${rootfs}"
+    cp /etc/resolv.conf "${tmp}/etc/resolv.conf"
+    chroot "${tmp}" /bin/sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${packages} && ${command}" \
+      >"${tar}.log" 2>&1 || { rm -rf "${tmp}"; kpngc_die "apt-get install ${packages} failed: see ${tar}.log"; }
+    rm -rf "${tmp}/var/lib/apt/lists/"* "${tmp}/var/cache/apt/"*.bin "${tmp}/var/cache/apt/archives/"*.deb
+    : >"${tmp}/etc/resolv.conf"
+    tar -C "${tmp}" --numeric-owner -cf "${tar}.tmp" .
+    rm -rf "${tmp}"
+    mv "${tar}.tmp" "${tar}"
+  fi
+  echo "${tar}"
 }
 
 # image NAME ARCHIVE CMD_JSON ENTRYPOINT_JSON ADD... commits an image from
@@ -111,9 +116,10 @@ image "${KPNGC_KPNG_NFT_IMAGE}" "${out}/kpng-nft.tar" '["kpng","--help"]' '[]' \
 # /uploads; for make e2e (KPNGC_E2E=1) also CoreDNS as /coredns, which a
 # DNS test runs (the one hack/e2e/build-coredns.sh builds: the upstream
 # image has an older one).
-agnhost_root="${KPNGC_CACHE}/rootfs-bookworm-agnhost.tar"
-rootfs_plus "${agnhost_root}" "dnsutils curl netcat-openbsd iproute2 iperf bash procps" \
-  "groupadd -g 50000 group-defined-in-image && useradd -u 1000 -M user-defined-in-image && usermod -aG group-defined-in-image user-defined-in-image && mkdir -p /uploads && ln -s agnhost /agnhost-2"
+# Alpine's busybox gives the rest (wget, ping, ...): Debian's static
+# busybox, linked for each applet Debian has no program for.
+agnhost_root="$(rootfs_plus agnhost "dnsutils curl netcat-openbsd iproute2 iperf bash procps busybox-static" \
+  'groupadd -g 50000 group-defined-in-image && useradd -u 1000 -M user-defined-in-image && usermod -aG group-defined-in-image user-defined-in-image && mkdir -p /uploads && ln -s agnhost /agnhost-2 && for a in $(busybox --list); do command -v "$a" >/dev/null || ln -s /bin/busybox "/usr/local/bin/$a"; done')"
 agnhost_src="$(GOWORK=off go -C "${KPNGC_ROOT}/hack/tools" list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)"
 agnhost_adds=("${agnhost_root}:/" "${KPNGC_BIN}/agnhost:/agnhost"
   "${agnhost_src}/porter/localhost.crt:/localhost.crt" "${agnhost_src}/porter/localhost.key:/localhost.key")
@@ -160,12 +166,10 @@ if [[ ! -s "${bb}" || /bin/busybox -nt "${bb}" ]]; then
 fi
 image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 "${e2e}/busybox.tar" '["sh"]' '[]' "${bb}:/"
 
-nginx_root="${KPNGC_CACHE}/rootfs-bookworm-nginx.tar"
-rootfs_plus "${nginx_root}" nginx-light
+nginx_root="$(rootfs_plus nginx nginx-light)"
 image registry.k8s.io/e2e-test-images/nginx:1.15-4 "${e2e}/nginx.tar" '["nginx","-g","daemon off;"]' '[]' "${nginx_root}:/"
 
-conntrack_root="${KPNGC_CACHE}/rootfs-bookworm-conntrack.tar"
-rootfs_plus "${conntrack_root}" conntrack
+conntrack_root="$(rootfs_plus conntrack conntrack)"
 image registry.k8s.io/build-image/distroless-iptables:v0.9.6 "${e2e}/distroless-iptables.tar" '[]' '[]' "${conntrack_root}:/"
 
 image registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 "${e2e}/regression-issue-74839.tar" '[]' '["/regression-issue-74839"]' \

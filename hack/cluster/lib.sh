@@ -75,7 +75,7 @@ kpngc_kubectl() {
 }
 
 # kpngc_start NAME NS CMD... starts CMD in the background in namespace NS
-# (lan or a node), in its own session, with its output in logs/NAME.log and
+# (lan or a node; a node's UTS namespace too), in its own session, with its output in logs/NAME.log and
 # its pid in run/NAME.pid.
 kpngc_start() {
   local name="$1" ns="$2"
@@ -83,7 +83,12 @@ kpngc_start() {
   mkdir -p "${KPNGC_DIR}/logs" "${KPNGC_DIR}/run"
   # exec all the way down (subshell, nsenter, setsid), so that $! is the
   # program's own pid.
-  (exec nsenter --net="/run/netns/$(kpngc_netns "${ns}")" -- setsid "$@" >"${KPNGC_DIR}/logs/${name}.log" 2>&1 </dev/null) &
+  # A node's programs have the node's name as host name too (its UTS
+  # namespace, up.sh): kubelet's host-network pods then see the node's
+  # name, as on a machine of its own.
+  local uts=()
+  [[ ! -e "${KPNGC_DIR}/uts/${ns}" ]] || uts=(--uts="${KPNGC_DIR}/uts/${ns}")
+  (exec nsenter --net="/run/netns/$(kpngc_netns "${ns}")" "${uts[@]}" -- setsid "$@" >"${KPNGC_DIR}/logs/${name}.log" 2>&1 </dev/null) &
   echo $! >"${KPNGC_DIR}/run/${name}.pid"
 }
 

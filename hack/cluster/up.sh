@@ -65,6 +65,15 @@ for node in "${KPNGC_NODES[@]}"; do
     [[ "${other}" == "${node}" ]] || ip -n "${ns}" route add "${KPNGC_POD_CIDR[${other}]}" via "${KPNGC_NODE_IP[${other}]}"
   done
 done
+# Each node's host name, in a UTS namespace of its own kept by a bind mount
+# (on a private mount, as unshare requires), for the node's programs.
+mkdir -p "${KPNGC_DIR}/uts"
+mount --bind "${KPNGC_DIR}/uts" "${KPNGC_DIR}/uts"
+mount --make-private "${KPNGC_DIR}/uts"
+for node in "${KPNGC_NODES[@]}"; do
+  touch "${KPNGC_DIR}/uts/${node}"
+  unshare --uts="${KPNGC_DIR}/uts/${node}" hostname "${node}"
+done
 phase "network namespaces ${KPNGC_LAN} and $(for n in "${KPNGC_NODES[@]}"; do kpngc_netns "${n}"; done | paste -sd' ') joined"
 
 kpngc_pki

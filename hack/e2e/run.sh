@@ -67,8 +67,19 @@ sed -e "s|__COREDNS_IMAGE__|${KPNGC_COREDNS_IMAGE}|" -e "s|__API_HOST__|${KPNGC_
 k -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null ||
   kpngc_die "CoreDNS did not become ready: $(k -n kube-system get pods -l k8s-app=kube-dns -o wide 2>&1)"
 
+# test_namespaces lists the namespaces a run of the tests left (an
+# interrupted run leaves its own).
+test_namespaces() {
+  k get namespaces -o name | grep -v -E '^namespace/(default|kube-system|kube-public|kube-node-lease)$' || true
+}
+
 rc=0
 for proxier in "$@"; do
+  leftover="$(test_namespaces)"
+  if [[ -n "${leftover}" ]]; then
+    kpngc_log "e2e: removing the namespaces an earlier run left: ${leftover//$'\n'/ }"
+    k delete --wait=true --timeout=300s ${leftover} >/dev/null
+  fi
   current="$(cat "${KPNGC_DIR}/run/proxier" 2>/dev/null || true)"
   [[ -z "${current}" ]] || bash "${here}/../cluster/proxier.sh" remove "${current}"
   bash "${here}/../cluster/proxier.sh" deploy "${proxier}"
