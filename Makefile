@@ -74,11 +74,12 @@ cluster-test:
 ## e2e: Kubernetes' own network e2e tests (test/e2e/network, v1.36.3)
 ## through each of PROXIER (one or more of kpng-nft, kpng-iptables,
 ## kube-proxy-nftables, kube-proxy-iptables) in turn on one two-node
-## cluster, CoreDNS beside it; FOCUS narrows the tests (a regular
-## expression). Reports in _output/e2e/PROXIER; see docs/e2e.md.
+## cluster, CoreDNS beside it; FOCUS narrows the tests, SKIP leaves some
+## out (regular expressions). Reports in _output/e2e/PROXIER; see docs/e2e.md.
 FOCUS ?=
+SKIP ?=
 e2e:
-	FOCUS='$(FOCUS)' bash hack/e2e/run.sh $(PROXIER)
+	FOCUS='$(FOCUS)' E2E_SKIP='$(SKIP)' bash hack/e2e/run.sh $(PROXIER)
 
 ## e2e-report: the table of the last make e2e runs (docs/e2e.md), and for
 ## each kpng proxier the tests kube-proxy passed in the same mode that it

@@ -116,9 +116,10 @@ image "${KPNGC_KPNG_NFT_IMAGE}" "${out}/kpng-nft.tar" '["kpng","--help"]' '[]' \
 # /uploads; for make e2e (KPNGC_E2E=1) also CoreDNS as /coredns, which a
 # DNS test runs (the one hack/e2e/build-coredns.sh builds: the upstream
 # image has an older one).
-# Alpine's busybox gives the rest (wget, ping, ...): Debian's static
-# busybox, linked for each applet Debian has no program for.
-agnhost_root="$(rootfs_plus agnhost "dnsutils curl netcat-openbsd iproute2 iperf bash procps busybox-static" \
+# Alpine's busybox gives the rest (ping, ...): Debian's static busybox,
+# linked for each applet Debian has no program for. Not its wget: with a
+# timeout (-T, which the tests give) it crashes (busybox 1.35.0-4+deb12u1).
+agnhost_root="$(rootfs_plus agnhost "dnsutils curl wget netcat-openbsd iproute2 iperf bash procps busybox-static" \
   'groupadd -g 50000 group-defined-in-image && useradd -u 1000 -M user-defined-in-image && usermod -aG group-defined-in-image user-defined-in-image && mkdir -p /uploads && ln -s agnhost /agnhost-2 && for a in $(busybox --list); do command -v "$a" >/dev/null || ln -s /bin/busybox "/usr/local/bin/$a"; done')"
 agnhost_src="$(GOWORK=off go -C "${KPNGC_ROOT}/hack/tools" list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)"
 agnhost_adds=("${agnhost_root}:/" "${KPNGC_BIN}/agnhost:/agnhost"
@@ -143,6 +144,8 @@ image "${KPNGC_PAUSE_IMAGE}" "${out}/pause.tar" '[]' '["/kpng-pause"]' \
 #                test reads the node's connection tracking table with it);
 #   regression-issue-74839
 #                its program alone, built from the pinned k8s.io/kubernetes;
+#   glibc-dns-testing
+#                Debian with dig, and CoreDNS, for the DNS tests;
 #   coredns      CoreDNS (built from the Go module proxy by
 #                hack/e2e/build-coredns.sh) alone, for the cluster's DNS.
 [[ "${KPNGC_E2E:-}" == 1 ]] || exit 0
@@ -174,5 +177,12 @@ image registry.k8s.io/build-image/distroless-iptables:v0.9.6 "${e2e}/distroless-
 
 image registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 "${e2e}/regression-issue-74839.tar" '[]' '["/regression-issue-74839"]' \
   "${KPNGC_BIN}/regression-issue-74839:/regression-issue-74839"
+
+# glibc-dns-testing: Debian with dig, and CoreDNS as /coredns, as its
+# Dockerfile makes it (test/images/glibc-dns-testing); the DNS tests query
+# with it.
+dnstest_root="$(rootfs_plus dnstest dnsutils)"
+image registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 "${e2e}/glibc-dns-testing.tar" '[]' '[]' \
+  "${dnstest_root}:/" "${coredns}:/coredns"
 
 image "${KPNGC_COREDNS_IMAGE}" "${e2e}/coredns.tar" '[]' '["/coredns"]' "${coredns}:/coredns"

@@ -92,6 +92,19 @@ kpngc_start() {
   echo $! >"${KPNGC_DIR}/run/${name}.pid"
 }
 
+# kpngc_import_images NODE loads the images images.sh made into NODE's
+# containerd (make e2e's too, with KPNGC_E2E=1); an image already there
+# under the same name is replaced (the pods running keep theirs).
+kpngc_import_images() {
+  local archive archives=("${KPNGC_CACHE}/images/"{pause,agnhost,kpng,kpng-nft,kpng-iptables}.tar)
+  [[ "${KPNGC_E2E:-}" != 1 ]] || archives+=("${KPNGC_CACHE}/images/e2e/"*.tar)
+  for archive in "${archives[@]}"; do
+    [[ "${archive}" == */busybox-root.tar ]] && continue
+    ctr --address "${KPNGC_DIR}/run/$1/containerd.sock" -n k8s.io images import "${archive}" >/dev/null ||
+      kpngc_die "loading ${archive} into ${1}'s containerd failed"
+  done
+}
+
 # kpngc_ours PID succeeds if PID is a process of the cluster: one whose
 # command line names the cluster's directory (every process kpngc_start
 # starts does). A pid file that outlived its process is then harmless.

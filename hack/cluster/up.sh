@@ -176,13 +176,7 @@ EOF
   mkdir -p "${KPNGC_DIR}/run/${node}"
   kpngc_start "containerd-${node}" "${node}" containerd --config "${d}/containerd.toml"
   kpngc_wait "containerd on ${node}" 60 ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" version
-  archives=("${KPNGC_CACHE}/images/"{pause,agnhost,kpng,kpng-nft,kpng-iptables}.tar)
-  # make e2e's images too (images.sh with KPNGC_E2E=1).
-  [[ "${KPNGC_E2E:-}" != 1 ]] || archives+=("${KPNGC_CACHE}/images/e2e/"*.tar)
-  for archive in "${archives[@]}"; do
-    [[ "${archive}" == */busybox-root.tar ]] && continue
-    ctr --address "${KPNGC_DIR}/run/${node}/containerd.sock" -n k8s.io images import "${archive}" >/dev/null
-  done
+  kpngc_import_images "${node}"
   echo "nameserver 127.0.0.1" >"${d}/resolv.conf"
   cat >"${d}/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1

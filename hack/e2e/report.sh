@@ -13,6 +13,13 @@ done
 ((${#dirs[@]} > 0)) || { echo "report.sh: no reports in ${out}: run make e2e first" >&2; exit 1; }
 report() { go run -C "${root}" ./hack/cmd/kpng-e2e-report "$@"; }
 report --table "${dirs[@]}"
+echo
+echo "| Skipped for every proxier (hack/e2e/skips.txt) | why |"
+echo "|---|---|"
+grep -v -e '^#' -e '^$' "${root}/hack/e2e/skips.txt" | while IFS=$'\t' read -r re why; do
+  echo "| \`${re//|/\\|}\` | ${why} |"
+done
+echo
 rc=0
 for pair in kube-proxy-nftables:kpng-nft kube-proxy-iptables:kpng-iptables; do
   base="${out}/${pair%%:*}" other="${out}/${pair#*:}"

@@ -8,6 +8,7 @@
 # Environment:
 #   FOCUS      the tests to run, a regular expression (default: every
 #              [sig-network] test); hack/e2e/skips.txt's are skipped always
+#   E2E_SKIP   more tests to skip, a regular expression (the Makefile's SKIP)
 #   E2E_PROCS  tests run at once (default 4; [Serial] ones run alone)
 #   E2E_OUT    where each proxier's JUnit report, log and summary go
 #              (default _output/e2e/PROXIER)
@@ -37,7 +38,7 @@ out_root="${E2E_OUT:-${KPNGC_ROOT}/_output/e2e}"
 KPNGC_BIN="$(bash "${KPNGC_ROOT}/hack/build-controlplane.sh" --with-e2e | tail -n 1)"
 
 # The skip list: its expressions joined, for ginkgo's --skip.
-skip="$(grep -v -e '^#' -e '^$' "${here}/skips.txt" | cut -f1 | paste -sd'|')"
+skip="$(grep -v -e '^#' -e '^$' "${here}/skips.txt" | cut -f1 | paste -sd'|')${E2E_SKIP:+|${E2E_SKIP}}"
 
 made=false
 teardown() {
@@ -54,6 +55,14 @@ if [[ ! -e "${KPNGC_DIR}" ]]; then
 fi
 [[ -e "${KPNGC_DIR}/run/e2e-images" ]] ||
   kpngc_die "the cluster in ${KPNGC_DIR} was not made with the e2e tests' images: make cluster-down, then make e2e (KPNG_E2E_KEEP=1 keeps it)"
+if ! ${made}; then
+  # A cluster kept from an earlier run: its images made again from this
+  # tree (kpng's own, after a change) and loaded.
+  KPNGC_E2E=1 bash "${here}/../cluster/images.sh"
+  for node in "${KPNGC_NODES[@]}"; do
+    KPNGC_E2E=1 kpngc_import_images "${node}"
+  done
+fi
 
 k() { kpngc_kubectl "$@"; }
 
