@@ -666,3 +666,51 @@ func TestDefaultProxiersFollowTheSpecialized(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultUserspaceFollowsDefaultNFT: kpng-default-userspace.yaml,
+// which has no specialized twin, is kpng-default-nft.yaml but for its
+// names, its backend, the capabilities it adds and its memory (measured
+// for it): what is set for confinement, ports, probes, the API server's
+// address and scheduling in one is set in the other.
+func TestDefaultUserspaceFollowsDefaultNFT(t *testing.T) {
+	nft, us := decode(t, "kpng-default-nft.yaml"), decode(t, "kpng-default-userspace.yaml")
+	n, u := nft.ds.Spec.Template.Spec, us.ds.Spec.Template.Spec
+	nc, uc := nft.container(t), us.container(t)
+	// What may differ, taken out of copies.
+	nsc, usc := nc.SecurityContext.DeepCopy(), uc.SecurityContext.DeepCopy()
+	nsc.Capabilities.Add, usc.Capabilities.Add = nil, nil
+	for _, f := range []struct {
+		what string
+		n, u any
+	}{
+		{"image", nc.Image, uc.Image},
+		{"securityContext but the added capabilities", nsc, usc},
+		{"env", nc.Env, uc.Env},
+		{"envFrom", nc.EnvFrom, uc.EnvFrom},
+		{"ports", nc.Ports, uc.Ports},
+		{"livenessProbe", nc.LivenessProbe, uc.LivenessProbe},
+		{"readinessProbe", nc.ReadinessProbe, uc.ReadinessProbe},
+		{"volumeMounts", nc.VolumeMounts, uc.VolumeMounts},
+		{"volumes", n.Volumes, u.Volumes},
+		{"tolerations", n.Tolerations, u.Tolerations},
+		{"nodeSelector", n.NodeSelector, u.NodeSelector},
+		{"priorityClassName", n.PriorityClassName, u.PriorityClassName},
+		{"hostNetwork", n.HostNetwork, u.HostNetwork},
+		{"dnsPolicy", n.DNSPolicy, u.DNSPolicy},
+		{"updateStrategy", nft.ds.Spec.UpdateStrategy, us.ds.Spec.UpdateStrategy},
+		{"ClusterRole rules", nft.role.Rules, us.role.Rules},
+		{"cpu request", nc.Resources.Requests.Cpu().String(), uc.Resources.Requests.Cpu().String()},
+	} {
+		if diff := cmp.Diff(f.n, f.u); diff != "" {
+			t.Errorf("%s differs from kpng-default-nft.yaml's (-nft +userspace):\n%s", f.what, diff)
+		}
+	}
+	// The command: the same but for the backend.
+	cmd := slices.Clone(nc.Command)
+	if i := slices.Index(cmd, "to-nft"); i >= 0 {
+		cmd[i] = "to-userspace"
+	}
+	if diff := cmp.Diff(cmd, uc.Command); diff != "" {
+		t.Errorf("command differs from kpng-default-nft.yaml's beyond the backend (-nft +userspace):\n%s", diff)
+	}
+}
