@@ -3,8 +3,9 @@
 # kpng's images, one per use, each with what it runs and nothing more:
 #
 #   docker build --target nft -t registry.example/kpng-nft:latest .
-#       kpng alone, on no base (to-nft speaks netlink and runs no program):
-#       deploy/kpng-nft.yaml, deploy/kpng-default-nft.yaml
+#       kpng alone, on no base (to-nft and to-userspace speak netlink and
+#       run no program): deploy/kpng-nft.yaml, deploy/kpng-default-nft.yaml,
+#       deploy/kpng-default-userspace.yaml
 #   docker build --target iptables -t registry.example/kpng-iptables:latest .
 #       kpng and Debian's iptables (to-iptables runs iptables-legacy and
 #       iptables-nft, their -save and -restore; util-linux's nsenter for

@@ -52,9 +52,10 @@ controlplane:
 ## cluster: a two-node Kubernetes cluster on this machine (root; see
 ## docs/cluster.md): the control plane, and per node a network namespace
 ## with containerd and kubelet, every image built here; then PROXIER
-## deployed: kpng-nft (default) or kpng-iptables (deploy/'s DaemonSets,
-## kpng the only proxier), kube-proxy-nftables or kube-proxy-iptables,
-## or seeds (kube-proxy, and kpng beside it for its labelled services).
+## deployed: kpng-nft (default), kpng-iptables or kpng-userspace
+## (deploy/'s DaemonSets, kpng the only proxier), kube-proxy-nftables or
+## kube-proxy-iptables, or seeds (kube-proxy, and kpng beside it for its
+## labelled services).
 ## kubectl: hack/cluster/kubectl.sh.
 PROXIER ?= kpng-nft
 cluster:
@@ -73,9 +74,10 @@ cluster-test:
 
 ## e2e: Kubernetes' own network e2e tests (test/e2e/network, v1.36.3)
 ## through each of PROXIER (one or more of kpng-nft, kpng-iptables,
-## kube-proxy-nftables, kube-proxy-iptables) in turn on one two-node
-## cluster, CoreDNS beside it; FOCUS narrows the tests, SKIP leaves some
-## out (regular expressions). Reports in _output/e2e/PROXIER; see docs/e2e.md.
+## kpng-userspace, kube-proxy-nftables, kube-proxy-iptables) in turn on one
+## two-node cluster, CoreDNS beside it; FOCUS narrows the tests, SKIP
+## leaves some out (regular expressions). Reports in _output/e2e/PROXIER;
+## see docs/e2e.md.
 FOCUS ?=
 SKIP ?=
 e2e:

@@ -1,8 +1,11 @@
 // Package deploy holds what runs kpng's reference proxiers in a cluster:
 // the DaemonSets in this directory (kpng-nft.yaml for `kpng kube … to-local
-// to-nft`, kpng-iptables.yaml for `… to-local to-iptables`, each with its
-// ServiceAccount and least-privilege RBAC) and, at the repository's root, the
-// Dockerfile of the image they run. docs/operating.md explains both.
+// to-nft`, kpng-iptables.yaml for `… to-local to-iptables`, beside
+// kube-proxy; kpng-default-nft.yaml, kpng-default-iptables.yaml and
+// kpng-default-userspace.yaml, `… to-local to-userspace`, in its place;
+// each with its ServiceAccount and least-privilege RBAC) and, at the
+// repository's root, the Dockerfile of the images they run.
+// docs/operating.md explains both.
 //
 // The package has no code, only tests, because Docker is not needed to
 // check them: the tests build the image's programs exactly as the

@@ -57,6 +57,16 @@ var daemonSets = []struct {
 	{"kpng-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}, 170, false},
 	{"kpng-default-nft.yaml", "to-nft", []v1.Capability{"NET_ADMIN"}, [][]string{nil}, 0, true},
 	{"kpng-default-iptables.yaml", "to-iptables", []v1.Capability{"NET_ADMIN", "NET_RAW"}, [][]string{{"--iptables=legacy"}, {"--iptables=nft"}}, 170, true},
+	{"kpng-default-userspace.yaml", "to-userspace", []v1.Capability{"NET_ADMIN", "NET_BIND_SERVICE"}, [][]string{nil}, 0, true},
+}
+
+// imageStage is the Dockerfile stage whose image runs each backend: what
+// the backend runs besides kpng, no more. to-userspace, like to-nft,
+// speaks netlink and runs no program: kpng alone.
+var imageStage = map[string]string{
+	"to-nft":       "nft",
+	"to-iptables":  "iptables",
+	"to-userspace": "nft",
 }
 
 // apiServerConfigMap is the ConfigMap a default proxier reads the API
@@ -71,6 +81,19 @@ const peakMiB = 304
 // heldMiB is what kpng kube holds at 10,000 services × 10 endpoints
 // after its first state (173–181 MiB): the memory request.
 const heldMiB = 181
+
+// kpngMiB is kpng kube's memory with each backend at 10,000 services × 10
+// endpoints: what it holds after its first state (the request's floor)
+// and its peak (the limit's base, GOMEMLIMIT's floor). to-userspace holds
+// more than to-nft (a listening socket and its goroutine per service
+// port) and peaks lower (no transaction to build):
+// BenchmarkKpngUserspaceRealAPIServer10k, 3 processes, held 194–195 MiB,
+// peak 218–225 MiB (docs/benchmarks.md).
+var kpngMiB = map[string]struct{ held, peak int64 }{
+	"to-nft":       {heldMiB, peakMiB},
+	"to-iptables":  {heldMiB, peakMiB},
+	"to-userspace": {195, 225},
+}
 
 // watcherRules are the permissions of the watcher (client/watcher): it
 // lists, then watches, Services and EndpointSlices (by label) and its Node
@@ -264,8 +287,8 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			}
 			c := p.container(t)
 			// Each proxier's own image: what its backend runs, no more.
-			if name, _, _ := strings.Cut(c.Image, ":"); stageOf(t, df, name).name != strings.TrimPrefix(d.backend, "to-") {
-				t.Errorf("image %s: not the %s proxier's image (stage %s)", c.Image, d.backend, strings.TrimPrefix(d.backend, "to-"))
+			if name, _, _ := strings.Cut(c.Image, ":"); stageOf(t, df, name).name != imageStage[d.backend] {
+				t.Errorf("image %s: not the %s proxier's image (stage %q)", c.Image, d.backend, imageStage[d.backend])
 			}
 			if progs := inImage(t, c.Image); !progs[c.Command[0]] {
 				t.Errorf("command %s: not a program of the image %s (%v)", c.Command[0], c.Image, progs)
@@ -388,13 +411,17 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 			// limited with room over the peak measured there, and Go's
 			// soft limit, if set, under the container's.
 			req, lim := c.Resources.Requests.Memory(), c.Resources.Limits.Memory()
+			mem, ok := kpngMiB[d.backend]
+			if !ok {
+				t.Fatalf("no memory measured for backend %s (kpngMiB)", d.backend)
+			}
 			if req.IsZero() || lim.IsZero() {
 				t.Errorf("memory request %v, limit %v: want both", req, lim)
 			} else {
-				if req.Value() < heldMiB<<20 || req.Cmp(*lim) > 0 {
-					t.Errorf("memory request %v: want at least %d MiB (held at 10,000 services) and at most the limit %v", req, heldMiB, lim)
+				if req.Value() < mem.held<<20 || req.Cmp(*lim) > 0 {
+					t.Errorf("memory request %v: want at least %d MiB (held at 10,000 services) and at most the limit %v", req, mem.held, lim)
 				}
-				if peak := peakMiB + d.childMiB; lim.Value() < peak<<20*3/2 {
+				if peak := mem.peak + d.childMiB; lim.Value() < peak<<20*3/2 {
 					t.Errorf("memory limit %v: want at least 1.5 times the peak of %d MiB measured at 10,000 services", lim, peak)
 				}
 			}
@@ -403,8 +430,8 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 					continue
 				}
 				q, err := resource.ParseQuantity(strings.Replace(e.Value, "iB", "i", 1))
-				if err != nil || lim.IsZero() || q.Value() < peakMiB<<20 || q.Value() > lim.Value()-d.childMiB<<20 {
-					t.Errorf("GOMEMLIMIT=%s: want a size over kpng's peak (%d MiB) that leaves the limit %v room for what the backend runs (%d MiB) (%v)", e.Value, peakMiB, lim, d.childMiB, err)
+				if err != nil || lim.IsZero() || q.Value() < mem.peak<<20 || q.Value() > lim.Value()-d.childMiB<<20 {
+					t.Errorf("GOMEMLIMIT=%s: want a size over kpng's peak (%d MiB) that leaves the limit %v room for what the backend runs (%d MiB) (%v)", e.Value, mem.peak, lim, d.childMiB, err)
 				}
 			}
 
@@ -637,5 +664,53 @@ func TestDefaultProxiersFollowTheSpecialized(t *testing.T) {
 				t.Errorf("command differs from %s's beyond the name and ports (-%s +%s):\n%s", pair[0], pair[0], pair[1], diff)
 			}
 		})
+	}
+}
+
+// TestDefaultUserspaceFollowsDefaultNFT: kpng-default-userspace.yaml,
+// which has no specialized twin, is kpng-default-nft.yaml but for its
+// names, its backend, the capabilities it adds and its memory (measured
+// for it): what is set for confinement, ports, probes, the API server's
+// address and scheduling in one is set in the other.
+func TestDefaultUserspaceFollowsDefaultNFT(t *testing.T) {
+	nft, us := decode(t, "kpng-default-nft.yaml"), decode(t, "kpng-default-userspace.yaml")
+	n, u := nft.ds.Spec.Template.Spec, us.ds.Spec.Template.Spec
+	nc, uc := nft.container(t), us.container(t)
+	// What may differ, taken out of copies.
+	nsc, usc := nc.SecurityContext.DeepCopy(), uc.SecurityContext.DeepCopy()
+	nsc.Capabilities.Add, usc.Capabilities.Add = nil, nil
+	for _, f := range []struct {
+		what string
+		n, u any
+	}{
+		{"image", nc.Image, uc.Image},
+		{"securityContext but the added capabilities", nsc, usc},
+		{"env", nc.Env, uc.Env},
+		{"envFrom", nc.EnvFrom, uc.EnvFrom},
+		{"ports", nc.Ports, uc.Ports},
+		{"livenessProbe", nc.LivenessProbe, uc.LivenessProbe},
+		{"readinessProbe", nc.ReadinessProbe, uc.ReadinessProbe},
+		{"volumeMounts", nc.VolumeMounts, uc.VolumeMounts},
+		{"volumes", n.Volumes, u.Volumes},
+		{"tolerations", n.Tolerations, u.Tolerations},
+		{"nodeSelector", n.NodeSelector, u.NodeSelector},
+		{"priorityClassName", n.PriorityClassName, u.PriorityClassName},
+		{"hostNetwork", n.HostNetwork, u.HostNetwork},
+		{"dnsPolicy", n.DNSPolicy, u.DNSPolicy},
+		{"updateStrategy", nft.ds.Spec.UpdateStrategy, us.ds.Spec.UpdateStrategy},
+		{"ClusterRole rules", nft.role.Rules, us.role.Rules},
+		{"cpu request", nc.Resources.Requests.Cpu().String(), uc.Resources.Requests.Cpu().String()},
+	} {
+		if diff := cmp.Diff(f.n, f.u); diff != "" {
+			t.Errorf("%s differs from kpng-default-nft.yaml's (-nft +userspace):\n%s", f.what, diff)
+		}
+	}
+	// The command: the same but for the backend.
+	cmd := slices.Clone(nc.Command)
+	if i := slices.Index(cmd, "to-nft"); i >= 0 {
+		cmd[i] = "to-userspace"
+	}
+	if diff := cmp.Diff(cmd, uc.Command); diff != "" {
+		t.Errorf("command differs from kpng-default-nft.yaml's beyond the backend (-nft +userspace):\n%s", diff)
 	}
 }

@@ -59,7 +59,55 @@ const (
 // Each run must program every service: the table's service map must hold
 // 10,000 elements. It needs root (network namespaces, nftables) and the
 // control plane; run it with -benchtime=1x (one call runs everything).
-func BenchmarkKpngNFTRealAPIServer10k(b *testing.B) {
+func BenchmarkKpngNFTRealAPIServer10k(b *testing.B) { benchKpngRealAPIServer10k(b, nftBackend) }
+
+// BenchmarkKpngUserspaceRealAPIServer10k is BenchmarkKpngNFTRealAPIServer10k
+// for `kpng kube … to-local to-userspace`: the same figures, and each run
+// must listen on every service's cluster IP and port (10,000 TCP sockets
+// in its namespace). deploy/kpng-default-userspace.yaml's memory request
+// and limit follow it (docs/benchmarks.md, "Memory limits of the
+// DaemonSets").
+func BenchmarkKpngUserspaceRealAPIServer10k(b *testing.B) {
+	benchKpngRealAPIServer10k(b, userspaceBackend)
+}
+
+// kpngBackend is a backend the real-API-server benchmarks run kpng with.
+type kpngBackend struct {
+	// name is the backend's command (after to-local).
+	name string
+	// programmed reports an error unless the run in node programmed
+	// every service of proxyName.
+	programmed func(node *netns.NS, proxyName string) error
+}
+
+var (
+	// nftBackend's table's service map must hold every service.
+	nftBackend = kpngBackend{"to-nft", func(node *netns.NS, proxyName string) error {
+		out, _, err := node.Exec(nil, "nft", "list", "map", "inet", "kpng-"+proxyName, "service-ips-v4")
+		if err != nil {
+			return fmt.Errorf("nft list map: %w", err)
+		}
+		if n := strings.Count(out, " : goto "); n != realServices {
+			return fmt.Errorf("%d elements in the service map, want %d", n, realServices)
+		}
+		return nil
+	}}
+	// userspaceBackend must listen on every service's one TCP port.
+	userspaceBackend = kpngBackend{"to-userspace", func(node *netns.NS, _ string) error {
+		out, _, err := node.Exec(nil, "ss", "-Hltn")
+		if err != nil {
+			return fmt.Errorf("ss: %w", err)
+		}
+		if n := strings.Count(out, ":80 "); n != realServices {
+			return fmt.Errorf("%d TCP sockets listening on port 80, want %d", n, realServices)
+		}
+		return nil
+	}}
+)
+
+// benchKpngRealAPIServer10k is BenchmarkKpngNFTRealAPIServer10k with
+// backend be.
+func benchKpngRealAPIServer10k(b *testing.B, be kpngBackend) {
 	cp.Require(b)
 	netns.RequirePrivileged(b)
 	populateReal(b)
@@ -70,7 +118,7 @@ func BenchmarkKpngNFTRealAPIServer10k(b *testing.B) {
 	bin := buildKpng(b)
 	var first, peak, rss, heap, inuse, cpu []float64
 	for i := range kpngNFTRuns {
-		r := runKpngNFT(b, bin, p.proxyName)
+		r := runKpngNFT(b, bin, p.proxyName, be)
 		b.Logf("run %d: first sync %v, peak RSS %.0f MiB, RSS %.0f MiB, heap %.0f MiB (in use %.0f MiB), CPU %.2f s",
 			i, r.firstSync.Round(time.Millisecond), r.peakRSSMiB, r.rssMiB, r.heapMiB, r.heapInuseMiB, r.cpu.Seconds())
 		first = append(first, realMillis(r.firstSync))
@@ -119,17 +167,17 @@ type kpngNFTRun struct {
 	cpu                   time.Duration
 }
 
-// runKpngNFT runs `kpng kube … to-local to-nft` for proxyName in a new
+// runKpngNFT runs `kpng kube … to-local <be>` for proxyName in a new
 // network namespace until kpngNFTSettle after its first complete sync,
-// then stops it with SIGTERM.
-func runKpngNFT(b *testing.B, bin, proxyName string) kpngNFTRun {
+// checks that it programmed every service, then stops it with SIGTERM.
+func runKpngNFT(b *testing.B, bin, proxyName string, be kpngBackend) kpngNFTRun {
 	b.Helper()
-	node := netns.New(b, "kpng-nft")
+	node := netns.New(b, "kpng-bench")
 	metricsAddr := freeLoopbackPort(b)
 	ctx, cancel := context.WithTimeout(context.Background(), kpngNFTTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name="+proxyName,
-		"--node-name="+realNodeName, "--metrics-bind-address="+metricsAddr, "to-local", "to-nft", "--netns="+node.Path())
+		"--node-name="+realNodeName, "--metrics-bind-address="+metricsAddr, "to-local", be.name, "--netns="+node.Path())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	start := time.Now()
@@ -155,38 +203,34 @@ func runKpngNFT(b *testing.B, bin, proxyName string) kpngNFTRun {
 			break
 		}
 		if ctx.Err() != nil {
-			fail("kpng to-nft: no complete sync within %v (last metrics error: %v)", kpngNFTTimeout, err)
+			fail("kpng %s: no complete sync within %v (last metrics error: %v)", be.name, kpngNFTTimeout, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(kpngNFTSettle)
 	m, err := scrape(url)
 	if err != nil {
-		fail("kpng to-nft: metrics: %v", err)
+		fail("kpng %s: metrics: %v", be.name, err)
 	}
 	run.heapMiB = m["go_memstats_heap_alloc_bytes"] / (1 << 20)
 	run.heapInuseMiB = m["go_memstats_heap_inuse_bytes"] / (1 << 20)
 	rssKiB, err := statusKiB(fmt.Sprintf("/proc/%d/status", pid), "VmRSS")
 	if err != nil {
-		fail("kpng to-nft: %v", err)
+		fail("kpng %s: %v", be.name, err)
 	}
 	run.rssMiB = float64(rssKiB) / 1024
 	if run.cpu, err = processCPUTime(pid); err != nil {
-		fail("kpng to-nft: %v", err)
+		fail("kpng %s: %v", be.name, err)
 	}
-	out, _, err := node.Exec(nil, "nft", "list", "map", "inet", "kpng-"+proxyName, "service-ips-v4")
-	if err != nil {
-		fail("nft list map: %v", err)
-	}
-	if n := strings.Count(out, " : goto "); n != realServices {
-		fail("kpng to-nft: %d elements in the service map, want %d", n, realServices)
+	if err := be.programmed(node, proxyName); err != nil {
+		fail("kpng %s: %v", be.name, err)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		b.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
 		hwm.stop()
-		b.Fatalf("kpng to-nft: %v\n%s", err, stderr.String())
+		b.Fatalf("kpng %s: %v\n%s", be.name, err, stderr.String())
 	}
 	run.peakRSSMiB = float64(hwm.stop()) / 1024
 	return run

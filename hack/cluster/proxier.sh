@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # proxier.sh deploy NAME | remove NAME: the cluster's proxier.
 #
-#   kpng-nft, kpng-iptables   kpng as the cluster's only proxier: the
-#                             DaemonSet deploy/kpng-default-<backend>.yaml,
+#   kpng-nft, kpng-iptables,  kpng as the cluster's only proxier: the
+#   kpng-userspace            DaemonSet deploy/kpng-default-<backend>.yaml,
 #                             applied as a user would, only its image name
 #                             replaced by the one built here; no kube-proxy.
 #   kube-proxy-nftables,      kube-proxy v1.36.3 (built from the module
@@ -49,13 +49,17 @@ no_pods() {
 }
 
 # clean_nodes fails, naming what it found, if a node still holds a
-# proxier's rules: kpng's nftables tables, its iptables chains, kube-proxy's.
+# proxier's rules: kpng's nftables tables, its iptables chains, kube-proxy's;
+# or kpng's userspace proxier's interface (kpng-…, holding the service
+# addresses) or its blackhole routes of the service CIDRs (proto 107).
 clean_nodes() {
   local node found
   for node in "${KPNGC_NODES[@]}"; do
     found="$(kpngc_in "${node}" nft list tables | grep -E 'kpng|kube-proxy' || true)"
     found+="$(for save in iptables-save iptables-legacy-save; do kpngc_in "${node}" "${save}" 2>/dev/null; done |
       grep -E '^:(KPNG|KUBE-(SERVICES|NODEPORTS|SVC))' || true)"
+    found+="$(kpngc_in "${node}" ip -o link show | grep -oE '^[0-9]+: kpng-[^:@]*' || true)"
+    found+="$(for family in -4 -6; do kpngc_in "${node}" ip "${family}" route show proto 107; done || true)"
     [[ -z "${found}" ]] || kpngc_die "${node} still holds a proxier's rules: ${found//$'\n'/ }"
   done
 }
@@ -103,7 +107,9 @@ stop_kube_proxy() {
 }
 
 # kpng_cleanup BACKEND [NAME] removes kpng's rules of BACKEND (nft,
-# iptables) from each node, with the kpng binary of the image.
+# iptables; userspace: its interface and addresses, and the default
+# proxier's blackhole routes) from each node, with the kpng binary of the
+# image.
 kpng_cleanup() {
   local node name=()
   [[ -z "${2:-}" ]] || name=("--name=$2")
@@ -119,12 +125,12 @@ action="${1:-}" name="${2:-}"
 # through another's leftover rules.
 [[ "${action}" != deploy ]] || clean_nodes
 case "${action}:${name}" in
-  deploy:kpng-nft | deploy:kpng-iptables)
+  deploy:kpng-nft | deploy:kpng-iptables | deploy:kpng-userspace)
     apiserver_configmap
     apply "deploy/kpng-default-${name#kpng-}.yaml"
     rollout "kpng-default-${name#kpng-}"
     ;;
-  remove:kpng-nft | remove:kpng-iptables)
+  remove:kpng-nft | remove:kpng-iptables | remove:kpng-userspace)
     delete "deploy/kpng-default-${name#kpng-}.yaml"
     kpngc_wait "the pods of kpng-default-${name#kpng-} to go" 120 no_pods "kpng-default-${name#kpng-}"
     kpng_cleanup "${name#kpng-}"
@@ -158,7 +164,7 @@ case "${action}:${name}" in
     clean_nodes
     ;;
   *)
-    kpngc_die "usage: proxier.sh deploy|remove kpng-nft|kpng-iptables|kube-proxy-nftables|kube-proxy-iptables|seeds"
+    kpngc_die "usage: proxier.sh deploy|remove kpng-nft|kpng-iptables|kpng-userspace|kube-proxy-nftables|kube-proxy-iptables|seeds"
     ;;
 esac
 echo "${name}" >"${KPNGC_DIR}/run/proxier"

@@ -3,8 +3,8 @@
 # k8s.io/kubernetes, built by hack/build-controlplane.sh --with-e2e) through
 # each PROXIER in turn, on one two-node cluster (hack/cluster): make e2e.
 #
-# Usage: run.sh PROXIER...   (kpng-nft, kpng-iptables, kube-proxy-nftables,
-#                             kube-proxy-iptables)
+# Usage: run.sh PROXIER...   (kpng-nft, kpng-iptables, kpng-userspace,
+#                             kube-proxy-nftables, kube-proxy-iptables)
 # Environment:
 #   FOCUS      the tests to run, a regular expression (default: every
 #              [sig-network] test); hack/e2e/skips.txt's are skipped always
@@ -24,11 +24,11 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "${here}/../cluster/lib.sh"
 
-(($# > 0)) || kpngc_die "usage: run.sh PROXIER... (kpng-nft kpng-iptables kube-proxy-nftables kube-proxy-iptables)"
+(($# > 0)) || kpngc_die "usage: run.sh PROXIER... (kpng-nft kpng-iptables kpng-userspace kube-proxy-nftables kube-proxy-iptables)"
 for p in "$@"; do
   case "${p}" in
-    kpng-nft | kpng-iptables | kube-proxy-nftables | kube-proxy-iptables) ;;
-    *) kpngc_die "unknown proxier ${p} (kpng-nft kpng-iptables kube-proxy-nftables kube-proxy-iptables)" ;;
+    kpng-nft | kpng-iptables | kpng-userspace | kube-proxy-nftables | kube-proxy-iptables) ;;
+    *) kpngc_die "unknown proxier ${p} (kpng-nft kpng-iptables kpng-userspace kube-proxy-nftables kube-proxy-iptables)" ;;
   esac
 done
 focus="${FOCUS:-\[sig-network\]}"
