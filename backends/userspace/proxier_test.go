@@ -42,6 +42,8 @@ func (f *fakePlatform) addAddress(a netip.Addr) error {
 	return nil
 }
 
+func (f *fakePlatform) awaitLocal([]netip.Addr) error { return nil }
+
 func (f *fakePlatform) removeAddress(a netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
