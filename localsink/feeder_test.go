@@ -127,17 +127,25 @@ func TestFeederRounds(t *testing.T) {
 func TestFeederSharesUnchanged(t *testing.T) {
 	var got []*model.ServiceEndpoints // cur of each Update
 	rec := &updateSink{update: func(_ model.ServiceKey, _, cur *model.ServiceEndpoints) { got = append(got, cur) }}
-	f := localsink.NewFeeder(sinktest.NewChecker(rec), localsink.FeederOptions{NoRetry: true})
+	c := sinktest.NewChecker(rec)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
 	defer f.Close()
 	a1 := svcEps(testService("ns", "a"), endpoints("10.0.0.1", "10.0.0.2")...)
 	f.Update(key("ns", "a"), a1)
-	_ = f.Sync()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	// An equal copy with one endpoint changed.
 	a2 := deepCopy([]*model.ServiceEndpoints{a1})[0]
 	a2.Endpoints[1].Ready = false
 	a2Copy := deepCopy([]*model.ServiceEndpoints{a2})[0]
 	f.Update(key("ns", "a"), a2)
-	_ = f.Sync()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Err(); err != nil {
+		t.Errorf("Sink contract broken:\n%v", err)
+	}
 	if len(got) != 2 {
 		t.Fatalf("%d Updates, want 2", len(got))
 	}
@@ -293,6 +301,9 @@ func TestFeederCloseStopsRetries(t *testing.T) {
 	_ = f.Sync()
 	f.Close()
 	time.Sleep(100 * time.Millisecond)
+	if err := c.Err(); err != nil {
+		t.Errorf("Sink contract broken:\n%v", err)
+	}
 	if syncs, _ := c.Rounds(); syncs != 1 {
 		t.Errorf("%d Syncs, want 1: a retry came after Close", syncs)
 	}

@@ -62,9 +62,14 @@ func (f *fakePlatform) blackhole(prefixes []netip.Prefix) error {
 	f.blackholes = prefixes
 	return nil
 }
+
+// errNoSockets is the failure of every socket of a fakePlatform with
+// noSockets.
+var errNoSockets = errors.New("no sockets on this fake platform")
+
 func (f *fakePlatform) in(fn func() error) error {
 	if f.noSockets {
-		return errors.New("no sockets on this fake platform")
+		return errNoSockets
 	}
 	return fn()
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -85,16 +86,23 @@ func TestControllerRestartUnder100Backends(t *testing.T) {
 	}
 }
 
-// waitAll waits until every checker received n Syncs.
+// waitAll waits until every checker received n Syncs, and fails the test
+// (from its own goroutine) naming the backends that did not.
 func waitAll(t *testing.T, checkers []*sinktest.Checker, n int) {
 	t.Helper()
+	errs := make([]error, len(checkers))
 	var wg sync.WaitGroup
-	for _, c := range checkers {
+	for i, c := range checkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.WaitSyncs(t, n, time.Minute)
+			if err := c.AwaitSyncs(n, time.Minute); err != nil {
+				errs[i] = fmt.Errorf("backend %d: %w", i, err)
+			}
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 }
