@@ -220,7 +220,7 @@ func TestFeederRetry(t *testing.T) {
 	if err := f.Sync(); err != nil {
 		t.Fatalf("Sync after the failure: %v", err)
 	}
-	time.Sleep(150 * time.Millisecond) // longer than any backoff
+	waitRetryDue(t, 80*time.Millisecond) // the longest backoff
 	if diff := cmp.Diff([]string{"Update ns/a deleted", "Sync failed", "Update ns/b service +10.0.0.2", "Sync"}, c.TakeCalls()); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
@@ -291,6 +291,20 @@ func TestFeederResync(t *testing.T) {
 	}
 }
 
+// waitRetryDue waits until a retry due after backoff from now, had one
+// been scheduled, would have reached its sink: a control Feeder with
+// that backoff fails a Sync now, and its retry is waited for.
+func waitRetryDue(t *testing.T, backoff time.Duration) {
+	t.Helper()
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{MinRetry: backoff, MaxRetry: backoff})
+	defer f.Close()
+	c.FailSyncs(errors.New("control"))
+	f.Update(key("ns", "control"), svcEps(testService("ns", "control")))
+	_ = f.Sync()
+	c.WaitSyncs(t, 2, 10*time.Second)
+}
+
 // TestFeederCloseStopsRetries checks that no retry reaches the sink after
 // Close.
 func TestFeederCloseStopsRetries(t *testing.T) {
@@ -300,7 +314,7 @@ func TestFeederCloseStopsRetries(t *testing.T) {
 	f.Update(key("ns", "a"), svcEps(testService("ns", "a")))
 	_ = f.Sync()
 	f.Close()
-	time.Sleep(100 * time.Millisecond)
+	waitRetryDue(t, 10*time.Millisecond)
 	if err := c.Err(); err != nil {
 		t.Errorf("Sink contract broken:\n%v", err)
 	}
