@@ -127,17 +127,25 @@ func TestFeederRounds(t *testing.T) {
 func TestFeederSharesUnchanged(t *testing.T) {
 	var got []*model.ServiceEndpoints // cur of each Update
 	rec := &updateSink{update: func(_ model.ServiceKey, _, cur *model.ServiceEndpoints) { got = append(got, cur) }}
-	f := localsink.NewFeeder(sinktest.NewChecker(rec), localsink.FeederOptions{NoRetry: true})
+	c := sinktest.NewChecker(rec)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
 	defer f.Close()
 	a1 := svcEps(testService("ns", "a"), endpoints("10.0.0.1", "10.0.0.2")...)
 	f.Update(key("ns", "a"), a1)
-	_ = f.Sync()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	// An equal copy with one endpoint changed.
 	a2 := deepCopy([]*model.ServiceEndpoints{a1})[0]
 	a2.Endpoints[1].Ready = false
 	a2Copy := deepCopy([]*model.ServiceEndpoints{a2})[0]
 	f.Update(key("ns", "a"), a2)
-	_ = f.Sync()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Err(); err != nil {
+		t.Errorf("Sink contract broken:\n%v", err)
+	}
 	if len(got) != 2 {
 		t.Fatalf("%d Updates, want 2", len(got))
 	}
@@ -212,7 +220,7 @@ func TestFeederRetry(t *testing.T) {
 	if err := f.Sync(); err != nil {
 		t.Fatalf("Sync after the failure: %v", err)
 	}
-	time.Sleep(150 * time.Millisecond) // longer than any backoff
+	waitRetryDue(t, 80*time.Millisecond) // the longest backoff
 	if diff := cmp.Diff([]string{"Update ns/a deleted", "Sync failed", "Update ns/b service +10.0.0.2", "Sync"}, c.TakeCalls()); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
@@ -283,6 +291,20 @@ func TestFeederResync(t *testing.T) {
 	}
 }
 
+// waitRetryDue waits until a retry due after backoff from now, had one
+// been scheduled, would have reached its sink: a control Feeder with
+// that backoff fails a Sync now, and its retry is waited for.
+func waitRetryDue(t *testing.T, backoff time.Duration) {
+	t.Helper()
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{MinRetry: backoff, MaxRetry: backoff})
+	defer f.Close()
+	c.FailSyncs(errors.New("control"))
+	f.Update(key("ns", "control"), svcEps(testService("ns", "control")))
+	_ = f.Sync()
+	c.WaitSyncs(t, 2, 10*time.Second)
+}
+
 // TestFeederCloseStopsRetries checks that no retry reaches the sink after
 // Close.
 func TestFeederCloseStopsRetries(t *testing.T) {
@@ -292,7 +314,10 @@ func TestFeederCloseStopsRetries(t *testing.T) {
 	f.Update(key("ns", "a"), svcEps(testService("ns", "a")))
 	_ = f.Sync()
 	f.Close()
-	time.Sleep(100 * time.Millisecond)
+	waitRetryDue(t, 10*time.Millisecond)
+	if err := c.Err(); err != nil {
+		t.Errorf("Sink contract broken:\n%v", err)
+	}
 	if syncs, _ := c.Rounds(); syncs != 1 {
 		t.Errorf("%d Syncs, want 1: a retry came after Close", syncs)
 	}

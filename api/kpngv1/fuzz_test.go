@@ -11,9 +11,10 @@ import (
 	"sigs.k8s.io/kpng/model"
 )
 
-// FuzzModel: any bytes arriving on the wire as a Service or an Endpoint
-// are converted to the model without a panic; a converted service goes
-// back to the wire and returns the same model.
+// FuzzModel: any bytes arriving on the wire as a Service, an Endpoint or
+// cluster facts are converted to the model without a panic; what
+// converts goes back to the wire (encoded and decoded) and returns the
+// same model.
 func FuzzModel(f *testing.F) {
 	for _, m := range []proto.Message{
 		FromService(&model.Service{Namespace: "default", Name: "web", Type: "ClusterIP",
@@ -32,10 +33,41 @@ func FuzzModel(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	opts := []cmp.Option{cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty()}
+	// overWire is m's wire form, encoded and decoded as a stream carries it.
+	overWire := func(t *testing.T, m proto.Message, into proto.Message) {
+		t.Helper()
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatalf("encode %T: %v", m, err)
+		}
+		if err := proto.Unmarshal(b, into); err != nil {
+			t.Fatalf("decode %T: %v", m, err)
+		}
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var e Endpoint
 		if proto.Unmarshal(data, &e) == nil {
-			_ = e.Model()
+			m := e.Model()
+			var wire Endpoint
+			overWire(t, FromEndpoint(m), &wire)
+			if diff := cmp.Diff(m, wire.Model(), opts...); diff != "" {
+				t.Fatalf("endpoint: model → wire → model (-first +second):\n%s", diff)
+			}
+		}
+		var c Cluster
+		if proto.Unmarshal(data, &c) == nil {
+			if m, err := c.Model(); err == nil {
+				var wire Cluster
+				overWire(t, FromCluster(m), &wire)
+				again, err := wire.Model()
+				if err != nil {
+					t.Fatalf("converted cluster facts do not convert again: %v", err)
+				}
+				if diff := cmp.Diff(m, again, opts...); diff != "" {
+					t.Fatalf("cluster: model → wire → model (-first +second):\n%s", diff)
+				}
+			}
 		}
 		var s Service
 		if proto.Unmarshal(data, &s) != nil {
@@ -45,11 +77,13 @@ func FuzzModel(f *testing.F) {
 		if err != nil {
 			return
 		}
-		again, err := FromService(m).Model()
+		var wire Service
+		overWire(t, FromService(m), &wire)
+		again, err := wire.Model()
 		if err != nil {
 			t.Fatalf("a converted service does not convert again: %v", err)
 		}
-		if diff := cmp.Diff(m, again, cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty()); diff != "" {
+		if diff := cmp.Diff(m, again, opts...); diff != "" {
 			t.Fatalf("model → wire → model (-first +second):\n%s", diff)
 		}
 	})

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -255,12 +256,27 @@ func TestTLSWithClientCertificates(t *testing.T) {
 		t.Errorf("TLS client state (-want +got):\n%s", diff)
 	}
 	// Without a client certificate, or without trusting the server's CA,
-	// nothing is received.
-	noCert := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCA: certs.ca})
-	noCA := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCert: certs.clientCert, TLSKey: certs.clientKey})
-	plain := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", Insecure: true})
-	time.Sleep(time.Second)
-	for name, r := range map[string]*sinktest.Checker{"no client cert": noCert, "unknown CA": noCA, "plain TCP": plain} {
+	// nothing is received. Each goes through a proxy of its own that
+	// counts its connections: a second connection means that the first
+	// one was refused (the client tries again).
+	clients := map[string]remote.Config{
+		"no client cert": {NodeName: "node-a", TLSCA: certs.ca},
+		"unknown CA":     {NodeName: "node-a", TLSCert: certs.clientCert, TLSKey: certs.clientKey},
+		"plain TCP":      {NodeName: "node-a", Insecure: true},
+	}
+	checkers, conns := map[string]*sinktest.Checker{}, map[string]func() int{}
+	for name, cfg := range clients {
+		cfg.Address, conns[name] = countingProxy(t, s.addr)
+		checkers[name] = runClient(t, cfg)
+	}
+	for name, n := range conns {
+		for deadline := time.Now().Add(20 * time.Second); n() < 2; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d connections in 20 s, want a second one (the first refused)", name, n())
+			}
+		}
+	}
+	for name, r := range checkers {
 		if calls := r.TakeCalls(); len(calls) != 0 {
 			t.Errorf("%s: received %q, want nothing", name, calls)
 		}
@@ -268,6 +284,61 @@ func TestTLSWithClientCertificates(t *testing.T) {
 	if _, _, err := (remote.Config{Address: "192.0.2.1:1", Insecure: true}).DialOptions(); err == nil {
 		t.Errorf("client --api-insecure to a non-loopback address: no error")
 	}
+}
+
+// countingProxy forwards the TCP connections made to the address it
+// returns to target, until the test ends, and counts them.
+func countingProxy(t *testing.T, target string) (string, func() int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var open []net.Conn
+	n := 0
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			mu.Lock()
+			n++
+			open = append(open, c)
+			if err == nil {
+				open = append(open, up)
+			}
+			mu.Unlock()
+			if err != nil {
+				c.Close()
+				continue
+			}
+			for _, pair := range [][2]net.Conn{{c, up}, {up, c}} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _ = io.Copy(pair[0], pair[1])
+					pair[0].Close()
+					pair[1].Close()
+				}()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
 func TestBadAndStalledClientsDoNotHurtOthers(t *testing.T) {

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +28,8 @@ const killHelperEnv = "KPNG_IPT_KILL_HELPER"
 // TestMain runs the tests, or killHelper in a process of its own.
 func TestMain(m *testing.M) {
 	if path := os.Getenv(killHelperEnv); path != "" {
-		os.Exit(killHelper(path, os.Getenv("KPNG_IPT_KILL_VARIANT"), os.Getenv("KPNG_IPT_KILL_FIRST"), os.Getenv("KPNG_IPT_KILL_ONCE") != ""))
+		pause, _ := strconv.Atoi(os.Getenv("KPNG_IPT_KILL_PAUSE"))
+		os.Exit(killHelper(path, os.Getenv("KPNG_IPT_KILL_VARIANT"), os.Getenv("KPNG_IPT_KILL_FIRST"), os.Getenv("KPNG_IPT_KILL_ONCE") != "", pause))
 	}
 	os.Exit(m.Run())
 }
@@ -59,9 +62,23 @@ func killStates() (a, b []*model.ServiceEndpoints) {
 // killHelper is the proxier the test kills: in the network namespace at
 // path, with the iptables variant given, it syncs the state first ("a" or
 // "b") then the other, alternately, forever (or once with once), printing
-// "begin <state>" before each Sync and "end <state>" after it.
-func killHelper(path, variant, first string, once bool) int {
-	s, err := New(context.Background(), Config{ServiceProxyName: "kill", NetNS: path, Variant: variant})
+// "begin <state>" before each Sync and "end <state>" after it. With pause
+// > 0, its sync number pause (from 1) stops once its first
+// iptables-restore has returned (one table written, the others not yet),
+// prints "paused <family> <table>" and waits to be killed.
+func killHelper(path, variant, first string, once bool, pause int) int {
+	cfg := Config{ServiceProxyName: "kill", NetNS: path, Variant: variant}
+	sync := 0
+	if pause > 0 {
+		cfg.Runner = pauseRunner{ExecRunner{NetNS: path}, func(name string, stdin []byte) {
+			if sync == pause && strings.HasSuffix(name, "-restore") {
+				table, _, _ := strings.Cut(string(stdin), "\n")
+				fmt.Printf("paused %s %s\n", name, strings.TrimPrefix(table, "*"))
+				select {} // until killed
+			}
+		}}
+	}
+	s, err := New(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -71,6 +88,7 @@ func killHelper(path, variant, first string, once bool) int {
 	states := map[string][]*model.ServiceEndpoints{"a": a, "b": b}
 	name := first
 	for {
+		sync++
 		fmt.Printf("begin %s\n", name)
 		feeder.SetAll(states[name])
 		if err := feeder.Sync(); err != nil {
@@ -85,12 +103,29 @@ func killHelper(path, variant, first string, once bool) int {
 	}
 }
 
+// pauseRunner runs the binaries with Runner, calling after with each one's
+// name and input once it has run successfully.
+type pauseRunner struct {
+	Runner
+	after func(name string, stdin []byte)
+}
+
+// Run implements Runner.
+func (r pauseRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+	out, err := r.Runner.Run(ctx, name, args, stdin)
+	if err == nil {
+		r.after(name, stdin)
+	}
+	return out, err
+}
+
 // startKillHelper starts killHelper in ns, in a process group of its own
 // (the iptables-restore it runs dies with it, as in a container that is
-// killed), and returns its process and the lines it prints.
-func startKillHelper(t *testing.T, ns *netns.NS, variant, first string, once bool) (*exec.Cmd, <-chan string) {
+// killed), and returns its process and the lines it prints; pause > 0
+// stops it in that sync (killHelper).
+func startKillHelper(t *testing.T, ns *netns.NS, variant, first string, once bool, pause int) (*exec.Cmd, <-chan string) {
 	t.Helper()
-	env := []string{killHelperEnv + "=" + ns.Path(), "KPNG_IPT_KILL_VARIANT=" + variant, "KPNG_IPT_KILL_FIRST=" + first}
+	env := []string{killHelperEnv + "=" + ns.Path(), "KPNG_IPT_KILL_VARIANT=" + variant, "KPNG_IPT_KILL_FIRST=" + first, "KPNG_IPT_KILL_PAUSE=" + strconv.Itoa(pause)}
 	if once {
 		env = append(env, "KPNG_IPT_KILL_ONCE=1")
 	}
@@ -116,7 +151,10 @@ func byTable(chains map[string][]string) map[string]map[string][]string {
 // process that alternates between two states (killHelper) and kills it
 // and the iptables-restore it runs with SIGKILL at a random moment, 8
 // times in a row (KPNG_KILLS; 3 under the race detector), each new process
-// starting from the tables the previous one left. After each kill, each
+// starting from the tables the previous one left; every fourth kill, the
+// first included, certainly in the middle of a sync: the process stops
+// once its second sync's first restore returned, and the table restored
+// must then hold the new state, the others the one before. After each kill, each
 // table (IPv4 and IPv6, nat and filter) read back from the kernel must
 // hold the proxier's chains of the first state or of the second, as a
 // fresh sink programs them (or none, before the first restore), never a
@@ -156,9 +194,67 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 			ns := netns.New(t, "ipt-kill")
 			r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 			start := time.Now()
-			midway, mixedSyncs, ended := 0, 0, false
+			midway, mixedSyncs, ended, paused := 0, 0, false, 0
+			other := map[string]string{"a": "b", "b": "a"}
 			for i := range kills {
-				cmd, lines := startKillHelper(t, ns, variant, []string{"a", "b"}[i%2], false)
+				first := []string{"a", "b"}[i%2]
+				if i%4 == 0 {
+					// Certain to land in the middle of a sync: stopped
+					// once the second sync's first restore returned.
+					paused++
+					cmd, lines := startKillHelper(t, ns, variant, first, false, 2)
+					var ends []string
+					pausedAt := ""
+					for line := range lines {
+						f := strings.Fields(line)
+						if f[0] == "paused" {
+							family := "IPv4"
+							if strings.HasPrefix(f[1], "ip6tables") {
+								family = "IPv6"
+							}
+							pausedAt = family + " " + f[2]
+							break
+						}
+						if f[0] == "end" {
+							ends = append(ends, f[1])
+						}
+					}
+					if err := selfexec.KillGroup(cmd); err != nil {
+						t.Fatal(err)
+					}
+					_ = cmd.Wait()
+					for line := range lines {
+						if f := strings.Fields(line); f[0] == "end" {
+							ends = append(ends, f[1])
+						}
+					}
+					if !slices.Equal(ends, []string{first}) || pausedAt == "" {
+						t.Fatalf("kill %d, paused in the second sync: the syncs that ended are %q (want only the first, %s), paused at %q: the kill was not in the middle of the second", i, ends, first, pausedAt)
+					}
+					midway++
+					ended = true
+					// The table restored holds the second sync's state,
+					// every other one that differs between the states
+					// the first's.
+					got := byTable(kernelChains(t, ExecRunner{NetNS: ns.Path()}, variant, prefix))
+					mixed := false
+					for _, table := range []string{"IPv4 nat", "IPv4 filter", "IPv6 nat", "IPv6 filter"} {
+						wantState := first
+						if table == pausedAt {
+							wantState = other[first]
+						} else if !equalChains(want["a"][table], want["b"][table]) {
+							mixed = true
+						}
+						if !equalChains(got[table], want[wantState][table]) {
+							t.Fatalf("kill %d, paused after the %s table's restore in the second sync: the %s table does not hold the state %s", i, pausedAt, table, wantState)
+						}
+					}
+					if mixed {
+						mixedSyncs++
+					}
+					continue
+				}
+				cmd, lines := startKillHelper(t, ns, variant, first, false, 0)
 				// Kill it during its 1st or 2nd sync, at a random
 				// moment after it began.
 				target, begun, inSync := 1+r.IntN(2), 0, false
@@ -209,11 +305,14 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 					mixedSyncs++
 				}
 			}
-			t.Logf("%s: %d kills in %v, %d in the middle of a sync; after %d of them the tables held different states (each table whole)",
-				variant, kills, time.Since(start).Round(time.Millisecond), midway, mixedSyncs)
+			t.Logf("%s: %d kills in %v, %d in the middle of a sync (%d of them paused there); after %d of them the tables held different states (each table whole)",
+				variant, kills, time.Since(start).Round(time.Millisecond), midway, paused, mixedSyncs)
+			if midway < paused {
+				t.Errorf("%d kills in the middle of a sync, want at least the %d paused there", midway, paused)
+			}
 
 			// A proxier started after the kills converges.
-			cmd, lines := startKillHelper(t, ns, variant, "b", true)
+			cmd, lines := startKillHelper(t, ns, variant, "b", true, 0)
 			for range lines {
 			}
 			if err := cmd.Wait(); err != nil {

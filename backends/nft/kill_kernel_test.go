@@ -33,7 +33,7 @@ const killHelperEnv = "KPNG_NFT_KILL_HELPER"
 // compareTables for the soak.
 func TestMain(m *testing.M) {
 	if path := os.Getenv(killHelperEnv); path != "" {
-		os.Exit(killHelper(path, os.Getenv("KPNG_NFT_KILL_FIRST"), os.Getenv("KPNG_NFT_KILL_ONCE") != ""))
+		os.Exit(killHelper(path, os.Getenv("KPNG_NFT_KILL_FIRST"), os.Getenv("KPNG_NFT_KILL_ONCE") != "", atoi(os.Getenv("KPNG_NFT_KILL_PAUSE"))))
 	}
 	if spec := os.Getenv(compareEnv); spec != "" {
 		os.Exit(compareTables(spec))
@@ -67,8 +67,11 @@ func killStates() (a, b []*model.ServiceEndpoints) {
 // forever (or once with once), printing "begin <state>" before each Sync,
 // "send" when a large transaction's connection is made (right before its
 // batch is sent) and "end <state> <ms in the sink> <ms in all> <µs since
-// send>" after it.
-func killHelper(path, first string, once bool) int {
+// send>" after it. With pause > 0, its transaction number pause (from 1)
+// stops there instead, once its connection is made (in the middle of
+// the transaction, before its batch is sent), prints "paused" and waits
+// to be killed.
+func killHelper(path, first string, once bool, pause int) int {
 	f, err := os.Open(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -84,10 +87,15 @@ func killHelper(path, first string, once bool) int {
 	// before the batch is sent: say when.
 	inNS := ConnInNetNS(fd)
 	var sent time.Time
+	transaction := 0
 	newConn := func(opts ...nftables.ConnOption) (*nftables.Conn, error) {
 		return inNS(append(opts, nftables.WithSockOptions(func(*netlink.Conn) error {
 			sent = time.Now()
 			fmt.Println("send")
+			if pause > 0 && transaction == pause {
+				fmt.Println("paused")
+				select {} // until killed
+			}
 			return nil
 		}))...)
 	}
@@ -104,6 +112,7 @@ func killHelper(path, first string, once bool) int {
 	name := first
 	for {
 		feeder.SetAll(states[name])
+		transaction++
 		fmt.Printf("begin %s\n", name)
 		start := time.Now()
 		if err := feeder.Sync(); err != nil {
@@ -128,7 +137,12 @@ func killHelper(path, first string, once bool) int {
 // the last kill converges to the state it is given. How many kills landed
 // between a "begin" and its "end" is logged: the kernel applies a batch
 // in the system call that sends it, so a kill takes effect before it
-// (nothing applied) or after (all of it).
+// (nothing applied) or after (all of it). Every fourth kill, the first
+// included, is certain to land in the middle of a transaction: the
+// process stops in its second transaction once the connection is made,
+// right before the batch is sent (killHelper's pause), and is killed
+// there; the table must then hold the state before that transaction, and
+// at least those kills must be counted as mid-transaction.
 func TestKernelKilledWhileProgramming(t *testing.T) {
 	netns.RequirePrivileged(t)
 	ns := netns.New(t, "kill")
@@ -146,12 +160,51 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 		fmt.Sscan(n, &kills)
 	}
 	start := time.Now()
-	var midway, kept, replaced, atBatch int
+	var midway, kept, replaced, atBatch, paused int
 	var durations []int // ms in the sink, of the transactions that ended
 	last := "none"      // the state the kernel held after the previous kill
 	for i := range kills {
 		first := []string{"a", "b"}[i%2]
-		cmd, lines := startKillHelper(t, ns, first, false)
+		if i%4 == 0 {
+			paused++
+			cmd, lines := startKillHelper(t, ns, first, false, 2)
+			// Wait for the pause; the state before the second
+			// transaction is the first's.
+			var ends []string
+			for line := range lines {
+				f := strings.Fields(line)
+				if f[0] == "paused" {
+					break
+				}
+				if f[0] == "end" {
+					ends = append(ends, f[1])
+					durations = append(durations, atoi(f[2]))
+				}
+			}
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			_ = cmd.Wait()
+			for line := range lines {
+				if f := strings.Fields(line); f[0] == "end" {
+					ends = append(ends, f[1])
+				}
+			}
+			if !slices.Equal(ends, []string{first}) {
+				t.Fatalf("kill %d, paused in the second transaction: the transactions that ended are %q, want only the first (%s): the kill was not in the middle of the second", i, ends, first)
+			}
+			before := first
+			midway++
+			got := mustReadKernelTable(t, conn, TableName("kill"))
+			want := map[string]*kernelTable{"a": wantA, "b": wantB}[before]
+			if diff := diffKernelTables(want, got); diff != "" {
+				t.Fatalf("kill %d, in the middle of a transaction before its batch was sent: the table is not the state before it, %s (-before +kernel):\n%s", i, before, diff)
+			}
+			kept++
+			last = before
+			continue
+		}
+		cmd, lines := startKillHelper(t, ns, first, false, 0)
 		// Kill it during its 1st to 3rd transaction: a third of the time
 		// at a random moment after it began (mostly while the sink
 		// computes it), else at a random moment within the time its
@@ -246,11 +299,14 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 		slices.Sort(durations)
 		median, fastest, slowest = durations[n/2], durations[0], durations[n-1]
 	}
-	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d of all after its batch was encoded or sent): of these, %d left the state before the transaction, %d the new one, never a mix (the %d transactions that ended took %d ms in the sink at the median, %d-%d)",
-		kills, time.Since(start).Round(time.Millisecond), midway, atBatch, kept, replaced, len(durations), median, fastest, slowest)
+	t.Logf("%d kills in %v, %d between a transaction's begin and its end (%d of them paused there; %d of all after its batch was encoded or sent): of these, %d left the state before the transaction, %d the new one, never a mix (the %d transactions that ended took %d ms in the sink at the median, %d-%d)",
+		kills, time.Since(start).Round(time.Millisecond), midway, paused, atBatch, kept, replaced, len(durations), median, fastest, slowest)
+	if midway < paused {
+		t.Errorf("%d kills in the middle of a transaction, want at least the %d paused there", midway, paused)
+	}
 
 	// A proxier started after the kills converges.
-	cmd, lines := startKillHelper(t, ns, "b", true)
+	cmd, lines := startKillHelper(t, ns, "b", true, 0)
 	for range lines {
 	}
 	if err := cmd.Wait(); err != nil {
@@ -268,10 +324,11 @@ func atoi(s string) int {
 }
 
 // startKillHelper starts killHelper in ns and returns its process and
-// the lines it prints (closed when it exits).
-func startKillHelper(t *testing.T, ns *netns.NS, first string, once bool) (*exec.Cmd, <-chan string) {
+// the lines it prints (closed when it exits); pause > 0 stops it in that
+// transaction (killHelper).
+func startKillHelper(t *testing.T, ns *netns.NS, first string, once bool, pause int) (*exec.Cmd, <-chan string) {
 	t.Helper()
-	env := []string{killHelperEnv + "=" + ns.Path(), "KPNG_NFT_KILL_FIRST=" + first}
+	env := []string{killHelperEnv + "=" + ns.Path(), "KPNG_NFT_KILL_FIRST=" + first, "KPNG_NFT_KILL_PAUSE=" + strconv.Itoa(pause)}
 	if once {
 		env = append(env, "KPNG_NFT_KILL_ONCE=1")
 	}

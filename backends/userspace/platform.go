@@ -14,6 +14,10 @@ type platform interface {
 	// addAddress puts a on the proxier's interface (done already is
 	// fine).
 	addAddress(a netip.Addr) error
+	// awaitLocal returns once the node delivers the packets to each of
+	// addrs (added by addAddress) to its own sockets, or fails after a
+	// bound.
+	awaitLocal(addrs []netip.Addr) error
 	// removeAddress takes a off the proxier's interface.
 	removeAddress(a netip.Addr) error
 	// nodeAddresses lists the node's unicast addresses on its other

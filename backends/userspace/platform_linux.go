@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -128,6 +129,43 @@ func hostAddr(a netip.Addr) *netlink.Addr {
 func (p *linuxPlatform) addAddress(a netip.Addr) error {
 	if err := p.h.AddrReplace(p.link, hostAddr(a)); err != nil {
 		return fmt.Errorf("add %s to %s: %w", a, p.link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// localRouteTimeout bounds awaitLocal's wait.
+const localRouteTimeout = 2 * time.Second
+
+// awaitLocal returns once a route lookup of each of addrs finds its local
+// route. An IPv6 address is not local yet when the netlink request that
+// adds it returns: the kernel inserts its local route afterwards, from a
+// work queue (addrconf's DAD work, which ends at once with nodad, but
+// runs when it is scheduled: a few milliseconds on a busy node). Until
+// then a datagram to the address is routed as if it were not the node's
+// (to the service CIDR's blackhole route, or out of the interface) and
+// lost, although the socket bound to the address exists. IPv4 addresses
+// get their local route within the request.
+func (p *linuxPlatform) awaitLocal(addrs []netip.Addr) error {
+	deadline := time.Now().Add(localRouteTimeout)
+	wait := 100 * time.Microsecond
+	for _, a := range addrs {
+		if a.Is4() {
+			continue
+		}
+		for {
+			routes, err := p.h.RouteGet(a.AsSlice())
+			if err == nil && len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL {
+				break
+			}
+			if time.Now().After(deadline) {
+				if err == nil {
+					err = fmt.Errorf("found %v", routes)
+				}
+				return fmt.Errorf("address %s on %s: no local route after %v: %w", a, p.link.Attrs().Name, localRouteTimeout, err)
+			}
+			time.Sleep(wait)
+			wait = min(2*wait, 20*time.Millisecond)
+		}
 	}
 	return nil
 }

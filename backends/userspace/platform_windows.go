@@ -54,6 +54,9 @@ func (p *windowsPlatform) addAddress(a netip.Addr) error {
 	return netsh("interface", "ipv6", "add", "address", "interface="+p.iface, "address="+a.String()+"/128", "skipassource=true", "store=active")
 }
 
+// awaitLocal returns at once: netsh returns once the address is usable.
+func (p *windowsPlatform) awaitLocal([]netip.Addr) error { return nil }
+
 func (p *windowsPlatform) removeAddress(a netip.Addr) error {
 	if a.Is4() {
 		return netsh("interface", "ipv4", "delete", "address", "name="+p.iface, "address="+a.String())

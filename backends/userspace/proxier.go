@@ -55,8 +55,11 @@ type Sink struct {
 	// again at the next Sync; tried are those tried in the current Sync.
 	addrRefs map[netip.Addr]int
 	onLink   map[netip.Addr]bool
-	unbound  map[frontendKey]bool
-	tried    map[frontendKey]bool
+	// added are the addresses put on the interface in the current Sync,
+	// which returns once they are local (awaitLocal).
+	added   []netip.Addr
+	unbound map[frontendKey]bool
+	tried   map[frontendKey]bool
 	// localStale is set when onLink changed since the last updateLocal.
 	localStale bool
 	// held counts the connections held in silence (dropped), across
@@ -249,6 +252,13 @@ func (p *Sink) Sync() error {
 			p.bind(k, &errs)
 		}
 	}
+	// A client may send to a new address as soon as Sync returns.
+	if len(p.added) > 0 {
+		if err := p.plat.awaitLocal(p.added); err != nil {
+			errs = append(errs, err)
+		}
+		p.added = p.added[:0]
+	}
 	if p.cidrsDirty {
 		if err := p.plat.blackhole(p.serviceCIDRs); err != nil {
 			errs = append(errs, fmt.Errorf("service CIDRs %v: %w", p.serviceCIDRs, err))
@@ -402,6 +412,7 @@ func (p *Sink) bind(k frontendKey, errs *[]error) {
 			return
 		}
 		p.onLink[a] = true
+		p.added = append(p.added, a)
 		p.localStale = true
 	}
 	if err := f.setRoute(r); err != nil {

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"k8s.io/klog/v2"
 
@@ -26,21 +26,32 @@ type fakePlatform struct {
 	noSockets bool
 	// blackholes are the prefixes routed nowhere.
 	blackholes []netip.Prefix
+	// afterAdd, if set, is called after each address added, with the
+	// number added so far (f.mu not held).
+	afterAdd func(adds int)
 }
 
 func (f *fakePlatform) addAddress(a netip.Addr) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.closed {
+		f.mu.Unlock()
 		return errors.New("platform used after close")
 	}
 	if f.held[a] {
+		f.mu.Unlock()
 		return fmt.Errorf("add %s: the object already exists", a)
 	}
 	f.held[a] = true
 	f.adds++
+	adds, after := f.adds, f.afterAdd
+	f.mu.Unlock()
+	if after != nil {
+		after(adds)
+	}
 	return nil
 }
+
+func (f *fakePlatform) awaitLocal([]netip.Addr) error { return nil }
 
 func (f *fakePlatform) removeAddress(a netip.Addr) error {
 	f.mu.Lock()
@@ -60,9 +71,14 @@ func (f *fakePlatform) blackhole(prefixes []netip.Prefix) error {
 	f.blackholes = prefixes
 	return nil
 }
+
+// errNoSockets is the failure of every socket of a fakePlatform with
+// noSockets.
+var errNoSockets = errors.New("no sockets on this fake platform")
+
 func (f *fakePlatform) in(fn func() error) error {
 	if f.noSockets {
-		return errors.New("no sockets on this fake platform")
+		return errNoSockets
 	}
 	return fn()
 }
@@ -163,7 +179,8 @@ func TestAddressKindChange(t *testing.T) {
 
 // TestCloseDuringSync: Close from another goroutine while a Sync runs
 // (to-userspace closes on its context) waits for the Sync: the platform
-// is never used after it is closed (run with -race).
+// is never used after it is closed (run with -race). The Sync is held
+// after its 100th address until Close has begun.
 func TestCloseDuringSync(t *testing.T) {
 	p, fp := fakeProxier(t)
 	for i := range 200 {
@@ -171,13 +188,39 @@ func TestCloseDuringSync(t *testing.T) {
 			&model.PortMapping{Protocol: model.TCP, Port: 18090, TargetPort: 80})
 		p.Update(se.Service.Key(), nil, se)
 	}
+	midway, release := make(chan struct{}), make(chan struct{})
+	fp.mu.Lock()
+	fp.afterAdd = func(adds int) {
+		if adds == 100 {
+			close(midway)
+			<-release
+		}
+	}
+	fp.mu.Unlock()
 	done := make(chan error, 1)
 	go func() { done <- p.Sync() }()
-	time.Sleep(time.Millisecond)
-	p.Close()
+	<-midway
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	// Close has begun (it marks the proxier closed first): let the Sync go on.
+	for {
+		p.mu.Lock()
+		c := p.closed
+		p.mu.Unlock()
+		if c {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	// The fake platform refuses an address once it is closed.
 	if err := <-done; err != nil {
 		t.Errorf("Sync: %v", err)
 	}
+	<-closed
 	if err := p.Sync(); err != nil {
 		t.Errorf("Sync after Close: %v", err)
 	}

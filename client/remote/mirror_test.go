@@ -79,7 +79,8 @@ func TestMirror(t *testing.T) {
 // TestMirrorRejectsMalformedOps checks that malformed operations are
 // errors naming what is missing (the stream is then reopened), not panics.
 func TestMirrorRejectsMalformedOps(t *testing.T) {
-	f := localsink.NewFeeder(sinktest.NewChecker(nil), localsink.FeederOptions{NoRetry: true})
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
 	defer f.Close()
 	m := newMirror(f)
 	for _, tc := range []struct {
@@ -113,5 +114,8 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 	}
 	if len(m.services) != 0 {
 		t.Errorf("malformed operations left services behind: %v", m.services)
+	}
+	if err := c.Err(); err != nil {
+		t.Errorf("Sink contract broken:\n%v", err)
 	}
 }

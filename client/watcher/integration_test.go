@@ -3,6 +3,8 @@ package watcher_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"path"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	networking "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/internal/controlplane"
@@ -584,14 +587,46 @@ func TestAPIServerRestart(t *testing.T) {
 	name := kubetest.UniqueName("restart")
 	svc := kc.CreateService(kubetest.Service(ns, "r", name))
 	sl := kc.CreateSlice(kubetest.Slice(svc, "r-1", kubetest.EP{IP: "10.7.0.1"}, kubetest.EP{IP: "10.7.0.2"}))
-	r := startWatcher(t, watcher.Config{ServiceProxyName: name})
+	// The watcher's client counts, by resource, the requests that failed.
+	var mu sync.Mutex
+	failed := map[string]int{}
+	cfg := cp.RESTConfig()
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				mu.Lock()
+				failed[path.Base(req.URL.Path)]++
+				mu.Unlock()
+			}
+			return resp, err
+		})
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startWatcher(t, watcher.Config{Client: client, ServiceProxyName: name})
 	r.waitFor(t, "initial state", hasEndpoints(ns, "r", "10.7.0.1", "10.7.0.2"))
 	before := len(r.allStates())
 
 	if err := cp.KillAPIServer(); err != nil {
 		t.Fatalf("kill API server: %v", err)
 	}
-	time.Sleep(2 * time.Second) // the watcher sees its watches fail
+	// The watcher saw its watches of services and slices end: it tried
+	// again, and failed, while the API server was down.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		seen := failed["services"] > 0 && failed["endpointslices"] > 0
+		mu.Unlock()
+		if seen {
+			break
+		}
+		if time.Now().After(deadline) {
+			mu.Lock()
+			t.Fatalf("the watcher's requests failed %v times, by resource, 30 s after the API server was killed: want services and endpointslices", failed)
+		}
+	}
 	if err := cp.StartAPIServer(); err != nil {
 		t.Fatalf("restart API server: %v", err)
 	}
@@ -607,6 +642,12 @@ func TestAPIServerRestart(t *testing.T) {
 		}
 	}
 }
+
+// roundTripFunc is a function as an http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+// RoundTrip implements http.RoundTripper.
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	cp.Require(t)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -25,7 +26,8 @@ import (
 // the controller with SIGKILL, removes an endpoint while it is down, and
 // starts it again on the same socket: every backend must get exactly the
 // difference, the one endpoint removed, in one round: no Reset, no
-// service deleted and added again, nothing else.
+// service deleted and added again, nothing else before the next change
+// (a fence: another endpoint removed).
 func TestControllerRestartUnder100Backends(t *testing.T) {
 	cp.Require(t)
 	const backends, services = 100, 20
@@ -75,9 +77,14 @@ func TestControllerRestartUnder100Backends(t *testing.T) {
 	waitAll(t, checkers, 2)
 	t.Logf("%d backends got the change %v after the controller was killed", backends, time.Since(start).Round(time.Millisecond))
 
-	want := []string{fmt.Sprintf("Update %s/svc-07 -%s", ns, removed), "Sync"}
-	// Let anything more that would come arrive.
-	time.Sleep(500 * time.Millisecond)
+	// Anything more that the restart would send comes before a later
+	// change: another endpoint removed, a fence every backend waits for.
+	fence := created[8]
+	fenced := fence.Endpoints[0].Addresses[0]
+	fence.Endpoints = fence.Endpoints[1:]
+	kc.UpdateSlice(fence)
+	waitAll(t, checkers, 3)
+	want := []string{fmt.Sprintf("Update %s/svc-07 -%s", ns, removed), "Sync", fmt.Sprintf("Update %s/svc-08 -%s", ns, fenced), "Sync"}
 	for i, c := range checkers {
 		if calls := c.TakeCalls(); !slices.Equal(calls, want) {
 			t.Errorf("backend %d after the restart: %q, want only %q", i, calls, want)
@@ -85,16 +92,23 @@ func TestControllerRestartUnder100Backends(t *testing.T) {
 	}
 }
 
-// waitAll waits until every checker received n Syncs.
+// waitAll waits until every checker received n Syncs, and fails the test
+// (from its own goroutine) naming the backends that did not.
 func waitAll(t *testing.T, checkers []*sinktest.Checker, n int) {
 	t.Helper()
+	errs := make([]error, len(checkers))
 	var wg sync.WaitGroup
-	for _, c := range checkers {
+	for i, c := range checkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.WaitSyncs(t, n, time.Minute)
+			if err := c.AwaitSyncs(n, time.Minute); err != nil {
+				errs[i] = fmt.Errorf("backend %d: %w", i, err)
+			}
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -420,17 +420,26 @@ func (c *Checker) TakeCalls() []string {
 }
 
 // WaitSyncs waits until the checker has received n Syncs in all, failing
-// the test after timeout.
+// the test (t.Fatal) after timeout: call it from the test's goroutine
+// only; other goroutines call AwaitSyncs.
 func (c *Checker) WaitSyncs(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
+	if err := c.AwaitSyncs(n, timeout); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// AwaitSyncs waits until the checker has received n Syncs in all, and
+// returns an error after timeout. It is safe to call from any goroutine.
+func (c *Checker) AwaitSyncs(n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		syncs, _ := c.Rounds()
 		if syncs >= n {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %d Syncs, got %d; calls since the last take: %q", timeout, n, syncs, c.TakeCalls())
+			return fmt.Errorf("timed out after %v waiting for %d Syncs, got %d; calls since the last take: %q", timeout, n, syncs, c.TakeCalls())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -670,6 +670,7 @@ func WatchWithOptions(ctx context.Context, path string, interval time.Duration, 
 			klog.ErrorS(err, "Keeping the last good state")
 			logged = err.Error()
 		}
+		watchChecked(path, err)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -680,6 +681,11 @@ func WatchWithOptions(ctx context.Context, path string, interval time.Duration, 
 
 // parseWatched is ParseState, for Watch (tests count its calls).
 var parseWatched = ParseState
+
+// watchChecked is called by Watch after each check of the file at path,
+// with the check's error (nil: the state fed, or the file unchanged):
+// tests wait for checks with it instead of sleeping.
+var watchChecked = func(path string, err error) {}
 
 // settleDelay is how long a new content of a watched file must stay the
 // same before it is taken.

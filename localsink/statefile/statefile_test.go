@@ -247,11 +247,71 @@ func watchFile(t *testing.T, path string, interval time.Duration) *stateSink {
 	return rec
 }
 
+// checks counts the checks Watch makes of path, and their errors, for
+// the test: wait for some instead of sleeping.
+type checks struct {
+	mu   sync.Mutex
+	n    int
+	errs []error
+}
+
+// countChecks counts Watch's checks of path until the test ends.
+func countChecks(t *testing.T, path string) *checks {
+	c := &checks{}
+	saved := watchChecked
+	watchChecked = func(p string, err error) {
+		if p == path {
+			c.mu.Lock()
+			c.n++
+			if err != nil {
+				c.errs = append(c.errs, err)
+			}
+			c.mu.Unlock()
+		}
+		saved(p, err)
+	}
+	t.Cleanup(func() { watchChecked = saved })
+	return c
+}
+
+// count returns the number of checks so far.
+func (c *checks) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// wait waits until cond holds of the checks (n, errors), failing the test
+// after 10 s.
+func (c *checks) wait(t *testing.T, what string, cond func(n int, errs []error) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		ok := cond(c.n, c.errs)
+		c.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (%d checks)", what, c.count())
+		}
+	}
+}
+
+// after waits for n checks begun after now: n+1 ended (the one in
+// progress may have begun before).
+func (c *checks) after(t *testing.T, n int) {
+	t.Helper()
+	from := c.count()
+	c.wait(t, fmt.Sprintf("%d checks", n), func(got int, _ []error) bool { return got >= from+n+1 })
+}
+
 func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.yaml")
 	if err := Write(path, sample()); err != nil {
 		t.Fatal(err)
 	}
+	checks := countChecks(t, path)
 	rec := watchFile(t, path, 20*time.Millisecond)
 	if diff := cmp.Diff(sample(), rec.last(t, 1), equatePrefixes); diff != "" {
 		t.Errorf("first state (-want +got):\n%s", diff)
@@ -260,7 +320,9 @@ func TestWatchFollowsTheFileAndKeepsTheLastGoodState(t *testing.T) {
 	if err := os.WriteFile(path, []byte("- Service: {Namespace: a}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	checks.wait(t, "the check that rejects the broken file", func(_ int, errs []error) bool {
+		return len(errs) > 0 && strings.Contains(errs[len(errs)-1].Error(), "state file")
+	})
 	if n := rec.count(); n != 1 {
 		t.Errorf("a malformed file produced %d states, want the first one only", n)
 	}
@@ -288,13 +350,14 @@ func TestWatchReadsOnlyNewVersions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checks := countChecks(t, path)
 	rec := watchFile(t, path, 10*time.Millisecond)
 	rec.last(t, 1)
 	later := before.ModTime().Add(time.Hour)
 	if err := os.Chtimes(path, later, later); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	checks.after(t, 2)
 	if n := rec.count(); n != 1 {
 		t.Fatalf("a touched file produced %d states, want the first one only", n)
 	}
@@ -364,6 +427,7 @@ func TestWatchKeepsServingPastAHugeFile(t *testing.T) {
 	if err := Write(path, sample()); err != nil {
 		t.Fatal(err)
 	}
+	checks := countChecks(t, path)
 	rec := watchFile(t, path, 20*time.Millisecond)
 	rec.last(t, 1)
 
@@ -381,7 +445,7 @@ func TestWatchKeepsServingPastAHugeFile(t *testing.T) {
 	if err := os.Rename(huge, path); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // some 15 checks of the file
+	checks.after(t, 15)
 	runtime.ReadMemStats(&after)
 	if n := rec.count(); n != 1 {
 		t.Errorf("the 1 GiB file produced %d states, want the first one only", n)
@@ -574,6 +638,7 @@ func TestWatchParsesAMalformedVersionOnce(t *testing.T) {
 	if err := Write(path, sample()); err != nil {
 		t.Fatal(err)
 	}
+	checks := countChecks(t, path)
 	rec := watchFile(t, path, 10*time.Millisecond)
 	rec.last(t, 1)
 	good, err := os.ReadFile(path)
@@ -598,14 +663,14 @@ func TestWatchParsesAMalformedVersionOnce(t *testing.T) {
 	if n := parses.Load(); n != 2 {
 		t.Fatalf("%d parses, want 2: the good file, then the malformed one", n)
 	}
-	time.Sleep(300 * time.Millisecond) // some 30 checks
+	checks.after(t, 30)
 	later := time.Now().Add(time.Hour)
 	if err := os.Chtimes(path, later, later); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	checks.after(t, 2)
 	replace(malformed)
-	time.Sleep(100 * time.Millisecond)
+	checks.after(t, 2)
 	if n := parses.Load(); n != 2 {
 		t.Errorf("%d parses, want 2: the malformed file was parsed again (at every check, or touched, or copied)", n)
 	}

@@ -3,6 +3,8 @@ package app
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -84,9 +86,10 @@ func startKpng(t *testing.T, stdout *testio.SyncBuffer, args ...string) {
 	})
 }
 
-// jsonBackend runs kpng-json once against the controller at addr.
-func jsonBackend(t *testing.T, addr, node string) string {
-	t.Helper()
+// jsonBackend runs kpng-json once against the controller at addr. It
+// returns an error rather than failing the test: it runs in goroutines of
+// its own.
+func jsonBackend(addr, node string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, kpngBin, "--api="+addr, "--once")
@@ -94,9 +97,9 @@ func jsonBackend(t *testing.T, addr, node string) string {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("kpng-json --api=%s: %v\n%s", addr, err, stderr.String())
+		return "", fmt.Errorf("kpng-json --api=%s (node %s): %w\n%s", addr, node, err, stderr.String())
 	}
-	return stdout.String()
+	return stdout.String(), nil
 }
 
 // scrape returns the kpng_ samples of addr's /metrics, parsed with
@@ -130,18 +133,23 @@ func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 
 	var wg sync.WaitGroup
 	outs := map[string]string{}
+	var errs []error
 	var mu sync.Mutex
 	for _, node := range []string{"node-a", "node-b"} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out := jsonBackend(t, sock, node)
+			out, err := jsonBackend(sock, node)
 			mu.Lock()
 			outs[node] = out
+			errs = append(errs, err)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 	// node-a sees exactly what the in-process kpng-json prints for it.
 	if outs["node-a"] != golden(t) {
 		t.Errorf("kpng-json --api for node-a:\n%s\nwant the in-process output:\n%s", outs["node-a"], golden(t))
@@ -203,7 +211,11 @@ func TestToFileAndFileInputRoundTrip(t *testing.T) {
 	// ...and served to a backend, gives the in-process output.
 	sock := "unix://" + filepath.Join(dir, "kpng.sock")
 	startKpng(t, nil, "file", "--input="+recorded, "to-api", "--listen="+sock)
-	if out := jsonBackend(t, sock, "whatever"); out != golden(t) {
+	out, err := jsonBackend(sock, "whatever")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != golden(t) {
 		t.Errorf("kpng file to-api → kpng-json:\n%s\nwant:\n%s", out, golden(t))
 	}
 }

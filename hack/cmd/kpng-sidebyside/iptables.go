@@ -121,14 +121,24 @@ func (b *bench) bigPhase(r *result) error {
 		return err
 	}
 	ctx := context.Background()
+	// change returns the service and first endpoint of change i: each
+	// service is changed twice, its first endpoint replaced, then back.
+	change := func(i int) (svc int, addr netip.Addr) {
+		svc = b.cfg.small + (i/2*7919)%(b.cfg.services-b.cfg.small)
+		if i%2 == 1 {
+			return svc, endpointIP(svc, 0)
+		}
+		return svc, netip.AddrFrom4([4]byte{10, 254, byte(i / 250), byte(1 + i%250)})
+	}
 	for i := range b.cfg.changes {
 		// Let a minimum sync period run out, so that each change is
 		// measured alone.
 		time.Sleep(1500 * time.Millisecond)
-		// Each service is changed twice: its first endpoint replaced, then
-		// back.
-		svc := b.cfg.small + (i/2*7919)%(b.cfg.services-b.cfg.small)
-		alt := netip.AddrFrom4([4]byte{10, 254, byte(i / 250), byte(1 + i%250)})
+		svc, addr := change(i)
+		if err := b.checkChange(ctx, svc, addr); err != nil {
+			return fmt.Errorf("endpoint change %d: %w", i, err)
+		}
+		alt := addr
 		if i%2 == 1 {
 			alt = netip.Addr{}
 		}
@@ -143,6 +153,20 @@ func (b *bench) bigPhase(r *result) error {
 		r.changeAPI = append(r.changeAPI, ev.at.Sub(call))
 		r.changeSync = append(r.changeSync, ev.took)
 		r.changeBytes = append(r.changeBytes, n.restoreBytes(call, ev.at))
+	}
+	// After an odd number of changes the last one is not reverted yet:
+	// revert it (unmeasured), so that the next proxier starts from the
+	// same state and its last change is a change too.
+	if last := b.cfg.changes - 1; last%2 == 0 {
+		time.Sleep(1500 * time.Millisecond)
+		svc, _ := change(last)
+		call := time.Now()
+		if _, err := b.c.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.slice(svc, netip.Addr{}), metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("revert endpoint change %d: %w", last, err)
+		}
+		if _, err := p.waitSync(call, time.Minute); err != nil {
+			return fmt.Errorf("revert endpoint change %d: %w", last, err)
+		}
 	}
 	time.Sleep(1500 * time.Millisecond)
 	call := time.Now()

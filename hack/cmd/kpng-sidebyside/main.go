@@ -216,6 +216,22 @@ func (b *bench) slice(i int, alt netip.Addr) *discovery.EndpointSlice {
 
 func ptr[T any](v T) *T { return &v }
 
+// checkChange fails when writing addr as the first endpoint of service
+// i's slice would change nothing: the API server sends no event for such
+// an update, so no proxier would sync, and the wait for it would time
+// out as if the proxier were at fault. Called before a measured change
+// (it reads the slice).
+func (b *bench) checkChange(ctx context.Context, i int, addr netip.Addr) error {
+	s, err := b.c.DiscoveryV1().EndpointSlices(ns).Get(ctx, svcName(i)+"-1", metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read the slice of %s: %w", svcName(i), err)
+	}
+	if len(s.Endpoints) > 0 && slices.Equal(s.Endpoints[0].Addresses, []string{addr.String()}) {
+		return fmt.Errorf("%s's first endpoint is %s already: no change to measure", svcName(i), addr)
+	}
+	return nil
+}
+
 // createService creates service i and its slice.
 func (b *bench) createService(ctx context.Context, i int) error {
 	svc := &v1.Service{

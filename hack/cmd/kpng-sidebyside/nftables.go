@@ -119,14 +119,21 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 	if proxier == "kube-proxy" && cfg.kubeProxyChanges >= 0 {
 		changes = cfg.kubeProxyChanges
 	}
+	// change returns the service and first endpoint of change i: each
+	// service is changed twice, its first endpoint replaced by an address
+	// never used before, then back.
+	change := func(i int) (svc int, addr netip.Addr) {
+		svc = (i / 2 * 7919) % cfg.services
+		if i%2 == 1 {
+			return svc, endpointIP(svc, 0)
+		}
+		return svc, netip.AddrFrom4([4]byte{10, 254, byte(i / 2 / 250), byte(1 + i/2%250)})
+	}
 	for i := range changes {
 		time.Sleep(cfg.quiet)
-		// Each service is changed twice: its first endpoint replaced by
-		// an address never used before, then back.
-		svc := (i / 2 * 7919) % cfg.services
-		addr := netip.AddrFrom4([4]byte{10, 254, byte(i / 2 / 250), byte(1 + i/2%250)})
-		if i%2 == 1 {
-			addr = endpointIP(svc, 0)
+		svc, addr := change(i)
+		if err := b.checkChange(ctx, svc, addr); err != nil {
+			return nil, fmt.Errorf("endpoint change %d: %w", i, err)
 		}
 		slice := b.slice(svc, addr)
 		want := endpointValue(addr, endpointPort)
@@ -158,6 +165,21 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 		if (i+1)%50 == 0 || i+1 == changes {
 			logf("%s: %d changes, API call → element in the kernel: median %s, last %s", proxier, i+1,
 				median(r.seenTimes()).Round(10*time.Microsecond), c.seen.Sub(c.call).Round(10*time.Microsecond))
+		}
+	}
+	// After an odd number of changes the last one is not reverted yet:
+	// revert it (unmeasured), so that the next proxier starts from the
+	// same state and its last change is a change too.
+	if last := changes - 1; last%2 == 0 {
+		time.Sleep(cfg.quiet)
+		svc, addr := change(last + 1)
+		mon.drain()
+		call := time.Now()
+		if _, err := b.c.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.slice(svc, addr), metav1.UpdateOptions{}); err != nil {
+			return nil, fmt.Errorf("revert endpoint change %d: %w", last, err)
+		}
+		if _, err := mon.wait(endpointValue(addr, endpointPort), call, cfg.changeTimeout); err != nil {
+			logf("%s: the revert of endpoint change %d not seen: %v", proxier, last, err)
 		}
 	}
 	r.rssKiB, r.hwmKiB = memory(p.cmd.Process.Pid)
