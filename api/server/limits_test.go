@@ -203,7 +203,11 @@ func (rawCodec) Name() string                       { return "proto" }
 // does not grow with them, and a good backend keeps getting changes.
 func TestGarbageAndUncertifiedClients(t *testing.T) {
 	certs := writeCerts(t)
-	s := startServer(t, server.ListenConfig{Address: "127.0.0.1:0", TLSCert: certs.serverCert, TLSKey: certs.serverKey, TLSClientCA: certs.ca}, 0)
+	// No per-client limit: the 100 connections from loopback must reach
+	// the garbage and handshake paths, not be closed on accept
+	// (TestConnectionsPerClientAndInAllAreLimited checks that limit).
+	s := startServer(t, server.ListenConfig{Address: "127.0.0.1:0", TLSCert: certs.serverCert, TLSKey: certs.serverKey, TLSClientCA: certs.ca,
+		Limits: server.Limits{MaxConnectionsPerClient: -1}}, 0)
 	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.1", "node-a"))})
 	good := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey})
 	good.WaitSyncs(t, 1, 20*time.Second)
