@@ -80,15 +80,18 @@ apiserver_configmap() {
     --dry-run=client -o yaml | kpngc_kubectl apply -f - >/dev/null
 }
 
-# kube_proxy MODE starts kube-proxy in MODE on each node.
+# kube_proxy MODE starts kube-proxy in MODE on each node, with its
+# defaults but one: the conntrack table's size (nf_conntrack_max) is the
+# machine's, not a node's, and is left alone. Its TCP timeouts
+# (established 24 h, close-wait 1 h) are per network namespace: set, as a
+# user's kube-proxy sets them (Kubernetes' e2e tests check close-wait).
 kube_proxy() {
   local node
   for node in "${KPNGC_NODES[@]}"; do
     kpngc_start "proxier-kube-proxy-${node}" "${node}" "${KPNGC_BIN}/kube-proxy" \
       --kubeconfig="${KPNGC_DIR}/pki/kube-proxy.kubeconfig" --hostname-override="${node}" \
       --proxy-mode="$1" --cluster-cidr="${KPNGC_CLUSTER_CIDR}" \
-      --conntrack-max-per-core=0 --conntrack-tcp-timeout-established=0 \
-      --conntrack-tcp-timeout-close-wait=0
+      --conntrack-max-per-core=0
   done
   for node in "${KPNGC_NODES[@]}"; do
     kpngc_wait "kube-proxy on ${node}" 60 kpngc_in "${node}" curl -sf "http://127.0.0.1:10256/healthz"
