@@ -260,6 +260,33 @@ func TestSelectionByServiceProxyName(t *testing.T) {
 	unnamed.waitFor(t, "service c gone from the unlabelled view", absent(ns, "c"))
 }
 
+// TestHeadlessLabelledSlicesAreLeftOut: an EndpointSlice labelled
+// service.kubernetes.io/headless is not programmed, as kube-proxy leaves
+// it out (Kubernetes' e2e test "Services should implement
+// service.kubernetes.io/headless" found kpng serving it); the label
+// removed, its endpoints come back.
+func TestHeadlessLabelledSlicesAreLeftOut(t *testing.T) {
+	cp.Require(t)
+	kc := kubetest.Client{T: t, C: cp.Client()}
+	ns := kubetest.Namespace(t, cp.Client())
+	name := kubetest.UniqueName("headless")
+	svc := kc.CreateService(kubetest.Service(ns, "web", name))
+	sl := kc.CreateSlice(kubetest.Slice(svc, "web-1", kubetest.EP{IP: "10.4.0.1"}))
+	r := startWatcher(t, watcher.Config{ServiceProxyName: name})
+	r.waitFor(t, "the slice's endpoint", hasEndpoints(ns, "web", "10.4.0.1"))
+
+	sl.Labels[watcher.HeadlessLabel] = ""
+	sl = kc.UpdateSlice(sl)
+	r.waitFor(t, "no endpoints once the slice is labelled headless", func(s []*model.ServiceEndpoints) bool {
+		se := find(s, ns, "web")
+		return se != nil && len(se.Endpoints) == 0
+	})
+
+	delete(sl.Labels, watcher.HeadlessLabel)
+	kc.UpdateSlice(sl)
+	r.waitFor(t, "the endpoint back once the label is gone", hasEndpoints(ns, "web", "10.4.0.1"))
+}
+
 func TestUpdatesAndDeletionsPropagate(t *testing.T) {
 	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}

@@ -7,7 +7,9 @@
 // without that label (what kube-proxy handles). Both Services and
 // EndpointSlices are filtered on the API server with the same label selector,
 // which relies on the EndpointSlice controller (and the mirroring controller)
-// copying a Service's labels onto the slices it manages. EndpointSlices
+// copying a Service's labels onto the slices it manages; EndpointSlices
+// labelled service.kubernetes.io/headless are left out, as kube-proxy
+// leaves them out. EndpointSlices
 // written by other controllers must carry the label themselves; the watcher
 // deliberately does not watch every slice in the cluster to find unlabelled
 // ones, because a specialized proxier handling ten services would then hold
@@ -51,6 +53,12 @@ import (
 // ServiceProxyNameLabel is the label that hands a Service to a specialized
 // proxier instead of kube-proxy.
 const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
+
+// HeadlessLabel marks EndpointSlices that no proxier programs: kube-proxy
+// (and so the watcher) leaves out the slices that carry it, whatever its
+// value, as it does those of headless Services (the EndpointSlice
+// controller sets it on theirs; anyone may set it on a slice they write).
+const HeadlessLabel = "service.kubernetes.io/headless"
 
 // DefaultMinSyncInterval is the default minimum time between two deliveries.
 const DefaultMinSyncInterval = 20 * time.Millisecond
@@ -152,7 +160,8 @@ func New(cfg Config) (*Watcher, error) {
 	}, nil
 }
 
-// Selector returns the label selector used for Services and EndpointSlices.
+// Selector returns the label selector used for Services and EndpointSlices
+// (which must also not carry HeadlessLabel).
 func (w *Watcher) Selector() string { return w.selector }
 
 // Run watches until ctx is done, feeding sink through a localsink.Feeder.
@@ -175,9 +184,10 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	// What the watcher does not read is dropped from the caches (compact).
 	strip := (&compactor{}).compact
 	byLabel := func(o *metav1.ListOptions) { o.LabelSelector = w.selector }
+	slicesByLabel := func(o *metav1.ListOptions) { o.LabelSelector = w.selector + ",!" + HeadlessLabel }
 	infs := &informers{client: w.cfg.Client}
 	svcInformer := infs.services(byLabel, strip)
-	sliceInformer := infs.endpointSlices(byLabel, strip)
+	sliceInformer := infs.endpointSlices(slicesByLabel, strip)
 	// The first state must hold everything the initial lists returned, so
 	// wait until each handler (not just each informer's store) has seen
 	// it: the registrations' HasSynced say so.
