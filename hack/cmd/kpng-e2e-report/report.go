@@ -241,6 +241,20 @@ func Table(runs []*Run) string {
 		fmt.Fprintf(&b, " %d passed, %d failed, %d skipped |", r.Count(Passed), r.Count(Failed), r.Count(Skipped))
 	}
 	b.WriteString("\n")
+	// Why the suite skipped what it skipped (the first run's reason).
+	var why strings.Builder
+	for _, name := range names {
+		for _, r := range runs {
+			if res := r.Results[name]; res.State == Skipped {
+				fmt.Fprintf(&why, "| %s | %s |\n", escape(strings.TrimPrefix(name, "[sig-network] ")), escape(res.Message))
+				break
+			}
+		}
+	}
+	if why.Len() > 0 {
+		b.WriteString("\n| Skipped by the suite itself | why |\n|---|---|\n")
+		b.WriteString(why.String())
+	}
 	return b.String()
 }
 

@@ -51,6 +51,7 @@ func TestSummaryTableAndCompare(t *testing.T) {
 		"| Services should preserve source pod IP for traffic thru service cluster IP [LinuxOnly] | passed 20s | failed 30.5s |",
 		"| Topology Hints should distribute endpoints evenly | skipped | skipped |",
 		"| Totals | 2 passed, 0 failed, 1 skipped | 1 passed, 1 failed, 1 skipped |",
+		"| Topology Hints should distribute endpoints evenly | requires 3 zones |",
 	} {
 		if !strings.Contains(table, line+"\n") {
 			t.Errorf("table has no line %q:\n%s", line, table)
