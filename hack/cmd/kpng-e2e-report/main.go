@@ -6,7 +6,9 @@
 //	    suite itself, with the failed tests' names after it;
 //	kpng-e2e-report --table DIR...
 //	    a Markdown table of every test that ran with any of the proxiers:
-//	    its result and duration with each (docs/e2e.md);
+//	    its result and duration with each (docs/e2e.md), then the figures
+//	    the suite gives: the "Service endpoints latency" percentiles and
+//	    the time the tests every proxier passed took with each;
 //	kpng-e2e-report --compare BASE DIR
 //	    the tests that passed with BASE's proxier and not with DIR's;
 //	    exits 1 when there is one (make e2e-compare).
@@ -23,6 +25,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 func main() {
@@ -69,8 +72,10 @@ func run(w io.Writer, summary, table, compare bool, dirs []string) error {
 		if len(runs) == 0 {
 			return errors.New("--table takes one directory or more")
 		}
-		_, err := io.WriteString(w, Table(runs))
-		return err
+		if _, err := io.WriteString(w, Table(runs)); err != nil {
+			return err
+		}
+		return writeFigures(w, runs, dirs)
 	default:
 		if len(runs) != 2 {
 			return errors.New("--compare takes two directories: the base proxier's, then the other's")
@@ -95,4 +100,39 @@ func proxierOf(dir string) string {
 		}
 	}
 	return filepath.Base(filepath.Clean(dir))
+}
+
+// writeFigures writes the figures of the runs under their table.
+func writeFigures(w io.Writer, runs []*Run, dirs []string) error {
+	fmt.Fprintf(w, "\n| Figure |")
+	for _, r := range runs {
+		fmt.Fprintf(w, " %s |", r.Proxier)
+	}
+	fmt.Fprintf(w, "\n|---|")
+	for range runs {
+		fmt.Fprint(w, "---|")
+	}
+	fmt.Fprintln(w)
+	for _, p := range []string{"p50", "p90", "p99"} {
+		fmt.Fprintf(w, "| Service endpoints latency, %s (the control plane's) |", p)
+		for _, dir := range dirs {
+			lat, err := EndpointsLatency(dir)
+			if err != nil {
+				return err
+			}
+			if d, ok := lat[p]; ok {
+				fmt.Fprintf(w, " %s |", d.Round(time.Millisecond))
+			} else {
+				fmt.Fprint(w, " – |")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	n, sums := BothPassedTime(runs)
+	fmt.Fprintf(w, "| the %d tests every proxier passed, their time summed |", n)
+	for _, d := range sums {
+		fmt.Fprintf(w, " %s |", d.Round(time.Second))
+	}
+	_, err := fmt.Fprintln(w)
+	return err
 }

@@ -17,10 +17,10 @@ func TestLoadReadsGinkgoJUnit(t *testing.T) {
 		t.Errorf("proxier %q, want kpng-nft (from the proxier file)", r.Proxier)
 	}
 	want := map[string]Result{
-		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                        {State: Passed, Duration: 12250 * time.Millisecond},
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                         {State: Passed, Duration: 12250 * time.Millisecond},
 		"[sig-network] Services should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]": {State: Failed, Duration: 30500 * time.Millisecond, Message: "[FAILED] source IP was 10.244.1.1, not the pod's"},
-		"[sig-network] Topology Hints should distribute endpoints evenly":                                     {State: Skipped, Duration: 1500 * time.Millisecond, Message: "requires 3 zones"},
-		"[sig-storage] Volumes should work":                                                                   {State: Filtered},
+		"[sig-network] Topology Hints should distribute endpoints evenly":                                      {State: Skipped, Duration: 1500 * time.Millisecond, Message: "requires 3 zones"},
+		"[sig-storage] Volumes should work":                                                                    {State: Filtered},
 	}
 	if len(r.Results) != len(want) {
 		t.Errorf("%d results, want %d (the suite's own nodes left out): %v", len(r.Results), len(want), r.Results)
@@ -52,6 +52,9 @@ func TestSummaryTableAndCompare(t *testing.T) {
 		"| Topology Hints should distribute endpoints evenly | skipped | skipped |",
 		"| Totals | 2 passed, 0 failed, 1 skipped | 1 passed, 1 failed, 1 skipped |",
 		"| Topology Hints should distribute endpoints evenly | requires 3 zones |",
+		"| Service endpoints latency, p50 (the control plane's) | – | 992ms |",
+		"| Service endpoints latency, p99 (the control plane's) | – | 2.005s |",
+		"| the 1 tests every proxier passed, their time summed | 12s | 12s |",
 	} {
 		if !strings.Contains(table, line+"\n") {
 			t.Errorf("table has no line %q:\n%s", line, table)
