@@ -45,14 +45,7 @@ func startServerWith(t *testing.T, cfg server.ListenConfig, o server.Options) *t
 // server's) and returns the first batch received, or the stream's error.
 func firstBatch(t *testing.T, cfg remote.Config, node string) (*kpngv1.Batch, error) {
 	t.Helper()
-	target, opts, err := cfg.DialOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, cfg)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -253,14 +253,7 @@ func TestFirstStatesAreSentAFewAtATime(t *testing.T) {
 // dialUnix returns a gRPC connection to the unix socket address addr.
 func dialUnix(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	target, opts, err := remote.Config{Address: addr}.DialOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, remote.Config{Address: addr})
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
@@ -274,14 +267,7 @@ func TestStreamsPerNodeAreLimited(t *testing.T) {
 	certs := writeCerts(t)
 	s := tlsServer(t, certs, server.Options{MaxStreamsPerNode: 2})
 	nodeA := remote.Config{Address: s.addr, TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey}
-	target, opts, err := nodeA.DialOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, nodeA)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -293,7 +279,7 @@ func TestStreamsPerNodeAreLimited(t *testing.T) {
 	if _, err := watchFirst(ctx, conn, ""); err != nil {
 		t.Fatal(err)
 	}
-	_, err = watchFirst(ctx, conn, "node-a")
+	_, err := watchFirst(ctx, conn, "node-a")
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), `node "node-a" already has 2 streams`) {
 		t.Errorf("a third stream of node-a: %v, want ResourceExhausted naming the node", err)
 	}

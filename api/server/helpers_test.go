@@ -153,3 +153,18 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 		t.Fatal(fmt.Errorf("write %s: %w", path, err))
 	}
 }
+
+// dial opens a gRPC connection to the server as cfg's client would (the
+// caller closes it).
+func dial(t *testing.T, cfg remote.Config) *grpc.ClientConn {
+	t.Helper()
+	target, opts, err := cfg.DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}

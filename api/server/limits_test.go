@@ -104,14 +104,7 @@ func TestOversizeServiceIsReported(t *testing.T) {
 func TestRequestPastTheSizeLimit(t *testing.T) {
 	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
 	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.2", "node-a"))})
-	target, opts, err := remote.Config{Address: s.addr}.DialOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, remote.Config{Address: s.addr})
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -140,14 +133,7 @@ func TestNodeNameIsLoggedBoundedOnOneLine(t *testing.T) {
 	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
 	s.feed([]*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.2", "node-a"))})
 	node := "node-a\nE1127 00:00:00.000000       1 forged.go:1] \"Forged record\"\n" + strings.Repeat("x", 150)
-	target, opts, err := remote.Config{Address: s.addr}.DialOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, remote.Config{Address: s.addr})
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

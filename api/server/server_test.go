@@ -63,14 +63,7 @@ func TestEachBackendSeesItsNode(t *testing.T) {
 // rawWatch opens a Watch stream and returns a channel of its batches.
 func rawWatch(t *testing.T, addr, node string) <-chan *kpngv1.Batch {
 	t.Helper()
-	target, opts, err := remote.Config{Address: addr}.DialOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dial(t, remote.Config{Address: addr})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); conn.Close() })
 	stream, err := kpngv1.NewControllerClient(conn).Watch(ctx, &kpngv1.WatchRequest{NodeName: node})
