@@ -126,7 +126,11 @@ func measure(ctx context.Context, cfg config) error {
 	fmt.Print(res.details())
 	fmt.Println(res.closing())
 	if len(res.problems) > 0 {
-		for _, p := range res.problems {
+		for i, p := range res.problems {
+			if i == 20 {
+				fmt.Fprintf(os.Stderr, "and %d more problems\n", len(res.problems)-i)
+				break
+			}
 			fmt.Fprintln(os.Stderr, "problem:", p)
 		}
 		return fmt.Errorf("%d checks failed", len(res.problems))
