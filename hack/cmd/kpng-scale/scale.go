@@ -208,15 +208,31 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		wg.Go(func() { b.watch(bctx, c) })
 	}
 	deadline := time.After(cfg.firstStateTimeout)
+	progress := time.NewTicker(30 * time.Second)
+	defer progress.Stop()
 	for n, b := range backends {
-		select {
-		case <-b.firstState:
-		case <-deadline:
-			return res, fmt.Errorf("%d of %d backends hold their first state after %s", n, cfg.nodes, cfg.firstStateTimeout)
-		case <-ctl.exited:
-			return res, fmt.Errorf("the controller exited: %s", ctl.tail())
-		case <-ctx.Done():
-			return res, ctx.Err()
+		for held := false; !held; {
+			select {
+			case <-b.firstState:
+				held = true
+			case <-progress.C:
+				count := 0
+				for _, b := range backends {
+					select {
+					case <-b.firstState:
+						count++
+					default:
+					}
+				}
+				rss, _ := ctl.rss()
+				cfg.logf("%d of %d backends hold their first state after %.0f s; controller RSS %.0f MiB, CPU %.0f s", count, cfg.nodes, time.Since(opened).Seconds(), rss, ctl.cpu()-cpu0)
+			case <-deadline:
+				return res, fmt.Errorf("%d of %d backends hold their first state after %s", n, cfg.nodes, cfg.firstStateTimeout)
+			case <-ctl.exited:
+				return res, fmt.Errorf("the controller exited: %s", ctl.tail())
+			case <-ctx.Done():
+				return res, ctx.Err()
+			}
 		}
 		if !b.synced {
 			return res, fmt.Errorf("backend %s: no first state: %w", b.name, b.err)
