@@ -68,6 +68,8 @@ func main() {
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")
 	flag.DurationVar(&cfg.firstStateTimeout, "first-state-timeout", 30*time.Minute, "how long the controller may take to hold the state, and the backends their first states")
 	flag.DurationVar(&cfg.changeTimeout, "change-timeout", time.Minute, "how long a change may take to reach every backend")
+	flag.Float64Var(&cfg.maxRSS, "max-rss-mib", 12288, "stop when the controller's RSS passes this (MiB; 0: no limit)")
+	flag.Float64Var(&cfg.minAvailable, "min-available-mib", 4096, "stop when the machine's MemAvailable falls below this (MiB; 0: no floor)")
 	flag.Parse()
 	if *kpng == "" || cfg.nodes < 1 || cfg.services < 1 || cfg.endpoints < 1 || cfg.endpoints > 254 || cfg.services > 62500 ||
 		cfg.changes < 1 || cfg.streamsPerConn < 1 {

@@ -41,6 +41,10 @@ type config struct {
 	profile bool
 	// firstStateTimeout bounds the first states; changeTimeout each change.
 	firstStateTimeout, changeTimeout time.Duration
+	// maxRSS stops the run (as failed, saying how far it got) when the
+	// controller's RSS passes it, in MiB; minAvailable when the machine's
+	// MemAvailable falls below it: the machine is shared.
+	maxRSS, minAvailable float64
 	// namespace of the objects.
 	namespace string
 	// createWorkers is how many API requests load the objects at once.
@@ -226,6 +230,10 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 				}
 				rss, _ := ctl.rss()
 				cfg.logf("%d of %d backends hold their first state after %.0f s; controller RSS %.0f MiB, CPU %.0f s", count, cfg.nodes, time.Since(opened).Seconds(), rss, ctl.cpu()-cpu0)
+				if avail := memAvailable(); (cfg.maxRSS > 0 && rss > cfg.maxRSS) || (cfg.minAvailable > 0 && avail > 0 && avail < cfg.minAvailable) {
+					return res, fmt.Errorf("stopped: the controller's RSS is %.0f MiB (limit %.0f), the machine's available memory %.0f MiB (floor %.0f); %d of %d backends held their first state after %.0f s",
+						rss, cfg.maxRSS, avail, cfg.minAvailable, count, cfg.nodes, time.Since(opened).Seconds())
+				}
 			case <-deadline:
 				return res, fmt.Errorf("%d of %d backends hold their first state after %s", n, cfg.nodes, cfg.firstStateTimeout)
 			case <-ctl.exited:
@@ -415,6 +423,21 @@ func (c *controller) rss() (rss, hwm float64) {
 		}
 	}
 	return rss, hwm
+}
+
+// memAvailable returns the machine's MemAvailable in MiB (0: unknown).
+func memAvailable() float64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kib, _ := strconv.ParseFloat(f[1], 64)
+			return kib / 1024
+		}
+	}
+	return 0
 }
 
 // cpu returns the controller's CPU time (user and system) in seconds.
