@@ -20,7 +20,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test e2e e2e-report lint cross fuzz bench reliability soak build generate check-generate image-binaries image-sizes image vulncheck
+.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test e2e e2e-report lint cross fuzz bench reliability soak scale-controller build generate check-generate image-binaries image-sizes image vulncheck
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -158,6 +158,20 @@ reliability:
 SOAK_FLAGS ?=
 soak: controlplane
 	bash hack/soak.sh $(SOAK_FLAGS)
+
+## scale-controller: `kpng kube … to-api` serving NODES node backends
+## (lightweight streams, one a node) the state of SERVICES services × 10
+## endpoints on the test control plane, then CHANGES EndpointSlice
+## changes: the time until all hold their first state, each change's
+## latency to the last backend, the controller's RSS and the bytes per
+## change and node, on one closing line (docs/benchmarks.md); with
+## PROFILE_DIR, the controller's profiles there. Runs at nice 10.
+NODES ?= 100
+SERVICES ?= 10000
+CHANGES ?= 100
+PROFILE_DIR ?=
+scale-controller: controlplane
+	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) PROFILE_DIR=$(PROFILE_DIR) bash hack/scale-controller.sh
 
 ## bench: the benchmarks recorded in docs/benchmarks.md.
 bench: controlplane

@@ -98,7 +98,7 @@ func Exec(ctx context.Context, args []string, stdout, stderr io.Writer, backends
 const topHelp = `kpng: the Kubernetes side of a service proxier.
 
 Usage:
-  kpng [klog flags] <input> [input flags] <output> [output flags]
+  kpng [klog flags] [--profiling-bind-address=ADDR] <input> [input flags] <output> [output flags]
   kpng version
 
 Inputs (where the state comes from):
@@ -123,6 +123,7 @@ Run "kpng <input> --help" and "kpng <input> <output> --help" for their flags.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, backends []Backend) error {
 	global := flag.NewFlagSet("kpng", flag.ContinueOnError)
 	klog.InitFlags(global)
+	profiling := global.String("profiling-bind-address", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) at this address, unauthenticated: for measurements (e.g. 127.0.0.1:10350; empty: not served)")
 	rest, err := parse(global, args, stderr, topHelp)
 	if err != nil {
 		return err
@@ -155,6 +156,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, backends 
 	}
 	out, err := bindOutput(fs.Name(), rest, stderr, backends, rest0 == "kube", env)
 	if err != nil {
+		return err
+	}
+	if err := serveProfiling(ctx, *profiling); err != nil {
 		return err
 	}
 	return start(ctx, out)

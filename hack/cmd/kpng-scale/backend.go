@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+)
+
+// The field numbers of api/kpngv1/kpng.proto the backends read.
+const (
+	batchOps = 1 // Batch.ops
+
+	opSetService  = 2 // Op.set_service
+	opSetEndpoint = 4 // Op.set_endpoint
+	opSync        = 6 // Op.sync
+
+	serviceNamespace = 1 // Service.namespace and ServiceKey.namespace
+	serviceName      = 2 // Service.name and ServiceKey.name
+
+	setEndpointService  = 1 // SetEndpoint.service
+	setEndpointKey      = 2 // SetEndpoint.key
+	setEndpointEndpoint = 3 // SetEndpoint.endpoint
+
+	endpointLocal = 2 // Endpoint.local
+	endpointReady = 3 // Endpoint.ready
+)
+
+// rawCodec hands a stream's messages to the backend as bytes: a backend
+// reads only the few fields it checks (protowire) instead of decoding
+// whole batches, so that thousands of them fit beside the controller on
+// one machine. It marshals the WatchRequest with proto.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
+	}
+	return proto.Marshal(m)
+}
+
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	b, ok := v.(*backend)
+	if !ok {
+		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
+	}
+	return b.scan(data)
+}
+
+// change is one EndpointSlice change of the run: endpoint key of service
+// name made not ready, which every backend must receive as a set_endpoint
+// of that endpoint, not ready.
+type change struct {
+	service, key string
+	// arrived counts the backends that hold the change; done is closed
+	// when all do; at[i] is when backend i got it (UnixNano, 0: not yet).
+	arrived atomic.Int32
+	done    chan struct{}
+	at      []int64
+}
+
+// backend is one lightweight node backend: a Watch stream as node name,
+// which counts the bytes it receives, checks its first state (the
+// services and endpoints of the run's namespace, and its Local endpoints)
+// and records when each change of the run reaches it (when the Sync that
+// ends its round arrives).
+type backend struct {
+	id        int
+	name      string
+	namespace string
+	changes   map[string]int // "service/key" → index in all
+	all       []*change
+	total     int // backends in the run
+
+	bytes atomic.Int64
+
+	// Read by the run after firstState is closed.
+	synced        bool
+	firstAt       time.Time
+	services      int // set_service ops of namespace in the first state
+	endpoints     int // set_endpoint ops of namespace in the first state
+	local         int // of which local
+	unexpected    int // set_endpoint ops after the first state that are no change of the run, or not as it made them
+	firstState    chan struct{}
+	pending       []int // changes seen in the round not yet ended
+	err           error
+	receivedAfter atomic.Int64 // changes received after the first state
+}
+
+// watch opens the stream on conn and reads it until ctx ends or it
+// fails; the error, if any, is in b.err.
+func (b *backend) watch(ctx context.Context, conn *grpc.ClientConn) {
+	b.err = b.read(ctx, conn)
+	if !b.synced {
+		close(b.firstState)
+	}
+}
+
+func (b *backend) read(ctx context.Context, conn *grpc.ClientConn) error {
+	stream, err := conn.NewStream(ctx, &kpngv1.Controller_ServiceDesc.Streams[0], kpngv1.Controller_Watch_FullMethodName,
+		grpc.ForceCodec(rawCodec{}), grpc.MaxCallRecvMsgSize(kpngv1.MaxBatchSize))
+	if err != nil {
+		return fmt.Errorf("watch as %s: %w", b.name, err)
+	}
+	if err := stream.SendMsg(&kpngv1.WatchRequest{NodeName: b.name}); err != nil {
+		return fmt.Errorf("watch as %s: send the request: %w", b.name, err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		return fmt.Errorf("watch as %s: %w", b.name, err)
+	}
+	for {
+		if err := stream.RecvMsg(b); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch as %s: %w", b.name, err)
+		}
+	}
+}
+
+// errMalformed is a batch the backend cannot read.
+var errMalformed = errors.New("malformed batch")
+
+// scan reads one Batch.
+func (b *backend) scan(data []byte) error {
+	b.bytes.Add(int64(len(data)))
+	for len(data) > 0 {
+		num, typ, n := protowire.ConsumeTag(data)
+		if n < 0 {
+			return errMalformed
+		}
+		data = data[n:]
+		if num != batchOps || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
+				return errMalformed
+			}
+			data = data[n:]
+			continue
+		}
+		op, n := protowire.ConsumeBytes(data)
+		if n < 0 {
+			return errMalformed
+		}
+		data = data[n:]
+		if err := b.op(op); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fields calls f with each field of message m.
+func fields(m []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64)) error {
+	for len(m) > 0 {
+		num, typ, n := protowire.ConsumeTag(m)
+		if n < 0 {
+			return errMalformed
+		}
+		m = m[n:]
+		switch typ {
+		case protowire.BytesType:
+			v, n := protowire.ConsumeBytes(m)
+			if n < 0 {
+				return errMalformed
+			}
+			f(num, typ, v, 0)
+			m = m[n:]
+		case protowire.VarintType:
+			x, n := protowire.ConsumeVarint(m)
+			if n < 0 {
+				return errMalformed
+			}
+			f(num, typ, nil, x)
+			m = m[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, m)
+			if n < 0 {
+				return errMalformed
+			}
+			m = m[n:]
+		}
+	}
+	return nil
+}
+
+// op reads one Op.
+func (b *backend) op(op []byte) error {
+	var err error
+	perr := fields(op, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
+		switch num {
+		case opSetService:
+			if !b.synced {
+				var ns string
+				err = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
+					if num == serviceNamespace {
+						ns = string(v)
+					}
+				})
+				if ns == b.namespace {
+					b.services++
+				}
+			}
+		case opSetEndpoint:
+			err = b.setEndpoint(v)
+		case opSync:
+			b.sync()
+		}
+	})
+	if perr != nil {
+		return perr
+	}
+	return err
+}
+
+// setEndpoint reads one SetEndpoint.
+func (b *backend) setEndpoint(v []byte) error {
+	var ns, name, key string
+	var local, ready bool
+	err := fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
+		switch num {
+		case setEndpointService:
+			_ = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
+				switch num {
+				case serviceNamespace:
+					ns = string(v)
+				case serviceName:
+					name = string(v)
+				}
+			})
+		case setEndpointKey:
+			key = string(v)
+		case setEndpointEndpoint:
+			_ = fields(v, func(num protowire.Number, _ protowire.Type, _ []byte, x uint64) {
+				switch num {
+				case endpointLocal:
+					local = x != 0
+				case endpointReady:
+					ready = x != 0
+				}
+			})
+		}
+	})
+	if err != nil || ns != b.namespace {
+		return err
+	}
+	if !b.synced {
+		b.endpoints++
+		if local {
+			b.local++
+		}
+		return nil
+	}
+	i, ok := b.changes[name+"/"+key]
+	if !ok || ready {
+		b.unexpected++
+		return nil
+	}
+	b.pending = append(b.pending, i)
+	return nil
+}
+
+// sync ends a round: the first state, or changes.
+func (b *backend) sync() {
+	now := time.Now()
+	if !b.synced {
+		b.synced = true
+		b.firstAt = now
+		close(b.firstState)
+		return
+	}
+	for _, i := range b.pending {
+		c := b.all[i]
+		if c.at[b.id] != 0 {
+			continue
+		}
+		c.at[b.id] = now.UnixNano()
+		b.receivedAfter.Add(1)
+		if int(c.arrived.Add(1)) == b.total {
+			close(c.done)
+		}
+	}
+	b.pending = b.pending[:0]
+}

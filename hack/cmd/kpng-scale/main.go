@@ -1,0 +1,141 @@
+//go:build linux
+
+// Command kpng-scale measures a kpng controller (`kpng kube … to-api`, a
+// process of its own) serving many node backends, as issue 24 §2 asks:
+// it starts the test control plane (a real kube-apiserver and etcd),
+// creates --services Services with one EndpointSlice of --endpoints
+// endpoints each, spread over --nodes nodes (endpoint e of service i on
+// node-(i×endpoints+e mod nodes), so that every node's view differs by its
+// Local endpoints), starts the controller on a unix socket (no per-client
+// connection limit; --max-streams-per-node=-1, the other limits at their
+// defaults unless --to-api-flags says otherwise), waits until it holds
+// the state, then opens one lightweight Watch stream per node
+// (node-00000 …, --streams-per-conn to a connection) that counts the
+// bytes it receives and reads only the fields it checks. It measures:
+//
+//   - first_state_all_s: from the streams opening to the last holding its
+//     first state; each first state is checked (every service and endpoint,
+//     and the node's own Local endpoints);
+//   - change_p50_ms, change_p99_ms: --changes EndpointSlice updates (an
+//     endpoint made not ready, one service each, one at a time), each from
+//     the API call to the last backend holding it (the Sync ending its
+//     round); also from the first backend to the last (the controller's
+//     fan-out after it has the round);
+//   - controller_rss_mib: the controller's peak RSS (VmHWM of
+//     /proc/PID/status), and its RSS at each step;
+//   - bytes_per_change_per_node: the bytes of the batches (the protobuf
+//     messages, without gRPC's and HTTP/2's framing) the backends received
+//     during the changes, per change and backend.
+//
+// It prints those on a closing line:
+//
+//	nodes=N services=S first_state_all_s=… change_p50_ms=… change_p99_ms=… controller_rss_mib=… bytes_per_change_per_node=…
+//
+// With --profile, the controller serves Go's profiles
+// (--profiling-bind-address) and the tool saves, in --dir, CPU profiles
+// of the first states and of the changes (up to 25 s each), the heap
+// after the first states and the allocations at the end (go tool pprof).
+// It exits non-zero when a check failed. hack/scale-controller.sh (make
+// scale-controller) builds kpng and runs it; docs/benchmarks.md records
+// the results.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kpng/internal/controlplane"
+)
+
+func main() {
+	cfg := config{endpoints: 10, createWorkers: 16, namespace: "scale", logf: logf}
+	kpng := flag.String("kpng", "", "the kpng binary")
+	toAPI := flag.String("to-api-flags", "", "more flags of to-api, space-separated (e.g. --max-concurrent-first-states=8)")
+	flag.IntVar(&cfg.nodes, "nodes", 100, "node backends")
+	flag.IntVar(&cfg.services, "services", 10000, "services")
+	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints a service")
+	flag.IntVar(&cfg.changes, "changes", 100, "EndpointSlice changes, one at a time (at most --services)")
+	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
+	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
+	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")
+	flag.DurationVar(&cfg.firstStateTimeout, "first-state-timeout", 30*time.Minute, "how long the controller may take to hold the state, and the backends their first states")
+	flag.DurationVar(&cfg.changeTimeout, "change-timeout", time.Minute, "how long a change may take to reach every backend")
+	flag.Float64Var(&cfg.maxRSS, "max-rss-mib", 12288, "stop when the controller's RSS passes this (MiB; 0: no limit)")
+	flag.Float64Var(&cfg.minAvailable, "min-available-mib", 4096, "stop when the machine's MemAvailable falls below this (MiB; 0: no floor)")
+	flag.Parse()
+	if *kpng == "" || cfg.nodes < 1 || cfg.services < 1 || cfg.endpoints < 1 || cfg.endpoints > 254 || cfg.services > 62500 ||
+		cfg.changes < 1 || cfg.streamsPerConn < 1 {
+		fmt.Fprintln(os.Stderr, "usage: kpng-scale --kpng=PATH [--nodes=N] [--services=S] [--changes=K] [--profile --dir=DIR] (services ≤ 62500, endpoints 1…254)")
+		os.Exit(2)
+	}
+	cfg.kpng = []string{*kpng}
+	cfg.toAPIFlags = strings.Fields(*toAPI)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := measure(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "kpng-scale:", err)
+		os.Exit(1)
+	}
+}
+
+// logf prints progress on stderr.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, args...)...)
+}
+
+// measure starts the control plane and runs.
+func measure(ctx context.Context, cfg config) error {
+	dir := os.Getenv("KPNG_CONTROLPLANE_DIR")
+	if dir == "" {
+		return fmt.Errorf("KPNG_CONTROLPLANE_DIR is not set (hack/scale-controller.sh sets it)")
+	}
+	if cfg.dir == "" {
+		d, err := os.MkdirTemp("", "kpng-scale-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		cfg.dir = d
+	} else if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
+		return fmt.Errorf("--dir: %w", err)
+	}
+	logf("starting the control plane")
+	cp, err := controlplane.Start(controlplane.WithBinaryDir(dir))
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	defer cp.Stop()
+	// Loading 20,000 objects at the default 50 requests a second would
+	// take minutes.
+	rc := cp.RESTConfig()
+	rc.QPS, rc.Burst = 2000, 4000
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("API client: %w", err)
+	}
+	res, err := run(ctx, cfg, c, cp.KubeconfigPath())
+	if err != nil {
+		return err
+	}
+	fmt.Print(res.details())
+	fmt.Println(res.closing())
+	if len(res.problems) > 0 {
+		for i, p := range res.problems {
+			if i == 20 {
+				fmt.Fprintf(os.Stderr, "and %d more problems\n", len(res.problems)-i)
+				break
+			}
+			fmt.Fprintln(os.Stderr, "problem:", p)
+		}
+		return fmt.Errorf("%d checks failed", len(res.problems))
+	}
+	return nil
+}

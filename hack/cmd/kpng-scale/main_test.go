@@ -1,0 +1,137 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/cmd/kpng/app"
+	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/kubetest"
+)
+
+var cp *controlplane.ControlPlane
+
+// runKpngEnv makes the test binary run kpng (the controller the tool
+// starts) instead of the tests.
+const runKpngEnv = "KPNG_SCALE_TEST_RUN_KPNG=1"
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KPNG_SCALE_TEST_RUN_KPNG") == "1" {
+		os.Exit(app.Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	controlplane.Main(m, &cp)
+}
+
+// TestSmallRun runs the tool at 5 nodes and 20 services against the real
+// API server and a controller process: every backend must get its whole
+// first state with its own Local endpoints, and every change; nothing
+// else.
+func TestSmallRun(t *testing.T) {
+	cp.Require(t)
+	rc := cp.RESTConfig()
+	rc.QPS, rc.Burst = 500, 1000
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{
+		kpng: []string{os.Args[0]}, env: []string{runKpngEnv},
+		nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: 2,
+		dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
+		namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := run(ctx, cfg, c, cp.KubeconfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.problems) > 0 {
+		t.Fatalf("the run's checks failed:\n%v", res.problems)
+	}
+	if res.firstStateBytes == 0 || res.bytesPerChangePerNode == 0 || res.rssPeak == 0 {
+		t.Errorf("bytes or RSS not measured: %s", res.closing())
+	}
+	t.Log(res.closing())
+}
+
+// TestBackendChecks feeds a backend batches and checks what it counts: the
+// first state's services, endpoints and Local endpoints of its namespace
+// only, the changes of the run after it, and set_endpoint ops that are no
+// change of the run.
+func TestBackendChecks(t *testing.T) {
+	setEP := func(ns, name, ip string, local, ready bool) *kpngv1.Op {
+		return &kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
+			Service: &kpngv1.ServiceKey{Namespace: ns, Name: name}, Key: ip,
+			Endpoint: &kpngv1.Endpoint{Local: local, Ready: ready, Serving: true}}}}
+	}
+	sync := &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{}}}
+	first := &kpngv1.Batch{Ops: []*kpngv1.Op{
+		{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}},
+		{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "scale", Name: "s00000"}}},
+		setEP("scale", "s00000", "10.1.0.1", true, true),
+		setEP("scale", "s00000", "10.1.0.2", false, true),
+		{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "default", Name: "kubernetes"}}},
+		setEP("default", "kubernetes", "10.0.0.1", false, true),
+		sync,
+	}}
+	changes := []*change{
+		{service: "s00000", key: "10.1.0.2", done: make(chan struct{}), at: make([]int64, 1)},
+		{service: "s00001", key: "10.1.1.1", done: make(chan struct{}), at: make([]int64, 1)},
+	}
+	b := &backend{name: "node-00000", namespace: "scale", all: changes, total: 1, firstState: make(chan struct{}),
+		changes: map[string]int{"s00000/10.1.0.2": 0, "s00001/10.1.1.1": 1}}
+	feed := func(batch *kpngv1.Batch) {
+		t.Helper()
+		data, err := proto.Marshal(batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := (rawCodec{}).Unmarshal(data, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	feed(first)
+	select {
+	case <-b.firstState:
+	default:
+		t.Fatal("no first state after a Sync")
+	}
+	got := []int{b.services, b.endpoints, b.local}
+	if diff := cmp.Diff([]int{1, 2, 1}, got); diff != "" {
+		t.Errorf("first state: services, endpoints, local (-want +got):\n%s", diff)
+	}
+	// Change 0 arrives, split over two batches; a ready endpoint is not
+	// change 1 (which makes it not ready), and another service's endpoint
+	// is no change at all.
+	feed(&kpngv1.Batch{Ops: []*kpngv1.Op{setEP("scale", "s00000", "10.1.0.2", false, false)}})
+	if b.receivedAfter.Load() != 0 {
+		t.Error("a change counted before the Sync ending its round")
+	}
+	feed(&kpngv1.Batch{Ops: []*kpngv1.Op{setEP("scale", "s00001", "10.1.1.1", false, true), setEP("scale", "s00002", "10.1.2.1", false, false), sync}})
+	select {
+	case <-changes[0].done:
+	default:
+		t.Error("change 0 not done")
+	}
+	select {
+	case <-changes[1].done:
+		t.Error("change 1 done by an endpoint made ready")
+	default:
+	}
+	if b.unexpected != 2 {
+		t.Errorf("%d unexpected set_endpoint ops, want 2", b.unexpected)
+	}
+	if err := (rawCodec{}).Unmarshal([]byte{0x0a, 0x05, 0x01}, b); err == nil {
+		t.Error("a truncated batch was read")
+	}
+}

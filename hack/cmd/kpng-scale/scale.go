@@ -1,0 +1,538 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kpng/client/remote"
+)
+
+// config is a run.
+type config struct {
+	// kpng is the controller's command (the kpng binary, or a test
+	// binary that runs kpng), env added to its environment.
+	kpng []string
+	env  []string
+	// toAPIFlags are more flags of to-api.
+	toAPIFlags []string
+
+	nodes, services, endpoints, changes int
+	// streamsPerConn is how many backends share a connection.
+	streamsPerConn int
+	// dir holds the socket, the controller's log and the profiles.
+	dir string
+	// profile: CPU profiles of the first states and of the changes, heap
+	// and allocation profiles after each phase, in dir.
+	profile bool
+	// firstStateTimeout bounds the first states; changeTimeout each change.
+	firstStateTimeout, changeTimeout time.Duration
+	// maxRSS stops the run (as failed, saying how far it got) when the
+	// controller's RSS passes it, in MiB; minAvailable when the machine's
+	// MemAvailable falls below it: the machine is shared.
+	maxRSS, minAvailable float64
+	// namespace of the objects.
+	namespace string
+	// createWorkers is how many API requests load the objects at once.
+	createWorkers int
+	logf          func(format string, args ...any)
+}
+
+// result is what a run measured.
+type result struct {
+	nodes, services int
+	// load is how long the objects took to create; ready how long the
+	// controller took to hold them (its first state, to a probe backend).
+	load, ready time.Duration
+	// firstStateAll is from the backends' streams opening to the last
+	// holding its first state.
+	firstStateAll time.Duration
+	// firstStateBytes is what each backend received with its first state,
+	// on average.
+	firstStateBytes float64
+	// changeP50, changeP99: from the API call to the last backend holding
+	// the change; spreadP50, spreadP99: from the first backend holding it
+	// to the last (the controller's fan-out once it has the round).
+	changeP50, changeP99, spreadP50, spreadP99 time.Duration
+	// bytesPerChangePerNode is what the backends received during the
+	// changes, per change and backend.
+	bytesPerChangePerNode float64
+	// The controller: peak RSS (VmHWM), RSS holding the state before the
+	// backends, after their first states, at the end; CPU seconds of the
+	// first states and per change.
+	rssPeak, rssIdle, rssFirst, rssEnd float64
+	cpuFirstState, cpuPerChange        float64
+	// problems are the checks that failed: a backend's first state
+	// without every service and endpoint or with the wrong Local
+	// endpoints, a change that did not reach every backend, a set_endpoint
+	// that is no change of the run.
+	problems []string
+}
+
+// closing is the closing line.
+func (r result) closing() string {
+	return fmt.Sprintf("nodes=%d services=%d first_state_all_s=%.1f change_p50_ms=%.1f change_p99_ms=%.1f controller_rss_mib=%.0f bytes_per_change_per_node=%.0f",
+		r.nodes, r.services, r.firstStateAll.Seconds(), ms(r.changeP50), ms(r.changeP99), r.rssPeak, r.bytesPerChangePerNode)
+}
+
+// details are the other figures, one a line.
+func (r result) details() string {
+	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
+first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend)
+changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change
+controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
+`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes),
+		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange,
+		r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// run loads the objects through c, starts the controller on kubeconfig,
+// opens the backends, makes the changes and measures.
+func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig string) (result, error) {
+	res := result{nodes: cfg.nodes, services: cfg.services}
+	if cfg.changes > cfg.services {
+		return res, fmt.Errorf("--changes=%d: at most one change a service (--services=%d)", cfg.changes, cfg.services)
+	}
+	w := &world{c: c, ns: cfg.namespace, services: cfg.services, endpoints: cfg.endpoints, nodes: cfg.nodes, logf: cfg.logf}
+	start := time.Now()
+	cfg.logf("loading %d services × %d endpoints over %d nodes", cfg.services, cfg.endpoints, cfg.nodes)
+	if err := w.create(ctx, cfg.createWorkers); err != nil {
+		return res, err
+	}
+	res.load = time.Since(start)
+
+	ctl, err := startController(ctx, cfg, kubeconfig)
+	if err != nil {
+		return res, err
+	}
+	defer ctl.stop()
+	cfg.logf("controller pid %d, log %s", ctl.cmd.Process.Pid, ctl.logPath)
+	target, opts, err := remote.Config{Address: "unix://" + ctl.socket}.DialOptions()
+	if err != nil {
+		return res, err
+	}
+
+	// The changes: change k makes endpoint k mod endpoints of service
+	// k*services/changes not ready.
+	all := make([]*change, cfg.changes)
+	index := map[string]int{}
+	for k := range all {
+		i := k * cfg.services / cfg.changes
+		all[k] = &change{service: svcName(i), key: endpointIP(i, k%cfg.endpoints), done: make(chan struct{}), at: make([]int64, cfg.nodes)}
+		index[all[k].service+"/"+all[k].key] = k
+	}
+	newBackend := func(id int, name string) *backend {
+		return &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{})}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bctx, stopBackends := context.WithCancel(ctx)
+	defer stopBackends()
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	dial := func() (*grpc.ClientConn, error) {
+		conn, err := grpc.NewClient(target, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("connect to %s: %w", ctl.socket, err)
+		}
+		conns = append(conns, conn)
+		return conn, nil
+	}
+
+	// The controller is ready when a probe backend holds every service.
+	probeConn, err := dial()
+	if err != nil {
+		return res, err
+	}
+	var probe *backend
+	for {
+		// The probe ends before the changes: it takes no part in them.
+		probe = newBackend(0, "scale-probe")
+		pctx, stopProbe := context.WithCancel(bctx)
+		done := make(chan struct{})
+		go func() { probe.watch(pctx, probeConn); close(done) }()
+		select {
+		case <-probe.firstState:
+		case <-ctl.exited:
+			stopProbe()
+			return res, fmt.Errorf("the controller exited: %s", ctl.tail())
+		case <-ctx.Done():
+			stopProbe()
+			return res, ctx.Err()
+		}
+		stopProbe()
+		<-done
+		if probe.synced && probe.services == cfg.services {
+			break
+		}
+		if time.Since(ctl.started) > cfg.firstStateTimeout {
+			return res, fmt.Errorf("the controller did not hold the %d services after %s (a probe got %d: %v)", cfg.services, cfg.firstStateTimeout, probe.services, probe.err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	res.ready = time.Since(ctl.started)
+	res.rssIdle, _ = ctl.rss()
+	cfg.logf("controller holds the state after %.1f s, RSS %.0f MiB; opening %d backends", res.ready.Seconds(), res.rssIdle, cfg.nodes)
+
+	// The backends.
+	backends := make([]*backend, cfg.nodes)
+	cpu0 := ctl.cpu()
+	opened := time.Now()
+	profiles := &profiler{cfg: cfg, addr: ctl.profiling}
+	profiles.cpu(ctx, "first-state", cfg.firstStateTimeout)
+	var conn *grpc.ClientConn
+	for n := range backends {
+		if n%cfg.streamsPerConn == 0 {
+			if conn, err = dial(); err != nil {
+				return res, err
+			}
+		}
+		b, c := newBackend(n, nodeName(n)), conn
+		backends[n] = b
+		wg.Go(func() { b.watch(bctx, c) })
+	}
+	deadline := time.After(cfg.firstStateTimeout)
+	progress := time.NewTicker(30 * time.Second)
+	defer progress.Stop()
+	for n, b := range backends {
+		for held := false; !held; {
+			select {
+			case <-b.firstState:
+				held = true
+			case <-progress.C:
+				count := 0
+				for _, b := range backends {
+					select {
+					case <-b.firstState:
+						count++
+					default:
+					}
+				}
+				rss, _ := ctl.rss()
+				cfg.logf("%d of %d backends hold their first state after %.0f s; controller RSS %.0f MiB, CPU %.0f s", count, cfg.nodes, time.Since(opened).Seconds(), rss, ctl.cpu()-cpu0)
+				if avail := memAvailable(); (cfg.maxRSS > 0 && rss > cfg.maxRSS) || (cfg.minAvailable > 0 && avail > 0 && avail < cfg.minAvailable) {
+					return res, fmt.Errorf("stopped: the controller's RSS is %.0f MiB (limit %.0f), the machine's available memory %.0f MiB (floor %.0f); %d of %d backends held their first state after %.0f s",
+						rss, cfg.maxRSS, avail, cfg.minAvailable, count, cfg.nodes, time.Since(opened).Seconds())
+				}
+			case <-deadline:
+				return res, fmt.Errorf("%d of %d backends hold their first state after %s", n, cfg.nodes, cfg.firstStateTimeout)
+			case <-ctl.exited:
+				return res, fmt.Errorf("the controller exited: %s", ctl.tail())
+			case <-ctx.Done():
+				return res, ctx.Err()
+			}
+		}
+		if !b.synced {
+			return res, fmt.Errorf("backend %s: no first state: %w", b.name, b.err)
+		}
+	}
+	var last time.Time
+	var firstBytes int64
+	for _, b := range backends {
+		if b.firstAt.After(last) {
+			last = b.firstAt
+		}
+		firstBytes += b.bytes.Load()
+		if b.services != cfg.services || b.endpoints != cfg.services*cfg.endpoints {
+			res.problems = append(res.problems, fmt.Sprintf("backend %s: first state with %d services and %d endpoints, want %d and %d", b.name, b.services, b.endpoints, cfg.services, cfg.services*cfg.endpoints))
+		}
+		if want := w.localEndpoints(b.id); b.local != want {
+			res.problems = append(res.problems, fmt.Sprintf("backend %s: %d local endpoints, want %d", b.name, b.local, want))
+		}
+	}
+	res.firstStateAll = last.Sub(opened)
+	res.firstStateBytes = float64(firstBytes) / float64(cfg.nodes)
+	res.cpuFirstState = ctl.cpu() - cpu0
+	res.rssFirst, _ = ctl.rss()
+	profiles.wait()
+	profiles.get(ctx, "heap?gc=1", "heap-after-first-state.pprof")
+	cfg.logf("all %d backends hold their first state after %.1f s (%.0f bytes each), RSS %.0f MiB", cfg.nodes, res.firstStateAll.Seconds(), res.firstStateBytes, res.rssFirst)
+
+	// The changes, one at a time.
+	var before int64
+	for _, b := range backends {
+		before += b.bytes.Load()
+	}
+	cpu0 = ctl.cpu()
+	profiles.cpu(ctx, "changes", time.Duration(cfg.changes)*time.Second)
+	lat := make([]time.Duration, 0, len(all))
+	spread := make([]time.Duration, 0, len(all))
+	for k, ch := range all {
+		i := k * cfg.services / cfg.changes
+		t0 := time.Now()
+		if err := w.makeNotReady(ctx, i, k%cfg.endpoints); err != nil {
+			return res, err
+		}
+		select {
+		case <-ch.done:
+			first, last := slices.Min(ch.at), slices.Max(ch.at)
+			lat = append(lat, time.Duration(last-t0.UnixNano()))
+			spread = append(spread, time.Duration(last-first))
+		case <-time.After(cfg.changeTimeout):
+			res.problems = append(res.problems, fmt.Sprintf("change %d (%s endpoint %s not ready): %d of %d backends hold it after %s", k, ch.service, ch.key, ch.arrived.Load(), cfg.nodes, cfg.changeTimeout))
+		case <-ctl.exited:
+			return res, fmt.Errorf("the controller exited: %s", ctl.tail())
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+	}
+	res.cpuPerChange = (ctl.cpu() - cpu0) / float64(len(all))
+	var after int64
+	for _, b := range backends {
+		after += b.bytes.Load()
+	}
+	res.bytesPerChangePerNode = float64(after-before) / float64(len(all)*cfg.nodes)
+	res.changeP50, res.changeP99 = quantile(lat, 0.5), quantile(lat, 0.99)
+	res.spreadP50, res.spreadP99 = quantile(spread, 0.5), quantile(spread, 0.99)
+	profiles.wait()
+	profiles.get(ctx, "allocs", "allocs.pprof")
+	res.rssEnd, res.rssPeak = ctl.rss()
+
+	stopBackends()
+	wg.Wait()
+	for _, b := range backends {
+		if b.unexpected > 0 {
+			res.problems = append(res.problems, fmt.Sprintf("backend %s: %d set_endpoint ops after its first state that are no change of the run", b.name, b.unexpected))
+		}
+		if b.err != nil {
+			res.problems = append(res.problems, b.err.Error())
+		}
+	}
+	if len(profiles.errs) > 0 {
+		res.problems = append(res.problems, profiles.errs...)
+	}
+	return res, nil
+}
+
+// quantile returns the q quantile of ds (nearest rank), 0 for none.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	k := int(q*float64(len(s))+0.999999) - 1
+	return s[max(0, min(k, len(s)-1))]
+}
+
+// controller is the running `kpng kube … to-api`.
+type controller struct {
+	cmd       *exec.Cmd
+	socket    string
+	profiling string // its --profiling-bind-address, "" when not profiled
+	logPath   string
+	started   time.Time
+	exited    chan struct{}
+}
+
+// startController starts the controller on a unix socket in cfg.dir
+// (no per-client connection limits), with no limit of streams per node,
+// its log in cfg.dir.
+func startController(ctx context.Context, cfg config, kubeconfig string) (*controller, error) {
+	ctl := &controller{socket: filepath.Join(cfg.dir, "kpng.sock"), logPath: filepath.Join(cfg.dir, "controller.log"), exited: make(chan struct{})}
+	args := slices.Clone(cfg.kpng[1:])
+	if cfg.profile {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ctl.profiling = "127.0.0.1:" + strconv.Itoa(port)
+		args = append(args, "--profiling-bind-address="+ctl.profiling)
+	}
+	args = append(args, "kube", "--kubeconfig="+kubeconfig, "--node-name=scale-controller",
+		"to-api", "--listen=unix://"+ctl.socket, "--max-streams-per-node=-1")
+	args = append(args, cfg.toAPIFlags...)
+	log, err := os.Create(ctl.logPath)
+	if err != nil {
+		return nil, fmt.Errorf("the controller's log: %w", err)
+	}
+	ctl.cmd = exec.Command(cfg.kpng[0], args...)
+	ctl.cmd.Env = append(os.Environ(), cfg.env...)
+	ctl.cmd.Stdout, ctl.cmd.Stderr = log, log
+	ctl.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := ctl.cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start the controller %s: %w", cfg.kpng[0], err)
+	}
+	ctl.started = time.Now()
+	go func() {
+		_ = ctl.cmd.Wait()
+		log.Close()
+		close(ctl.exited)
+	}()
+	return ctl, nil
+}
+
+// stop stops the controller: SIGTERM, then SIGKILL after 10 s.
+func (c *controller) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+}
+
+// tail returns the end of the controller's log.
+func (c *controller) tail() string {
+	b, _ := os.ReadFile(c.logPath)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// rss returns the controller's VmRSS and VmHWM in MiB.
+func (c *controller) rss() (rss, hwm float64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kib, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kib / 1024
+		case "VmHWM:":
+			hwm = kib / 1024
+		}
+	}
+	return rss, hwm
+}
+
+// memAvailable returns the machine's MemAvailable in MiB (0: unknown).
+func memAvailable() float64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kib, _ := strconv.ParseFloat(f[1], 64)
+			return kib / 1024
+		}
+	}
+	return 0
+}
+
+// cpu returns the controller's CPU time (user and system) in seconds.
+func (c *controller) cpu() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (in parentheses): utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second).
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100
+}
+
+// freePort returns a loopback TCP port free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// profiler takes the controller's profiles into cfg.dir when cfg.profile.
+type profiler struct {
+	cfg  config
+	addr string
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	errs []string
+}
+
+// maxCPUProfile is the longest CPU profile the controller's profiling
+// server answers (its write timeout is 30 s).
+const maxCPUProfile = 25 * time.Second
+
+// cpu takes a CPU profile of up to d (at most maxCPUProfile) in the
+// background, into name.cpu.pprof.
+func (p *profiler) cpu(ctx context.Context, name string, d time.Duration) {
+	if p.addr == "" {
+		return
+	}
+	secs := int(min(d, maxCPUProfile) / time.Second)
+	p.wg.Go(func() {
+		p.get(ctx, "profile?seconds="+strconv.Itoa(max(1, secs)), name+".cpu.pprof")
+	})
+}
+
+// wait waits for the CPU profile being taken.
+func (p *profiler) wait() { p.wg.Wait() }
+
+// get fetches /debug/pprof/path into file.
+func (p *profiler) get(ctx context.Context, path, file string) {
+	if p.addr == "" {
+		return
+	}
+	if err := p.fetch(ctx, path, file); err != nil {
+		p.mu.Lock()
+		p.errs = append(p.errs, err.Error())
+		p.mu.Unlock()
+	}
+}
+
+func (p *profiler) fetch(ctx context.Context, path, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/debug/pprof/"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1000))
+		return fmt.Errorf("profile %s: %s: %s", path, resp.Status, b)
+	}
+	f, err := os.Create(filepath.Join(p.cfg.dir, file))
+	if err != nil {
+		return fmt.Errorf("profile %s: %w", path, err)
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("profile %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("profile %s: %w", path, err)
+	}
+	p.cfg.logf("profile %s", filepath.Join(p.cfg.dir, file))
+	return nil
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kpng/internal/kubetest"
+)
+
+// world is the run's API objects: services s00000… of namespace ns, each
+// with one EndpointSlice of endpoints endpoints spread over nodes nodes
+// (endpoint e of service i is on node (i*endpoints+e) mod nodes).
+type world struct {
+	c                          kubernetes.Interface
+	ns                         string
+	services, endpoints, nodes int
+	logf                       func(format string, args ...any)
+}
+
+// svcName is the name of service i.
+func svcName(i int) string { return fmt.Sprintf("s%05d", i) }
+
+// nodeName is the name of node n.
+func nodeName(n int) string { return fmt.Sprintf("node-%05d", n) }
+
+// endpointIP is the address of endpoint e of service i (up to 62,500
+// services of up to 254 endpoints).
+func endpointIP(i, e int) string {
+	return fmt.Sprintf("10.%d.%d.%d", 1+i/250, i%250, 1+e)
+}
+
+// node returns the node index of endpoint e of service i.
+func (w *world) node(i, e int) int { return (i*w.endpoints + e) % w.nodes }
+
+// localEndpoints returns how many endpoints node n holds.
+func (w *world) localEndpoints(n int) int {
+	total := w.services * w.endpoints
+	k := total / w.nodes
+	if n < total%w.nodes {
+		k++
+	}
+	return k
+}
+
+// slice returns the EndpointSlice of service i, endpoint notReady (-1:
+// none) not ready, stamped with the trigger time now.
+func (w *world) slice(svc *v1.Service, i, notReady int, now time.Time) *discovery.EndpointSlice {
+	eps := make([]kubetest.EP, w.endpoints)
+	for e := range eps {
+		eps[e] = kubetest.EP{IP: endpointIP(i, e), Node: nodeName(w.node(i, e)), NotReady: e == notReady}
+	}
+	s := kubetest.Slice(svc, svcName(i)+"-1", eps...)
+	s.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: now.UTC().Format(time.RFC3339Nano)}
+	return s
+}
+
+// create creates the namespace, then the services and their slices with
+// workers concurrent requests.
+func (w *world) create(ctx context.Context, workers int) error {
+	if _, err := w.c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", w.ns, err)
+	}
+	next := make(chan int)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				svc := kubetest.Service(w.ns, svcName(i), "")
+				if _, err := w.c.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("create service %s/%s: %w", w.ns, svc.Name, err)
+					cancel()
+					return
+				}
+				s := w.slice(svc, i, -1, time.Now())
+				if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("create EndpointSlice %s/%s: %w", w.ns, s.Name, err)
+					cancel()
+					return
+				}
+			}
+		})
+	}
+loop:
+	for i := range w.services {
+		select {
+		case next <- i:
+			if i > 0 && i%2000 == 0 {
+				w.logf("%d services created", i)
+			}
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+// makeNotReady updates the slice of service i with endpoint e not ready.
+func (w *world) makeNotReady(ctx context.Context, i, e int) error {
+	svc := kubetest.Service(w.ns, svcName(i), "")
+	s := w.slice(svc, i, e, time.Now())
+	if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update EndpointSlice %s/%s: %w", w.ns, s.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The controller at scale (issue 24 §2, docs/benchmarks.md): builds kpng
+# and hack/cmd/kpng-scale, which starts the test control plane, loads
+# SERVICES services × 10 endpoints spread over NODES nodes, runs
+# `kpng kube … to-api` and NODES lightweight backends against it, makes
+# CHANGES EndpointSlice changes and prints the closing line
+#
+#   nodes=N services=S first_state_all_s=… change_p50_ms=… change_p99_ms=… controller_rss_mib=… bytes_per_change_per_node=…
+#
+#   hack/scale-controller.sh [kpng-scale flags]
+#
+# NODES (default 100), SERVICES (default 10000), CHANGES (default 100);
+# PROFILE_DIR, when set, keeps the controller's log and its profiles
+# there (--profile --dir). It raises the open-files limit (a connection a
+# backend) and runs at nice 10.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${root}"
+: "${KPNG_CONTROLPLANE_DIR:=$(bash hack/build-controlplane.sh | tail -n 1)}"
+export KPNG_CONTROLPLANE_DIR
+bin="$(mktemp -d)"
+trap 'rm -rf "${bin}"' EXIT
+go build -o "${bin}/kpng" ./cmd/kpng
+go build -o "${bin}/kpng-scale" ./hack/cmd/kpng-scale
+flags=(--nodes="${NODES:-100}" --services="${SERVICES:-10000}" --changes="${CHANGES:-100}")
+if [ -n "${PROFILE_DIR:-}" ]; then flags+=(--profile --dir="${PROFILE_DIR}"); fi
+ulimit -n "$(ulimit -Hn)"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version), $(date -u +%Y-%m-%dT%H:%MZ)" >&2
+nice -n 10 "${bin}/kpng-scale" --kpng="${bin}/kpng" "${flags[@]}" "$@"
