@@ -88,6 +88,11 @@ apiserver_configmap() {
 kube_proxy() {
   local node
   for node in "${KPNGC_NODES[@]}"; do
+    # What kube-proxy changes stays after it stops: saved, for
+    # stop_kube_proxy to put back, so that the next proxier starts from
+    # the node's own values.
+    kpngc_in "${node}" sysctl net.netfilter.nf_conntrack_tcp_timeout_established \
+      net.netfilter.nf_conntrack_tcp_timeout_close_wait | tr -d ' ' >"${KPNGC_DIR}/run/conntrack-${node}.saved"
     kpngc_start "proxier-kube-proxy-${node}" "${node}" "${KPNGC_BIN}/kube-proxy" \
       --kubeconfig="${KPNGC_DIR}/pki/kube-proxy.kubeconfig" --hostname-override="${node}" \
       --proxy-mode="$1" --cluster-cidr="${KPNGC_CLUSTER_CIDR}" \
@@ -106,6 +111,11 @@ stop_kube_proxy() {
     kpngc_stop "proxier-kube-proxy-${node}"
     kpngc_in "${node}" "${KPNGC_BIN}/kube-proxy" --cleanup >/dev/null 2>&1 ||
       kpngc_die "kube-proxy --cleanup on ${node} failed"
+    if [[ -s "${KPNGC_DIR}/run/conntrack-${node}.saved" ]]; then
+      xargs -r -a "${KPNGC_DIR}/run/conntrack-${node}.saved" nsenter --net="/run/netns/$(kpngc_netns "${node}")" -- sysctl -qw ||
+        kpngc_die "putting back ${node}'s conntrack timeouts failed"
+      rm -f "${KPNGC_DIR}/run/conntrack-${node}.saved"
+    fi
   done
 }
 
