@@ -34,7 +34,9 @@
 # With --with-e2e, also Kubernetes' own network e2e tests
 # (hack/tools/e2e, as e2e-network.test), the ginkgo program that runs them
 # in parallel, and regression-issue-74839 (the program of the conntrack
-# test's image), for make e2e (hack/e2e/run.sh).
+# test's image), for make e2e (hack/e2e/run.sh). Like every binary here it
+# is cached by the pinned versions only: after editing hack/tools/e2e,
+# delete e2e-network.test from the cache directory to rebuild it.
 #
 # Progress goes to stderr; the last line on stdout is the cache directory.
 # A cold build of kube-apiserver takes several minutes on a small machine.

@@ -51,11 +51,13 @@ fi
 rootfs_plus() {
   local name="$1" packages="$2" command="${3:-true}"
   local tar
-  tar="${KPNGC_CACHE}/rootfs-bookworm-${name}-$(echo "${packages}|${command}" | sha256sum | cut -c1-12).tar"
+  tar="${KPNGC_CACHE}/rootfs-bookworm-${name}-$(echo "${packages}|${command}|$(stat -c '%s %Y' "${rootfs}")" | sha256sum | cut -c1-12).tar"
   if [[ ! -s "${tar}" ]]; then
     kpngc_log "root filesystem with ${packages}: apt-get in a copy of the bookworm one (once)"
     local tmp
     tmp="$(mktemp -d "${KPNGC_CACHE}/rootfs.XXXXXX")"
+    # Never a root filesystem's copy left behind (this runs in $(...)).
+    trap 'rm -rf "${tmp}"' EXIT
     tar -C "${tmp}" -xf "${rootfs}"
     cp /etc/resolv.conf "${tmp}/etc/resolv.conf"
     chroot "${tmp}" /bin/sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${packages} && ${command}" \

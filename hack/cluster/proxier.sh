@@ -91,8 +91,10 @@ kube_proxy() {
     # What kube-proxy changes stays after it stops: saved, for
     # stop_kube_proxy to put back, so that the next proxier starts from
     # the node's own values.
+    # (Without the conntrack module loaded there is nothing to save.)
     kpngc_in "${node}" sysctl net.netfilter.nf_conntrack_tcp_timeout_established \
-      net.netfilter.nf_conntrack_tcp_timeout_close_wait | tr -d ' ' >"${KPNGC_DIR}/run/conntrack-${node}.saved"
+      net.netfilter.nf_conntrack_tcp_timeout_close_wait 2>/dev/null | tr -d ' ' >"${KPNGC_DIR}/run/conntrack-${node}.saved" ||
+      rm -f "${KPNGC_DIR}/run/conntrack-${node}.saved"
     kpngc_start "proxier-kube-proxy-${node}" "${node}" "${KPNGC_BIN}/kube-proxy" \
       --kubeconfig="${KPNGC_DIR}/pki/kube-proxy.kubeconfig" --hostname-override="${node}" \
       --proxy-mode="$1" --cluster-cidr="${KPNGC_CLUSTER_CIDR}" \

@@ -16,7 +16,7 @@ done
 report() { go run -C "${root}" ./hack/cmd/kpng-e2e-report "$@"; }
 report --table "${dirs[@]}"
 echo
-echo "| Skipped for every proxier (hack/e2e/skips.txt) | why |"
+echo "| Skipped (a regular expression) | why |"
 echo "|---|---|"
 grep -v -e '^#' -e '^$' "${root}/hack/e2e/skips.txt" | while IFS=$'\t' read -r re why; do
   echo "| \`${re//|/\\|}\` | ${why} |"

@@ -67,8 +67,9 @@ fi
 k() { kpngc_kubectl "$@"; }
 
 # Zones, for the Topology Hints and Traffic Distribution tests: one per node.
-k label --overwrite node node-a topology.kubernetes.io/zone=zone-a topology.kubernetes.io/region=region-1 >/dev/null
-k label --overwrite node node-b topology.kubernetes.io/zone=zone-b topology.kubernetes.io/region=region-1 >/dev/null
+for node in "${KPNGC_NODES[@]}"; do
+  k label --overwrite node "${node}" "topology.kubernetes.io/zone=zone-${node#node-}" topology.kubernetes.io/region=region-1 >/dev/null
+done
 
 sed -e "s|__COREDNS_IMAGE__|${KPNGC_COREDNS_IMAGE}|" -e "s|__API_HOST__|${KPNGC_LAN_IP}|" \
   -e "s|__API_PORT__|${KPNGC_API_PORT}|" -e "s|__DNS_IP__|${KPNGC_DNS_IP}|" "${here}/coredns.yaml" |
@@ -87,7 +88,8 @@ for proxier in "$@"; do
   leftover="$(test_namespaces)"
   if [[ -n "${leftover}" ]]; then
     kpngc_log "e2e: removing the namespaces an earlier run left: ${leftover//$'\n'/ }"
-    k delete --wait=true --timeout=300s ${leftover} >/dev/null
+    k delete --wait=true --timeout=300s ${leftover} >/dev/null ||
+      kpngc_die "the namespaces an earlier run left did not go: ${leftover//$'\n'/ }"
   fi
   current="$(cat "${KPNGC_DIR}/run/proxier" 2>/dev/null || true)"
   [[ -z "${current}" ]] || bash "${here}/../cluster/proxier.sh" remove "${current}"

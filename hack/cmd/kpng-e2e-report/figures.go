@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -28,9 +30,13 @@ var percentile = regexp.MustCompile(`(\d+) %ile: (\S+)`)
 // EndpointsLatency reads, from DIR/report.json, the percentiles the
 // "Service endpoints latency" test printed: the time from a Service's
 // creation until its Endpoints are seen through the API (the control
-// plane's figure: no proxier is on that path). Empty when it did not run.
+// plane's figure: no proxier is on that path). Empty when it did not run
+// or DIR has no report.json.
 func EndpointsLatency(dir string) (map[string]time.Duration, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // a run without it: no figures, the table stands
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading ginkgo's report of %s: %w", dir, err)
 	}

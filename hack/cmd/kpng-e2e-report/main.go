@@ -11,7 +11,7 @@
 //	    the time the tests every proxier passed took with each;
 //	kpng-e2e-report --compare BASE DIR
 //	    the tests that passed with BASE's proxier and not with DIR's;
-//	    exits 1 when there is one (make e2e-compare).
+//	    exits 1 when there is one (make e2e-report, hack/e2e/report.sh).
 //
 // A directory's proxier is named by its file "proxier" (else the
 // directory's name).

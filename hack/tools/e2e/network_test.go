@@ -1,12 +1,14 @@
 //go:build e2e
 
 // Package e2e is Kubernetes' own network e2e suite (test/e2e/network of
-// the k8s.io/kubernetes version hack/tools pins), alone, built as a test
-// binary by hack/e2e/build.sh and run against the one-machine cluster by
-// hack/e2e/run.sh (make e2e). Only the network tests are linked in, so
-// that the binary builds in a minute once the control plane's packages
-// are in the Go build cache; the framework's flags are those of the
-// upstream e2e.test, so that its usual command lines work.
+// the k8s.io/kubernetes version hack/tools pins), built as a test binary
+// by hack/build-controlplane.sh --with-e2e and run against the
+// one-machine cluster by hack/e2e/run.sh (make e2e). Only the network
+// tests are imported (they link some of the framework's other test
+// packages, which the focus leaves out), so that the binary builds in a
+// few minutes once the control plane's packages are in the Go build
+// cache; the framework's flags are those of the upstream e2e.test, so
+// that its usual command lines work.
 package e2e
 
 import (
