@@ -57,7 +57,7 @@ rootfs_plus() {
     local tmp
     tmp="$(mktemp -d "${KPNGC_CACHE}/rootfs.XXXXXX")"
     # Never a root filesystem's copy left behind (this runs in $(...)).
-    trap 'rm -rf "${tmp}"' EXIT
+    trap 'rm -rf "${tmp:-}"' EXIT
     tar -C "${tmp}" -xf "${rootfs}"
     cp /etc/resolv.conf "${tmp}/etc/resolv.conf"
     chroot "${tmp}" /bin/sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${packages} && ${command}" \
