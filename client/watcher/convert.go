@@ -176,6 +176,9 @@ func buildEndpoints(svc *model.Service, sliceList []*discovery.EndpointSlice, n 
 	b := endpointBuilder{node: n, copies: map[netip.Addr][]endpointCopy{}}
 	slices.SortFunc(sliceList, func(a, b *discovery.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	for _, s := range sliceList {
+		if _, marked := s.Labels[HeadlessLabel]; marked && !svc.IPs.Headless {
+			continue // kube-proxy leaves such a slice out (HeadlessLabel)
+		}
 		b.addSlice(s)
 	}
 	out := make([]*model.Endpoint, 0, len(b.copies))

@@ -261,10 +261,12 @@ func TestSelectionByServiceProxyName(t *testing.T) {
 }
 
 // TestHeadlessLabelledSlicesAreLeftOut: an EndpointSlice labelled
-// service.kubernetes.io/headless is not programmed, as kube-proxy leaves
-// it out (Kubernetes' e2e test "Services should implement
-// service.kubernetes.io/headless" found kpng serving it); the label
-// removed, its endpoints come back.
+// service.kubernetes.io/headless is not programmed for a Service with a
+// cluster IP, as kube-proxy leaves it out (Kubernetes' e2e test "Services
+// should implement service.kubernetes.io/headless" found kpng serving
+// it); the label removed, its endpoints come back. A headless Service's
+// labelled slices (the EndpointSlice controller labels them all) are kept:
+// specialized proxiers program them.
 func TestHeadlessLabelledSlicesAreLeftOut(t *testing.T) {
 	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
@@ -285,6 +287,12 @@ func TestHeadlessLabelledSlicesAreLeftOut(t *testing.T) {
 	delete(sl.Labels, watcher.HeadlessLabel)
 	kc.UpdateSlice(sl)
 	r.waitFor(t, "the endpoint back once the label is gone", hasEndpoints(ns, "web", "10.4.0.1"))
+
+	headless := kc.CreateService(kubetest.Service(ns, "hl", name, func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone }))
+	hsl := kubetest.Slice(headless, "hl-1", kubetest.EP{IP: "10.4.0.2"})
+	hsl.Labels[watcher.HeadlessLabel] = ""
+	kc.CreateSlice(hsl)
+	r.waitFor(t, "a headless service's labelled slice kept", hasEndpoints(ns, "hl", "10.4.0.2"))
 }
 
 func TestUpdatesAndDeletionsPropagate(t *testing.T) {

@@ -8,8 +8,8 @@
 // EndpointSlices are filtered on the API server with the same label selector,
 // which relies on the EndpointSlice controller (and the mirroring controller)
 // copying a Service's labels onto the slices it manages; EndpointSlices
-// labelled service.kubernetes.io/headless are left out, as kube-proxy
-// leaves them out. EndpointSlices
+// labelled service.kubernetes.io/headless are left out for Services with a
+// cluster IP, as kube-proxy leaves them out (HeadlessLabel). EndpointSlices
 // written by other controllers must carry the label themselves; the watcher
 // deliberately does not watch every slice in the cluster to find unlabelled
 // ones, because a specialized proxier handling ten services would then hold
@@ -54,10 +54,11 @@ import (
 // proxier instead of kube-proxy.
 const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
 
-// HeadlessLabel marks EndpointSlices that no proxier programs: kube-proxy
-// (and so the watcher) leaves out the slices that carry it, whatever its
-// value, as it does those of headless Services (the EndpointSlice
-// controller sets it on theirs; anyone may set it on a slice they write).
+// HeadlessLabel marks the EndpointSlices of headless Services (the
+// EndpointSlice controller sets it on theirs). kube-proxy leaves out every
+// slice that carries it, whatever its value; the watcher leaves out those
+// of Services that have a cluster IP, and keeps them for headless Services,
+// whose endpoints specialized proxiers program (the all-IP proxier).
 const HeadlessLabel = "service.kubernetes.io/headless"
 
 // DefaultMinSyncInterval is the default minimum time between two deliveries.
@@ -160,8 +161,7 @@ func New(cfg Config) (*Watcher, error) {
 	}, nil
 }
 
-// Selector returns the label selector used for Services and EndpointSlices
-// (which must also not carry HeadlessLabel).
+// Selector returns the label selector used for Services and EndpointSlices.
 func (w *Watcher) Selector() string { return w.selector }
 
 // Run watches until ctx is done, feeding sink through a localsink.Feeder.
@@ -184,10 +184,9 @@ func (w *Watcher) Run(ctx context.Context, sink localsink.Sink) error {
 	// What the watcher does not read is dropped from the caches (compact).
 	strip := (&compactor{}).compact
 	byLabel := func(o *metav1.ListOptions) { o.LabelSelector = w.selector }
-	slicesByLabel := func(o *metav1.ListOptions) { o.LabelSelector = w.selector + ",!" + HeadlessLabel }
 	infs := &informers{client: w.cfg.Client}
 	svcInformer := infs.services(byLabel, strip)
-	sliceInformer := infs.endpointSlices(slicesByLabel, strip)
+	sliceInformer := infs.endpointSlices(byLabel, strip)
 	// The first state must hold everything the initial lists returned, so
 	// wait until each handler (not just each informer's store) has seen
 	// it: the registrations' HasSynced say so.
