@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
@@ -17,29 +16,8 @@ import (
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/internal/testio"
-	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
 )
-
-// startServerWith is startServer with the server's options.
-func startServerWith(t *testing.T, cfg server.ListenConfig, o server.Options) *testServer {
-	t.Helper()
-	hub := server.NewHub(true)
-	lis, opts, err := cfg.Listen()
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	g := grpc.NewServer(opts...)
-	srv := server.New(hub, o)
-	srv.Register(g)
-	s := &testServer{hub: hub, srv: srv, feed: localsink.FromFullState(hub), addr: cfg.Address, g: g, done: make(chan struct{})}
-	if lis.Addr().Network() == "tcp" {
-		s.addr = lis.Addr().String()
-	}
-	go func() { defer close(s.done); _ = g.Serve(lis) }()
-	t.Cleanup(s.stop)
-	return s
-}
 
 // firstBatch watches as node with cfg's credentials (its Address is the
 // server's) and returns the first batch received, or the stream's error.

@@ -35,7 +35,15 @@ type testServer struct {
 	done chan struct{}
 }
 
+// startServer serves a hub on cfg with the given send timeout until the
+// test ends.
 func startServer(t *testing.T, cfg server.ListenConfig, sendTimeout time.Duration) *testServer {
+	t.Helper()
+	return startServerWith(t, cfg, server.Options{SendTimeout: sendTimeout})
+}
+
+// startServerWith is startServer with all the server's options.
+func startServerWith(t *testing.T, cfg server.ListenConfig, o server.Options) *testServer {
 	t.Helper()
 	hub := server.NewHub(true)
 	lis, opts, err := cfg.Listen()
@@ -43,7 +51,7 @@ func startServer(t *testing.T, cfg server.ListenConfig, sendTimeout time.Duratio
 		t.Fatalf("listen: %v", err)
 	}
 	g := grpc.NewServer(opts...)
-	srv := server.NewServer(hub, sendTimeout)
+	srv := server.New(hub, o)
 	srv.Register(g)
 	s := &testServer{hub: hub, srv: srv, feed: localsink.FromFullState(hub), addr: cfg.Address, g: g, done: make(chan struct{})}
 	if cfg.Address == "" || lis.Addr().Network() == "tcp" {
