@@ -353,27 +353,25 @@ func (s *Sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 	}
 	dirty := slices.SortedFunc(maps.Keys(s.dirty), model.ServiceKey.Compare)
 	for _, f := range families {
-		var listed [2][]string
-		var inserts [2][]string
-		if full {
-			for i, table := range tables {
+		// Each table is listed just before its restore, nat first: after a
+		// foreign flush (a repair), a family's DNAT works again as soon as
+		// its nat table is back, without waiting for the filter table's
+		// listing (one iptables-save of every rule, about 90 ms at 1,000
+		// services).
+		for _, table := range tables {
+			var write []*chain
+			var stale, inserts []string
+			if full {
 				out, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-save"), []string{"-t", table}, nil)
 				if err != nil {
 					return stats, fmt.Errorf("%s table %s: list the chains: %w", f, table, err)
 				}
-				listed[i] = chainsWithPrefix(out, s.prefix)
 				for _, j := range missingJumps(out, table, jumps(s.prefix)) {
-					inserts[i] = append(inserts[i], j.insertLine(s.cfg.ServiceProxyName))
+					inserts = append(inserts, j.insertLine(s.cfg.ServiceProxyName))
 				}
-			}
-		}
-		for i, table := range tables {
-			var write []*chain
-			var stale []string
-			if full {
 				t := whole.Families[f].table(table)
 				write = t.Chains
-				for _, name := range listed[i] {
+				for _, name := range chainsWithPrefix(out, s.prefix) {
 					if _, ok := t.byName[name]; !ok {
 						stale = append(stale, name)
 					}
@@ -395,7 +393,7 @@ func (s *Sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 				}
 			}
 			slices.Sort(stale)
-			in := restoreInput(table, &tablePlan{Chains: write}, stale, inserts[i]...)
+			in := restoreInput(table, &tablePlan{Chains: write}, stale, inserts...)
 			if _, err := s.cfg.Runner.Run(ctx, binary(s.variant, f, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
 				stats.restoreFailed = true
 				return stats, fmt.Errorf("%s table %s: restore (%d chains, %d bytes; this table unchanged): %w", f, table, len(write), len(in), err)
