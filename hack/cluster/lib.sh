@@ -17,9 +17,6 @@ KPNGC_PREFIX=kpngc
 KPNGC_LAN="${KPNGC_PREFIX}-lan"
 KPNGC_BRIDGE="${KPNGC_PREFIX}0"
 KPNGC_LAN_IP=10.250.0.1
-KPNGC_NODES=(node-a node-b)
-declare -A KPNGC_NODE_IP=([node-a]=10.250.0.11 [node-b]=10.250.0.12)
-declare -A KPNGC_POD_CIDR=([node-a]=10.244.1.0/24 [node-b]=10.244.2.0/24)
 KPNGC_CLUSTER_CIDR=10.244.0.0/16
 KPNGC_SERVICE_CIDR=10.96.0.0/16
 KPNGC_KUBERNETES_IP=10.96.0.1
@@ -43,6 +40,29 @@ KPNGC_COREDNS_IMAGE=localhost/coredns:v1.15.0
 KPNGC_DIR="${KPNG_CLUSTER_DIR:-/var/lib/kpng-cluster}"
 KPNGC_CACHE="${KPNG_CACHE_DIR:-${HOME}/.cache/kpng}/cluster"
 KPNGC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+# The nodes: node-a, node-b, … (KPNG_CLUSTER_NODES of them, 2 by default,
+# up to 9: the e2e tests of Traffic Distribution need 3 zones, one node
+# each), node-X at 10.250.0.1N with the pod network 10.244.N.0/24. A
+# cluster that is up keeps its count in KPNGC_DIR/nodes, which wins: the
+# scripts run on it later (down.sh, proxier.sh) see all its nodes.
+kpngc_node_count="${KPNG_CLUSTER_NODES:-2}"
+if [[ -f "${KPNGC_DIR}/nodes" ]]; then
+  kpngc_node_count="$(<"${KPNGC_DIR}/nodes")"
+fi
+[[ "${kpngc_node_count}" =~ ^[2-9]$ ]] || {
+  echo "cluster: error: KPNG_CLUSTER_NODES=${kpngc_node_count}: want 2 to 9 nodes" >&2
+  exit 1
+}
+KPNGC_NODES=()
+declare -A KPNGC_NODE_IP=() KPNGC_POD_CIDR=()
+for ((kpngc_i = 1; kpngc_i <= kpngc_node_count; kpngc_i++)); do
+  kpngc_n="node-$(printf "\\x$(printf %x $((96 + kpngc_i)))")"
+  KPNGC_NODES+=("${kpngc_n}")
+  KPNGC_NODE_IP[${kpngc_n}]="10.250.0.1${kpngc_i}"
+  KPNGC_POD_CIDR[${kpngc_n}]="10.244.${kpngc_i}.0/24"
+done
+unset kpngc_i kpngc_n
 
 # The CNI plugins (Debian's containernetworking-plugins).
 KPNGC_CNI_BIN=/usr/lib/cni

@@ -42,6 +42,7 @@ bash "$(dirname "${BASH_SOURCE[0]}")/images.sh"
 phase "images built"
 
 mkdir -p "${KPNGC_DIR}/run" "${KPNGC_DIR}/logs"
+echo "${#KPNGC_NODES[@]}" >"${KPNGC_DIR}/nodes"
 
 # The network: a bridge in the lan namespace, a veth to each node.
 ip netns add "${KPNGC_LAN}"
