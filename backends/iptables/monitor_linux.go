@@ -109,20 +109,111 @@ func (s *Sink) watches(c nfmonitor.Change, data []byte) bool {
 	return false
 }
 
-// repair rewrites every chain because another program changed them
-// (why), now or, in the middle of a round, at its Sync.
-func (s *Sink) repair(why string) {
+// repair mends what another program changed (why; foreign: its
+// transactions): when all it did was delete jumps from built-in chains
+// and kpng's last sync succeeded, it inserts those jumps again; else it
+// rewrites every chain, now or, in the middle of a round, at its Sync.
+func (s *Sink) repair(why string, foreign []nfmonitor.Batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lastFull.IsZero() || s.ctx.Err() != nil {
 		return // nothing applied yet: kpng's own Sync (and its retries) comes first
 	}
+	why = "changed by another program: " + why
+	if from := deletedJumps(foreign); from != nil && !s.needFull && !s.inRound {
+		err := s.restoreJumps(why, from)
+		if err == nil {
+			return
+		}
+		s.logger.Error(err, "Cannot insert the jumps again: rewriting every chain", "prefix", s.prefix, "because", why)
+	}
 	s.needFull = true
 	if s.inRound {
 		return
 	}
-	why = "changed by another program: " + why
 	if err := s.sync(why); err != nil {
 		s.logger.Error(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
 	}
+}
+
+// builtinRef is a built-in chain of a family's table.
+type builtinRef struct {
+	family family
+	table  string
+	chain  string
+}
+
+// deletedJumps returns the built-in chains whose rules naming the sink's
+// chains (its jumps: watches keeps no others) the transactions deleted,
+// when that is all they did; nil when they did anything else (or named
+// more kinds of change than a Batch keeps), or when foreign is empty.
+func deletedJumps(foreign []nfmonitor.Batch) []builtinRef {
+	var out []builtinRef
+	for _, b := range foreign {
+		if b.Truncated {
+			return nil
+		}
+		for _, c := range b.Changes {
+			if c.Type != unix.NFT_MSG_DELRULE || !slices.Contains(builtinChains, c.Chain) {
+				return nil
+			}
+			f := ipv4
+			if c.Family == unix.NFPROTO_IPV6 {
+				f = ipv6
+			}
+			if r := (builtinRef{f, c.Table, c.Chain}); !slices.Contains(out, r) {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// restoreJumps lists each built-in chain of from (iptables -S: that chain
+// only, not the whole table) and inserts the sink's jumps it lacks, one
+// iptables-restore per table, reporting the repair to Config.AfterSync.
+// An error leaves the caller to rewrite everything.
+func (s *Sink) restoreJumps(why string, from []builtinRef) error {
+	res := SyncResult{Repair: why}
+	start := time.Now()
+	err := func() error {
+		inserts := map[builtinRef][]string{} // by family and table (chain "")
+		var order []builtinRef
+		for _, r := range from {
+			out, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, r.family, ""), []string{"-w", "-t", r.table, "-S", r.chain}, nil)
+			if err != nil {
+				return fmt.Errorf("%s table %s: list chain %s: %w", r.family, r.table, r.chain, err)
+			}
+			var js []jump
+			for _, j := range jumps(s.prefix) {
+				if j.Table == r.table && j.From == r.chain {
+					js = append(js, j)
+				}
+			}
+			key := builtinRef{family: r.family, table: r.table}
+			for _, j := range missingJumps(out, r.table, js) {
+				if _, ok := inserts[key]; !ok {
+					order = append(order, key)
+				}
+				inserts[key] = append(inserts[key], j.insertLine(s.cfg.ServiceProxyName))
+			}
+		}
+		for _, key := range order {
+			in := restoreInput(key.table, &tablePlan{}, nil, inserts[key]...)
+			if _, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, key.family, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
+				res.RestoreFailed = true
+				return fmt.Errorf("%s table %s: insert the jumps: %w", key.family, key.table, err)
+			}
+			res.Restores++
+		}
+		return nil
+	}()
+	res.Duration, res.Err = time.Since(start), err
+	if err == nil {
+		s.logger.Info("Jumps from built-in chains deleted by another program: inserted again", "prefix", s.prefix, "because", why, "restores", res.Restores)
+	}
+	if s.cfg.AfterSync != nil {
+		s.cfg.AfterSync(res)
+	}
+	return err
 }

@@ -82,6 +82,10 @@ type Batch struct {
 	// table's deletion), Count the number of all.
 	Changes []Change
 	Count   int
+	// Truncated says that Changes lacks some of the batch's distinct
+	// kinds of changes (more than it keeps); false: Changes names every
+	// kind, and a backend may repair only what they name.
+	Truncated bool
 }
 
 // keep counts c, and keeps it if it is of a kind (type, table, chain) not
@@ -97,6 +101,9 @@ func (b *Batch) keep(c Change) {
 		b.Changes = append(b.Changes, c)
 	case c.Type == unix.NFT_MSG_DELTABLE:
 		b.Changes[keptChanges-1] = c
+		b.Truncated = true
+	default:
+		b.Truncated = true
 	}
 }
 
@@ -129,9 +136,10 @@ type Config struct {
 	// batch ended.
 	Own func(b Batch) bool
 	// Repair repairs the backend's rules; why describes the foreign
-	// changes. It is called from the monitor's goroutine, one call at a
-	// time.
-	Repair func(why string)
+	// changes, foreign are their transactions (for a backend that can
+	// repair only what they name: see Batch.Truncated). It is called
+	// from the monitor's goroutine, one call at a time.
+	Repair func(why string, foreign []Batch)
 	// Lost, when notifications were lost, checks the backend's rules
 	// fully (as Repair, but only when they changed). nil: Repair.
 	Lost func()
@@ -157,7 +165,7 @@ func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
 		cfg.MaxGap = max(DefaultMaxGap, cfg.MinGap)
 	}
 	if cfg.Lost == nil {
-		cfg.Lost = func() { cfg.Repair("nftables notifications were lost") }
+		cfg.Lost = func() { cfg.Repair("nftables notifications were lost", nil) }
 	}
 	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: cfg.NetNS})
 	if err != nil {
@@ -336,7 +344,7 @@ func (m *monitor) loop(ctx context.Context) {
 		} else {
 			m.logger.V(2).Info("Rules changed by another program again: repairing them", "change", why, "repairs", repairs, "gap", gap)
 		}
-		m.cfg.Repair(why)
+		m.cfg.Repair(why, foreign)
 	}
 }
 

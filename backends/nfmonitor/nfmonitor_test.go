@@ -82,7 +82,8 @@ func TestParseGen(t *testing.T) {
 }
 
 // TestBatchKeep: a batch keeps its first changes of distinct kinds, and
-// always a table's deletion (the last change of a flush), counting all.
+// always a table's deletion (the last change of a flush), counting all,
+// and says when it dropped a kind (Truncated).
 func TestBatchKeep(t *testing.T) {
 	var b Batch
 	for i := range 10 {
@@ -96,5 +97,15 @@ func TestBatchKeep(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "delete table") || b.Count != 11 {
 		t.Errorf("batch %+v: the table's deletion dropped or a change not counted", b)
+	}
+	if !b.Truncated {
+		t.Errorf("batch %+v: kinds of changes dropped, not Truncated", b)
+	}
+	var few Batch
+	for range 3 {
+		few.keep(Change{Type: unix.NFT_MSG_DELRULE, Family: unix.NFPROTO_IPV4, Table: "nat", Chain: "OUTPUT"})
+	}
+	if few.Truncated || len(few.Changes) != 1 || few.Count != 3 {
+		t.Errorf("batch %+v: one kind of change three times: want it kept, counted 3, not Truncated", few)
 	}
 }

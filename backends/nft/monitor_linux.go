@@ -49,7 +49,7 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 			return c.Family == unix.NFPROTO_INET && c.Table == s.table
 		},
 		Own:    func(b nfmonitor.Batch) bool { return s.own.has(b.PortID) },
-		Repair: s.repair,
+		Repair: func(why string, _ []nfmonitor.Batch) { s.repair(why) },
 		Lost:   s.checkAll,
 	})
 	if err != nil {
