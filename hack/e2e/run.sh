@@ -88,7 +88,7 @@ for proxier in "$@"; do
   leftover="$(test_namespaces)"
   if [[ -n "${leftover}" ]]; then
     kpngc_log "e2e: removing the namespaces an earlier run left: ${leftover//$'\n'/ }"
-    k delete --wait=true --timeout=300s ${leftover} >/dev/null ||
+    k delete --ignore-not-found --wait=true --timeout=300s ${leftover} >/dev/null ||
       kpngc_die "the namespaces an earlier run left did not go: ${leftover//$'\n'/ }"
   fi
   current="$(cat "${KPNGC_DIR}/run/proxier" 2>/dev/null || true)"
