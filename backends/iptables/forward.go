@@ -28,9 +28,9 @@ type ForwardAcceptConfig struct {
 	// looking); VariantLegacy or VariantNFT: that one, both families,
 	// whatever the policy.
 	Variant string
-	// CheckPeriod, if positive, is how often Run checks the chain and
+	// CheckPeriod, if positive, is how often Start checks the chain and
 	// its jump and writes them again when they differ or are gone (a
-	// firewall reload, iptables -F, the jump deleted); 0: Run ensures
+	// firewall reload, iptables -F, the jump deleted); 0: Start ensures
 	// them once.
 	CheckPeriod time.Duration
 	// Runner runs iptables-save and iptables-restore; nil:

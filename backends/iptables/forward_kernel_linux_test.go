@@ -109,8 +109,10 @@ func TestKernelForwardAcceptNFT(t *testing.T) {
 				}
 			}
 			runCtx, stopRun := context.WithCancel(ctx)
-			runDone := make(chan error, 1)
-			go func() { runDone <- fa.Run(runCtx) }()
+			runDone, err := fa.Start(runCtx)
+			if err != nil {
+				t.Fatalf("Start: %v", err)
+			}
 			t.Cleanup(func() { stopRun(); <-runDone })
 			waitJumps("ForwardAccept running")
 			if _, dropped := ask(); len(dropped) > 0 {
@@ -136,10 +138,7 @@ func TestKernelForwardAcceptNFT(t *testing.T) {
 			}
 
 			stopRun()
-			if err := <-runDone; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-			runDone <- nil // for the cleanup's receive
+			<-runDone
 			if err := fa.Cleanup(context.Background()); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}

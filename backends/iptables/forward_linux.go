@@ -41,7 +41,7 @@ type ForwardAccept struct {
 }
 
 // NewForwardAccept returns the ForwardAccept of cfg, after validating it.
-// Nothing is written before Ensure or Run.
+// Nothing is written before Ensure or Start.
 func NewForwardAccept(cfg ForwardAcceptConfig) (*ForwardAccept, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -128,29 +128,30 @@ func (fa *ForwardAccept) Ensure(ctx context.Context) (repaired []string, err err
 	return repaired, errors.Join(errs...)
 }
 
-// Run ensures the chain and its jump now, then every CheckPeriod until
-// ctx ends, logging (klog.FromContext(ctx)) what it writes and what
-// fails; it returns when ctx ends (at once after the first Ensure when
-// CheckPeriod is 0), with the first Ensure's error, if any.
-func (fa *ForwardAccept) Run(ctx context.Context) error {
+// Start ensures the chain and its jump now, and returns the first
+// Ensure's error, if any, having started nothing; otherwise it checks
+// them again every CheckPeriod until ctx ends, from a goroutine of its
+// own, whose end closes the channel returned (at once when CheckPeriod is
+// 0). It logs (klog.FromContext(ctx)) what it writes and, in the checks,
+// what fails.
+func (fa *ForwardAccept) Start(ctx context.Context) (<-chan struct{}, error) {
 	logger := klog.FromContext(ctx)
-	ensure := func(first bool) error {
+	repaired, err := fa.Ensure(ctx)
+	for _, r := range repaired {
+		logger.Info("Accepting the forwarded service traffic in the iptables filter table", "chain", fa.chain, "where", r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return periodic.Start(ctx, fa.cfg.CheckPeriod, func() {
 		repaired, err := fa.Ensure(ctx)
 		for _, r := range repaired {
-			if first {
-				logger.Info("Accepting the forwarded service traffic in the iptables filter table", "chain", fa.chain, "where", r)
-			} else {
-				logger.Info("The iptables chain accepting forwarded service traffic was changed: written again", "chain", fa.chain, "where", r)
-			}
+			logger.Info("The iptables chain accepting forwarded service traffic was changed: written again", "chain", fa.chain, "where", r)
 		}
 		if err != nil && ctx.Err() == nil {
-			logger.Error(err, "Cannot keep the iptables chain accepting forwarded service traffic", "chain", fa.chain)
+			logger.Error(err, "Cannot keep the iptables chain accepting forwarded service traffic: tried again at the next check", "chain", fa.chain)
 		}
-		return err
-	}
-	err := ensure(true)
-	<-periodic.Start(ctx, fa.cfg.CheckPeriod, func() { _ = ensure(false) })
-	return err
+	}), nil
 }
 
 // Cleanup removes the chain and its jumps from the filter tables of both
