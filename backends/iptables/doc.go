@@ -13,6 +13,13 @@
 // (ExecRunner by default). SyncResult describes each sync to
 // Config.AfterSync.
 //
+// ForwardAccept (NewForwardAccept, ForwardAcceptConfig,
+// ForwardAcceptChain) serves another backend: on a node whose filter
+// FORWARD policy is DROP, it keeps a chain accepting what that proxier
+// marked for masquerading and the replies, jumped to from FORWARD, which
+// the nft backend cannot do from its own nftables table (`kpng … to-nft
+// --forward-accept`).
+//
 // It plans at Sync: Update only records the services changed, and Sync
 // re-plans them all at once, because a service's chains depend on the
 // others' (a contended address, the dispatch tree of the SERVICES chains)

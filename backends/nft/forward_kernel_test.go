@@ -19,8 +19,11 @@ import (
 // override another table's drop (a packet dropped by any base chain of a
 // hook is dropped), so the sink writes nothing for it: the traffic is
 // dropped until the node's firewall accepts what kpng marks for
-// masquerading and the replies (docs/operating.md gives the two rules,
-// the equivalent of kube-proxy's KUBE-FORWARD), and then flows.
+// masquerading and the replies (two rules, the equivalent of kube-proxy's
+// KUBE-FORWARD, added here by hand), and then flows. `to-nft
+// --forward-accept` keeps those rules in a chain of its own
+// (backends/iptables' ForwardAccept, tested with an nft sink by its
+// TestKernelForwardAcceptNFT): this package writes nftables only.
 func TestKernelForwardDrop(t *testing.T) {
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "iptables-nft", "ip6tables-nft")

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/backends/healthcheck"
 	"sigs.k8s.io/kpng/backends/iptables"
@@ -38,8 +39,10 @@ func nftBackend() app.Backend {
 			cfg.BindFlags(fs)
 			name := fs.String("name", "", "the name in the table's name (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one")
-			cleanup := fs.Bool("cleanup", false, "remove the table and exit")
+			cleanup := fs.Bool("cleanup", false, "remove the table (and the --forward-accept chain, wherever it is) and exit")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
+			forwardAccept := fs.Bool("forward-accept", false, "for a node whose filter FORWARD policy is DROP (Docker sets it): keep a chain in the iptables filter table accepting the forwarded service traffic (the --masquerade-bit mark, and the replies), jumped to first from FORWARD, checked every --check-period (kpng's nftables table cannot override another table's drop; needs the iptables binaries)")
+			forwardAcceptVariant := fs.String("forward-accept-iptables", iptables.VariantAuto, "with --forward-accept, the iptables variant to write in: auto (each variant and family whose FORWARD policy is DROP), legacy or nft")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				if err := cfg.Validate(); err != nil {
 					return nil, app.Usagef("to-nft %v", err)
@@ -47,6 +50,11 @@ func nftBackend() app.Backend {
 				cfg.ServiceProxyName = env.ServiceProxyName
 				if *name != "" {
 					cfg.ServiceProxyName = *name
+				}
+				faCfg := iptables.ForwardAcceptConfig{ServiceProxyName: cfg.ServiceProxyName, MasqueradeBit: cfg.Options.MasqueradeBit,
+					NetNS: *netnsPath, Variant: *forwardAcceptVariant, CheckPeriod: cfg.CheckPeriod}
+				if err := faCfg.Validate(); err != nil {
+					return nil, app.Usagef("to-nft --forward-accept-iptables=%s: want auto, legacy or nft", *forwardAcceptVariant)
 				}
 				hcCfg := healthcheck.Config{NodePortAddresses: cfg.Options.NodePortAddresses}
 				if *netnsPath != "" {
@@ -68,6 +76,9 @@ func nftBackend() app.Backend {
 				}
 				if *cleanup {
 					if err := nft.Cleanup(ctx, cfg); err != nil {
+						return nil, fmt.Errorf("to-nft --cleanup: %w", err)
+					}
+					if err := cleanupForwardAccept(ctx, faCfg, *forwardAccept); err != nil {
 						return nil, fmt.Errorf("to-nft --cleanup: %w", err)
 					}
 					return nil, app.ErrBackendDone
@@ -95,6 +106,15 @@ func nftBackend() app.Backend {
 				if err != nil {
 					return nil, err
 				}
+				if *forwardAccept {
+					fa, err := iptables.NewForwardAccept(faCfg)
+					if err != nil {
+						return nil, fmt.Errorf("to-nft --forward-accept: %w", err)
+					}
+					if _, err := fa.Start(ctx); err != nil {
+						return nil, fmt.Errorf("to-nft --forward-accept: %w", err)
+					}
+				}
 				if !*healthChecks {
 					return sink, nil
 				}
@@ -102,6 +122,23 @@ func nftBackend() app.Backend {
 			}
 		},
 	}
+}
+
+// cleanupForwardAccept removes the chain of `to-nft --forward-accept` of
+// cfg, in both variants, at --cleanup: whether or not the flag is given
+// again (a proxier's cleanup removes all it may have written). Without
+// it, a node that cannot run the iptables binaries (no nsenter for
+// --netns) has nothing to remove; with it, that is an error.
+func cleanupForwardAccept(ctx context.Context, cfg iptables.ForwardAcceptConfig, asked bool) error {
+	fa, err := iptables.NewForwardAccept(cfg)
+	if err != nil {
+		if !asked {
+			klog.FromContext(ctx).V(1).Info("Not looking for a --forward-accept chain to remove", "err", err)
+			return nil
+		}
+		return fmt.Errorf("--forward-accept: %w", err)
+	}
+	return fa.Cleanup(ctx)
 }
 
 // iptablesBackend is `to-local to-iptables`: the iptables backend
