@@ -135,10 +135,10 @@ func TestKernelLostNotifications(t *testing.T) {
 				// The marker's batch, never after a repair of the
 				// burst's or with it as another transaction. It is Cut,
 				// with changes of the burst, when the burst's end was
-				// lost.
+				// lost (a loss the repair says it covers).
 				by := fmt.Sprintf("(by nft, pid %d)", markerPID)
 				alone := "add table inet marker " + by
-				cut := by + " (and maybe by a transaction whose end was lost)"
+				cut := by + " (and maybe by a transaction whose end was lost); nftables notifications were lost too"
 				if !strings.Contains(why, "add table inet marker") || why != alone && !strings.HasSuffix(why, cut) || strings.Contains(why, "more transactions") {
 					t.Errorf("the first repair: %q, want the marker's, %q, or its batch cut by the burst's lost end (the burst is the backend's own)", why, alone)
 				}

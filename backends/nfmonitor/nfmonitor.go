@@ -141,7 +141,8 @@ type Config struct {
 	// batch ended.
 	Own func(b Batch) bool
 	// Repair repairs the backend's rules; why describes the foreign
-	// changes. It is called from the monitor's goroutine, one call at a
+	// changes (and says when notifications were lost too: no Lost call
+	// then). It is called from the monitor's goroutine, one call at a
 	// time.
 	Repair func(why string)
 	// Lost, when notifications were lost, checks the backend's rules
@@ -393,6 +394,7 @@ func (m *monitor) loop(ctx context.Context) {
 					foreign = append(foreign, b)
 				}
 			}
+			lost = lost || m.lost
 			m.pending, m.lost = nil, false
 			m.mu.Unlock()
 			repairs++
@@ -411,6 +413,10 @@ func (m *monitor) loop(ctx context.Context) {
 		why := foreign[0].String()
 		if len(foreign) > 1 {
 			why += fmt.Sprintf(" and %d more transactions", len(foreign)-1)
+		}
+		if lost {
+			// The repair covers them too.
+			why += "; nftables notifications were lost too"
 		}
 		if repairs == 1 {
 			m.logger.Info("Rules changed by another program: repairing them", "change", why)
