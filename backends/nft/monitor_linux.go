@@ -48,9 +48,10 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 		Watch: func(c nfmonitor.Change, _ []byte) bool {
 			return c.Family == unix.NFPROTO_INET && c.Table == s.table
 		},
-		Own:    func(b nfmonitor.Batch) bool { return s.own.has(b.PortID) },
-		Repair: s.repair,
-		Lost:   s.checkAll,
+		Own:           func(b nfmonitor.Batch) bool { return s.own.has(b.PortID) },
+		Repair:        s.repair,
+		Lost:          s.checkAll,
+		ReceiveBuffer: s.cfg.monitorReceiveBuffer,
 	})
 	if err != nil {
 		return fmt.Errorf("nftables table %s: %w", s.table, err)
@@ -101,7 +102,8 @@ func (s *Sink) checkAll() {
 	}
 	s.logger.Info("The nftables table was changed behind kpng's back (notifications lost): rewriting it", "table", s.table, "change", drift)
 	s.needFull = true
-	if err := s.sync(drift); err != nil {
-		s.logger.Error(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", drift)
+	why := "nftables notifications were lost, and the check found: " + drift
+	if err := s.sync(why); err != nil {
+		s.logger.Error(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", why)
 	}
 }
