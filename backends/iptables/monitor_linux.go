@@ -72,11 +72,12 @@ func (s *Sink) startMonitor(ctx context.Context, own *ownPIDs) error {
 		fd = int(f.Fd())
 	}
 	_, err := nfmonitor.Start(ctx, nfmonitor.Config{
-		NetNS:  fd,
-		Watch:  s.watches,
-		Own:    func(b nfmonitor.Batch) bool { return own.has(b.ProcPID) },
-		Repair: s.repair,
-		Lost:   s.check,
+		NetNS:         fd,
+		Watch:         s.watches,
+		Own:           func(b nfmonitor.Batch) bool { return own.has(b.ProcPID) },
+		Repair:        s.repair,
+		Lost:          s.lost,
+		ReceiveBuffer: s.cfg.monitorReceiveBuffer,
 	})
 	if err != nil {
 		return fmt.Errorf("iptables (%s) chains %s*: %w", s.variant, s.prefix, err)
