@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,6 +311,90 @@ func TestKernelMonitorLostNotifications(t *testing.T) {
 		// comes next.
 		if diffKernelTables(want, mustReadKernelTable(t, newConn, table)) == "" {
 			break
+		}
+	}
+}
+
+// TestKernelMonitorLostInRound is TestKernelMonitorLostNotifications
+// with the loss taken in while a round of kpng's is open (an Update
+// made, its Sync not yet): the check of every chain that the loss calls
+// for cannot run then (the tracker holds the round's state, not the
+// table's) and must run after the round's Sync, which repairs the
+// flushed chain. It fails when the check is dropped in a round (no
+// repair in 10 s after the Sync).
+func TestKernelMonitorLostInRound(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	ns := netns.New(t, "monround")
+	const name = "monround"
+	table := TableName(name)
+	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.monitorReceiveBuffer = 1 })
+	newConn := connIn(t, ns)
+	want := freshKernelTable(t, name, opts, state)
+	svcChain := ""
+	for _, c := range s.tracker.ChainNames() {
+		if strings.HasPrefix(c, "svc4-") {
+			svcChain = c
+			break
+		}
+	}
+	if svcChain == "" {
+		t.Fatal("the state has no service chain to flush")
+	}
+	// What the monitor takes in, and whether a round was open and the
+	// flush started then.
+	type seen struct{ inRound, flushed bool }
+	var flushing atomic.Bool
+	monitored := make(chan seen, 100)
+	s.mu.Lock()
+	s.monitored = func() { monitored <- seen{s.inRound, flushing.Load()} }
+	s.mu.Unlock()
+
+	// The round: a service updated to what it is (the round's Sync has
+	// nothing to send).
+	s.Update(state[0].Service.Key(), state[0], state[0])
+	// The monitor may take the loss in before nft has returned.
+	flushing.Store(true)
+	script := "flush chain inet " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
+	if _, stderr, err := ns.Exec([]byte(script), "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, stderr)
+	}
+	for deadline := time.After(10 * time.Second); ; {
+		select {
+		case m := <-monitored:
+			if !m.flushed {
+				continue // a loss in the sink's first transaction
+			}
+			if !m.inRound {
+				t.Fatalf("the monitor took the flush in outside the round: %+v", m)
+			}
+		case <-deadline:
+			t.Fatalf("the flush of %s with %d rules elsewhere: the monitor took nothing in during the round (waited 10 s)", svcChain, bulkRules)
+		}
+		break
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatalf("the round's Sync: %v", err)
+	}
+	// The check after the round's Sync rewrites the table before Sync
+	// returns; the loop below waits for a repair made otherwise.
+	for drained := false; !drained; {
+		select {
+		case r := <-results:
+			t.Logf("after the round's Sync: full %v, repair %q", r.Full, r.Repair)
+		default:
+			drained = true
+		}
+	}
+	for deadline := time.After(10 * time.Second); diffKernelTables(want, mustReadKernelTable(t, newConn, table)) != ""; {
+		select {
+		case r := <-results:
+			if r.Err != nil || !r.Full {
+				t.Fatalf("after the round's Sync: %+v, want a successful full sync", r)
+			}
+			t.Logf("repaired: %q", r.Repair)
+		case <-deadline:
+			t.Fatalf("the flush of %s, its notifications lost during a round: not repaired 10 s after the round's Sync", svcChain)
 		}
 	}
 }

@@ -64,6 +64,9 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 func (s *Sink) repair(why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.monitored != nil {
+		s.monitored()
+	}
 	if !s.applied || s.ctx.Err() != nil {
 		return // nothing applied yet: kpng's first Sync writes the table whole
 	}
@@ -79,11 +82,24 @@ func (s *Sink) repair(why string) {
 
 // checkAll checks the whole table (every regular chain, not checkChains
 // of them) and rewrites it when it changed: notifications were lost, one
-// of them may have told of a change.
+// of them may have told of a change. In the middle of a round (the
+// tracker half-updated), the check is made after the round's Sync.
 func (s *Sink) checkAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.applied || s.inRound || s.needFull || s.ctx.Err() != nil {
+	if s.monitored != nil {
+		s.monitored()
+	}
+	if s.inRound {
+		s.checkAfterRound = true
+		return
+	}
+	s.checkAllLocked()
+}
+
+// checkAllLocked is checkAll between rounds; mu is held.
+func (s *Sink) checkAllLocked() {
+	if !s.applied || s.needFull || s.ctx.Err() != nil {
 		return // nothing to check, or a full sync is coming anyway
 	}
 	want := map[string]int{}
