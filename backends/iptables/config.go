@@ -60,6 +60,11 @@ type Config struct {
 	// with a Repair). iptables-legacy sends no notifications: there, the
 	// check of CheckPeriod (canary chains and jumps) is all.
 	NoMonitor bool
+
+	// monitorReceiveBuffer is the monitor socket's receive buffer
+	// (nfmonitor.Config.ReceiveBuffer; 0: its default): tests make it
+	// tiny so that notifications are lost.
+	monitorReceiveBuffer int
 }
 
 // SyncResult describes one sync.

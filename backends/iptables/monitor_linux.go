@@ -72,11 +72,12 @@ func (s *Sink) startMonitor(ctx context.Context, own *ownPIDs) error {
 		fd = int(f.Fd())
 	}
 	_, err := nfmonitor.Start(ctx, nfmonitor.Config{
-		NetNS:  fd,
-		Watch:  s.watches,
-		Own:    func(b nfmonitor.Batch) bool { return own.has(b.ProcPID) },
-		Repair: s.repair,
-		Lost:   s.check,
+		NetNS:         fd,
+		Watch:         s.watches,
+		Own:           func(b nfmonitor.Batch) bool { return own.has(b.ProcPID) },
+		Repair:        s.repair,
+		Lost:          s.lost,
+		ReceiveBuffer: s.cfg.monitorReceiveBuffer,
 	})
 	if err != nil {
 		return fmt.Errorf("iptables (%s) chains %s*: %w", s.variant, s.prefix, err)
@@ -145,12 +146,13 @@ type builtinRef struct {
 
 // deletedJumps returns the built-in chains whose rules naming the sink's
 // chains (its jumps: watches keeps no others) the transactions deleted,
-// when that is all they did; nil when they did anything else (or named
-// more kinds of change than a Batch keeps), or when foreign is empty.
+// when that is all they did; nil when they did anything else, named more
+// kinds of change than a Batch keeps, may hold another's changes (Cut),
+// or when foreign is empty (notifications were lost).
 func deletedJumps(foreign []nfmonitor.Batch) []builtinRef {
 	var out []builtinRef
 	for _, b := range foreign {
-		if b.Truncated {
+		if b.Truncated || b.Cut {
 			return nil
 		}
 		for _, c := range b.Changes {

@@ -35,6 +35,7 @@ func TestDeletedJumps(t *testing.T) {
 		{"a table deleted", []nfmonitor.Batch{{Changes: []nfmonitor.Change{
 			{Type: unix.NFT_MSG_DELTABLE, Family: unix.NFPROTO_IPV4, Table: "nat"}}, Count: 1}}, nil},
 		{"more kinds than a batch names", []nfmonitor.Batch{{Changes: []nfmonitor.Change{del(unix.NFPROTO_IPV4, "nat", "OUTPUT")}, Count: 9, Truncated: true}}, nil},
+		{"an earlier transaction's end lost", []nfmonitor.Batch{{Changes: []nfmonitor.Change{del(unix.NFPROTO_IPV4, "nat", "OUTPUT")}, Count: 1, Cut: true}}, nil},
 	} {
 		if diff := cmp.Diff(tc.want, deletedJumps(tc.foreign), cmp.AllowUnexported(builtinRef{})); diff != "" {
 			t.Errorf("%s: deletedJumps (-want +got):\n%s", tc.what, diff)

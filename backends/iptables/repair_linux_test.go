@@ -5,11 +5,14 @@ package iptables
 import (
 	"context"
 	"flag"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/model"
@@ -104,6 +107,77 @@ func TestKernelMonitorRepairs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKernelMonitorLostNotifications gives an iptables-nft sink's
+// monitor a tiny receive buffer (the kernel's minimum, some 4 KiB), then
+// commits with nft one transaction that flushes the nat PREROUTING chain
+// (the sink's jump from it) and adds 3,000 rules to a table of its own:
+// their notifications overflow the buffer (ENOBUFS). The periodic check
+// runs every hour: the full sync that must follow within 10 s is the
+// monitor's, and it must say that notifications were lost (the check
+// they call for found the jump gone, or the flush was read and repaired
+// with the loss); every chain and jump must then be back. It fails when
+// the monitor stops at ENOBUFS or ignores it.
+func TestKernelMonitorLostNotifications(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nsenter", "iptables-nft", "ip6tables-nft", "iptables-nft-restore", "nft")
+	const rules = 3000
+	ns := netns.New(t, "iptlost")
+	results := make(chan SyncResult, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s, err := New(ctx, Config{ServiceProxyName: "lost", NetNS: ns.Path(), Variant: VariantNFT, CheckPeriod: time.Hour,
+		NoMonitor: *noMonitor, AfterSync: func(r SyncResult) { results <- r }, monitorReceiveBuffer: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := webService("10.96.0.10")
+	s.Update(web.Service.Key(), nil, web)
+	if err := s.Sync(); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	<-results
+	prefix := ChainPrefix("lost")
+	save := func() map[family]map[string]string {
+		m := map[family]map[string]string{}
+		for _, f := range families {
+			m[f] = map[string]string{}
+			for _, table := range tables {
+				m[f][table] = kpngLines(ns.MustExec(binary(VariantNFT, f, "-save"), "-t", table), prefix)
+			}
+		}
+		return m
+	}
+	want := save()
+	var script strings.Builder
+	script.WriteString("flush chain ip nat PREROUTING\nadd table inet bulk\nadd chain inet bulk c\n")
+	for i := range rules {
+		fmt.Fprintf(&script, "add rule inet bulk c ip daddr 10.%d.%d.%d counter accept\n", i>>16&0xff, i>>8&0xff, i&0xff)
+	}
+	if _, stderr, err := ns.Exec([]byte(script.String()), "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, stderr)
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case r := <-results:
+			if r.Err != nil || r.Repair == "" || !r.Full {
+				t.Fatalf("after the flush with %d rules: %+v, want a successful full sync", rules, r)
+			}
+			if !strings.Contains(r.Repair, "nftables notifications were lost") {
+				t.Fatalf("synced because %q: want the loss of notifications said", r.Repair)
+			}
+			t.Logf("repaired: %s", r.Repair)
+		case <-deadline:
+			t.Fatalf("nat PREROUTING flushed with %d rules elsewhere: no repair before the periodic check (every hour) could have made one (waited 10 s)", rules)
+		}
+		// A first repair may be of the loss in the sink's own first
+		// restores (checked before the flush): the flush's comes next.
+		if got := save(); cmp.Diff(want, got) == "" {
+			break
+		}
 	}
 }
 

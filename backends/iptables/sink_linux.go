@@ -104,7 +104,14 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 
 // check checks the canary chains once and, if one is gone, rewrites
 // everything now (between rounds) or at the round's Sync.
-func (s *Sink) check() {
+func (s *Sink) check() { s.checkBecause("") }
+
+// lost is the check after nftables notifications were lost (the
+// monitor's Lost): the full sync's Repair says so.
+func (s *Sink) lost() { s.checkBecause("nftables notifications were lost, and the check found: ") }
+
+// checkBecause is check, the reason of its full sync prefixed with cause.
+func (s *Sink) checkBecause(cause string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lastFull.IsZero() || s.ctx.Err() != nil {
@@ -153,6 +160,7 @@ func (s *Sink) check() {
 	if why == "" || s.inRound {
 		return // nothing to do, or the round's Sync does it
 	}
+	why = cause + why
 	if err := s.sync(why); err != nil {
 		s.logger.Error(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
 	}

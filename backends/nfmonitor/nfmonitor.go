@@ -10,8 +10,11 @@
 // (Config.Own), calls Config.Repair: once for a burst of such
 // transactions, and never more often than a backoff allows, so that a
 // firewall flushing the ruleset in a loop cannot make the backend spin.
-// A notification lost (the socket's buffer overflowed, ENOBUFS) calls
-// Config.Lost, for a full check.
+// A notification lost (the socket's buffer overflowed: the kernel
+// reports ENOBUFS once, then drops silently until the socket is read
+// empty, which the generation a transaction ends with shows skipped)
+// calls Config.Lost, for a full check; the changes read across a lost
+// end of a transaction are a Cut batch.
 package nfmonitor
 
 import (
@@ -42,10 +45,11 @@ const (
 	DefaultMaxGap = 5 * time.Second
 )
 
-// receiveBuffer is the monitor socket's receive buffer (SO_RCVBUFFORCE,
-// else as much of it as net.core.rmem_max allows): the backend's own
-// full transactions notify a message per object.
-const receiveBuffer = 16 << 20
+// DefaultReceiveBuffer is the monitor socket's receive buffer when
+// Config.ReceiveBuffer is zero: the backend's own full transactions
+// notify a message per object, which the socket holds until the monitor
+// reads them.
+const DefaultReceiveBuffer = 16 << 20
 
 // keptChanges is how many of a transaction's watched changes a Batch
 // keeps (for the logs); Count counts them all.
@@ -84,8 +88,12 @@ type Batch struct {
 	Count   int
 	// Truncated says that Changes lacks some of the batch's distinct
 	// kinds of changes (more than it keeps); false: Changes names every
-	// kind, and a backend may repair only what they name.
+	// kind, and a backend may repair only what they name (unless Cut).
 	Truncated bool
+	// Cut says that the end of an earlier transaction was lost (the
+	// socket's buffer overran): Changes may be of that one too, whose
+	// committer is unknown.
+	Cut bool
 }
 
 // keep counts c, and keeps it if it is of a kind (type, table, chain) not
@@ -117,7 +125,11 @@ func (b Batch) String() string {
 	if b.Count > len(b.Changes) {
 		s += fmt.Sprintf(" (%d changes)", b.Count)
 	}
-	return fmt.Sprintf("%s (by %s, pid %d)", s, b.ProcName, b.ProcPID)
+	s = fmt.Sprintf("%s (by %s, pid %d)", s, b.ProcName, b.ProcPID)
+	if b.Cut {
+		s += " (and maybe by a transaction whose end was lost)"
+	}
+	return s
 }
 
 // Config configures a monitor.
@@ -136,9 +148,12 @@ type Config struct {
 	// batch ended.
 	Own func(b Batch) bool
 	// Repair repairs the backend's rules; why describes the foreign
-	// changes, foreign are their transactions (for a backend that can
-	// repair only what they name: see Batch.Truncated). It is called
-	// from the monitor's goroutine, one call at a time.
+	// changes (and says when notifications were lost too: no Lost call
+	// then); foreign are their transactions, for a backend that can
+	// repair only what they name (see Batch.Truncated and Batch.Cut),
+	// nil when notifications were lost too (then nothing names all that
+	// changed). It is called from the monitor's goroutine, one call at a
+	// time.
 	Repair func(why string, foreign []Batch)
 	// Lost, when notifications were lost, checks the backend's rules
 	// fully (as Repair, but only when they changed). nil: Repair.
@@ -149,6 +164,14 @@ type Config struct {
 	// waits after the previous one a gap that doubles from MinGap up to
 	// MaxGap. A burst ends when none came for twice the gap.
 	Settle, MinGap, MaxGap time.Duration
+	// ReceiveBuffer is the socket's receive buffer in bytes
+	// (SO_RCVBUFFORCE when allowed, as root; else as much of it as
+	// net.core.rmem_max allows; the kernel doubles it for its
+	// bookkeeping and keeps at least its minimum, some 4 KiB); 0:
+	// DefaultReceiveBuffer. Notifications that come while it is full
+	// are dropped, which the kernel reports (ENOBUFS): Lost is called.
+	// A small buffer is for tests of that path.
+	ReceiveBuffer int
 }
 
 // Start opens the monitor's socket in cfg.NetNS and watches it until ctx
@@ -164,6 +187,12 @@ func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
 	if cfg.MaxGap < cfg.MinGap {
 		cfg.MaxGap = max(DefaultMaxGap, cfg.MinGap)
 	}
+	if cfg.ReceiveBuffer < 0 {
+		return nil, fmt.Errorf("nftables monitor: receive buffer %d bytes: must not be negative", cfg.ReceiveBuffer)
+	}
+	if cfg.ReceiveBuffer == 0 {
+		cfg.ReceiveBuffer = DefaultReceiveBuffer
+	}
 	if cfg.Lost == nil {
 		cfg.Lost = func() { cfg.Repair("nftables notifications were lost", nil) }
 	}
@@ -175,7 +204,12 @@ func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
 		conn.Close()
 		return nil, fmt.Errorf("nftables monitor: join group NFNLGRP_NFTABLES: %w", err)
 	}
-	setReceiveBuffer(conn)
+	setReceiveBuffer(conn, cfg.ReceiveBuffer)
+	getGen, err := requestGen(conn)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("nftables monitor: request the generation: %w", err)
+	}
 	m := &monitor{cfg: cfg, logger: klog.FromContext(ctx), wake: make(chan struct{}, 1)}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	done := make(chan struct{})
@@ -184,7 +218,7 @@ func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
 	go func() {
 		defer wg.Done()
 		defer stop()
-		m.read(ctx, conn)
+		m.read(ctx, conn, getGen)
 	}()
 	go func() {
 		defer wg.Done()
@@ -194,20 +228,20 @@ func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
 	return done, nil
 }
 
-// setReceiveBuffer sets the socket's receive buffer to receiveBuffer,
-// forced if allowed (root), else as much as the system allows.
-func setReceiveBuffer(conn *netlink.Conn) {
+// setReceiveBuffer sets the socket's receive buffer to bytes, forced if
+// allowed (root), else as much as the system allows.
+func setReceiveBuffer(conn *netlink.Conn, bytes int) {
 	rc, err := conn.SyscallConn()
 	if err == nil {
 		var serr error
 		err = rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, receiveBuffer)
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bytes)
 		})
 		if err == nil && serr == nil {
 			return
 		}
 	}
-	_ = conn.SetReadBuffer(receiveBuffer)
+	_ = conn.SetReadBuffer(bytes)
 }
 
 // monitor is the state shared by the reading goroutine and the repairing
@@ -223,9 +257,22 @@ type monitor struct {
 	wake    chan struct{}
 }
 
-// read receives the notifications until the socket is closed.
-func (m *monitor) read(ctx context.Context, conn *netlink.Conn) {
+// read receives the notifications until the socket is closed. A
+// transaction's notifications end with its NFT_MSG_NEWGEN message, whose
+// generation is one more than the last transaction's (transactions commit
+// one at a time): a generation skipped means that a transaction's end
+// was lost with the socket's buffer overrun, and that the changes read
+// since the last end may be of several transactions, of several
+// programs: the batch it ends is Cut, and notifications were lost (the
+// full check runs unless the batch is repaired: another program's).
+// The kernel reports an overrun (ENOBUFS) once, before the messages
+// still queued, and drops the next ones silently until they are read:
+// the generation is what shows those. getGen is the header of the
+// request for the current generation (its reply is the first known).
+func (m *monitor) read(ctx context.Context, conn *netlink.Conn, getGen netlink.Header) {
 	var cur Batch
+	var gen uint32
+	known := false
 	for {
 		msgs, err := conn.Receive()
 		if err != nil {
@@ -233,7 +280,6 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn) {
 				return
 			}
 			if errors.Is(err, unix.ENOBUFS) {
-				cur = Batch{}
 				m.post(nil, true)
 				continue
 			}
@@ -246,11 +292,25 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn) {
 			}
 			typ := uint8(msg.Header.Type & 0xff)
 			if typ == unix.NFT_MSG_NEWGEN {
+				id, pid, name := parseGen(msg.Data[4:])
+				if msg.Header.PID == getGen.PID && msg.Header.Sequence == getGen.Sequence {
+					// The reply to the request: the generation now.
+					gen, known = id, true
+					continue
+				}
+				skipped := known && id != gen && id != nextGen(gen)
+				gen, known = id, true
+				if skipped {
+					m.logger.V(2).Info("nftables monitor: a transaction's end was lost", "generation", id)
+				}
 				if cur.Count > 0 {
 					cur.PortID = msg.Header.PID
-					cur.ProcPID, cur.ProcName = parseGen(msg.Data[4:])
+					cur.ProcPID, cur.ProcName = pid, name
+					cur.Cut = skipped
 					b := cur
-					m.post(&b, false)
+					m.post(&b, skipped)
+				} else if skipped {
+					m.post(nil, true)
 				}
 				cur = Batch{}
 				continue
@@ -262,6 +322,30 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn) {
 			cur.keep(c)
 		}
 	}
+}
+
+// nextGen returns the generation after g (the kernel skips 0 when it
+// wraps).
+func nextGen(g uint32) uint32 {
+	if g+1 == 0 {
+		return 1
+	}
+	return g + 1
+}
+
+// requestGen asks the kernel for the current generation on conn; the
+// reply (an NFT_MSG_NEWGEN message) comes among the notifications. It
+// returns the request's header (its sequence number and the socket's
+// port ID: the reply's).
+func requestGen(conn *netlink.Conn) (netlink.Header, error) {
+	req, err := conn.Send(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return netlink.Header{}, err
+	}
+	return req.Header, nil
 }
 
 // post hands a batch (or the loss of notifications) to the loop.
@@ -320,6 +404,7 @@ func (m *monitor) loop(ctx context.Context) {
 					foreign = append(foreign, b)
 				}
 			}
+			lost = lost || m.lost
 			m.pending, m.lost = nil, false
 			m.mu.Unlock()
 			repairs++
@@ -338,6 +423,12 @@ func (m *monitor) loop(ctx context.Context) {
 		why := foreign[0].String()
 		if len(foreign) > 1 {
 			why += fmt.Sprintf(" and %d more transactions", len(foreign)-1)
+		}
+		if lost {
+			// The repair covers them too, and cannot be only of what
+			// the batches name.
+			why += "; nftables notifications were lost too"
+			foreign = nil
 		}
 		if repairs == 1 {
 			m.logger.Info("Rules changed by another program: repairing them", "change", why)
@@ -398,23 +489,25 @@ func parseChange(typ uint8, data []byte) (Change, bool) {
 	return c, ad.Err() == nil && c.Table != ""
 }
 
-// parseGen reads the committing process of a NFT_MSG_NEWGEN message's
-// attributes.
-func parseGen(attrs []byte) (pid uint32, name string) {
+// parseGen reads the generation and the committing process of a
+// NFT_MSG_NEWGEN message's attributes.
+func parseGen(attrs []byte) (id, pid uint32, name string) {
 	ad, err := netlink.NewAttributeDecoder(attrs)
 	if err != nil {
-		return 0, ""
+		return 0, 0, ""
 	}
 	ad.ByteOrder = binary.BigEndian
 	for ad.Next() {
 		switch ad.Type() {
+		case unix.NFTA_GEN_ID:
+			id = ad.Uint32()
 		case unix.NFTA_GEN_PROC_PID:
 			pid = ad.Uint32()
 		case unix.NFTA_GEN_PROC_NAME:
 			name = ad.String()
 		}
 	}
-	return pid, name
+	return id, pid, name
 }
 
 // typeName names a message type as nft monitor does.

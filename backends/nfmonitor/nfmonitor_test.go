@@ -67,17 +67,17 @@ func TestParseChange(t *testing.T) {
 	}
 }
 
-// TestParseGen reads the committing process of a NEWGEN message (its
-// attributes are big-endian).
+// TestParseGen reads the generation and the committing process of a
+// NEWGEN message (its attributes are big-endian).
 func TestParseGen(t *testing.T) {
 	data := message(t, unix.NFPROTO_UNSPEC, func(ae *netlink.AttributeEncoder) {
 		ae.Uint32(unix.NFTA_GEN_ID, 42)
 		ae.Uint32(unix.NFTA_GEN_PROC_PID, 1234)
 		ae.String(unix.NFTA_GEN_PROC_NAME, "nft")
 	})
-	pid, name := parseGen(data[4:])
-	if pid != 1234 || name != "nft" {
-		t.Errorf("parseGen = %d, %q; want 1234, nft", pid, name)
+	id, pid, name := parseGen(data[4:])
+	if id != 42 || pid != 1234 || name != "nft" {
+		t.Errorf("parseGen = %d, %d, %q; want 42, 1234, nft", id, pid, name)
 	}
 }
 

@@ -71,6 +71,11 @@ type Config struct {
 	// CheckPeriod stays for what notifications miss; a connection with a
 	// TestDial has no monitor.
 	NoMonitor bool
+
+	// monitorReceiveBuffer is the monitor socket's receive buffer
+	// (nfmonitor.Config.ReceiveBuffer; 0: its default): tests make it
+	// tiny so that notifications are lost.
+	monitorReceiveBuffer int
 }
 
 // SyncResult describes one transaction of a Sync.

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +31,13 @@ var noMonitor = flag.Bool("nomonitor", false, "run the monitor's kernel tests wi
 // to the channel returned, after its first sync's.
 func monitoredSink(t *testing.T, ns *netns.NS, name string) (*Sink, chan SyncResult, []*model.ServiceEndpoints, Options) {
 	t.Helper()
+	return monitoredSinkWith(t, ns, name, func(*Config) {})
+}
+
+// monitoredSinkWith is monitoredSink with the sink's Config changed by
+// configure before New.
+func monitoredSinkWith(t *testing.T, ns *netns.NS, name string, configure func(*Config)) (*Sink, chan SyncResult, []*model.ServiceEndpoints, Options) {
+	t.Helper()
 	gen := churn.New(7, churnPools)
 	for len(gen.State()) < 10 {
 		gen.Round()
@@ -39,8 +47,10 @@ func monitoredSink(t *testing.T, ns *netns.NS, name string) (*Sink, chan SyncRes
 	results := make(chan SyncResult, 1000)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	s, err := New(ctx, Config{ServiceProxyName: name, Options: opts, Conn: connIn(t, ns), Conntrack: conntrackIn(t, ns),
-		CheckPeriod: time.Hour, NoMonitor: *noMonitor, AfterSync: func(r SyncResult) { results <- r }})
+	cfg := Config{ServiceProxyName: name, Options: opts, Conn: connIn(t, ns), Conntrack: conntrackIn(t, ns),
+		CheckPeriod: time.Hour, NoMonitor: *noMonitor, AfterSync: func(r SyncResult) { results <- r }}
+	configure(&cfg)
+	s, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,4 +237,164 @@ func backoffRepairs(d time.Duration) int {
 		gap = min(max(2*gap, nfmonitor.DefaultMinGap), nfmonitor.DefaultMaxGap)
 	}
 	return n
+}
+
+// bulkRules is the number of rules the transaction of
+// TestKernelMonitorLostNotifications adds to a table of its own: a
+// notification each, some 400 KiB of them, for a receive buffer of some
+// 4 KiB.
+const bulkRules = 3000
+
+// bulkScript returns nft commands adding table inet name with a chain of
+// rules rules.
+func bulkScript(name string, rules int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "add table inet %s\nadd chain inet %s c\n", name, name)
+	for i := range rules {
+		fmt.Fprintf(&b, "add rule inet %s c ip daddr 10.%d.%d.%d counter accept\n", name, i>>16&0xff, i>>8&0xff, i&0xff)
+	}
+	return b.String()
+}
+
+// TestKernelMonitorLostNotifications gives a monitored sink's monitor a
+// tiny receive buffer (the kernel's minimum, some 4 KiB), then commits
+// with nft one transaction that flushes a service chain of the sink's
+// table and adds bulkRules rules to a table of its own: their
+// notifications overflow the buffer (ENOBUFS). The periodic check runs
+// every hour: the repair that must follow within 10 s is the monitor's,
+// and it must say that notifications were lost: either the check of every
+// chain they call for found the flushed chain (the flush's notifications
+// or the transaction's end were among those lost), or the flush was read
+// and repaired with the loss. The table must then be a fresh sink's. It
+// fails when the monitor stops at ENOBUFS (no repair) or ignores it (a
+// repair that does not say so, or none when the transaction's end was
+// lost).
+func TestKernelMonitorLostNotifications(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	ns := netns.New(t, "monlost")
+	const name = "monlost"
+	table := TableName(name)
+	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.monitorReceiveBuffer = 1 })
+	newConn := connIn(t, ns)
+	want := freshKernelTable(t, name, opts, state)
+	svcChain := ""
+	for _, c := range s.tracker.ChainNames() {
+		if strings.HasPrefix(c, "svc4-") {
+			svcChain = c
+			break
+		}
+	}
+	if svcChain == "" {
+		t.Fatal("the state has no service chain to flush")
+	}
+	script := "flush chain inet " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
+	if _, stderr, err := ns.Exec([]byte(script), "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, stderr)
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case r := <-results:
+			if r.Err != nil || r.Repair == "" || !r.Full {
+				t.Fatalf("after the flush with %d rules: %+v, want a successful full repair", bulkRules, r)
+			}
+			if !strings.Contains(r.Repair, "nftables notifications were lost") {
+				t.Fatalf("repaired because %q: want the loss of notifications said", r.Repair)
+			}
+			t.Logf("repaired: %s", r.Repair)
+		case <-deadline:
+			t.Fatalf("the flush of %s with %d rules elsewhere: no repair before the periodic check (every hour) could have made one (waited 10 s)", svcChain, bulkRules)
+		}
+		// A first repair may be of the loss in the sink's own first
+		// transaction (its chain checked before the flush): the flush's
+		// comes next.
+		if diffKernelTables(want, mustReadKernelTable(t, newConn, table)) == "" {
+			break
+		}
+	}
+}
+
+// TestKernelMonitorLostInRound is TestKernelMonitorLostNotifications
+// with the loss taken in while a round of kpng's is open (an Update
+// made, its Sync not yet): the check of every chain that the loss calls
+// for cannot run then (the tracker holds the round's state, not the
+// table's) and must run after the round's Sync, which repairs the
+// flushed chain. It fails when the check is dropped in a round (no
+// repair in 10 s after the Sync).
+func TestKernelMonitorLostInRound(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	ns := netns.New(t, "monround")
+	const name = "monround"
+	table := TableName(name)
+	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.monitorReceiveBuffer = 1 })
+	newConn := connIn(t, ns)
+	want := freshKernelTable(t, name, opts, state)
+	svcChain := ""
+	for _, c := range s.tracker.ChainNames() {
+		if strings.HasPrefix(c, "svc4-") {
+			svcChain = c
+			break
+		}
+	}
+	if svcChain == "" {
+		t.Fatal("the state has no service chain to flush")
+	}
+	// What the monitor takes in, and whether a round was open and the
+	// flush started then.
+	type seen struct{ inRound, flushed bool }
+	var flushing atomic.Bool
+	monitored := make(chan seen, 100)
+	s.mu.Lock()
+	s.monitored = func() { monitored <- seen{s.inRound, flushing.Load()} }
+	s.mu.Unlock()
+
+	// The round: a service updated to what it is (the round's Sync has
+	// nothing to send).
+	s.Update(state[0].Service.Key(), state[0], state[0])
+	// The monitor may take the loss in before nft has returned.
+	flushing.Store(true)
+	script := "flush chain inet " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
+	if _, stderr, err := ns.Exec([]byte(script), "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, stderr)
+	}
+	for deadline := time.After(10 * time.Second); ; {
+		select {
+		case m := <-monitored:
+			if !m.flushed {
+				continue // a loss in the sink's first transaction
+			}
+			if !m.inRound {
+				t.Fatalf("the monitor took the flush in outside the round: %+v", m)
+			}
+		case <-deadline:
+			t.Fatalf("the flush of %s with %d rules elsewhere: the monitor took nothing in during the round (waited 10 s)", svcChain, bulkRules)
+		}
+		break
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatalf("the round's Sync: %v", err)
+	}
+	// The check after the round's Sync rewrites the table before Sync
+	// returns; the loop below waits for a repair made otherwise.
+	for drained := false; !drained; {
+		select {
+		case r := <-results:
+			t.Logf("after the round's Sync: full %v, repair %q", r.Full, r.Repair)
+		default:
+			drained = true
+		}
+	}
+	for deadline := time.After(10 * time.Second); diffKernelTables(want, mustReadKernelTable(t, newConn, table)) != ""; {
+		select {
+		case r := <-results:
+			if r.Err != nil || !r.Full {
+				t.Fatalf("after the round's Sync: %+v, want a successful full sync", r)
+			}
+			t.Logf("repaired: %q", r.Repair)
+		case <-deadline:
+			t.Fatalf("the flush of %s, its notifications lost during a round: not repaired 10 s after the round's Sync", svcChain)
+		}
+	}
 }

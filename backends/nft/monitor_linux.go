@@ -48,9 +48,10 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 		Watch: func(c nfmonitor.Change, _ []byte) bool {
 			return c.Family == unix.NFPROTO_INET && c.Table == s.table
 		},
-		Own:    func(b nfmonitor.Batch) bool { return s.own.has(b.PortID) },
-		Repair: func(why string, _ []nfmonitor.Batch) { s.repair(why) },
-		Lost:   s.checkAll,
+		Own:           func(b nfmonitor.Batch) bool { return s.own.has(b.PortID) },
+		Repair:        func(why string, _ []nfmonitor.Batch) { s.repair(why) },
+		Lost:          s.checkAll,
+		ReceiveBuffer: s.cfg.monitorReceiveBuffer,
 	})
 	if err != nil {
 		return fmt.Errorf("nftables table %s: %w", s.table, err)
@@ -63,6 +64,9 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 func (s *Sink) repair(why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.monitored != nil {
+		s.monitored()
+	}
 	if !s.applied || s.ctx.Err() != nil {
 		return // nothing applied yet: kpng's first Sync writes the table whole
 	}
@@ -78,11 +82,24 @@ func (s *Sink) repair(why string) {
 
 // checkAll checks the whole table (every regular chain, not checkChains
 // of them) and rewrites it when it changed: notifications were lost, one
-// of them may have told of a change.
+// of them may have told of a change. In the middle of a round (the
+// tracker half-updated), the check is made after the round's Sync.
 func (s *Sink) checkAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.applied || s.inRound || s.needFull || s.ctx.Err() != nil {
+	if s.monitored != nil {
+		s.monitored()
+	}
+	if s.inRound {
+		s.checkAfterRound = true
+		return
+	}
+	s.checkAllLocked()
+}
+
+// checkAllLocked is checkAll between rounds; mu is held.
+func (s *Sink) checkAllLocked() {
+	if !s.applied || s.needFull || s.ctx.Err() != nil {
 		return // nothing to check, or a full sync is coming anyway
 	}
 	want := map[string]int{}
@@ -101,7 +118,8 @@ func (s *Sink) checkAll() {
 	}
 	s.logger.Info("The nftables table was changed behind kpng's back (notifications lost): rewriting it", "table", s.table, "change", drift)
 	s.needFull = true
-	if err := s.sync(drift); err != nil {
-		s.logger.Error(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", drift)
+	why := "nftables notifications were lost, and the check found: " + drift
+	if err := s.sync(why); err != nil {
+		s.logger.Error(err, "Cannot rewrite the nftables table: tried again at the next check", "table", s.table, "because", why)
 	}
 }

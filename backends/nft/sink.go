@@ -50,6 +50,12 @@ type Sink struct {
 	// own are the port IDs of the sockets of the sink's transactions,
 	// which its monitor does not repair (monitor_linux.go).
 	own ownPorts
+	// checkAfterRound says that notifications were lost during a round:
+	// the whole table is checked after its Sync (monitor_linux.go).
+	checkAfterRound bool
+	// monitored, if set (by tests), is called with mu held when a
+	// repair or a check of the monitor's is taken in.
+	monitored func()
 }
 
 // buildMu serializes the transactions of all the sinks of the process
@@ -152,7 +158,12 @@ func (s *Sink) Sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inRound = false
-	return s.sync("")
+	err := s.sync("")
+	if s.checkAfterRound {
+		s.checkAfterRound = false
+		s.checkAllLocked()
+	}
+	return err
 }
 
 // sync applies what the tracker holds: the round's changes, or the whole

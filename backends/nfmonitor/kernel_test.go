@@ -1,0 +1,155 @@
+//go:build linux
+
+package nfmonitor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// tinyBuffer is the receive buffer of the monitors that must lose
+// notifications: the kernel raises it to its minimum (some 4 KiB), which
+// holds one or two of the messages a transaction's notifications are
+// packed in.
+const tinyBuffer = 1
+
+// burstRules is the number of rules the burst adds in one transaction:
+// a notification each, some 400 KiB of them.
+const burstRules = 3000
+
+// burstScript returns an nft script adding, in one transaction, table
+// inet name with a chain of rules rules.
+func burstScript(name string, rules int) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "add table inet %s\nadd chain inet %s c\n", name, name)
+	for i := range rules {
+		fmt.Fprintf(&b, "add rule inet %s c ip daddr 10.%d.%d.%d counter accept\n", name, i>>16&0xff, i>>8&0xff, i&0xff)
+	}
+	return []byte(b.String())
+}
+
+// startNft starts `nft -f -` in ns with script as its input; `ip netns
+// exec` executes nft in the process it is started as.
+func startNft(t *testing.T, ns *netns.NS, script []byte) (*exec.Cmd, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(string(script))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("nft -f in %s: %v", ns, err)
+	}
+	return cmd, &stderr
+}
+
+// waitNft waits for an nft started by startNft.
+func waitNft(t *testing.T, cmd *exec.Cmd, stderr *strings.Builder) {
+	t.Helper()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, stderr)
+	}
+}
+
+// TestKernelLostNotifications commits, in a network namespace of its
+// own, a transaction of burstRules rules (the burst) that the monitor
+// counts as its backend's own (Own: its nft process), then another
+// program's small one (the marker). With a tiny receive buffer, the
+// burst's notifications overflow the socket (ENOBUFS): Lost must be
+// called, and the marker's repair must be the first, naming the marker
+// alone (had a batch of the burst been taken for a foreign one, it would
+// have been repaired before or with it). With the default buffer, the
+// same burst loses nothing (the control: the loss is the buffer's). It
+// fails when the monitor stops at ENOBUFS instead of calling Lost.
+func TestKernelLostNotifications(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "ip", "nft")
+	for _, tc := range []struct {
+		name   string
+		buffer int
+		lost   bool
+	}{
+		{"tiny buffer", tinyBuffer, true},
+		{"default buffer", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := netns.New(t, "nfmon")
+			f, err := os.Open(ns.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			var burstPID atomic.Uint32
+			var losses atomic.Int32
+			lost := make(chan struct{}, 1)
+			repairs := make(chan string, 100)
+			ctx, cancel := context.WithCancel(context.Background())
+			done, err := Start(ctx, Config{
+				NetNS:         int(f.Fd()),
+				ReceiveBuffer: tc.buffer,
+				Watch: func(c Change, _ []byte) bool {
+					return c.Family == 1 && (c.Table == "burst" || c.Table == "marker")
+				},
+				Own:    func(b Batch) bool { return b.ProcPID == burstPID.Load() },
+				Repair: func(why string, _ []Batch) { repairs <- why },
+				Lost: func() {
+					losses.Add(1)
+					select {
+					case lost <- struct{}{}:
+					default:
+					}
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cancel(); <-done }()
+
+			// The burst's process ID is known before it commits (nft
+			// reads its script first), and Own is called Settle after a
+			// batch ends at the earliest.
+			cmd, stderr := startNft(t, ns, burstScript("burst", burstRules))
+			burstPID.Store(uint32(cmd.Process.Pid))
+			waitNft(t, cmd, stderr)
+			if tc.lost {
+				select {
+				case <-lost:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("a transaction of %d rules with a receive buffer of %d bytes: Lost not called (waited 10 s)", burstRules, tc.buffer)
+				}
+			}
+			// The marker, another program's: its repair comes after the
+			// burst's batches were all classified.
+			cmd, stderr = startNft(t, ns, []byte("add table inet marker\n"))
+			markerPID := cmd.Process.Pid
+			waitNft(t, cmd, stderr)
+			select {
+			case why := <-repairs:
+				// The marker's batch, never after a repair of the
+				// burst's or with it as another transaction. It is Cut,
+				// with changes of the burst, when the burst's end was
+				// lost (a loss the repair says it covers).
+				by := fmt.Sprintf("(by nft, pid %d)", markerPID)
+				alone := "add table inet marker " + by
+				cut := by + " (and maybe by a transaction whose end was lost); nftables notifications were lost too"
+				if !strings.Contains(why, "add table inet marker") || why != alone && !strings.HasSuffix(why, cut) || strings.Contains(why, "more transactions") {
+					t.Errorf("the first repair: %q, want the marker's, %q, or its batch cut by the burst's lost end (the burst is the backend's own)", why, alone)
+				}
+				t.Logf("the first repair: %s", why)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the marker, another program's transaction: no repair (waited 10 s)")
+			}
+			t.Logf("buffer %d: Lost called %d times", tc.buffer, losses.Load())
+			if !tc.lost && losses.Load() != 0 {
+				t.Errorf("default buffer: Lost called %d times for a transaction of %d rules, want none", losses.Load(), burstRules)
+			}
+		})
+	}
+}
