@@ -83,6 +83,10 @@ func TestKernelMonitorRepairs(t *testing.T) {
 			if _, stderr, err := ns.Exec(nil, tc.cmd[0], tc.cmd[1:]...); err != nil {
 				t.Fatalf("%s: %v: %s", tc.cmd, err, stderr)
 			}
+			// The change was committed just before its command ended; the
+			// repair's time from there is logged (the bound is
+			// 200 ms; docs/reliability.md has the figures at 1,000 services).
+			start := time.Now()
 			select {
 			case r := <-results:
 				if r.Err != nil || r.Repair == "" || r.Full == tc.jumpsOnly {
@@ -94,7 +98,7 @@ func TestKernelMonitorRepairs(t *testing.T) {
 				if !strings.Contains(r.Repair, tc.change) {
 					t.Fatalf("after %s: repaired because %q, want a change %q", tc.what, r.Repair, tc.change)
 				}
-				t.Logf("%s: repaired (%s)", tc.what, r.Repair)
+				t.Logf("%s: repaired %v after the command ended (%s)", tc.what, time.Since(start).Round(time.Millisecond), r.Repair)
 			case <-time.After(10 * time.Second):
 				t.Fatalf("after %s: no repair before the periodic check (every hour) could have made one (waited 10 s)", tc.what)
 			}
