@@ -58,7 +58,8 @@ func (o *ownPIDs) has(pid uint32) bool {
 // filter, of families ip and ip6), and a transaction of another
 // program's that deletes one, changes one of the sink's chains, or
 // deletes a jump from a built-in chain to one of them is repaired at
-// once by a full sync. own are the processes the sink runs.
+// once: the deleted jumps alone inserted again when that is all it did,
+// else by a full sync. own are the processes the sink runs.
 func (s *Sink) startMonitor(ctx context.Context, own *ownPIDs) error {
 	fd := 0
 	if s.cfg.NetNS != "" {
@@ -127,6 +128,7 @@ func (s *Sink) repair(why string, foreign []nfmonitor.Batch) {
 			return
 		}
 		s.logger.Error(err, "Cannot insert the jumps again: rewriting every chain", "prefix", s.prefix, "because", why)
+		why += " (inserting the jumps alone failed: " + err.Error() + ")"
 	}
 	s.needFull = true
 	if s.inRound {
@@ -173,49 +175,49 @@ func deletedJumps(foreign []nfmonitor.Batch) []builtinRef {
 
 // restoreJumps lists each built-in chain of from (iptables -S: that chain
 // only, not the whole table) and inserts the sink's jumps it lacks, one
-// iptables-restore per table, reporting the repair to Config.AfterSync.
-// An error leaves the caller to rewrite everything.
+// iptables-restore per table, reporting the repair to Config.AfterSync
+// (nothing is reported when no jump was missing: the check put them back
+// first, or the rule deleted only named a chain of the sink's). An error
+// is not reported: the caller rewrites everything, saying why.
 func (s *Sink) restoreJumps(why string, from []builtinRef) error {
-	res := SyncResult{Repair: why}
 	start := time.Now()
-	err := func() error {
-		inserts := map[builtinRef][]string{} // by family and table (chain "")
-		var order []builtinRef
-		for _, r := range from {
-			out, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, r.family, ""), []string{"-w", "-t", r.table, "-S", r.chain}, nil)
-			if err != nil {
-				return fmt.Errorf("%s table %s: list chain %s: %w", r.family, r.table, r.chain, err)
-			}
-			var js []jump
-			for _, j := range jumps(s.prefix) {
-				if j.Table == r.table && j.From == r.chain {
-					js = append(js, j)
-				}
-			}
-			key := builtinRef{family: r.family, table: r.table}
-			for _, j := range missingJumps(out, r.table, js) {
-				if _, ok := inserts[key]; !ok {
-					order = append(order, key)
-				}
-				inserts[key] = append(inserts[key], j.insertLine(s.cfg.ServiceProxyName))
+	inserts := map[builtinRef][]string{} // by family and table (chain "")
+	var order []builtinRef
+	for _, r := range from {
+		out, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, r.family, ""), []string{"-w", "-t", r.table, "-S", r.chain}, nil)
+		if err != nil {
+			return fmt.Errorf("%s table %s: list chain %s: %w", r.family, r.table, r.chain, err)
+		}
+		var js []jump
+		for _, j := range jumps(s.prefix) {
+			if j.Table == r.table && j.From == r.chain {
+				js = append(js, j)
 			}
 		}
-		for _, key := range order {
-			in := restoreInput(key.table, &tablePlan{}, nil, inserts[key]...)
-			if _, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, key.family, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
-				res.RestoreFailed = true
-				return fmt.Errorf("%s table %s: insert the jumps: %w", key.family, key.table, err)
+		key := builtinRef{family: r.family, table: r.table}
+		for _, j := range missingJumps(out, r.table, js) {
+			if _, ok := inserts[key]; !ok {
+				order = append(order, key)
 			}
-			res.Restores++
+			inserts[key] = append(inserts[key], j.insertLine(s.cfg.ServiceProxyName))
 		}
-		return nil
-	}()
-	res.Duration, res.Err = time.Since(start), err
-	if err == nil {
-		s.logger.Info("Jumps from built-in chains deleted by another program: inserted again", "prefix", s.prefix, "because", why, "restores", res.Restores)
 	}
+	if len(order) == 0 {
+		s.logger.V(2).Info("No jump from a built-in chain missing after another program's change", "prefix", s.prefix, "because", why)
+		return nil
+	}
+	res := SyncResult{Repair: why}
+	for _, key := range order {
+		in := restoreInput(key.table, &tablePlan{}, nil, inserts[key]...)
+		if _, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, key.family, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
+			return fmt.Errorf("%s table %s: insert the jumps: %w", key.family, key.table, err)
+		}
+		res.Restores++
+	}
+	res.Duration = time.Since(start)
+	s.logger.Info("Jumps from built-in chains deleted by another program: inserted again", "prefix", s.prefix, "because", why, "restores", res.Restores)
 	if s.cfg.AfterSync != nil {
 		s.cfg.AfterSync(res)
 	}
-	return err
+	return nil
 }

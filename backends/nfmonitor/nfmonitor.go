@@ -51,6 +51,12 @@ const (
 // reads them.
 const DefaultReceiveBuffer = 16 << 20
 
+// lossWindow is how long after an overrun (ENOBUFS) the batches that end
+// are Cut: the kernel keeps dropping notifications until the socket is
+// read empty, which takes the reader at most the time to parse a full
+// buffer.
+const lossWindow = 2 * time.Second
+
 // keptChanges is how many of a transaction's watched changes a Batch
 // keeps (for the logs); Count counts them all.
 const keptChanges = 4
@@ -90,9 +96,11 @@ type Batch struct {
 	// kinds of changes (more than it keeps); false: Changes names every
 	// kind, and a backend may repair only what they name (unless Cut).
 	Truncated bool
-	// Cut says that the end of an earlier transaction was lost (the
-	// socket's buffer overran): Changes may be of that one too, whose
-	// committer is unknown.
+	// Cut says that notifications were lost around the batch (the
+	// socket's buffer overran): the end of an earlier transaction was
+	// lost, so that Changes may be of that one too, whose committer is
+	// unknown; or the batch ended within lossWindow of an overrun, and
+	// may lack changes the kernel dropped.
 	Cut bool
 }
 
@@ -127,7 +135,7 @@ func (b Batch) String() string {
 	}
 	s = fmt.Sprintf("%s (by %s, pid %d)", s, b.ProcName, b.ProcPID)
 	if b.Cut {
-		s += " (and maybe by a transaction whose end was lost)"
+		s += " (and maybe by a transaction whose end was lost, or with changes lost)"
 	}
 	return s
 }
@@ -273,6 +281,10 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn, getGen netlink.H
 	var cur Batch
 	var gen uint32
 	known := false
+	// lossAt is when the last overrun was read: the kernel drops
+	// notifications until the socket is read empty, so a transaction
+	// ending soon after may have lost some in its middle.
+	var lossAt time.Time
 	for {
 		msgs, err := conn.Receive()
 		if err != nil {
@@ -280,6 +292,7 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn, getGen netlink.H
 				return
 			}
 			if errors.Is(err, unix.ENOBUFS) {
+				lossAt = time.Now()
 				m.post(nil, true)
 				continue
 			}
@@ -306,7 +319,7 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn, getGen netlink.H
 				if cur.Count > 0 {
 					cur.PortID = msg.Header.PID
 					cur.ProcPID, cur.ProcName = pid, name
-					cur.Cut = skipped
+					cur.Cut = skipped || !lossAt.IsZero() && time.Since(lossAt) < lossWindow
 					b := cur
 					m.post(&b, skipped)
 				} else if skipped {

@@ -38,10 +38,14 @@ func TestKubeToLocalNFTForwardAccept(t *testing.T) {
 		"--node-name=node-a", "to-local", "to-nft", "--netns=" + b.Node.Path(), "--healthcheck=false", "--check-period=100ms"}
 
 	kpng := e2e.Start(t, bin, args...)
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if out, _, err := b.Node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+name); err == nil && strings.Contains(out, netns.ServiceV6.String()) {
-			break
-		}
+	// The control counts only once kpng programmed the Service.
+	programmed := false
+	for deadline := time.Now().Add(30 * time.Second); !programmed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		out, _, err := b.Node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+name)
+		programmed = err == nil && strings.Contains(out, netns.ServiceV6.String())
+	}
+	if !programmed {
+		t.Fatalf("without --forward-accept: the Service %s/%s not in kpng's table within 30 s", ns, name)
 	}
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
 	kpng.Stop(t)

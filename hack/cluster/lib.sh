@@ -5,9 +5,10 @@
 #   - a "lan" network namespace (kpngc-lan) holding the bridge that joins
 #     the nodes, and the control plane: etcd, kube-apiserver (on the
 #     bridge's address), kube-controller-manager, kube-scheduler;
-#   - one network namespace per node (kpngc-node-a, kpngc-node-b), each with
-#     its own containerd and kubelet, its address on the bridge, and a pod
-#     network (CNI ptp + host-local) routed to the other node.
+#   - one network namespace per node (kpngc-node-a, kpngc-node-b, … as
+#     KPNG_CLUSTER_NODES asks), each with its own containerd and kubelet,
+#     its address on the bridge, and a pod network (CNI ptp + host-local)
+#     routed to the others.
 # Processes run in the namespaces with `nsenter --net` only: kubelet and
 # containerd must share the mount namespace (the volumes kubelet mounts are
 # bind-mounted into the containers by runc), which `ip netns exec` would

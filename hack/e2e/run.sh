@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh: Kubernetes' own network e2e tests (test/e2e/network of the pinned
 # k8s.io/kubernetes, built by hack/build-controlplane.sh --with-e2e) through
-# each PROXIER in turn, on one two-node cluster (hack/cluster): make e2e.
+# each PROXIER in turn, on one cluster (hack/cluster, two nodes, or
+# KPNG_CLUSTER_NODES): make e2e.
 #
 # Usage: run.sh PROXIER...   (kpng-nft, kpng-iptables, kpng-userspace,
 #                             kube-proxy-nftables, kube-proxy-iptables)
@@ -104,7 +105,7 @@ for proxier in "$@"; do
     --junit-report=junit.xml --json-report=report.json --output-dir="${dir}" --no-color --timeout=4h \
     "${KPNGC_BIN}/e2e-network.test" -- \
     --kubeconfig="${KPNGC_DIR}/pki/admin.kubeconfig" --kubectl-path="${KPNGC_BIN}/kubectl" \
-    --provider=skeleton --num-nodes=2 >"${dir}/e2e.log" 2>&1
+    --provider=skeleton --num-nodes="${#KPNGC_NODES[@]}" >"${dir}/e2e.log" 2>&1
   test_rc=$?
   set -e
   echo "${proxier}" >"${dir}/proxier"
