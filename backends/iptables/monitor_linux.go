@@ -114,7 +114,9 @@ func (s *Sink) watches(c nfmonitor.Change, data []byte) bool {
 // repair mends what another program changed (why; foreign: its
 // transactions): when all it did was delete jumps from built-in chains
 // and kpng's last sync succeeded, it inserts those jumps again; else it
-// rewrites every chain, now or, in the middle of a round, at its Sync.
+// rewrites every chain, now or, in the middle of a round, at its Sync:
+// only those of the tables the transactions touched, when they name them
+// all and kpng's last sync succeeded (the others hold what it wrote).
 func (s *Sink) repair(why string, foreign []nfmonitor.Batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,13 +132,42 @@ func (s *Sink) repair(why string, foreign []nfmonitor.Batch) {
 		s.logger.Error(err, "Cannot insert the jumps again: rewriting every chain", "prefix", s.prefix, "because", why)
 		why += " (inserting the jumps alone failed: " + err.Error() + ")"
 	}
+	lastOK := !s.needFull
 	s.needFull = true
 	if s.inRound {
 		return
 	}
+	if only := touchedTables(foreign); only != nil && lastOK {
+		s.onlyTables = only
+		defer func() { s.onlyTables = nil }()
+	}
 	if err := s.sync(why); err != nil {
 		s.logger.Error(err, "Full sync failed: tried again at the next check", "prefix", s.prefix, "because", why)
 	}
+}
+
+// touchedTables returns the nat and filter tables (family and table; no
+// chain) the transactions' watched changes touched, when they name them
+// all; nil when they may not (notifications lost, more tables than a
+// Batch names) or foreign is empty.
+func touchedTables(foreign []nfmonitor.Batch) map[builtinRef]bool {
+	if len(foreign) == 0 {
+		return nil
+	}
+	out := map[builtinRef]bool{}
+	for _, b := range foreign {
+		if b.Cut || b.ManyTables {
+			return nil
+		}
+		for _, t := range b.Tables {
+			f := ipv4
+			if t.Family == unix.NFPROTO_IPV6 {
+				f = ipv6
+			}
+			out[builtinRef{family: f, table: t.Table}] = true
+		}
+	}
+	return out
 }
 
 // builtinRef is a built-in chain of a family's table.

@@ -42,3 +42,29 @@ func TestDeletedJumps(t *testing.T) {
 		}
 	}
 }
+
+// TestTouchedTables: a repair writes only the tables the transactions
+// touched when they name them all; not after a loss (no batch, or a Cut
+// one), nor when a batch touched more tables than it names.
+func TestTouchedTables(t *testing.T) {
+	table := func(family uint8, name string) nfmonitor.Change {
+		return nfmonitor.Change{Family: family, Table: name}
+	}
+	for _, tc := range []struct {
+		what    string
+		foreign []nfmonitor.Batch
+		want    map[builtinRef]bool
+	}{
+		{"no transaction (notifications lost)", nil, nil},
+		{"two tables, one of them twice", []nfmonitor.Batch{
+			{Tables: []nfmonitor.Change{table(unix.NFPROTO_IPV4, "nat")}},
+			{Tables: []nfmonitor.Change{table(unix.NFPROTO_IPV6, "filter"), table(unix.NFPROTO_IPV4, "nat")}},
+		}, map[builtinRef]bool{{family: ipv4, table: "nat"}: true, {family: ipv6, table: "filter"}: true}},
+		{"a batch cut by a loss", []nfmonitor.Batch{{Tables: []nfmonitor.Change{table(unix.NFPROTO_IPV4, "nat")}, Cut: true}}, nil},
+		{"more tables than a batch names", []nfmonitor.Batch{{ManyTables: true}}, nil},
+	} {
+		if diff := cmp.Diff(tc.want, touchedTables(tc.foreign), cmp.AllowUnexported(builtinRef{})); diff != "" {
+			t.Errorf("%s: touchedTables (-want +got):\n%s", tc.what, diff)
+		}
+	}
+}

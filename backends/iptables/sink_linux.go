@@ -43,6 +43,10 @@ type Sink struct {
 	needFull bool
 	// lastFull is the time of the last successful full sync.
 	lastFull time.Time
+	// onlyTables, during a repair's full sync, are the tables (family
+	// and table, no chain) it writes: those another program changed
+	// (nil: all).
+	onlyTables map[builtinRef]bool
 	// changed are the services updated since the last Sync: the state
 	// re-plans them (and those contending with them) at the Sync.
 	changed map[model.ServiceKey]bool
@@ -288,7 +292,7 @@ func (s *Sink) syncOnce(start time.Time, res *SyncResult) error {
 		return fmt.Errorf("iptables (%s) chains %s* of services %s: %w (the next sync re-reads the chains and rewrites them all)", s.variant, s.prefix, s.dirtyNames(), err)
 	}
 	s.needFull = false
-	if full {
+	if full && s.onlyTables == nil {
 		s.lastFull = start
 	}
 	for k := range s.dirty {
@@ -367,6 +371,9 @@ func (s *Sink) apply(shared [2]familyPlan, full bool) (syncStats, error) {
 		// listing (one iptables-save of every rule, about 90 ms at 1,000
 		// services).
 		for _, table := range tables {
+			if full && s.onlyTables != nil && !s.onlyTables[builtinRef{family: f, table: table}] {
+				continue // a repair, of other tables
+			}
 			var write []*chain
 			var stale, inserts []string
 			if full {

@@ -57,6 +57,9 @@ const DefaultReceiveBuffer = 16 << 20
 // buffer.
 const lossWindow = 2 * time.Second
 
+// maxTables is how many distinct tables a Batch names (Batch.Tables).
+const maxTables = 64
+
 // keptChanges is how many of a transaction's watched changes a Batch
 // keeps (for the logs); Count counts them all.
 const keptChanges = 4
@@ -96,6 +99,11 @@ type Batch struct {
 	// kinds of changes (more than it keeps); false: Changes names every
 	// kind, and a backend may repair only what they name (unless Cut).
 	Truncated bool
+	// Tables are the distinct tables (Change with the Family and Table
+	// only) the watched changes touched, every one of them unless
+	// ManyTables: more than maxTables, and a backend must assume any.
+	Tables     []Change
+	ManyTables bool
 	// Cut says that notifications were lost around the batch (the
 	// socket's buffer overran): the end of an earlier transaction was
 	// lost, so that Changes may be of that one too, whose committer is
@@ -106,9 +114,17 @@ type Batch struct {
 
 // keep counts c, and keeps it if it is of a kind (type, table, chain) not
 // kept yet; a table's deletion is always kept (in place of the last
-// change kept when there are keptChanges already).
+// change kept when there are keptChanges already). Its table goes in
+// Tables.
 func (b *Batch) keep(c Change) {
 	b.Count++
+	if t := (Change{Family: c.Family, Table: c.Table}); !b.ManyTables && !slices.Contains(b.Tables, t) {
+		if len(b.Tables) < maxTables {
+			b.Tables = append(b.Tables, t)
+		} else {
+			b.Tables, b.ManyTables = nil, true
+		}
+	}
 	if slices.Contains(b.Changes, c) {
 		return
 	}

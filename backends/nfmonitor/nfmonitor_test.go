@@ -4,6 +4,7 @@ package nfmonitor
 
 import (
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -100,6 +101,16 @@ func TestBatchKeep(t *testing.T) {
 	}
 	if !b.Truncated {
 		t.Errorf("batch %+v: kinds of changes dropped, not Truncated", b)
+	}
+	if want := []Change{{Family: unix.NFPROTO_INET, Table: "kpng-x"}}; !cmp.Equal(b.Tables, want) || b.ManyTables {
+		t.Errorf("batch tables %v (many: %v), want %v", b.Tables, b.ManyTables, want)
+	}
+	var many Batch
+	for i := range maxTables + 1 {
+		many.keep(Change{Type: unix.NFT_MSG_NEWRULE, Family: unix.NFPROTO_IPV4, Table: fmt.Sprint("t", i), Chain: "c"})
+	}
+	if !many.ManyTables || many.Tables != nil {
+		t.Errorf("a batch of %d tables: Tables %d long, ManyTables %v; want none named, ManyTables", maxTables+1, len(many.Tables), many.ManyTables)
 	}
 	var few Batch
 	for range 3 {
