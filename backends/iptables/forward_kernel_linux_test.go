@@ -64,18 +64,7 @@ func TestKernelForwardAcceptNFT(t *testing.T) {
 				t.Fatalf("nft Sync: %v", err)
 			}
 			ask := func() (served, dropped []string) {
-				for _, addr := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
-					for _, network := range []string{"tcp", "udp"} {
-						dst := netip.AddrPortFrom(addr, 80)
-						a, err := b.Client.Ask(network, dst, netns.AskOptions{Timeout: time.Second})
-						if err == nil && a.Server == netns.PodID {
-							served = append(served, network+" "+dst.String())
-						} else {
-							dropped = append(dropped, network+" "+dst.String())
-						}
-					}
-				}
-				return served, dropped
+				return b.ServedByPod([]netip.Addr{netns.ServiceV4, netns.ServiceV6}, 80)
 			}
 			if served, _ := ask(); len(served) > 0 {
 				t.Fatalf("FORWARD policy DROP, no ForwardAccept: %v served, want the traffic dropped (the control)", served)

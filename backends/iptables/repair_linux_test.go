@@ -277,18 +277,7 @@ func TestKernelForwardDrop(t *testing.T) {
 				t.Fatalf("Sync: %v", err)
 			}
 			ask := func() (served, dropped []string) {
-				for _, addr := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
-					for _, network := range []string{"tcp", "udp"} {
-						dst := netip.AddrPortFrom(addr, 80)
-						a, err := b.Client.Ask(network, dst, netns.AskOptions{Timeout: time.Second})
-						if err == nil && a.Server == netns.PodID {
-							served = append(served, network+" "+dst.String())
-						} else {
-							dropped = append(dropped, network+" "+dst.String())
-						}
-					}
-				}
-				return served, dropped
+				return b.ServedByPod([]netip.Addr{netns.ServiceV4, netns.ServiceV6}, 80)
 			}
 			if _, dropped := ask(); len(dropped) > 0 {
 				t.Errorf("FORWARD policy DROP: %v not served by the pod through the sink's rules", dropped)

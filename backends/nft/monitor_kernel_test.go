@@ -275,19 +275,8 @@ func TestKernelMonitorLostNotifications(t *testing.T) {
 	ns := netns.New(t, "monlost")
 	const name = "monlost"
 	table := TableName(name)
-	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.monitorReceiveBuffer = 1 })
+	_, results, _, want, svcChain := lossySink(t, ns, name)
 	newConn := connIn(t, ns)
-	want := freshKernelTable(t, name, opts, state)
-	svcChain := ""
-	for _, c := range s.tracker.ChainNames() {
-		if strings.HasPrefix(c, "svc4-") {
-			svcChain = c
-			break
-		}
-	}
-	if svcChain == "" {
-		t.Fatal("the state has no service chain to flush")
-	}
 	script := "flush chain inet " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
 	if _, stderr, err := ns.Exec([]byte(script), "nft", "-f", "-"); err != nil {
 		t.Fatalf("nft -f: %v: %s", err, stderr)
@@ -315,6 +304,23 @@ func TestKernelMonitorLostNotifications(t *testing.T) {
 	}
 }
 
+// lossySink is monitoredSink with a monitor socket of the smallest
+// receive buffer (any burst of notifications overruns it): it returns the
+// sink, its results, its state, the table a fresh sink writes for it, and
+// a service chain of it to flush.
+func lossySink(t *testing.T, ns *netns.NS, name string) (*Sink, chan SyncResult, []*model.ServiceEndpoints, *kernelTable, string) {
+	t.Helper()
+	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.monitorReceiveBuffer = 1 })
+	want := freshKernelTable(t, name, opts, state)
+	for _, c := range s.tracker.ChainNames() {
+		if strings.HasPrefix(c, "svc4-") {
+			return s, results, state, want, c
+		}
+	}
+	t.Fatal("the state has no service chain to flush")
+	return nil, nil, nil, nil, ""
+}
+
 // TestKernelMonitorLostInRound is TestKernelMonitorLostNotifications
 // with the loss taken in while a round of kpng's is open (an Update
 // made, its Sync not yet): the check of every chain that the loss calls
@@ -328,19 +334,8 @@ func TestKernelMonitorLostInRound(t *testing.T) {
 	ns := netns.New(t, "monround")
 	const name = "monround"
 	table := TableName(name)
-	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.monitorReceiveBuffer = 1 })
+	s, results, state, want, svcChain := lossySink(t, ns, name)
 	newConn := connIn(t, ns)
-	want := freshKernelTable(t, name, opts, state)
-	svcChain := ""
-	for _, c := range s.tracker.ChainNames() {
-		if strings.HasPrefix(c, "svc4-") {
-			svcChain = c
-			break
-		}
-	}
-	if svcChain == "" {
-		t.Fatal("the state has no service chain to flush")
-	}
 	// What the monitor takes in, and whether a round was open and the
 	// flush started then.
 	type seen struct{ inRound, flushed bool }

@@ -251,3 +251,21 @@ func (b *BlogTopology) ExpectNoService(t testing.TB, from *NS, timeout time.Dura
 	}
 	wg.Wait()
 }
+
+// ServedByPod asks, from the client, each of addrs at port over TCP and
+// UDP (one request each, a second's timeout) and returns the requests
+// ("tcp 10.96.0.10:80") the pod answered and those it did not.
+func (b *BlogTopology) ServedByPod(addrs []netip.Addr, port uint16) (served, notServed []string) {
+	for _, addr := range addrs {
+		for _, network := range []string{"tcp", "udp"} {
+			dst := netip.AddrPortFrom(addr, port)
+			a, err := b.Client.Ask(network, dst, AskOptions{Timeout: time.Second})
+			if err == nil && a.Server == PodID {
+				served = append(served, network+" "+dst.String())
+			} else {
+				notServed = append(notServed, network+" "+dst.String())
+			}
+		}
+	}
+	return served, notServed
+}
