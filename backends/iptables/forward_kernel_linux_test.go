@@ -16,7 +16,6 @@ import (
 
 	"sigs.k8s.io/kpng/backends/nft"
 	"sigs.k8s.io/kpng/internal/netns"
-	"sigs.k8s.io/kpng/model"
 )
 
 // TestKernelForwardAcceptNFT is TestKernelForwardDrop for the nft
@@ -54,15 +53,7 @@ func TestKernelForwardAcceptNFT(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			web := &model.ServiceEndpoints{
-				Service:   svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.TCP, 80, 6000), port(model.UDP, 80, 6000)),
-				Endpoints: []*model.Endpoint{ep(netns.PodV4.String(), true), ep(netns.PodV6.String(), true)},
-			}
-			web.Service.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
-			s.Update(web.Service.Key(), nil, web)
-			if err := s.Sync(); err != nil {
-				t.Fatalf("nft Sync: %v", err)
-			}
+			syncForwardWeb(t, s)
 			ask := func() (served, dropped []string) {
 				return b.ServedByPod([]netip.Addr{netns.ServiceV4, netns.ServiceV6}, 80)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
 )
 
@@ -267,15 +268,7 @@ func TestKernelForwardDrop(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			web := &model.ServiceEndpoints{
-				Service:   svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.TCP, 80, 6000), port(model.UDP, 80, 6000)),
-				Endpoints: []*model.Endpoint{ep(netns.PodV4.String(), true), ep(netns.PodV6.String(), true)},
-			}
-			web.Service.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
-			s.Update(web.Service.Key(), nil, web)
-			if err := s.Sync(); err != nil {
-				t.Fatalf("Sync: %v", err)
-			}
+			syncForwardWeb(t, s)
 			ask := func() (served, dropped []string) {
 				return b.ServedByPod([]netip.Addr{netns.ServiceV4, netns.ServiceV6}, 80)
 			}
@@ -295,5 +288,22 @@ func TestKernelForwardDrop(t *testing.T) {
 				t.Errorf("FORWARD policy DROP without the jump to %s%s: %v served, want the traffic dropped (the control)", prefix, chainForward, served)
 			}
 		})
+	}
+}
+
+// syncForwardWeb gives s the service of the FORWARD DROP tests and syncs
+// it: TCP and UDP port 80 of its cluster and external IPs (the blog
+// topology's service addresses), both families, served by the topology's
+// pod on 6000.
+func syncForwardWeb(t *testing.T, s localsink.Sink) {
+	t.Helper()
+	web := &model.ServiceEndpoints{
+		Service:   svc("web", ipset("10.96.0.10", "fd00:10:96::10"), port(model.TCP, 80, 6000), port(model.UDP, 80, 6000)),
+		Endpoints: []*model.Endpoint{ep(netns.PodV4.String(), true), ep(netns.PodV6.String(), true)},
+	}
+	web.Service.IPs.ExternalIPs = ipset(netns.ServiceV4.String(), netns.ServiceV6.String())
+	s.Update(web.Service.Key(), nil, web)
+	if err := s.Sync(); err != nil {
+		t.Fatalf("Sync of %s: %v", web.Service.Key(), err)
 	}
 }
