@@ -167,6 +167,9 @@ func touchedTables(foreign []nfmonitor.Batch) map[builtinRef]bool {
 			out[builtinRef{family: f, table: t.Table}] = true
 		}
 	}
+	if len(out) == 0 {
+		return nil // named none: every table
+	}
 	return out
 }
 
@@ -208,8 +211,9 @@ func deletedJumps(foreign []nfmonitor.Batch) []builtinRef {
 // only, not the whole table) and inserts the sink's jumps it lacks, one
 // iptables-restore per table, reporting the repair to Config.AfterSync
 // (nothing is reported when no jump was missing: the check put them back
-// first, or the rule deleted only named a chain of the sink's). An error
-// is not reported: the caller rewrites everything, saying why.
+// first, or the rule deleted only named a chain of the sink's). A failed
+// restore is reported as a failure, not a repair: the caller rewrites
+// everything, saying why.
 func (s *Sink) restoreJumps(why string, from []builtinRef) error {
 	start := time.Now()
 	inserts := map[builtinRef][]string{} // by family and table (chain "")
@@ -241,7 +245,13 @@ func (s *Sink) restoreJumps(why string, from []builtinRef) error {
 	for _, key := range order {
 		in := restoreInput(key.table, &tablePlan{}, nil, inserts[key]...)
 		if _, err := s.cfg.Runner.Run(s.ctx, binary(s.variant, key.family, "-restore"), []string{"--noflush", "--wait"}, in); err != nil {
-			return fmt.Errorf("%s table %s: insert the jumps: %w", key.family, key.table, err)
+			err = fmt.Errorf("%s table %s: insert the jumps: %w", key.family, key.table, err)
+			// A failed restore, counted as such; the full sync the
+			// caller makes next is the repair.
+			if s.cfg.AfterSync != nil {
+				s.cfg.AfterSync(SyncResult{Restores: res.Restores, RestoreFailed: true, Duration: time.Since(start), Err: err})
+			}
+			return err
 		}
 		res.Restores++
 	}
