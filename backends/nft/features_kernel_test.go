@@ -449,7 +449,7 @@ func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 	}
 	roundTrip("before")
 
-	second := restartSink(t, b, "keep", state)
+	second := restartSink(t, b, first, "keep", state)
 	roundTrip("after the restart")
 	// And after a partial sync that touches the service's chains.
 	e := podEndpoints(netns.Pod2ID)[0]

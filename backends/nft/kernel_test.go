@@ -213,10 +213,14 @@ func (ts *testSink) sync() SyncResult {
 	return r
 }
 
-// restartSink starts a new sink on table kpng-<name> (a restarted
-// proxier), gives it state and checks that its first sync is full.
-func restartSink(t *testing.T, b *netns.BlogTopology, name string, state ...*model.ServiceEndpoints) *testSink {
+// restartSink stops old (its context ends, as the process of a
+// restarted proxier is gone: its monitor would otherwise repair the new
+// sink's first transaction as another program's), then starts a new sink
+// on table kpng-<name>, gives it state and checks that its first sync is
+// full.
+func restartSink(t *testing.T, b *netns.BlogTopology, old *testSink, name string, state ...*model.ServiceEndpoints) *testSink {
 	t.Helper()
+	old.stop()
 	s := newTestSink(t, b, name)
 	s.setAll(state...)
 	if r := s.sync(); !r.Full {
@@ -455,7 +459,7 @@ func TestKernelExternalIPsAndRestart(t *testing.T) {
 	first.sync()
 	check("first proxier")
 
-	restartSink(t, b, "ext", state)
+	restartSink(t, b, first, "ext", state)
 	check("restarted proxier")
 	out := b.Node.MustExec("nft", "list", "tables")
 	if n := strings.Count(out, "table inet kpng-ext"); n != 1 {
@@ -480,7 +484,7 @@ func TestKernelIgnoreHeadless(t *testing.T) {
 			t.Errorf("%s answered %v with IgnoreHeadless, want no answer", addr, a)
 		}
 	}
-	restartSink(t, b, "headless", state)
+	restartSink(t, b, s, "headless", state)
 	for _, addr := range []netip.Addr{netns.ServiceV4, netns.ServiceV6} {
 		if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(addr, 6000), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
 			t.Errorf("%s without IgnoreHeadless: %v, %v; want the pod", addr, a, err)
