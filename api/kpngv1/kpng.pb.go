@@ -84,7 +84,20 @@ type WatchRequest struct {
 	// node_name is the backend's node: endpoints on it are local, and
 	// topology hints are matched against it and its zone. Empty: no endpoint
 	// is local.
-	NodeName      string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	NodeName string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// node_independent asks for the state every node shares, the same
+	// bytes for every backend: endpoints' local and the hints' same_zone
+	// and same_node are left unset, and the backend computes them itself
+	// from its node name and the node facts the controller sends (Reset's
+	// node, then set_node when they change). A controller that honours it
+	// says so with Reset.node; one that cannot (built before this field)
+	// sends the node's view as before, which the backend takes as it is.
+	NodeIndependent bool `protobuf:"varint,2,opt,name=node_independent,json=nodeIndependent,proto3" json:"node_independent,omitempty"`
+	// have_state is the state_hash of the last Sync the backend received
+	// on an earlier node-independent stream (empty: none). When the
+	// controller's state has the same hash, the stream starts with a Sync
+	// and the changes after it instead of Reset and the whole state.
+	HaveState     []byte `protobuf:"bytes,3,opt,name=have_state,json=haveState,proto3" json:"have_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -124,6 +137,20 @@ func (x *WatchRequest) GetNodeName() string {
 		return x.NodeName
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetNodeIndependent() bool {
+	if x != nil {
+		return x.NodeIndependent
+	}
+	return false
+}
+
+func (x *WatchRequest) GetHaveState() []byte {
+	if x != nil {
+		return x.HaveState
+	}
+	return nil
 }
 
 // Batch is a group of operations, in order.
@@ -182,6 +209,7 @@ type Op struct {
 	//	*Op_SetEndpoint
 	//	*Op_DeleteEndpoint
 	//	*Op_Sync
+	//	*Op_SetNode
 	Op            isOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -278,6 +306,15 @@ func (x *Op) GetSync() *Sync {
 	return nil
 }
 
+func (x *Op) GetSetNode() *NodeFacts {
+	if x != nil {
+		if x, ok := x.Op.(*Op_SetNode); ok {
+			return x.SetNode
+		}
+	}
+	return nil
+}
+
 type isOp_Op interface {
 	isOp_Op()
 }
@@ -312,6 +349,12 @@ type Op_Sync struct {
 	Sync *Sync `protobuf:"bytes,6,opt,name=sync,proto3,oneof"`
 }
 
+type Op_SetNode struct {
+	// set_node replaces the watching node's facts (node-independent
+	// streams only): the backend recomputes its view of every service.
+	SetNode *NodeFacts `protobuf:"bytes,7,opt,name=set_node,json=setNode,proto3,oneof"`
+}
+
 func (*Op_Reset_) isOp_Op() {}
 
 func (*Op_SetService) isOp_Op() {}
@@ -324,9 +367,17 @@ func (*Op_DeleteEndpoint) isOp_Op() {}
 
 func (*Op_Sync) isOp_Op() {}
 
+func (*Op_SetNode) isOp_Op() {}
+
 // Reset drops the whole state.
 type Reset struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node, when set, says the state that follows is node-independent
+	// (WatchRequest.node_independent was honoured): the backend computes
+	// each endpoint's local and the hints' same_zone and same_node from its
+	// node name and these facts. Unset, the state is to be taken as it is.
+	// A Reset does not forget the node facts of set_node.
+	Node          *NodeFacts `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -361,6 +412,60 @@ func (*Reset) Descriptor() ([]byte, []int) {
 	return file_kpng_proto_rawDescGZIP(), []int{3}
 }
 
+func (x *Reset) GetNode() *NodeFacts {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// NodeFacts are what the controller knows of the watching node that a
+// backend needs to compute its view: its zone (topology.kubernetes.io/zone),
+// for the hints.
+type NodeFacts struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Zone          string                 `protobuf:"bytes,1,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeFacts) Reset() {
+	*x = NodeFacts{}
+	mi := &file_kpng_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeFacts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeFacts) ProtoMessage() {}
+
+func (x *NodeFacts) ProtoReflect() protoreflect.Message {
+	mi := &file_kpng_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeFacts.ProtoReflect.Descriptor instead.
+func (*NodeFacts) Descriptor() ([]byte, []int) {
+	return file_kpng_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NodeFacts) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
 // Sync ends a round.
 type Sync struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -376,14 +481,20 @@ type Sync struct {
 	// clock: as kube-proxy's measurement assumes of the control plane and
 	// the node, the controller's and the backend's clocks must agree.
 	// Controllers before this field send none.
-	Triggers      []*Triggers `protobuf:"bytes,2,rep,name=triggers,proto3" json:"triggers,omitempty"`
+	Triggers []*Triggers `protobuf:"bytes,2,rep,name=triggers,proto3" json:"triggers,omitempty"`
+	// state_hash identifies the node-independent state as of this Sync
+	// (node-independent streams only; empty: not given). Two controllers
+	// holding the same services and cluster facts give the same hash; a
+	// backend sends the last one in WatchRequest.have_state when it
+	// reconnects.
+	StateHash     []byte `protobuf:"bytes,3,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sync) Reset() {
 	*x = Sync{}
-	mi := &file_kpng_proto_msgTypes[4]
+	mi := &file_kpng_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +506,7 @@ func (x *Sync) String() string {
 func (*Sync) ProtoMessage() {}
 
 func (x *Sync) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[4]
+	mi := &file_kpng_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +519,7 @@ func (x *Sync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sync.ProtoReflect.Descriptor instead.
 func (*Sync) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{4}
+	return file_kpng_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Sync) GetCluster() *Cluster {
@@ -425,6 +536,13 @@ func (x *Sync) GetTriggers() []*Triggers {
 	return nil
 }
 
+func (x *Sync) GetStateHash() []byte {
+	if x != nil {
+		return x.StateHash
+	}
+	return nil
+}
+
 // Triggers are the trigger times of the changes of one service.
 type Triggers struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -437,7 +555,7 @@ type Triggers struct {
 
 func (x *Triggers) Reset() {
 	*x = Triggers{}
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +567,7 @@ func (x *Triggers) String() string {
 func (*Triggers) ProtoMessage() {}
 
 func (x *Triggers) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +580,7 @@ func (x *Triggers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Triggers.ProtoReflect.Descriptor instead.
 func (*Triggers) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{5}
+	return file_kpng_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Triggers) GetService() *ServiceKey {
@@ -492,7 +610,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +622,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +635,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{6}
+	return file_kpng_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Cluster) GetServiceCidrs() []string {
@@ -538,7 +656,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +668,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +681,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{7}
+	return file_kpng_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -593,7 +711,7 @@ type SetEndpoint struct {
 
 func (x *SetEndpoint) Reset() {
 	*x = SetEndpoint{}
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +723,7 @@ func (x *SetEndpoint) String() string {
 func (*SetEndpoint) ProtoMessage() {}
 
 func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +736,7 @@ func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEndpoint.ProtoReflect.Descriptor instead.
 func (*SetEndpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{8}
+	return file_kpng_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SetEndpoint) GetService() *ServiceKey {
@@ -653,7 +771,7 @@ type EndpointKey struct {
 
 func (x *EndpointKey) Reset() {
 	*x = EndpointKey{}
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +783,7 @@ func (x *EndpointKey) String() string {
 func (*EndpointKey) ProtoMessage() {}
 
 func (x *EndpointKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +796,7 @@ func (x *EndpointKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointKey.ProtoReflect.Descriptor instead.
 func (*EndpointKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{9}
+	return file_kpng_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EndpointKey) GetService() *ServiceKey {
@@ -706,7 +824,7 @@ type IPSet struct {
 
 func (x *IPSet) Reset() {
 	*x = IPSet{}
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -718,7 +836,7 @@ func (x *IPSet) String() string {
 func (*IPSet) ProtoMessage() {}
 
 func (x *IPSet) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -731,7 +849,7 @@ func (x *IPSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IPSet.ProtoReflect.Descriptor instead.
 func (*IPSet) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{10}
+	return file_kpng_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *IPSet) GetV4() []string {
@@ -762,7 +880,7 @@ type ServiceIPs struct {
 
 func (x *ServiceIPs) Reset() {
 	*x = ServiceIPs{}
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +892,7 @@ func (x *ServiceIPs) String() string {
 func (*ServiceIPs) ProtoMessage() {}
 
 func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +905,7 @@ func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceIPs.ProtoReflect.Descriptor instead.
 func (*ServiceIPs) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{11}
+	return file_kpng_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ServiceIPs) GetClusterIps() *IPSet {
@@ -834,7 +952,7 @@ type PortMapping struct {
 
 func (x *PortMapping) Reset() {
 	*x = PortMapping{}
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +964,7 @@ func (x *PortMapping) String() string {
 func (*PortMapping) ProtoMessage() {}
 
 func (x *PortMapping) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +977,7 @@ func (x *PortMapping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortMapping.ProtoReflect.Descriptor instead.
 func (*PortMapping) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{12}
+	return file_kpng_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PortMapping) GetName() string {
@@ -914,7 +1032,7 @@ type ClientIPAffinity struct {
 
 func (x *ClientIPAffinity) Reset() {
 	*x = ClientIPAffinity{}
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1044,7 @@ func (x *ClientIPAffinity) String() string {
 func (*ClientIPAffinity) ProtoMessage() {}
 
 func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1057,7 @@ func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientIPAffinity.ProtoReflect.Descriptor instead.
 func (*ClientIPAffinity) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{13}
+	return file_kpng_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ClientIPAffinity) GetTimeoutSeconds() int32 {
@@ -973,7 +1091,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1103,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1116,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{14}
+	return file_kpng_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Service) GetNamespace() string {
@@ -1100,7 +1218,7 @@ type Hints struct {
 
 func (x *Hints) Reset() {
 	*x = Hints{}
-	mi := &file_kpng_proto_msgTypes[15]
+	mi := &file_kpng_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1230,7 @@ func (x *Hints) String() string {
 func (*Hints) ProtoMessage() {}
 
 func (x *Hints) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[15]
+	mi := &file_kpng_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1243,7 @@ func (x *Hints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hints.ProtoReflect.Descriptor instead.
 func (*Hints) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{15}
+	return file_kpng_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Hints) GetZones() []string {
@@ -1177,7 +1295,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_kpng_proto_msgTypes[16]
+	mi := &file_kpng_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1307,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[16]
+	mi := &file_kpng_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1320,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{16}
+	return file_kpng_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Endpoint) GetIps() *IPSet {
@@ -1273,11 +1391,14 @@ var File_kpng_proto protoreflect.FileDescriptor
 const file_kpng_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"kpng.proto\x12\akpng.v1\"+\n" +
+	"kpng.proto\x12\akpng.v1\"u\n" +
 	"\fWatchRequest\x12\x1b\n" +
-	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"&\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12)\n" +
+	"\x10node_independent\x18\x02 \x01(\bR\x0fnodeIndependent\x12\x1d\n" +
+	"\n" +
+	"have_state\x18\x03 \x01(\fR\thaveState\"&\n" +
 	"\x05Batch\x12\x1d\n" +
-	"\x03ops\x18\x01 \x03(\v2\v.kpng.v1.OpR\x03ops\"\xc6\x02\n" +
+	"\x03ops\x18\x01 \x03(\v2\v.kpng.v1.OpR\x03ops\"\xf7\x02\n" +
 	"\x02Op\x12&\n" +
 	"\x05reset\x18\x01 \x01(\v2\x0e.kpng.v1.ResetH\x00R\x05reset\x123\n" +
 	"\vset_service\x18\x02 \x01(\v2\x10.kpng.v1.ServiceH\x00R\n" +
@@ -1285,12 +1406,18 @@ const file_kpng_proto_rawDesc = "" +
 	"\x0edelete_service\x18\x03 \x01(\v2\x13.kpng.v1.ServiceKeyH\x00R\rdeleteService\x129\n" +
 	"\fset_endpoint\x18\x04 \x01(\v2\x14.kpng.v1.SetEndpointH\x00R\vsetEndpoint\x12?\n" +
 	"\x0fdelete_endpoint\x18\x05 \x01(\v2\x14.kpng.v1.EndpointKeyH\x00R\x0edeleteEndpoint\x12#\n" +
-	"\x04sync\x18\x06 \x01(\v2\r.kpng.v1.SyncH\x00R\x04syncB\x04\n" +
-	"\x02op\"\a\n" +
-	"\x05Reset\"a\n" +
+	"\x04sync\x18\x06 \x01(\v2\r.kpng.v1.SyncH\x00R\x04sync\x12/\n" +
+	"\bset_node\x18\a \x01(\v2\x12.kpng.v1.NodeFactsH\x00R\asetNodeB\x04\n" +
+	"\x02op\"/\n" +
+	"\x05Reset\x12&\n" +
+	"\x04node\x18\x01 \x01(\v2\x12.kpng.v1.NodeFactsR\x04node\"\x1f\n" +
+	"\tNodeFacts\x12\x12\n" +
+	"\x04zone\x18\x01 \x01(\tR\x04zone\"\x80\x01\n" +
 	"\x04Sync\x12*\n" +
 	"\acluster\x18\x01 \x01(\v2\x10.kpng.v1.ClusterR\acluster\x12-\n" +
-	"\btriggers\x18\x02 \x03(\v2\x11.kpng.v1.TriggersR\btriggers\"X\n" +
+	"\btriggers\x18\x02 \x03(\v2\x11.kpng.v1.TriggersR\btriggers\x12\x1d\n" +
+	"\n" +
+	"state_hash\x18\x03 \x01(\fR\tstateHash\"X\n" +
 	"\bTriggers\x12-\n" +
 	"\aservice\x18\x01 \x01(\v2\x13.kpng.v1.ServiceKeyR\aservice\x12\x1d\n" +
 	"\n" +
@@ -1385,61 +1512,64 @@ func file_kpng_proto_rawDescGZIP() []byte {
 }
 
 var file_kpng_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_kpng_proto_goTypes = []any{
 	(Protocol)(0),            // 0: kpng.v1.Protocol
 	(*WatchRequest)(nil),     // 1: kpng.v1.WatchRequest
 	(*Batch)(nil),            // 2: kpng.v1.Batch
 	(*Op)(nil),               // 3: kpng.v1.Op
 	(*Reset)(nil),            // 4: kpng.v1.Reset
-	(*Sync)(nil),             // 5: kpng.v1.Sync
-	(*Triggers)(nil),         // 6: kpng.v1.Triggers
-	(*Cluster)(nil),          // 7: kpng.v1.Cluster
-	(*ServiceKey)(nil),       // 8: kpng.v1.ServiceKey
-	(*SetEndpoint)(nil),      // 9: kpng.v1.SetEndpoint
-	(*EndpointKey)(nil),      // 10: kpng.v1.EndpointKey
-	(*IPSet)(nil),            // 11: kpng.v1.IPSet
-	(*ServiceIPs)(nil),       // 12: kpng.v1.ServiceIPs
-	(*PortMapping)(nil),      // 13: kpng.v1.PortMapping
-	(*ClientIPAffinity)(nil), // 14: kpng.v1.ClientIPAffinity
-	(*Service)(nil),          // 15: kpng.v1.Service
-	(*Hints)(nil),            // 16: kpng.v1.Hints
-	(*Endpoint)(nil),         // 17: kpng.v1.Endpoint
-	nil,                      // 18: kpng.v1.Service.LabelsEntry
-	nil,                      // 19: kpng.v1.Endpoint.PortOverridesEntry
+	(*NodeFacts)(nil),        // 5: kpng.v1.NodeFacts
+	(*Sync)(nil),             // 6: kpng.v1.Sync
+	(*Triggers)(nil),         // 7: kpng.v1.Triggers
+	(*Cluster)(nil),          // 8: kpng.v1.Cluster
+	(*ServiceKey)(nil),       // 9: kpng.v1.ServiceKey
+	(*SetEndpoint)(nil),      // 10: kpng.v1.SetEndpoint
+	(*EndpointKey)(nil),      // 11: kpng.v1.EndpointKey
+	(*IPSet)(nil),            // 12: kpng.v1.IPSet
+	(*ServiceIPs)(nil),       // 13: kpng.v1.ServiceIPs
+	(*PortMapping)(nil),      // 14: kpng.v1.PortMapping
+	(*ClientIPAffinity)(nil), // 15: kpng.v1.ClientIPAffinity
+	(*Service)(nil),          // 16: kpng.v1.Service
+	(*Hints)(nil),            // 17: kpng.v1.Hints
+	(*Endpoint)(nil),         // 18: kpng.v1.Endpoint
+	nil,                      // 19: kpng.v1.Service.LabelsEntry
+	nil,                      // 20: kpng.v1.Endpoint.PortOverridesEntry
 }
 var file_kpng_proto_depIdxs = []int32{
 	3,  // 0: kpng.v1.Batch.ops:type_name -> kpng.v1.Op
 	4,  // 1: kpng.v1.Op.reset:type_name -> kpng.v1.Reset
-	15, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
-	8,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
-	9,  // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
-	10, // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
-	5,  // 6: kpng.v1.Op.sync:type_name -> kpng.v1.Sync
-	7,  // 7: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
-	6,  // 8: kpng.v1.Sync.triggers:type_name -> kpng.v1.Triggers
-	8,  // 9: kpng.v1.Triggers.service:type_name -> kpng.v1.ServiceKey
-	8,  // 10: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
-	17, // 11: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
-	8,  // 12: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
-	11, // 13: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
-	11, // 14: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
-	11, // 15: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
-	0,  // 16: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
-	18, // 17: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
-	12, // 18: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
-	13, // 19: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
-	14, // 20: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
-	11, // 21: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
-	16, // 22: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
-	19, // 23: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
-	1,  // 24: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
-	2,  // 25: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
-	25, // [25:26] is the sub-list for method output_type
-	24, // [24:25] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	16, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
+	9,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
+	10, // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
+	11, // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
+	6,  // 6: kpng.v1.Op.sync:type_name -> kpng.v1.Sync
+	5,  // 7: kpng.v1.Op.set_node:type_name -> kpng.v1.NodeFacts
+	5,  // 8: kpng.v1.Reset.node:type_name -> kpng.v1.NodeFacts
+	8,  // 9: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
+	7,  // 10: kpng.v1.Sync.triggers:type_name -> kpng.v1.Triggers
+	9,  // 11: kpng.v1.Triggers.service:type_name -> kpng.v1.ServiceKey
+	9,  // 12: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
+	18, // 13: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
+	9,  // 14: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
+	12, // 15: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
+	12, // 16: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
+	12, // 17: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
+	0,  // 18: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
+	19, // 19: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
+	13, // 20: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
+	14, // 21: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
+	15, // 22: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
+	12, // 23: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
+	17, // 24: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
+	20, // 25: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
+	1,  // 26: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
+	2,  // 27: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
+	27, // [27:28] is the sub-list for method output_type
+	26, // [26:27] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kpng_proto_init() }
@@ -1454,6 +1584,7 @@ func file_kpng_proto_init() {
 		(*Op_SetEndpoint)(nil),
 		(*Op_DeleteEndpoint)(nil),
 		(*Op_Sync)(nil),
+		(*Op_SetNode)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1461,7 +1592,7 @@ func file_kpng_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kpng_proto_rawDesc), len(file_kpng_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

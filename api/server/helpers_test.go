@@ -45,7 +45,12 @@ func startServer(t *testing.T, cfg server.ListenConfig, sendTimeout time.Duratio
 // startServerWith is startServer with all the server's options.
 func startServerWith(t *testing.T, cfg server.ListenConfig, o server.Options) *testServer {
 	t.Helper()
-	hub := server.NewHub(true)
+	return startServerOn(t, cfg, o, server.NewHub(true))
+}
+
+// startServerOn is startServerWith serving a given hub.
+func startServerOn(t *testing.T, cfg server.ListenConfig, o server.Options, hub *server.Hub) *testServer {
+	t.Helper()
 	lis, opts, err := cfg.Listen()
 	if err != nil {
 		t.Fatalf("listen: %v", err)

@@ -7,6 +7,7 @@ package server
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"sigs.k8s.io/kpng/localsink"
@@ -37,6 +38,23 @@ type Hub struct {
 	zones     map[string]string
 	subs      map[*subscription]struct{}
 	nodeViews bool
+
+	// The node-independent stream (shared.go), under mu: each published
+	// service's whole encoding, the state's hash (clusterHash the cluster
+	// facts' part of it), the log of encoded rounds (logBytes in all, gen
+	// the last round's number) and the last snapshot (snapMu: built by
+	// one stream at a time while others read the state).
+	whole       map[model.ServiceKey]wholeService
+	hash        stateHash
+	clusterHash stateHash
+	log         []*round
+	logBytes    int
+	logLimit    int // maxLogBytes but in tests
+	gen         uint64
+	snapMu      sync.Mutex
+	snap        *snapshot
+	// The counters of SharedStats.
+	snapshots, resumed, caughtUp atomic.Uint64
 }
 
 var (
@@ -54,13 +72,44 @@ const maxSubscriberTriggers = 10000
 // knows node names, as the Kubernetes watcher does); without, subscribers
 // see the state exactly as fed.
 func NewHub(nodeViews bool) *Hub {
-	return &Hub{
+	h := &Hub{
 		staged:         map[model.ServiceKey]*model.ServiceEndpoints{},
 		stagedTriggers: map[model.ServiceKey][]time.Time{},
 		published:      map[model.ServiceKey]*model.ServiceEndpoints{},
 		zones:          map[string]string{},
 		subs:           map[*subscription]struct{}{},
 		nodeViews:      nodeViews,
+		whole:          map[model.ServiceKey]wholeService{},
+		clusterHash:    clusterHash(nil),
+		logLimit:       maxLogBytes,
+	}
+	h.hash = h.clusterHash
+	return h
+}
+
+// SharedStats are the counters of a hub's node-independent stream.
+type SharedStats struct {
+	// Snapshots is the number of whole states encoded for the streams
+	// (each shared by every stream starting while it is current).
+	Snapshots uint64
+	// Resumed is the number of streams that started without a whole
+	// state, their client holding the hub's state already.
+	Resumed uint64
+	// CaughtUp is the number of times a stream fell behind the log of
+	// rounds and was sent a whole state instead.
+	CaughtUp uint64
+	// LogRounds and LogBytes are the rounds the log holds now and their
+	// encoded size.
+	LogRounds, LogBytes int
+}
+
+// SharedStats returns the counters of the node-independent stream.
+func (h *Hub) SharedStats() SharedStats {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return SharedStats{
+		Snapshots: h.snapshots.Load(), Resumed: h.resumed.Load(), CaughtUp: h.caughtUp.Load(),
+		LogRounds: len(h.log), LogBytes: h.logBytes,
 	}
 }
 
@@ -101,9 +150,14 @@ func (h *Hub) Sync() error {
 		h.reset = false
 	}
 	keys := make([]model.ServiceKey, 0, len(h.staged))
-	for key, se := range h.staged {
+	for key := range h.staged {
 		keys = append(keys, key)
-		if se != nil {
+	}
+	if len(keys) > 0 || h.clusterStaged || len(h.stagedTriggers) > 0 {
+		h.encodeRound(keys, h.clusterStaged)
+	}
+	for _, key := range keys {
+		if se := h.staged[key]; se != nil {
 			h.published[key] = se
 		} else {
 			delete(h.published, key)
@@ -115,7 +169,11 @@ func (h *Hub) Sync() error {
 	}
 	h.synced = true
 	for sub := range h.subs {
-		sub.markDirty(keys, h.stagedTriggers)
+		if sub.shared {
+			sub.signal()
+		} else {
+			sub.markDirty(keys, h.stagedTriggers)
+		}
 	}
 	clear(h.stagedTriggers)
 	return nil
@@ -135,7 +193,11 @@ func (h *Hub) SetNodeZone(node, zone string) {
 		h.zones[node] = zone
 	}
 	for sub := range h.subs {
-		if sub.node == node {
+		switch {
+		case sub.node != node:
+		case sub.shared:
+			sub.markNodeDirty()
+		default:
 			sub.markAllDirty()
 		}
 	}
@@ -148,14 +210,24 @@ func (h *Hub) Subscribers() int {
 	return len(h.subs)
 }
 
-// subscription is one subscriber's pending work.
+// subscription is one subscriber's pending work: with shared, a stream of
+// the node-independent state (shared.go), which needs no more than a
+// position in the hub's log; otherwise its node's view, whose changed
+// services it keeps.
 type subscription struct {
 	node   string
 	notify chan struct{}
+	shared bool
+	// cursor is the last round a shared stream sent (its own goroutine's).
+	cursor uint64
 
 	mu    sync.Mutex
 	dirty map[model.ServiceKey]struct{}
 	all   bool
+	// nodeDirty: the node's facts changed (shared streams); have: the
+	// state hash the client said it holds, until its first state.
+	nodeDirty bool
+	have      []byte
 	// triggers are the trigger times of the changes not yet taken,
 	// nTriggers how many in all.
 	triggers  map[model.ServiceKey][]time.Time
@@ -196,6 +268,13 @@ func (s *subscription) markAllDirty() {
 	s.signal()
 }
 
+func (s *subscription) markNodeDirty() {
+	s.mu.Lock()
+	s.nodeDirty = true
+	s.mu.Unlock()
+	s.signal()
+}
+
 func (s *subscription) signal() {
 	select {
 	case s.notify <- struct{}{}:
@@ -204,9 +283,14 @@ func (s *subscription) signal() {
 }
 
 // subscribe registers a subscriber for node; the first state (when there is
-// one) is pending at once.
-func (h *Hub) subscribe(node string) *subscription {
-	s := &subscription{node: node, notify: make(chan struct{}, 1), dirty: map[model.ServiceKey]struct{}{}, all: true}
+// one) is pending at once. It is a shared stream when the client computes
+// its own view (independent), or when the hub has no node views (every
+// node's view is the state); have is the state hash the client holds.
+func (h *Hub) subscribe(node string, independent bool, have []byte) *subscription {
+	s := &subscription{node: node, notify: make(chan struct{}, 1), all: true, shared: independent || !h.nodeViews, have: have}
+	if !s.shared {
+		s.dirty = map[model.ServiceKey]struct{}{}
+	}
 	h.mu.Lock()
 	h.subs[s] = struct{}{}
 	synced := h.synced

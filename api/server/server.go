@@ -148,9 +148,12 @@ func New(hub *Hub, opts Options) *Server {
 func (s *Server) Register(g *grpc.Server) { kpngv1.RegisterControllerServer(g, s) }
 
 // ServerOptions are the gRPC options the controller uses: message size
-// limits. Add credentials with grpc.Creds.
+// limits, and the codec that sends the node-independent stream's shared
+// bytes without copying them (a Server registered without it cannot
+// serve that stream). Add credentials with grpc.Creds.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		codecOption(),
 		grpc.MaxRecvMsgSize(kpngv1.MaxRequestSize), grpc.MaxSendMsgSize(kpngv1.MaxBatchSize),
 		grpc.InitialWindowSize(kpngv1.WindowSize), grpc.InitialConnWindowSize(kpngv1.WindowSize),
 	}
@@ -180,19 +183,28 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	s.connections.Add(1)
 	s.connected.Add(1)
 	defer s.connected.Add(-1)
-	sub := s.hub.subscribe(node)
+	sub := s.hub.subscribe(node, req.GetNodeIndependent(), req.GetHaveState())
 	defer s.hub.unsubscribe(sub)
 	defer s.releaseNodeSlot(node) // before unsubscribing: Subscribers() tells the slot is free
 
 	// The loop runs in its own goroutine so that a backend that stops
 	// reading (Send blocked on flow control) can be dropped: returning from
 	// Watch ends the stream, which unblocks Send.
-	out := &batchSender{stream: stream, max: s.batchOps, sent: func(batch *kpngv1.Batch) {
+	sent := func(bytes int) {
 		s.sentBatches.Add(1)
-		s.sentBytes.Add(uint64(proto.Size(batch)))
-	}}
+		s.sentBytes.Add(uint64(bytes))
+	}
+	var sending *atomic.Int64 // the start of the send in progress
+	var run func() error
+	if sub.shared {
+		out := &rawSender{stream: stream, sent: sent}
+		sending, run = &out.sendingSince, func() error { return s.serveShared(ctx, sub, out) }
+	} else {
+		out := &batchSender{stream: stream, max: s.batchOps, sent: func(batch *kpngv1.Batch) { sent(proto.Size(batch)) }}
+		sending, run = &out.sendingSince, func() error { return s.serve(ctx, sub, out) }
+	}
 	done := make(chan error, 1)
-	go func() { done <- s.serve(ctx, sub, out) }()
+	go func() { done <- run() }()
 	tick := time.NewTicker(min(s.sendTimeout/4, time.Second))
 	defer tick.Stop()
 	for {
@@ -207,7 +219,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 			}
 			return err
 		case <-tick.C:
-			if since := out.sendingSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
+			if since := sending.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
 				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", logNode, "peer", who, "timeout", s.sendTimeout)
 				s.dropped.Add(1)
 				return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
@@ -264,6 +276,44 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 			return err
 		}
 	}
+}
+
+// serveShared feeds one node-independent stream until ctx ends or sending
+// fails: the hub's shared bytes, as they are. Its first state takes no
+// turn (Options.MaxConcurrentFirstStates): it is the hub's snapshot, not a
+// copy of its own.
+func (s *Server) serveShared(ctx context.Context, sub *subscription, out *rawSender) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.notify:
+		}
+		for _, b := range s.hub.nextShared(sub) {
+			if err := out.send(b); err != nil {
+				return fmt.Errorf("send to backend: %w", err)
+			}
+		}
+	}
+}
+
+// rawSender sends encoded Batch messages on a stream.
+type rawSender struct {
+	stream grpc.ServerStream
+	// sendingSince is the start time (Unix ns) of the Send in progress, 0
+	// when none is.
+	sendingSince atomic.Int64
+	sent         func(bytes int)
+}
+
+func (r *rawSender) send(b []byte) error {
+	r.sendingSince.Store(time.Now().UnixNano())
+	err := r.stream.SendMsg(rawBatch(b))
+	r.sendingSince.Store(0)
+	if err == nil {
+		r.sent(len(b))
+	}
+	return err
 }
 
 // send sends sub's pending changes through f, if a state was published.
@@ -347,13 +397,19 @@ func (b *batchSender) SetCluster(c *model.Cluster) {
 	b.cluster, b.clusterSet = kpngv1.FromCluster(c), true
 }
 
-// Update implements localsink.Sink with the wire's operations: set_service
-// when the service is new or changed, delete_endpoint for the endpoints
-// gone, set_endpoint for the new and changed ones; for a deleted service,
-// delete_endpoint for each endpoint, then delete_service. A service too
-// large for a message (labels of megabytes, from a state file) is not
-// sent: an error log names it, and the backend loses what it had of it.
+// Update implements localsink.Sink with the wire's operations (serviceOps).
 func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
+	serviceOps(key, prev, cur, b.add)
+}
+
+// serviceOps turns one service's change into the wire's operations, in
+// order: set_service when the service is new or changed, delete_endpoint
+// for the endpoints gone, set_endpoint for the new and changed ones; for a
+// deleted service, delete_endpoint for each endpoint, then delete_service.
+// A service too large for a message (labels of megabytes, from a state
+// file) is not sent: an error log names it, and the backend loses what it
+// had of it.
+func serviceOps(key model.ServiceKey, prev, cur *model.ServiceEndpoints, add func(*kpngv1.Op)) {
 	wireKey := kpngv1.FromServiceKey(key)
 	if cur != nil && (prev == nil || (prev.Service != cur.Service && !reflect.DeepEqual(prev.Service, cur.Service))) {
 		op := &kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(cur.Service)}}
@@ -365,20 +421,20 @@ func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpo
 			}
 			cur = nil
 		} else {
-			b.add(op)
+			add(op)
 		}
 	}
 	removed, set := localsink.EndpointChanges(prev, cur)
 	for _, ep := range removed {
-		b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Service: wireKey, Key: ep.Key()}}})
+		add(&kpngv1.Op{Op: &kpngv1.Op_DeleteEndpoint{DeleteEndpoint: &kpngv1.EndpointKey{Service: wireKey, Key: ep.Key()}}})
 	}
 	for _, ep := range set {
-		b.add(&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
+		add(&kpngv1.Op{Op: &kpngv1.Op_SetEndpoint{SetEndpoint: &kpngv1.SetEndpoint{
 			Service: wireKey, Key: ep.Key(), Endpoint: kpngv1.FromEndpoint(ep),
 		}}})
 	}
 	if cur == nil {
-		b.add(&kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: wireKey}})
+		add(&kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: wireKey}})
 	}
 }
 

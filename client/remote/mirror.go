@@ -15,6 +15,12 @@ import (
 // only what differs from what it holds. A Reset from the controller (sent
 // on every new stream) therefore costs the sink nothing when the state did
 // not change. The Feeder lives across streams.
+//
+// On a node-independent stream (the controller's Reset names the node's
+// facts) the mirror holds the state every node shares, and computes its
+// node's view of each service it delivers (model.Node.ViewService); it
+// keeps the hash of the last state the controller named, which a new
+// stream sends so as not to be sent that state again.
 type mirror struct {
 	feeder   *localsink.Feeder
 	services map[model.ServiceKey]*wireService
@@ -22,6 +28,15 @@ type mirror struct {
 	// cluster are the cluster-level facts the controller sent (a Reset
 	// forgets them).
 	cluster *model.Cluster
+	// node is the backend's node, independent whether the state is
+	// node-independent (its view computed here with node), hash the
+	// state hash of the last sync that named one (nil after a Reset and
+	// when a stream ended in the middle of a round).
+	node        model.Node
+	independent bool
+	hash        []byte
+	// midRound: operations were applied since the last sync.
+	midRound bool
 }
 
 // wireService is a service as the operations built it.
@@ -30,8 +45,33 @@ type wireService struct {
 	eps map[string]*model.Endpoint
 }
 
-func newMirror(feeder *localsink.Feeder) *mirror {
-	return &mirror{feeder: feeder, services: map[model.ServiceKey]*wireService{}, changed: map[model.ServiceKey]struct{}{}}
+func newMirror(feeder *localsink.Feeder, node string) *mirror {
+	return &mirror{feeder: feeder, services: map[model.ServiceKey]*wireService{}, changed: map[model.ServiceKey]struct{}{}, node: model.Node{Name: node}}
+}
+
+// streamEnded is called when a stream ends: a round cut in the middle
+// leaves the mirror holding part of it, which is no state the controller
+// named.
+func (m *mirror) streamEnded() {
+	if m.midRound {
+		m.hash = nil
+	}
+}
+
+// haveState is the state hash a new stream sends (nil: none).
+func (m *mirror) haveState() []byte {
+	if !m.independent {
+		return nil
+	}
+	return m.hash
+}
+
+// markAll marks every service changed (their view is to be computed
+// again).
+func (m *mirror) markAll() {
+	for key := range m.services {
+		m.changed[key] = struct{}{}
+	}
 }
 
 // entry returns the service key, created when missing, marked changed.
@@ -48,13 +88,23 @@ func (m *mirror) entry(key model.ServiceKey) *wireService {
 // apply applies one operation; malformed ones are errors (the stream is
 // then dropped and reopened).
 func (m *mirror) apply(op *kpngv1.Op) error {
+	if op.GetSync() == nil {
+		m.midRound = true
+	}
 	switch o := op.GetOp().(type) {
 	case *kpngv1.Op_Reset_:
-		for key := range m.services {
-			m.changed[key] = struct{}{}
-		}
+		m.markAll()
 		clear(m.services)
-		m.cluster = nil
+		m.cluster, m.hash = nil, nil
+		if n := o.Reset_.GetNode(); n != nil {
+			m.independent, m.node.Zone = true, n.GetZone()
+		} else {
+			m.independent, m.node.Zone = false, ""
+		}
+	case *kpngv1.Op_SetNode:
+		// The zone is only compared with the hints' zones.
+		m.independent, m.node.Zone = true, o.SetNode.GetZone()
+		m.markAll()
 	case *kpngv1.Op_SetService:
 		if o.SetService.GetName() == "" {
 			return fmt.Errorf("set_service without a name")
@@ -107,6 +157,10 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 			}
 			m.feeder.Triggered(key, times...)
 		}
+		if h := o.Sync.GetStateHash(); len(h) > 0 {
+			m.hash = slices.Clone(h)
+		}
+		m.midRound = false
 		m.sync()
 	default:
 		return fmt.Errorf("unknown operation %T", o)
@@ -122,6 +176,9 @@ func (m *mirror) sync() {
 		var se *model.ServiceEndpoints
 		if e := m.services[key]; e != nil && e.svc != nil {
 			se = e.build()
+			if m.independent {
+				se = m.node.ViewService(se)
+			}
 		}
 		m.feeder.Update(key, se)
 	}

@@ -37,7 +37,7 @@ func TestMirror(t *testing.T) {
 	c := sinktest.NewChecker(nil)
 	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
 	defer f.Close()
-	m := newMirror(f)
+	m := newMirror(f, "")
 	rounds := []struct {
 		name string
 		ops  []*kpngv1.Op
@@ -82,7 +82,7 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 	c := sinktest.NewChecker(nil)
 	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
 	defer f.Close()
-	m := newMirror(f)
+	m := newMirror(f, "")
 	for _, tc := range []struct {
 		op   *kpngv1.Op
 		want string
@@ -117,5 +117,83 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 	}
 	if err := c.Err(); err != nil {
 		t.Errorf("Sink contract broken:\n%v", err)
+	}
+}
+
+// TestMirrorStateHash: on a node-independent stream the mirror keeps the
+// last state hash the controller named, for the next stream's request;
+// not after a Reset, nor when a stream ended in the middle of a round (it
+// holds part of a round: no state the controller named), nor on a stream
+// that is not node-independent.
+func TestMirrorStateHash(t *testing.T) {
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	m := newMirror(f, "node-a")
+	hashed := func(h string) *kpngv1.Op {
+		return &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{StateHash: []byte(h)}}}
+	}
+	resetNode := &kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: &kpngv1.NodeFacts{}}}}
+	apply := func(ops ...*kpngv1.Op) {
+		t.Helper()
+		for _, op := range ops {
+			if err := m.apply(op); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	apply(resetNode, opSetService("a"), hashed("h1"))
+	if got := string(m.haveState()); got != "h1" {
+		t.Errorf("after a state named h1: %q", got)
+	}
+	apply(opSetEndpoint("a", "10.0.0.1"), opSync())
+	if got := string(m.haveState()); got != "h1" {
+		t.Errorf("after a sync naming no state: %q, want the last named, h1", got)
+	}
+	apply(opSetEndpoint("a", "10.0.0.2"))
+	m.streamEnded()
+	if got := m.haveState(); got != nil {
+		t.Errorf("after a stream cut in the middle of a round: %q, want none", got)
+	}
+	apply(resetNode, opSetService("a"), hashed("h2"))
+	m.streamEnded()
+	if got := string(m.haveState()); got != "h2" {
+		t.Errorf("after a stream ended between rounds: %q, want h2", got)
+	}
+	apply(opReset(), opSetService("a"), hashed("h3"))
+	if got := m.haveState(); got != nil {
+		t.Errorf("on a stream that is not node-independent: %q, want none", got)
+	}
+}
+
+// TestMirrorComputesTheNodesView: on a node-independent stream, the
+// endpoints on the mirror's node are Local and the hints matched against
+// its node and zone; set_node's new zone changes the view.
+func TestMirrorComputesTheNodesView(t *testing.T) {
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	m := newMirror(f, "node-a")
+	local := opSetEndpoint("a", "10.0.0.1")
+	local.GetSetEndpoint().Endpoint.NodeName = "node-a"
+	hinted := opSetEndpoint("a", "10.0.0.2")
+	hinted.GetSetEndpoint().Endpoint.NodeName = "node-b"
+	hinted.GetSetEndpoint().Endpoint.Hints = &kpngv1.Hints{Zones: []string{"z2"}}
+	for _, op := range []*kpngv1.Op{{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: &kpngv1.NodeFacts{Zone: "z1"}}}}, opSetService("a"), local, hinted, opSync()} {
+		if err := m.apply(op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eps := c.State()[0].Endpoints
+	if !eps[0].Local || eps[1].Local || eps[1].Hints.SameZone {
+		t.Errorf("view in zone z1: local %v %v, same_zone %v; want true false false", eps[0].Local, eps[1].Local, eps[1].Hints.SameZone)
+	}
+	for _, op := range []*kpngv1.Op{{Op: &kpngv1.Op_SetNode{SetNode: &kpngv1.NodeFacts{Zone: "z2"}}}, opSync()} {
+		if err := m.apply(op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if eps := c.State()[0].Endpoints; !eps[1].Hints.SameZone {
+		t.Errorf("after set_node z2: same_zone %v, want true", eps[1].Hints.SameZone)
 	}
 }

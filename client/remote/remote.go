@@ -51,6 +51,12 @@ type Config struct {
 	// localsink.FeederOptions).
 	Observe func(localsink.Round)
 	Queued  func(time.Time)
+	// PerNodeView asks the controller for the node's view computed by the
+	// controller, as clients did before node-independent streams (each
+	// node's view encoded on its own: a cost for the controller that grows
+	// with the nodes), for tests and comparisons. By default the client
+	// asks for the state every node shares and computes its view itself.
+	PerNodeView bool
 }
 
 // DialOptions returns the gRPC dial target and options for c.
@@ -126,10 +132,10 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	}
 	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe, Queued: cfg.Queued})
 	defer feeder.Close()
-	m := newMirror(feeder)
+	m := newMirror(feeder, cfg.NodeName)
 	backoff := wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
 	for {
-		gotState, err := watchOnce(ctx, client, cfg.NodeName, m)
+		gotState, err := watchOnce(ctx, client, cfg, m)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -148,14 +154,19 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 
 // watchOnce runs one Watch stream into m. It reports whether a whole state
 // was received.
-func watchOnce(ctx context.Context, client kpngv1.ControllerClient, node string, m *mirror) (bool, error) {
+func watchOnce(ctx context.Context, client kpngv1.ControllerClient, cfg Config, m *mirror) (bool, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := client.Watch(ctx, &kpngv1.WatchRequest{NodeName: node})
+	defer m.streamEnded()
+	req := &kpngv1.WatchRequest{NodeName: cfg.NodeName, NodeIndependent: !cfg.PerNodeView}
+	if !cfg.PerNodeView {
+		req.HaveState = m.haveState()
+	}
+	stream, err := client.Watch(ctx, req)
 	if err != nil {
 		return false, fmt.Errorf("watch: %w", err)
 	}
-	klog.V(2).InfoS("Watching the kpng controller", "node", node)
+	klog.V(2).InfoS("Watching the kpng controller", "node", cfg.NodeName, "resuming", len(req.HaveState) > 0)
 	gotState := false
 	for {
 		batch, err := stream.Recv()

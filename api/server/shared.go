@@ -1,0 +1,324 @@
+package server
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"slices"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/model"
+)
+
+// The node-independent stream: what every backend that computes its own
+// view receives, encoded once and sent as the same bytes to all of them.
+//
+// The hub keeps, with its published state, each service's whole encoding
+// (set_service and its set_endpoints: what a first state sends of it) and
+// a log of the rounds since, each encoded once on Sync (the operations of
+// the services that changed, then the round's sync). A backend's stream
+// holds only a position in that log: a first state is a Reset of its own
+// followed by a snapshot (the services' encodings put together, shared by
+// every stream that starts while it is current), then the rounds after
+// the snapshot. A stream that falls behind the log's start (it read more
+// slowly than the log's bytes bound allows) starts over from a snapshot,
+// which its client turns into the difference: it costs the controller a
+// position, never a queue of its own.
+
+// maxLogBytes bounds the encoded rounds the hub keeps for the streams
+// that have not sent them yet; past it, the oldest rounds are dropped and
+// a stream still needing them is sent a snapshot instead.
+const maxLogBytes = 32 << 20
+
+// sharedBatchBytes bounds the shared Batch messages (an operation larger
+// than that alone in its batch): about the size of a per-node stream's
+// 1,000-operation batches, so that a backend that reads a batch in a time
+// within the send timeout reads each of these too.
+const sharedBatchBytes = 128 << 10
+
+// roundOverhead is what a round costs beyond its bytes, counted in the
+// log's bound.
+const roundOverhead = 128
+
+// stateHash identifies a node-independent state: the XOR of its services'
+// hashes and of its cluster facts' hash, so that it follows a change in
+// O(change).
+type stateHash [16]byte
+
+func (h *stateHash) xor(o stateHash) {
+	for i := range h {
+		h[i] ^= o[i]
+	}
+}
+
+func hashOf(b []byte) stateHash {
+	sum := sha256.Sum256(b)
+	return stateHash(sum[:16])
+}
+
+// wholeService is a published service's encoding as a first state sends
+// it, and its hash.
+type wholeService struct {
+	ops  []byte // framed Batch.ops fields
+	hash stateHash
+}
+
+// round is one Sync's changes, encoded: Batch messages ready to send.
+type round struct {
+	gen     uint64
+	batches [][]byte
+	size    int
+}
+
+// snapshot is the whole published state at gen, encoded: Batch messages
+// holding every service then the sync (without the Reset, which is each
+// stream's own).
+type snapshot struct {
+	gen     uint64
+	batches [][]byte
+}
+
+// deterministic is how every shared encoding is marshaled: map fields
+// (labels, port overrides) in key order, so that the same state has the
+// same bytes and hash in every controller.
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// frame returns op as a Batch.ops field.
+func frame(dst []byte, op *kpngv1.Op) []byte {
+	b, err := deterministic.Marshal(op)
+	if err != nil {
+		// Marshaling a well-formed message does not fail; a failure
+		// would be a bug, reported rather than panicking.
+		klog.ErrorS(err, "Encoding an operation for the backends")
+		return dst
+	}
+	dst = protowire.AppendTag(dst, 1, protowire.BytesType)
+	return protowire.AppendBytes(dst, b)
+}
+
+// batcher puts framed operations into Batch messages of at most
+// sharedBatchBytes.
+type batcher struct {
+	batches [][]byte
+	cur     []byte
+	size    int
+}
+
+func (b *batcher) add(framed []byte) {
+	if len(b.cur) > 0 && len(b.cur)+len(framed) > sharedBatchBytes {
+		b.flush()
+	}
+	b.cur = append(b.cur, framed...)
+}
+
+// addOps adds a run of framed operations, split between batches at
+// operation boundaries when it does not fit.
+func (b *batcher) addOps(ops []byte) {
+	if len(b.cur)+len(ops) <= sharedBatchBytes {
+		b.cur = append(b.cur, ops...)
+		return
+	}
+	for len(ops) > 0 {
+		_, _, n := protowire.ConsumeField(ops)
+		if n < 0 {
+			return // our own encoding: cannot happen
+		}
+		b.add(ops[:n])
+		ops = ops[n:]
+	}
+}
+
+func (b *batcher) flush() {
+	if len(b.cur) > 0 {
+		b.batches = append(b.batches, b.cur)
+		b.size += len(b.cur)
+		b.cur = nil
+	}
+}
+
+func (b *batcher) done() ([][]byte, int) {
+	b.flush()
+	return b.batches, b.size
+}
+
+// encodeWhole returns a service's whole encoding: set_service then
+// set_endpoint for each endpoint. A service too large for a message is
+// left out (serviceOps logs it): nil.
+func encodeWhole(key model.ServiceKey, se *model.ServiceEndpoints) []byte {
+	var out []byte
+	serviceOps(key, nil, se, func(op *kpngv1.Op) { out = frame(out, op) })
+	return out
+}
+
+// clusterHash is the hash of the cluster facts in the state hash.
+func clusterHash(c *model.Cluster) stateHash {
+	return hashOf(frame([]byte("cluster"), &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{Cluster: kpngv1.FromCluster(c)}}}))
+}
+
+// syncOp is the sync ending a round or a snapshot.
+// (hash nil: the sync names no state).
+func syncOp(cluster *kpngv1.Cluster, triggers []*kpngv1.Triggers, hash []byte) *kpngv1.Op {
+	return &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{Cluster: cluster, Triggers: triggers, StateHash: hash}}}
+}
+
+// encodeRound encodes the round being published, called by Sync with the
+// write lock held before h.published changes: keys are the services
+// changed (their new state in h.staged), cluster the facts when they
+// changed in this round. It updates the services' encodings and the state
+// hash, and appends the round to the log.
+func (h *Hub) encodeRound(keys []model.ServiceKey, clusterChanged bool) {
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	var b batcher
+	for _, key := range keys {
+		prev, cur := h.published[key], h.staged[key]
+		serviceOps(key, prev, cur, func(op *kpngv1.Op) { b.add(frame(nil, op)) })
+		if old, ok := h.whole[key]; ok {
+			h.hash.xor(old.hash)
+			delete(h.whole, key)
+		}
+		if cur != nil {
+			w := wholeService{ops: encodeWhole(key, cur)}
+			w.hash = hashOf(append([]byte(key.String()+"\x00"), w.ops...))
+			h.whole[key] = w
+			h.hash.xor(w.hash)
+		}
+	}
+	var cluster *kpngv1.Cluster
+	if clusterChanged {
+		h.hash.xor(h.clusterHash)
+		h.clusterHash = clusterHash(h.stagedCluster)
+		h.hash.xor(h.clusterHash)
+		cluster = kpngv1.FromCluster(h.stagedCluster)
+	}
+	var triggers []*kpngv1.Triggers
+	for key, times := range h.stagedTriggers {
+		triggers = append(triggers, kpngv1.FromTriggers(key, times))
+	}
+	slices.SortFunc(triggers, func(a, b *kpngv1.Triggers) int {
+		return a.GetService().Model().Compare(b.GetService().Model())
+	})
+	b.add(frame(nil, syncOp(cluster, triggers, h.hash[:])))
+	h.gen++
+	r := &round{gen: h.gen}
+	r.batches, r.size = b.done()
+	h.log = append(h.log, r)
+	h.logBytes += r.size + roundOverhead
+	drop := 0
+	for h.logBytes > h.logLimit && drop < len(h.log)-1 {
+		h.logBytes -= h.log[drop].size + roundOverhead
+		h.log[drop] = nil
+		drop++
+	}
+	h.log = h.log[drop:]
+	if h.snap != nil && h.snap.gen+1 < h.log[0].gen {
+		h.snap = nil // the rounds after it are gone: it can serve no stream
+	}
+}
+
+// snapshotLocked returns a snapshot of the published state from which
+// the log holds every later round, building it when the last one is too
+// old. The caller holds h.mu for reading.
+func (h *Hub) snapshotLocked() *snapshot {
+	h.snapMu.Lock()
+	defer h.snapMu.Unlock()
+	if s := h.snap; s != nil && (s.gen == h.gen || (len(h.log) > 0 && s.gen+1 >= h.log[0].gen)) {
+		return s
+	}
+	keys := make([]model.ServiceKey, 0, len(h.whole))
+	for key := range h.whole {
+		keys = append(keys, key)
+	}
+	slices.SortFunc(keys, model.ServiceKey.Compare)
+	var b batcher
+	for _, key := range keys {
+		b.addOps(h.whole[key].ops)
+	}
+	var cluster *kpngv1.Cluster
+	if h.cluster != nil {
+		cluster = kpngv1.FromCluster(h.cluster)
+	}
+	b.add(frame(nil, syncOp(cluster, nil, h.hash[:])))
+	s := &snapshot{gen: h.gen}
+	s.batches, _ = b.done()
+	h.snap = s
+	h.snapshots.Add(1)
+	return s
+}
+
+// nodeFacts returns the facts of node a node-independent stream sends,
+// nil when the hub has no node views (its state is to be taken as is).
+// The caller holds h.mu.
+func (h *Hub) nodeFacts(node string) *kpngv1.NodeFacts {
+	if !h.nodeViews {
+		return nil
+	}
+	return &kpngv1.NodeFacts{Zone: h.zones[node]}
+}
+
+// batchOf encodes ops as one Batch message of a stream's own.
+func batchOf(ops ...*kpngv1.Op) []byte {
+	var out []byte
+	for _, op := range ops {
+		out = frame(out, op)
+	}
+	return out
+}
+
+// nextShared returns the Batch messages a node-independent stream sends
+// next to bring its backend to the latest published state, and moves its
+// position there: its first state (or, when its client already holds the
+// state, a sync saying so), the node facts when they changed, and the
+// rounds it has not sent. Only the stream's own goroutine calls it.
+func (h *Hub) nextShared(s *subscription) [][]byte {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if !h.synced {
+		return nil
+	}
+	s.mu.Lock()
+	whole, nodeDirty, have := s.all, s.nodeDirty, s.have
+	s.all, s.nodeDirty, s.have = false, false, nil
+	s.mu.Unlock()
+
+	facts := h.nodeFacts(s.node)
+	var out [][]byte
+	switch {
+	case whole && facts != nil && len(have) == len(h.hash) && stateHash(have) == h.hash:
+		// The client holds this state (from another controller, or from
+		// this one before a reconnection): no need to send it again.
+		out = append(out, batchOf(&kpngv1.Op{Op: &kpngv1.Op_SetNode{SetNode: facts}}, syncOp(nil, nil, h.hash[:])))
+		s.cursor = h.gen
+		h.resumed.Add(1)
+	case whole:
+		out = h.appendSnapshot(out, s, facts)
+	case nodeDirty && facts != nil:
+		out = append(out, batchOf(&kpngv1.Op{Op: &kpngv1.Op_SetNode{SetNode: facts}}, syncOp(nil, nil, nil)))
+	}
+	if s.cursor < h.gen {
+		if len(h.log) == 0 || h.log[0].gen > s.cursor+1 {
+			// The rounds it missed are gone: it starts over.
+			h.caughtUp.Add(1)
+			out = h.appendSnapshot(out, s, facts)
+		}
+		i, _ := slices.BinarySearchFunc(h.log, s.cursor+1, func(r *round, gen uint64) int { return cmp.Compare(r.gen, gen) })
+		for _, r := range h.log[i:] {
+			out = append(out, r.batches...)
+		}
+		s.cursor = h.gen
+	}
+	return out
+}
+
+// appendSnapshot appends a first state: the stream's own Reset with the
+// node facts, then the shared snapshot; the stream's position moves to
+// the snapshot's.
+func (h *Hub) appendSnapshot(out [][]byte, s *subscription, facts *kpngv1.NodeFacts) [][]byte {
+	snap := h.snapshotLocked()
+	out = append(out, batchOf(&kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: facts}}}))
+	out = append(out, snap.batches...)
+	s.cursor = snap.gen
+	return out
+}
