@@ -31,8 +31,9 @@ const (
 	setEndpointKey      = 2 // SetEndpoint.key
 	setEndpointEndpoint = 3 // SetEndpoint.endpoint
 
-	endpointLocal = 2 // Endpoint.local
-	endpointReady = 3 // Endpoint.ready
+	endpointLocal    = 2 // Endpoint.local
+	endpointReady    = 3 // Endpoint.ready
+	endpointNodeName = 6 // Endpoint.node_name
 )
 
 // rawCodec hands a stream's messages to the backend as bytes: a backend
@@ -83,6 +84,9 @@ type backend struct {
 	changes   map[string]int // "service/key" → index in all
 	all       []*change
 	total     int // backends in the run
+	// independent: the stream is node-independent (the backend computes
+	// its Local endpoints from their node names, as client/remote does).
+	independent bool
 
 	bytes atomic.Int64
 
@@ -92,6 +96,7 @@ type backend struct {
 	services      int // set_service ops of namespace in the first state
 	endpoints     int // set_endpoint ops of namespace in the first state
 	local         int // of which local
+	localSent     int // endpoints sent local on a node-independent stream
 	unexpected    int // set_endpoint ops after the first state that are no change of the run, or not as it made them
 	firstState    chan struct{}
 	pending       []int // changes seen in the round not yet ended
@@ -114,7 +119,7 @@ func (b *backend) read(ctx context.Context, conn *grpc.ClientConn) error {
 	if err != nil {
 		return fmt.Errorf("watch as %s: %w", b.name, err)
 	}
-	if err := stream.SendMsg(&kpngv1.WatchRequest{NodeName: b.name}); err != nil {
+	if err := stream.SendMsg(&kpngv1.WatchRequest{NodeName: b.name, NodeIndependent: b.independent}); err != nil {
 		return fmt.Errorf("watch as %s: send the request: %w", b.name, err)
 	}
 	if err := stream.CloseSend(); err != nil {
@@ -226,7 +231,7 @@ func (b *backend) op(op []byte) error {
 
 // setEndpoint reads one SetEndpoint.
 func (b *backend) setEndpoint(v []byte) error {
-	var ns, name, key string
+	var ns, name, key, node string
 	var local, ready bool
 	err := fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
 		switch num {
@@ -242,12 +247,14 @@ func (b *backend) setEndpoint(v []byte) error {
 		case setEndpointKey:
 			key = string(v)
 		case setEndpointEndpoint:
-			_ = fields(v, func(num protowire.Number, _ protowire.Type, _ []byte, x uint64) {
+			_ = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, x uint64) {
 				switch num {
 				case endpointLocal:
 					local = x != 0
 				case endpointReady:
 					ready = x != 0
+				case endpointNodeName:
+					node = string(v)
 				}
 			})
 		}
@@ -257,6 +264,12 @@ func (b *backend) setEndpoint(v []byte) error {
 	}
 	if !b.synced {
 		b.endpoints++
+		if b.independent {
+			if local {
+				b.localSent++
+			}
+			local = node == b.name
+		}
 		if local {
 			b.local++
 		}

@@ -11,7 +11,11 @@
 // defaults unless --to-api-flags says otherwise), waits until it holds
 // the state, then opens one lightweight Watch stream per node
 // (node-00000 …, --streams-per-conn to a connection) that counts the
-// bytes it receives and reads only the fields it checks. It measures:
+// bytes it receives and reads only the fields it checks. The streams are
+// node-independent, as client/remote's: a backend computes its Local
+// endpoints from their node names (--per-node-view: the controller
+// computes each node's view, as before node-independent streams). It
+// measures:
 //
 //   - first_state_all_s: from the streams opening to the last holding its
 //     first state; each first state is checked (every service and endpoint,
@@ -63,6 +67,7 @@ func main() {
 	flag.IntVar(&cfg.services, "services", 10000, "services")
 	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints a service")
 	flag.IntVar(&cfg.changes, "changes", 100, "EndpointSlice changes, one at a time (at most --services)")
+	flag.BoolVar(&cfg.perNodeView, "per-node-view", false, "backends ask for their node's view computed by the controller (the protocol before node-independent streams), instead of the state every node shares")
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
 	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")

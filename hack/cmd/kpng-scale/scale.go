@@ -34,6 +34,9 @@ type config struct {
 	toAPIFlags []string
 
 	nodes, services, endpoints, changes int
+	// perNodeView: the backends ask for their node's view computed by the
+	// controller (the protocol before node-independent streams).
+	perNodeView bool
 	// streamsPerConn is how many backends share a connection.
 	streamsPerConn int
 	// dir holds the socket, the controller's log and the profiles.
@@ -64,8 +67,10 @@ type result struct {
 	// holding its first state.
 	firstStateAll time.Duration
 	// firstStateBytes is what each backend received with its first state,
-	// on average.
+	// on average; loopback how long all of them take to write through a
+	// unix socket to a reader that discards them.
 	firstStateBytes float64
+	loopback        time.Duration
 	// changeP50, changeP99: from the API call to the last backend holding
 	// the change; spreadP50, spreadP99: from the first backend holding it
 	// to the last (the controller's fan-out once it has the round).
@@ -94,10 +99,10 @@ func (r result) closing() string {
 // details are the other figures, one a line.
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
-first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend)
+first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend); all of those bytes through a unix socket alone: %.2f s (target: %.2f s, that + 20%%)
 changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
-`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes),
+`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.loopback.Seconds(), 1.2*r.loopback.Seconds(),
 		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange,
 		r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
@@ -140,7 +145,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		index[all[k].service+"/"+all[k].key] = k
 	}
 	newBackend := func(id int, name string) *backend {
-		return &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{})}
+		return &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView}
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -258,6 +263,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		if b.services != cfg.services || b.endpoints != cfg.services*cfg.endpoints {
 			res.problems = append(res.problems, fmt.Sprintf("backend %s: first state with %d services and %d endpoints, want %d and %d", b.name, b.services, b.endpoints, cfg.services, cfg.services*cfg.endpoints))
 		}
+		if b.localSent > 0 {
+			res.problems = append(res.problems, fmt.Sprintf("backend %s: %d endpoints sent local on a node-independent stream, want none", b.name, b.localSent))
+		}
 		if want := w.localEndpoints(b.id); b.local != want {
 			res.problems = append(res.problems, fmt.Sprintf("backend %s: %d local endpoints, want %d", b.name, b.local, want))
 		}
@@ -322,6 +330,11 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	if len(profiles.errs) > 0 {
 		res.problems = append(res.problems, profiles.errs...)
+	}
+	// The first states' bytes through a unix socket, with the backends
+	// gone: the floor of first_state_all_s.
+	if res.loopback, err = loopbackTime(filepath.Dir(ctl.socket), int64(res.firstStateBytes*float64(cfg.nodes))); err != nil {
+		res.problems = append(res.problems, err.Error())
 	}
 	return res, nil
 }
