@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"hash/maphash"
+
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -20,6 +22,7 @@ import (
 const (
 	batchOps = 1 // Batch.ops
 
+	opReset       = 1 // Op.reset
 	opSetService  = 2 // Op.set_service
 	opSetEndpoint = 4 // Op.set_endpoint
 	opSync        = 6 // Op.sync
@@ -87,6 +90,12 @@ type backend struct {
 	// independent: the stream is node-independent (the backend computes
 	// its Local endpoints from their node names, as client/remote does).
 	independent bool
+	// light: the backend does not read its first state's fields, only
+	// which operations it holds, and hashes them (stateHash): on a
+	// node-independent stream every backend is sent the same bytes, and
+	// the run checks that they are those of backends that read them all.
+	light     bool
+	stateHash maphash.Hash
 
 	bytes atomic.Int64
 
@@ -138,9 +147,15 @@ func (b *backend) read(ctx context.Context, conn *grpc.ClientConn) error {
 // errMalformed is a batch the backend cannot read.
 var errMalformed = errors.New("malformed batch")
 
+// hashSeed is the seed of every backend's stateHash.
+var hashSeed = maphash.MakeSeed()
+
 // scan reads one Batch.
 func (b *backend) scan(data []byte) error {
 	b.bytes.Add(int64(len(data)))
+	if b.light && !b.synced {
+		return b.skim(data)
+	}
 	for len(data) > 0 {
 		num, typ, n := protowire.ConsumeTag(data)
 		if n < 0 {
@@ -161,6 +176,42 @@ func (b *backend) scan(data []byte) error {
 		data = data[n:]
 		if err := b.op(op); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// skim reads one Batch of a light backend's first state: it hashes every
+// operation but the Reset (its node's own) and reads only their kinds.
+func (b *backend) skim(data []byte) error {
+	for len(data) > 0 {
+		num, typ, n := protowire.ConsumeTag(data)
+		if n < 0 {
+			return errMalformed
+		}
+		data = data[n:]
+		if num != batchOps || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
+				return errMalformed
+			}
+			data = data[n:]
+			continue
+		}
+		op, n := protowire.ConsumeBytes(data)
+		if n < 0 {
+			return errMalformed
+		}
+		data = data[n:]
+		kind, _, n := protowire.ConsumeTag(op)
+		if n < 0 {
+			return errMalformed
+		}
+		if kind == opReset {
+			continue
+		}
+		_, _ = b.stateHash.Write(op)
+		if kind == opSync {
+			b.sync()
 		}
 	}
 	return nil
@@ -202,6 +253,11 @@ func fields(m []byte, f func(num protowire.Number, typ protowire.Type, v []byte,
 
 // op reads one Op.
 func (b *backend) op(op []byte) error {
+	if !b.synced {
+		if kind, _, n := protowire.ConsumeTag(op); n > 0 && kind != opReset {
+			_, _ = b.stateHash.Write(op)
+		}
+	}
 	var err error
 	perr := fields(op, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
 		switch num {

@@ -14,8 +14,11 @@
 // bytes it receives and reads only the fields it checks. The streams are
 // node-independent, as client/remote's: a backend computes its Local
 // endpoints from their node names (--per-node-view: the controller
-// computes each node's view, as before node-independent streams). It
-// measures:
+// computes each node's view, as before node-independent streams). Since
+// every backend of a node-independent stream is sent the same state, only
+// --read-all of them (16) read every field of it; the others read only
+// the operations' kinds and hash them, and the run checks that each holds
+// the same bytes as a backend that read them all. It measures:
 //
 //   - first_state_all_s: from the streams opening to the last holding its
 //     first state; each first state is checked (every service and endpoint,
@@ -68,6 +71,7 @@ func main() {
 	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints a service")
 	flag.IntVar(&cfg.changes, "changes", 100, "EndpointSlice changes, one at a time (at most --services)")
 	flag.BoolVar(&cfg.perNodeView, "per-node-view", false, "backends ask for their node's view computed by the controller (the protocol before node-independent streams), instead of the state every node shares")
+	flag.IntVar(&cfg.readAll, "read-all", 16, "on node-independent streams, how many backends (spread over the nodes) read every field of their first state; the others hash what they receive, which must be the same (0: all read every field)")
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
 	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")

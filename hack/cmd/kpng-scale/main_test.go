@@ -45,7 +45,7 @@ func TestSmallRun(t *testing.T) {
 	}
 	cfg := config{
 		kpng: []string{os.Args[0]}, env: []string{runKpngEnv},
-		nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: 2,
+		nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: 2, readAll: 2,
 		dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
 		namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
 	}

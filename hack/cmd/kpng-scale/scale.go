@@ -37,6 +37,9 @@ type config struct {
 	// perNodeView: the backends ask for their node's view computed by the
 	// controller (the protocol before node-independent streams).
 	perNodeView bool
+	// readAll is how many backends read every field of their first state
+	// on node-independent streams (spread over the nodes; 0: all).
+	readAll int
 	// streamsPerConn is how many backends share a connection.
 	streamsPerConn int
 	// dir holds the socket, the controller's log and the profiles.
@@ -145,7 +148,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		index[all[k].service+"/"+all[k].key] = k
 	}
 	newBackend := func(id int, name string) *backend {
-		return &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView}
+		b := &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView}
+		b.stateHash.SetSeed(hashSeed)
+		return b
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -215,6 +220,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 			}
 		}
 		b, c := newBackend(n, nodeName(n)), conn
+		// On node-independent streams, --read-all backends spread over
+		// the nodes read every field; the others only hash what they get.
+		b.light = !cfg.perNodeView && cfg.readAll > 0 && n%max(1, cfg.nodes/cfg.readAll) != 0
 		backends[n] = b
 		wg.Go(func() { b.watch(bctx, c) })
 	}
@@ -255,11 +263,27 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	var last time.Time
 	var firstBytes int64
+	var read *backend // the first backend that read every field
 	for _, b := range backends {
 		if b.firstAt.After(last) {
 			last = b.firstAt
 		}
 		firstBytes += b.bytes.Load()
+		if !b.light && read == nil {
+			read = b
+		}
+	}
+	for _, b := range backends {
+		if b.light || (!cfg.perNodeView && b != read) {
+			// Every backend of a node-independent stream holds the same
+			// state: the bytes read field by field by read.
+			if b.stateHash.Sum64() != read.stateHash.Sum64() {
+				res.problems = append(res.problems, fmt.Sprintf("backend %s: first state differs from backend %s's", b.name, read.name))
+			}
+		}
+		if b.light {
+			continue
+		}
 		if b.services != cfg.services || b.endpoints != cfg.services*cfg.endpoints {
 			res.problems = append(res.problems, fmt.Sprintf("backend %s: first state with %d services and %d endpoints, want %d and %d", b.name, b.services, b.endpoints, cfg.services, cfg.services*cfg.endpoints))
 		}
