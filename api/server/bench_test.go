@@ -52,8 +52,8 @@ type backend struct {
 	stopped chan struct{}
 }
 
-func watchBackend(ctx context.Context, b *testing.B, client kpngv1.ControllerClient, node string) *backend {
-	stream, err := client.Watch(ctx, &kpngv1.WatchRequest{NodeName: node})
+func watchBackend(ctx context.Context, b *testing.B, client kpngv1.ControllerClient, node string, independent bool) *backend {
+	stream, err := client.Watch(ctx, &kpngv1.WatchRequest{NodeName: node, NodeIndependent: independent})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -120,14 +120,26 @@ func heapMiB() float64 {
 // of 10,000 services × 10 endpoints: the time until all hold the first
 // state, then for single endpoint changes the bytes each backend receives
 // and the latency until all have it, and the memory of the controller.
-// Run with -benchtime=1x: each run does the whole measurement.
+// Run with -benchtime=1x: each run does the whole measurement. The
+// backends ask for their node's view computed by the controller (the
+// protocol before node-independent streams); the Shared variants are the
+// same with node-independent streams.
 func BenchmarkFanout100Backends10k(b *testing.B) {
 	for range b.N {
-		fanout(b, 10000, 100, 50)
+		fanout(b, 10000, 100, 50, false)
 	}
 }
 
-func fanout(b *testing.B, services, backends, changes int) {
+// BenchmarkFanout100Backends10kShared is BenchmarkFanout100Backends10k with
+// node-independent streams: the controller encodes the state and each
+// change once for all the backends.
+func BenchmarkFanout100Backends10kShared(b *testing.B) {
+	for range b.N {
+		fanout(b, 10000, 100, 50, true)
+	}
+}
+
+func fanout(b *testing.B, services, backends, changes int, independent bool) {
 	state := fanoutState(services, backends)
 	heap0 := heapMiB()
 	hub := server.NewHub(true)
@@ -158,7 +170,7 @@ func fanout(b *testing.B, services, backends, changes int) {
 			b.Fatal(err)
 		}
 		defer conn.Close()
-		bks = append(bks, watchBackend(ctx, b, kpngv1.NewControllerClient(conn), fmt.Sprintf("node-%d", i)))
+		bks = append(bks, watchBackend(ctx, b, kpngv1.NewControllerClient(conn), fmt.Sprintf("node-%d", i), independent))
 	}
 	var firstBytes int
 	for _, bk := range bks {
@@ -211,6 +223,14 @@ func fanout(b *testing.B, services, backends, changes int) {
 // BenchmarkFanout10Backends10k is the same with 10 backends.
 func BenchmarkFanout10Backends10k(b *testing.B) {
 	for range b.N {
-		fanout(b, 10000, 10, 50)
+		fanout(b, 10000, 10, 50, false)
+	}
+}
+
+// BenchmarkFanout10Backends10kShared is the same with node-independent
+// streams.
+func BenchmarkFanout10Backends10kShared(b *testing.B) {
+	for range b.N {
+		fanout(b, 10000, 10, 50, true)
 	}
 }
