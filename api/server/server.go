@@ -110,13 +110,20 @@ type Stats struct {
 	// SentBytes and SentBatches are what was sent: the Batch messages
 	// and their size in the protobuf encoding (before gRPC's framing).
 	SentBytes, SentBatches uint64
+	// The node-independent streams (Hub.SharedStats): the snapshots
+	// encoded for first states, the streams started without one (their
+	// client held the state), the streams sent one again after falling
+	// behind the log of rounds.
+	Snapshots, Resumed, CaughtUp uint64
 }
 
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
+	sh := s.hub.SharedStats()
 	return Stats{
 		Connected: int(s.connected.Load()), Connections: s.connections.Load(), Dropped: s.dropped.Load(), Refused: s.refused.Load(),
 		SentBytes: s.sentBytes.Load(), SentBatches: s.sentBatches.Load(),
+		Snapshots: sh.Snapshots, Resumed: sh.Resumed, CaughtUp: sh.CaughtUp,
 	}
 }
 

@@ -170,10 +170,10 @@ func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 		}
 	}
 	if m["kpng_api_backend_connections_total"] != 2 || m["kpng_api_backends"] != 0 || m["kpng_api_backends_dropped_total"] != 0 ||
-		m["kpng_api_sent_batches_total"] < 2 || m["kpng_api_sent_bytes_total"] < float64(len(golden(t))/2) {
-		t.Errorf("to-api metrics: %d connections, %d connected, %d dropped, %d batches, %d bytes; want 2, 0, 0, at least 2 and the state's size",
+		m["kpng_api_sent_batches_total"] < 2 || m["kpng_api_sent_bytes_total"] < float64(len(golden(t))/2) || m["kpng_api_snapshots_total"] < 1 {
+		t.Errorf("to-api metrics: %d connections, %d connected, %d dropped, %d batches, %d bytes, %d snapshots; want 2, 0, 0, at least 2, the state's size and at least 1",
 			int(m["kpng_api_backend_connections_total"]), int(m["kpng_api_backends"]), int(m["kpng_api_backends_dropped_total"]),
-			int(m["kpng_api_sent_batches_total"]), int(m["kpng_api_sent_bytes_total"]))
+			int(m["kpng_api_sent_batches_total"]), int(m["kpng_api_sent_bytes_total"]), int(m["kpng_api_snapshots_total"]))
 	}
 }
 
