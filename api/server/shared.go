@@ -174,14 +174,22 @@ func (h *Hub) encodeRound(keys []model.ServiceKey, clusterChanged bool) {
 	var b batcher
 	for _, key := range keys {
 		prev, cur := h.published[key], h.staged[key]
-		serviceOps(key, prev, cur, func(op *kpngv1.Op) { b.add(frame(nil, op)) })
+		var w wholeService
+		if cur != nil {
+			w.ops = encodeWhole(key, cur)
+			w.hash = hashOf(append([]byte(key.String()+"\x00"), w.ops...))
+		}
+		if prev == nil {
+			// A new service's operations are its whole encoding.
+			b.addOps(w.ops)
+		} else {
+			serviceOps(key, prev, cur, func(op *kpngv1.Op) { b.add(frame(nil, op)) })
+		}
 		if old, ok := h.whole[key]; ok {
 			h.hash.xor(old.hash)
 			delete(h.whole, key)
 		}
 		if cur != nil {
-			w := wholeService{ops: encodeWhole(key, cur)}
-			w.hash = hashOf(append([]byte(key.String()+"\x00"), w.ops...))
 			h.whole[key] = w
 			h.hash.xor(w.hash)
 		}
