@@ -53,3 +53,61 @@ func loopbackTime(dir string, total int64) (time.Duration, error) {
 	}
 	return time.Since(start), nil
 }
+
+// fanOutFloor measures how long one message of size bytes takes to reach
+// n readers, each on a unix socket of its own, written to each in turn by
+// one goroutine: the kernel's and the Go runtime's share of one change
+// reaching every backend, without gRPC. It returns the median and p99
+// over rounds rounds.
+func fanOutFloor(dir string, n, size, rounds int) (p50, p99 time.Duration, err error) {
+	path := filepath.Join(dir, "fanout.sock")
+	_ = os.Remove(path)
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("fan-out floor: %w", err)
+	}
+	defer lis.Close()
+	got := make(chan struct{}, n)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		w, err := net.Dial("unix", path)
+		if err != nil {
+			return 0, 0, fmt.Errorf("fan-out floor: %w", err)
+		}
+		r, err := lis.Accept()
+		if err != nil {
+			w.Close()
+			return 0, 0, fmt.Errorf("fan-out floor: %w", err)
+		}
+		conns = append(conns, w, r)
+		go func() {
+			buf := make([]byte, size)
+			for {
+				if _, err := io.ReadFull(r, buf); err != nil {
+					return
+				}
+				got <- struct{}{}
+			}
+		}()
+	}
+	msg := make([]byte, size)
+	var times []time.Duration
+	for range rounds {
+		start := time.Now()
+		for i := 0; i < len(conns); i += 2 {
+			if _, err := conns[i].Write(msg); err != nil {
+				return 0, 0, fmt.Errorf("fan-out floor: %w", err)
+			}
+		}
+		for range n {
+			<-got
+		}
+		times = append(times, time.Since(start))
+	}
+	return quantile(times, 0.5), quantile(times, 0.99), nil
+}

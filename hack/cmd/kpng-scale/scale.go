@@ -74,6 +74,9 @@ type result struct {
 	// unix socket to a reader that discards them.
 	firstStateBytes float64
 	loopback        time.Duration
+	// floorP50, floorP99: one change's bytes written to every backend's
+	// unix socket in turn by one goroutine, until every reader has them.
+	floorP50, floorP99 time.Duration
 	// changeP50, changeP99: from the API call to the last backend holding
 	// the change; spreadP50, spreadP99: from the first backend holding it
 	// to the last (the controller's fan-out once it has the round).
@@ -103,10 +106,10 @@ func (r result) closing() string {
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend); all of those bytes through a unix socket alone: %.2f s (target: %.2f s, that + 20%%)
-changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change
+changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
 `, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.loopback.Seconds(), 1.2*r.loopback.Seconds(),
-		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange,
+		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, ms(r.floorP50), ms(r.floorP99),
 		r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
 
@@ -358,6 +361,11 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	// The first states' bytes through a unix socket, with the backends
 	// gone: the floor of first_state_all_s.
 	if res.loopback, err = loopbackTime(filepath.Dir(ctl.socket), int64(res.firstStateBytes*float64(cfg.nodes))); err != nil {
+		res.problems = append(res.problems, err.Error())
+	}
+	// One change's bytes to every backend through sockets alone: the floor
+	// of the fan-out.
+	if res.floorP50, res.floorP99, err = fanOutFloor(filepath.Dir(ctl.socket), cfg.nodes, max(1, int(res.bytesPerChangePerNode)), 50); err != nil {
 		res.problems = append(res.problems, err.Error())
 	}
 	return res, nil
