@@ -4,7 +4,10 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +28,7 @@ import (
 type controller struct {
 	addr string
 	hub  *server.Hub
+	srv  *server.Server
 	g    *grpc.Server
 	done chan struct{}
 }
@@ -46,8 +50,9 @@ func startController(t *testing.T, addr string, lis net.Listener, state []*model
 	hub := server.NewHub(true)
 	localsink.FromFullState(hub)(state)
 	g := grpc.NewServer(opts...)
-	server.New(hub, server.Options{SendTimeout: 10 * time.Second}).Register(g)
-	c := &controller{addr: addr, hub: hub, g: g, done: make(chan struct{})}
+	srv := server.New(hub, server.Options{SendTimeout: 10 * time.Second})
+	srv.Register(g)
+	c := &controller{addr: addr, hub: hub, srv: srv, g: g, done: make(chan struct{})}
 	go func() { defer close(c.done); _ = g.Serve(lis) }()
 	t.Cleanup(c.stop)
 	return c
@@ -319,4 +324,82 @@ func TestTargets(t *testing.T) {
 			t.Errorf("Targets(%q): no error", bad)
 		}
 	}
+}
+
+// hostsEnv, set in the helper process TestNameResolvingToSeveral starts,
+// says that /etc/hosts is the test's (a mount namespace of its own).
+const hostsEnv = "KPNG_TEST_OWN_ETC_HOSTS"
+
+// TestNameResolvingToSeveral gives a client one name, "localhost",
+// resolving to 127.0.0.1 and 127.0.0.2 (an /etc/hosts of the test's,
+// bind-mounted in a mount namespace of a helper process: the test runs
+// again there), with a controller on each address and the same port, and
+// a backoff of an hour; it stops the controller the client watches: the
+// client must watch the other at once (gRPC's DNS resolver and
+// round_robin), its sink seeing nothing. With the backoff after every
+// stream that ends (the loop before several addresses), the client waits
+// its hour and the test fails after 30 s. On loopback, a refused address
+// costs nothing, so pick_first or Go's dialer (a passthrough target) would
+// pass too: round_robin's gain, a stream at once when the lost address
+// does not answer at all, is not shown here. Needs root (unshare, mount):
+// skipped otherwise, failed with KPNG_REQUIRE_PRIVILEGED=1.
+func TestNameResolvingToSeveral(t *testing.T) {
+	if os.Getenv(hostsEnv) == "" {
+		if os.Geteuid() != 0 {
+			if os.Getenv("KPNG_REQUIRE_PRIVILEGED") == "1" {
+				t.Fatal("needs root (unshare, mount), and KPNG_REQUIRE_PRIVILEGED=1")
+			}
+			t.Skip("needs root (unshare, mount)")
+		}
+		hosts := filepath.Join(t.TempDir(), "hosts")
+		if err := os.WriteFile(hosts, []byte("127.0.0.1 localhost\n127.0.0.2 localhost\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+			`mount --bind "$1" /etc/hosts && exec "$2" -test.run='^TestNameResolvingToSeveral$' -test.v -test.count=1`, "sh", hosts, os.Args[0])
+		cmd.Env = append(os.Environ(), hostsEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestNameResolvingToSeveral") {
+			t.Fatalf("the test in its own mount namespace: %v\n%s", err, out)
+		}
+		t.Logf("in its own mount namespace:\n%s", out)
+		return
+	}
+	addrs, err := net.LookupHost("localhost")
+	if err != nil || !slices.Contains(addrs, "127.0.0.2") {
+		t.Fatalf("localhost resolves to %v (%v), want 127.0.0.1 and 127.0.0.2", addrs, err)
+	}
+	lis1, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(lis1.Addr().String())
+	lis2, err := net.Listen("tcp", "127.0.0.2:"+port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctls := []*controller{startController(t, lis1.Addr().String(), lis1, state("a", "b")), startController(t, lis2.Addr().String(), lis2, state("a", "b"))}
+	w := newWatched()
+	c := run(t, remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report})
+	w.next(t)
+	c.WaitSyncs(t, 1, 30*time.Second)
+	c.TakeCalls()
+	on := -1
+	for i, ctl := range ctls {
+		if ctl.srv.Stats().Connected == 1 {
+			on = i
+		}
+	}
+	if on < 0 {
+		t.Fatal("no controller has the client")
+	}
+	ctls[on].stop()
+	w.next(t)
+	if got := ctls[1-on].srv.Stats().Connected; got != 1 {
+		t.Errorf("the other controller has %d backends, want 1", got)
+	}
+	if calls := c.TakeCalls(); len(calls) != 0 {
+		t.Errorf("calls after the failover: %q, want none", calls)
+	}
+	t.Logf("moved from %s to %s", ctls[on].addr, ctls[1-on].addr)
 }
