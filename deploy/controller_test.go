@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -422,7 +423,8 @@ func TestControllerManifestsDryRun(t *testing.T) {
 // TestControllerCertificates makes the certificates with
 // kpng-controller-certs.sh as docs/controller.md says, runs the
 // Deployment's command (its files replaced by the script's, on a loopback
-// port) against the real API server, and connects as the DaemonSet's
+// port) against the real API server, as the Deployment's user and group
+// (the files readable by the group, with the Secret volume's mode), and connects as the DaemonSet's
 // backend of node-a would (its CA, certificate and key, the Service's
 // name checked in the server's certificate): node-a receives its view
 // with its endpoint Local; node-a's certificate asking for node-b's view
@@ -450,6 +452,49 @@ func TestControllerCertificates(t *testing.T) {
 	svc := kc.CreateService(kubetest.Service(ns, "a", proxyName))
 	kc.CreateSlice(kubetest.Slice(svc, "a-1", kubetest.EP{IP: "10.9.0.1", Node: "node-a"}))
 
+	// The controller runs as the Deployment's user and group (the pod's
+	// fsGroup, which may read the Secret's files), given its own copies of
+	// the files and the API server's kubeconfig.
+	podSC, sc := ctl.deploy.Spec.Template.Spec.SecurityContext, c.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || podSC == nil || podSC.FSGroup == nil {
+		t.Fatal("the Deployment sets no runAsUser or fsGroup")
+	}
+	uid, gid := int(*sc.RunAsUser), int(*podSC.FSGroup)
+	runDir, err := os.MkdirTemp("", "kpng-controller-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(runDir) })
+	mode := os.FileMode(0o440)
+	for _, v := range ctl.deploy.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.DefaultMode != nil {
+			mode = os.FileMode(*v.Secret.DefaultMode)
+		}
+	}
+	copyAs := func(src, dst string, mode os.FileMode) {
+		data, err := os.ReadFile(src)
+		if err == nil {
+			err = os.WriteFile(dst, data, mode)
+		}
+		if err == nil {
+			err = os.Chown(dst, 0, gid)
+		}
+		if err == nil {
+			err = os.Chmod(dst, mode)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(runDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(runDir, 0, gid); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(runDir, "kubeconfig")
+	copyAs(cp.KubeconfigPath(), kubeconfig, 0o440)
+
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -461,7 +506,8 @@ func TestControllerCertificates(t *testing.T) {
 		k, v, _ := strings.Cut(a, "=")
 		switch k {
 		case "--tls-cert", "--tls-key", "--tls-client-ca":
-			a = k + "=" + filepath.Join(dir, filepath.Base(v))
+			copyAs(filepath.Join(dir, filepath.Base(v)), filepath.Join(runDir, filepath.Base(v)), mode)
+			a = k + "=" + filepath.Join(runDir, filepath.Base(v))
 		case "--listen":
 			a = k + "=" + addr
 		case "--service-proxy-name":
@@ -471,8 +517,12 @@ func TestControllerCertificates(t *testing.T) {
 		}
 		args = append(args, a)
 	}
-	args = slices.Insert(args, 1, "--kubeconfig="+cp.KubeconfigPath())
-	proc := exec.Command(filepath.Join(b.out, "kpng"), args...)
+	args = slices.Insert(args, 1, "--kubeconfig="+kubeconfig)
+	// The binary, where that user may run it.
+	bin := filepath.Join(runDir, "kpng")
+	copyAs(filepath.Join(b.out, "kpng"), bin, 0o550)
+	proc := exec.Command(bin, args...)
+	proc.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	var out strings.Builder
 	proc.Stdout, proc.Stderr = &out, &out
 	if err := proc.Start(); err != nil {
