@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/internal/kubetest"
 	"sigs.k8s.io/kpng/internal/manifests"
+	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
 	"sigs.k8s.io/kpng/model"
@@ -428,7 +429,10 @@ func TestControllerManifestsDryRun(t *testing.T) {
 // backend of node-a would (its CA, certificate and key, the Service's
 // name checked in the server's certificate): node-a receives its view
 // with its endpoint Local; node-a's certificate asking for node-b's view
-// is refused.
+// is refused; and the DaemonSet's own command (its files and port the
+// test's, its rules in a network namespace of the test's, the Service's
+// name resolved by an /etc/hosts of the test's in a mount namespace)
+// programs node-a's endpoint.
 func TestControllerCertificates(t *testing.T) {
 	cp.Require(t)
 	if _, err := exec.LookPath("openssl"); err != nil {
@@ -572,6 +576,63 @@ func TestControllerCertificates(t *testing.T) {
 	}
 	if status.Code(err) != codes.PermissionDenied || errors.Is(err, io.EOF) {
 		t.Errorf("node-a's certificate watching node-b: %v, want PermissionDenied", err)
+	}
+
+	// The DaemonSet's command as written, but for the files (the
+	// script's), the port (the test's) and the rules' network namespace
+	// (the test's), in a mount namespace whose /etc/hosts resolves the
+	// Service's name to the controller's loopback address: it programs
+	// node-a's view.
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "unshare", "nft")
+	nodeNS := netns.New(t, "ctl-node")
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 localhost "+host+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	var nargs []string
+	for _, a := range ncmd.args {
+		k, v, _ := strings.Cut(a, "=")
+		switch k {
+		case "--api":
+			a = k + "=" + host + ":" + port
+		case "--api-tls-ca", "--api-tls-cert", "--api-tls-key":
+			a = k + "=" + filepath.Join(nodeDir, filepath.Base(v))
+		case "--metrics-bind-address", "--healthz-bind-address":
+			a = k + "=127.0.0.1:0"
+		}
+		nargs = append(nargs, a)
+	}
+	nargs[0] = filepath.Join(b.out, "kpng")
+	nargs = append(nargs, "--netns="+nodeNS.Path())
+	nodeProc := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" /etc/hosts && shift && exec "$@"`, "sh", hosts}, nargs...)...)
+	nodeProc.Env = append(os.Environ(), "NODE_NAME=node-a")
+	var nodeOut strings.Builder
+	nodeProc.Stdout, nodeProc.Stderr = &nodeOut, &nodeOut
+	if err := nodeProc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	nodeDone := make(chan error, 1)
+	go func() { nodeDone <- nodeProc.Wait() }()
+	t.Cleanup(func() {
+		_ = nodeProc.Process.Kill()
+		<-nodeDone
+		if t.Failed() {
+			t.Logf("kpng %s:\n%s", strings.Join(nargs[1:], " "), nodeOut.String())
+		}
+	})
+	table := "kpng-" + ncmd.flags["name"]
+	var rules string
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		rules, _, _ = nodeNS.Exec(nil, "nft", "list", "table", "inet", table)
+		if strings.Contains(rules, "10.9.0.1") {
+			break
+		}
+	}
+	if !strings.Contains(rules, "10.9.0.1") {
+		t.Errorf("the node backend did not program %s/a's endpoint 10.9.0.1 in table inet %s within a minute:\n%s", ns, table, rules)
 	}
 }
 
