@@ -61,6 +61,14 @@ func TestControllerFailover(t *testing.T) {
 		backends = n
 	}
 	const stable, churned, rounds = 10, 10, 60
+	interval := 20 * time.Millisecond
+	if s := os.Getenv("KPNG_FAILOVER_CHURN_INTERVAL"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			t.Fatalf("$KPNG_FAILOVER_CHURN_INTERVAL=%q: want a duration", s)
+		}
+		interval = d
+	}
 	kc := kubetest.Client{T: t, C: cp.Client()}
 	ns := kubetest.Namespace(t, cp.Client())
 	name := kubetest.UniqueName("failover")
@@ -186,7 +194,7 @@ func TestControllerFailover(t *testing.T) {
 			controllers[killed].Kill(t)
 			t.Logf("killed %s (%d backends): its process exited %v after SIGKILL", killed, perController[killed], time.Since(killedAt).Round(time.Millisecond))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(interval)
 	}
 
 	// Every backend watches another controller, and holds the API
