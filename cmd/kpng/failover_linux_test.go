@@ -36,7 +36,8 @@ import (
 // the churn aside: see below). It logs the time from the kill to each
 // moved backend's first whole state from its new controller (median, p99,
 // max), never asserted. $KPNG_FAILOVER_TO_API_FLAGS adds flags to the
-// controllers' to-api (space-separated).
+// controllers' to-api (space-separated), $KPNG_FAILOVER_CHURN_INTERVAL sets
+// the time between two changes (20ms).
 //
 // With the rotation removed (the same address retried) no backend leaves
 // the killed controller and it fails; with the mirror's difference
