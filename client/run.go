@@ -104,7 +104,7 @@ func (f *Flags) BindNodeName(fs *flag.FlagSet) {
 // BindAPI registers the flags of a connection to a kpng controller on fs:
 // --api and its TLS flags.
 func (f *Flags) BindAPI(fs *flag.FlagSet) {
-	fs.StringVar(&f.API, "api", "", "watch a kpng controller at this address (unix:///path or host:port) instead of the Kubernetes API server")
+	fs.StringVar(&f.API, "api", "", "watch a kpng controller at this address (unix:///path or host:port) instead of the Kubernetes API server; several, comma-separated, for replicas: the backend moves to the next at once when its controller goes away")
 	fs.StringVar(&f.APITLSCA, "api-tls-ca", "", "CA file verifying the controller's certificate (TCP)")
 	fs.StringVar(&f.APITLSCert, "api-tls-cert", "", "client certificate file, for controllers that require one")
 	fs.StringVar(&f.APITLSKey, "api-tls-key", "", "client key file")
@@ -398,7 +398,7 @@ func (f *Flags) RemoteConfig() (remote.Config, error) {
 		TLSCA: f.APITLSCA, TLSCert: f.APITLSCert, TLSKey: f.APITLSKey, Insecure: f.APIInsecure,
 		Observe: f.Observe, Queued: f.Queued,
 	}
-	if _, _, err := cfg.DialOptions(); err != nil {
+	if _, err := cfg.Targets(); err != nil {
 		return remote.Config{}, usageError{err}
 	}
 	return cfg, nil

@@ -3,9 +3,13 @@
 // to-nft`, kpng-iptables.yaml for `… to-local to-iptables`, beside
 // kube-proxy; kpng-default-nft.yaml, kpng-default-iptables.yaml and
 // kpng-default-userspace.yaml, `… to-local to-userspace`, in its place;
-// each with its ServiceAccount and least-privilege RBAC) and, at the
-// repository's root, the Dockerfile of the images they run.
-// docs/operating.md explains both.
+// each with its ServiceAccount and least-privilege RBAC); the controller
+// kpng-controller.yaml (`kpng kube … to-api`, two replicas behind a
+// headless Service, with TLS) and kpng-nft-node.yaml, the node backends
+// that connect to it (`kpng api … to-local to-nft`), whose certificates
+// kpng-controller-certs.sh makes with openssl; and, at the repository's
+// root, the Dockerfile of the images they run. docs/operating.md and
+// docs/controller.md explain them.
 //
 // The package has no code, only tests, because Docker is not needed to
 // check them: the tests build the image's programs exactly as the

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -155,14 +156,19 @@ func New(hub *Hub, opts Options) *Server {
 func (s *Server) Register(g *grpc.Server) { kpngv1.RegisterControllerServer(g, s) }
 
 // ServerOptions are the gRPC options the controller uses: message size
-// limits, and the codec that sends the node-independent stream's shared
+// limits; the codec that sends the node-independent stream's shared
 // bytes without copying them (a Server registered without it cannot
-// serve that stream). Add credentials with grpc.Creds.
+// serve that stream); and the keepalive pings it allows: one every 5 s on
+// a connection with a stream (client/remote pings after 10 s without
+// receiving anything, to detect a controller gone without a reset; gRPC's
+// default of 5 minutes would close such a client's connection as abusive).
+// Add credentials with grpc.Creds.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		codecOption(),
 		grpc.MaxRecvMsgSize(kpngv1.MaxRequestSize), grpc.MaxSendMsgSize(kpngv1.MaxBatchSize),
 		grpc.InitialWindowSize(kpngv1.WindowSize), grpc.InitialConnWindowSize(kpngv1.WindowSize),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
 	}
 }
 

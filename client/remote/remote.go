@@ -1,10 +1,13 @@
 // Package remote is the backend side of the kpng API: it connects to a kpng
 // controller (`kpng ... to-api`), watches the state for its node and feeds a
-// localsink.Sink, reconnecting with backoff when the controller goes away.
+// localsink.Sink, reconnecting when the controller goes away: to the next
+// controller at once when it was given several, with backoff once all of
+// them have failed in a row.
 //
 // A reconnection does not make the backend start over: the client keeps a
-// mirror of what the sink holds, and after the controller has sent its
-// whole state again, the sink receives only the difference.
+// mirror of what the sink holds, and after the controller (the same or
+// another) has sent its whole state, the sink receives only the
+// difference.
 package remote
 
 import (
@@ -12,13 +15,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net"
+	"net/netip"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
@@ -28,10 +35,28 @@ import (
 	"sigs.k8s.io/kpng/localsink"
 )
 
-// Config configures a connection to a controller.
+// Keepalive of the connections to a controller: after KeepaliveTime
+// without receiving anything, the client pings, and closes the connection
+// when nothing comes back within KeepaliveTimeout (gRPC's TCP_USER_TIMEOUT
+// is set to it too). A controller that died without a TCP reset (a node
+// powered off, a pod's address gone) is so detected within KeepaliveTime +
+// KeepaliveTimeout of its last message; one killed or whose connection was
+// reset is detected at once. gRPC refuses a ping time below 10 s, and the
+// controller must allow pings this often (api/server.ServerOptions).
+const (
+	KeepaliveTime    = 10 * time.Second
+	KeepaliveTimeout = 5 * time.Second
+)
+
+// Config configures a connection to a controller, or to one of several.
 type Config struct {
 	// Address is the controller's address: a unix socket
-	// ("unix:///var/run/kpng/kpng.sock") or host:port.
+	// ("unix:///var/run/kpng/kpng.sock") or host:port; or several,
+	// separated by commas, for controllers any of which can serve this
+	// backend (replicas). A host name resolving to several addresses
+	// counts as one controller address served by all of them (gRPC's DNS
+	// resolver with round_robin: a connection to each, a new stream on
+	// one that is up).
 	Address string
 	// NodeName is this backend's node.
 	NodeName string
@@ -44,7 +69,7 @@ type Config struct {
 	// Insecure allows plain TCP to a loopback address.
 	Insecure bool
 	// MinBackoff and MaxBackoff bound the delay between reconnections
-	// (defaults 500ms and 30s).
+	// once every address has failed in a row (defaults 500ms and 30s).
 	MinBackoff, MaxBackoff time.Duration
 	// Observe, if set, receives the record of each round delivered to the
 	// sink, and Queued the time each round with changes was queued (see
@@ -57,17 +82,63 @@ type Config struct {
 	// with the nodes), for tests and comparisons. By default the client
 	// asks for the state every node shares and computes its view itself.
 	PerNodeView bool
+	// Watching, if set, is called with a controller's address (as in
+	// Address) when a stream to it receives its first sync, its whole
+	// state, before the sink is given the difference: from then on the
+	// backend follows that controller. It must not block.
+	Watching func(address string)
 }
 
-// DialOptions returns the gRPC dial target and options for c.
+// Target is how to reach one of the controller addresses of a Config.
+type Target struct {
+	// Address is the address as given.
+	Address string
+	// Target is the gRPC dial target, Options its dial options.
+	Target  string
+	Options []grpc.DialOption
+}
+
+// Targets returns, for each controller address of c in order, the gRPC
+// dial target and options.
+func (c Config) Targets() ([]Target, error) {
+	var out []Target
+	for _, a := range strings.Split(c.Address, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" && strings.Contains(c.Address, ",") {
+			return nil, fmt.Errorf("API addresses %q: empty address in the list", c.Address)
+		}
+		target, opts, err := c.dialOptions(a)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Target{Address: a, Target: target, Options: opts})
+	}
+	return out, nil
+}
+
+// DialOptions returns the gRPC dial target and options for c's address. A
+// Config with several addresses is an error: see Targets.
 func (c Config) DialOptions() (string, []grpc.DialOption, error) {
-	addr, err := address.Parse(c.Address)
+	targets, err := c.Targets()
+	if err != nil {
+		return "", nil, err
+	}
+	if len(targets) != 1 {
+		return "", nil, fmt.Errorf("API addresses %q: %d addresses, DialOptions takes one", c.Address, len(targets))
+	}
+	return targets[0].Target, targets[0].Options, nil
+}
+
+// dialOptions returns the gRPC dial target and options for one address.
+func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
+	addr, err := address.Parse(a)
 	if err != nil {
 		return "", nil, err
 	}
 	opts := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kpngv1.MaxBatchSize)),
 		grpc.WithInitialWindowSize(kpngv1.WindowSize), grpc.WithInitialConnWindowSize(kpngv1.WindowSize),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 	}
 	tlsSet := c.TLSCA != "" || c.TLSCert != "" || c.TLSKey != ""
 	if addr.Network == "unix" {
@@ -106,22 +177,42 @@ func (c Config) DialOptions() (string, []grpc.DialOption, error) {
 		}
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	}
+	host, _, _ := net.SplitHostPort(addr.Addr)
+	if _, err := netip.ParseAddr(host); err != nil && host != "" {
+		// A name: every address it resolves to, a connection to each,
+		// streams on one that is up.
+		opts = append(opts, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+		return "dns:///" + addr.Addr, opts, nil
+	}
 	return "passthrough:///" + addr.Addr, opts, nil
 }
 
 // Run watches the controller until ctx ends, feeding sink. It returns nil
 // when ctx ends, and an error only for a configuration that can never work.
+//
+// Given several controller addresses, it starts with the one its node name
+// hashes to (the nodes spread over the controllers), and when a stream
+// ends, it opens one to the next address at once; it waits (MinBackoff,
+// doubling up to MaxBackoff) only once every address has failed in a row
+// since a stream last delivered a whole state.
 func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
-	target, opts, err := cfg.DialOptions()
+	targets, err := cfg.Targets()
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(target, opts...)
-	if err != nil {
-		return fmt.Errorf("API %s: %w", cfg.Address, err)
+	clients := make([]kpngv1.ControllerClient, len(targets))
+	for i, t := range targets {
+		opts := t.Options
+		if cfg.Watching != nil {
+			opts = append(opts[:len(opts):len(opts)], grpc.WithStreamInterceptor(watchingInterceptor(t.Address, cfg.Watching)))
+		}
+		conn, err := grpc.NewClient(t.Target, opts...)
+		if err != nil {
+			return fmt.Errorf("API %s: %w", t.Address, err)
+		}
+		defer conn.Close()
+		clients[i] = kpngv1.NewControllerClient(conn)
 	}
-	defer conn.Close()
-	client := kpngv1.NewControllerClient(conn)
 
 	minB, maxB := cfg.MinBackoff, cfg.MaxBackoff
 	if minB <= 0 {
@@ -133,23 +224,87 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe, Queued: cfg.Queued})
 	defer feeder.Close()
 	m := newMirror(feeder, cfg.NodeName)
-	backoff := wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
+	logger := klog.FromContext(ctx)
+	newBackoff := func() wait.Backoff {
+		return wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
+	}
+	backoff := newBackoff()
+	i := startIndex(cfg.NodeName, len(targets))
+	// failures counts the streams in a row that ended without a whole
+	// state.
+	failures := 0
 	for {
-		gotState, err := watchOnce(ctx, client, cfg, m)
+		gotState, err := watchOnce(ctx, clients[i], cfg, m)
 		if ctx.Err() != nil {
 			return nil
 		}
+		lost := targets[i].Address
+		i = (i + 1) % len(targets)
 		if gotState {
-			backoff = wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
+			backoff, failures = newBackoff(), 0
+		} else {
+			failures++
+		}
+		if failures%len(targets) != 0 || failures == 0 {
+			// Another address not tried since the last whole state (or,
+			// after one, any): at once.
+			logger.Error(err, "Lost the kpng controller, trying the next", "address", lost, "next", targets[i].Address)
+			continue
 		}
 		delay := backoff.Step()
-		klog.ErrorS(err, "Lost the kpng controller, reconnecting", "address", cfg.Address, "retryIn", delay.Round(time.Millisecond))
+		logger.Error(err, "Lost the kpng controller, reconnecting", "address", lost, "next", targets[i].Address, "retryIn", delay.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(delay):
 		}
 	}
+}
+
+// startIndex returns the address a node starts with: its name's hash, so
+// that the nodes spread over the controllers.
+func startIndex(node string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(node))
+	return int(h.Sum32() % uint32(n))
+}
+
+// watchingInterceptor calls watching with addr when a stream receives its
+// first batch holding a sync.
+func watchingInterceptor(addr string, watching func(string)) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &watchingStream{ClientStream: s, addr: addr, watching: watching}, nil
+	}
+}
+
+// watchingStream is a stream that reports its first sync.
+type watchingStream struct {
+	grpc.ClientStream
+	addr     string
+	watching func(string)
+	synced   bool
+}
+
+// RecvMsg implements grpc.ClientStream.
+func (s *watchingStream) RecvMsg(msg any) error {
+	err := s.ClientStream.RecvMsg(msg)
+	if err != nil || s.synced {
+		return err
+	}
+	if b, ok := msg.(*kpngv1.Batch); ok {
+		for _, op := range b.GetOps() {
+			if op.GetSync() != nil {
+				s.synced = true
+				s.watching(s.addr)
+				break
+			}
+		}
+	}
+	return err
 }
 
 // watchOnce runs one Watch stream into m. It reports whether a whole state
