@@ -90,7 +90,7 @@ func NewHub(nodeViews bool) *Hub {
 // SharedStats are the counters of a hub's node-independent stream.
 type SharedStats struct {
 	// Snapshots is the number of whole states encoded for the streams
-	// (each shared by every stream starting while it is current).
+	// (each shared by every stream starting before the next round).
 	Snapshots uint64
 	// Resumed is the number of streams that started without a whole
 	// state, their client holding the hub's state already.

@@ -311,3 +311,37 @@ func TestReconnectToAControllerHoldingTheSameState(t *testing.T) {
 		t.Errorf("local endpoints after moving (-want +got):\n%s", diff)
 	}
 }
+
+// TestFirstStateIsTheStateNow: a stream's first state is the state as it
+// is now, not an earlier snapshot followed by the rounds since: a client
+// that held the newer state (from another controller, whose state differs
+// in something else) would see the newer services go and come back.
+func TestFirstStateIsTheStateNow(t *testing.T) {
+	addr := socketAddr(t)
+	a, x := svc("ns", "a", ep("10.0.0.1", "node-a")), svc("ns", "x", ep("10.0.3.1", "node-a"))
+	y := svc("ns", "y", ep("10.0.4.1", "node-b"))
+	s1 := startServer(t, server.ListenConfig{Address: addr}, 0)
+	s1.feed([]*model.ServiceEndpoints{a, x})
+	r := runClient(t, remote.Config{Address: addr, NodeName: "node-a"})
+	r.WaitSyncs(t, 1, 20*time.Second)
+	r.TakeCalls()
+
+	// The second controller has y too (the states differ: no resume). A
+	// backend connected before x came made it encode a snapshot without x.
+	s2 := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	s2.feed([]*model.ServiceEndpoints{a, y})
+	early := watchIndependent(t, s2.addr, "node-c", nil)
+	nextBatch(t, early, "node-c")
+	nextBatch(t, early, "node-c")
+	s2.feed([]*model.ServiceEndpoints{a, x, y})
+
+	// The client moves to the second controller.
+	s1.stop()
+	s2.stop()
+	startServerOn(t, server.ListenConfig{Address: addr}, server.Options{}, s2.hub)
+	r.WaitSyncs(t, 2, 20*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	if diff := cmp.Diff([]string{"Update ns/y service +10.0.4.1", "Sync"}, r.TakeCalls()); diff != "" {
+		t.Errorf("calls after moving (-want +got):\n%s", diff)
+	}
+}
