@@ -143,6 +143,9 @@ func (s *kpngSet) start(ctx context.Context, cp *controlplane.ControlPlane, apiA
 
 func (s *kpngSet) synced() <-chan struct{} { return s.syncedCh }
 
+// objects is not known: the controllers' own.
+func (s *kpngSet) objects() int64 { return 0 }
+
 // restarts is not known: the controllers' logs say.
 func (s *kpngSet) restarts() int64 { return 0 }
 

@@ -56,6 +56,7 @@ type rawSet struct {
 type rawWatcher struct {
 	seer
 	read             atomic.Int64
+	objects          atomic.Int64
 	mu               sync.Mutex
 	conns            []net.Conn
 	factories        []informers.SharedInformerFactory
@@ -81,11 +82,11 @@ func startRaw(ctx context.Context, cfg config, cp *controlplane.ControlPlane, tr
 		}
 		rw.services, err = rw.informer(cs, svcSel, func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 			return f.Core().V1().Services().Informer()
-		}, stripService)
+		}, rw.counted(stripService))
 		if err == nil {
 			rw.slices, err = rw.informer(cs, sliceSel, func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 				return f.Discovery().V1().EndpointSlices().Informer()
-			}, stripSlice)
+			}, rw.counted(stripSlice))
 		}
 		for _, inf := range []cache.SharedIndexInformer{rw.services, rw.slices} {
 			if err == nil {
@@ -179,6 +180,15 @@ func (rw *rawWatcher) onSlice(obj any) {
 	}
 }
 
+// counted counts the objects the watcher receives (listed, or in watch
+// events), then strips them.
+func (rw *rawWatcher) counted(strip cache.TransformFunc) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		rw.objects.Add(1)
+		return strip(obj)
+	}
+}
+
 // stripService keeps a Service's name only: the watcher counts them.
 func stripService(obj any) (any, error) {
 	if s, ok := obj.(*v1.Service); ok {
@@ -212,6 +222,15 @@ func (s *rawSet) bytes() int64 {
 }
 
 func (s *rawSet) clientCPU() float64 { return 0 }
+
+// objects is how many objects the watchers received, together.
+func (s *rawSet) objects() int64 {
+	var n int64
+	for _, rw := range s.ws {
+		n += rw.objects.Load()
+	}
+	return n
+}
 
 // check counts the services and slices of the run's namespace each
 // watcher holds.

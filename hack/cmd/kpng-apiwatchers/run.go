@@ -89,7 +89,13 @@ type result struct {
 	// that ended in an error and were started again, during the initial
 	// state and during the changes.
 	restartsInitial, restartsChanges int64
-	problems                         []string
+	// settle is how long the watchers' bytes took to stop growing after
+	// they all held the initial state (a watch restarted meanwhile
+	// lists again); extraObjects the objects the raw watchers received
+	// during the changes beyond one event a change each (a list again).
+	settle       time.Duration
+	extraObjects int64
+	problems     []string
 }
 
 // label names the configuration.
@@ -106,7 +112,8 @@ func (r result) details() string {
 	s := fmt.Sprintf("%s: initial state in %.1f s (wall); per watcher %.0f bytes initial, %.0f bytes a change; API server idle %.1f ms CPU a second, RSS %.0f MiB before the watchers, %.0f with them",
 		r.label(), r.initialTime.Seconds(), float64(r.bytesInitial)/float64(r.watchers), r.bytesPerChange/float64(r.watchers), r.idleCPU, r.rssBefore, r.rssHeld)
 	if r.kind == "raw" {
-		s += fmt.Sprintf("; watches restarted after an error: %d during the initial state, %d during the changes", r.restartsInitial, r.restartsChanges)
+		s += fmt.Sprintf("; watches restarted after an error: %d during the initial state, %d during the changes; bytes settled %.1f s after the initial state; objects received during the changes beyond one event a change and watcher: %d",
+			r.restartsInitial, r.restartsChanges, r.settle.Seconds(), r.extraObjects)
 	}
 	if r.kind == "kpng" {
 		s += fmt.Sprintf("; controllers' CPU %.1f ms a change, together", r.clientCPUPerChange)
@@ -122,6 +129,9 @@ type watcherSet interface {
 	bytes() int64
 	// check says what is wrong with the initial state the watchers hold.
 	check() []string
+	// objects is how many objects (listed, or in watch events) the
+	// watchers received so far, together (raw watchers only).
+	objects() int64
 	// restarts is how many watches ended in an error and were started
 	// again so far (raw watchers only).
 	restarts() int64
@@ -259,14 +269,30 @@ func measureOne(ctx context.Context, cfg config, w *world, cp *controlplane.Cont
 	case <-ctx.Done():
 		return res, ctx.Err()
 	}
-	res.cpuInitial = cpu() - cpu0
 	res.initialTime = time.Since(start)
+	// A watch that ended as the initial state arrived lists again: that
+	// belongs to the initial state, not to the changes.
+	synced := time.Now()
+	for last, still := set.bytes(), 0; still < 4 && time.Since(synced) < 2*time.Minute; {
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		if b := set.bytes(); b != last {
+			last, still = b, 0
+		} else {
+			still++
+		}
+	}
+	res.settle = time.Since(synced)
+	res.cpuInitial = cpu() - cpu0
 	res.bytesInitial = set.bytes()
 	res.restartsInitial = set.restarts()
 	res.problems = append(res.problems, set.check()...)
 	cfg.logf("%s: the initial state held after %.1f s; %d changes", res.label(), res.initialTime.Seconds(), cfg.changes)
 
-	cpu0, bytes0, client0 := cpu(), set.bytes(), set.clientCPU()
+	cpu0, bytes0, client0, objects0 := cpu(), set.bytes(), set.clientCPU(), set.objects()
 	for range cfg.changes {
 		t, i := w.flip(*k)
 		*k++
@@ -291,6 +317,9 @@ func measureOne(ctx context.Context, cfg config, w *world, cp *controlplane.Cont
 	res.clientCPUPerChange = 1000 * (set.clientCPU() - client0) / float64(cfg.changes)
 	res.rssHeld = rss()
 	res.restartsChanges = set.restarts() - res.restartsInitial
+	if kind == "raw" {
+		res.extraObjects = set.objects() - objects0 - int64(cfg.changes*n)
+	}
 	return res, nil
 }
 
