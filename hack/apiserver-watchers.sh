@@ -11,10 +11,10 @@
 #
 #   hack/apiserver-watchers.sh [kpng-apiwatchers flags]
 #
-# WATCHERS (default 10,100,500), CONTROLLERS (default 1,3), SERVICES
-# (default 1000), CHANGES (default 100). It raises the open-files limit
-# (a connection a watcher), prints the machine's load before and after,
-# and runs at nice 10.
+# WATCHERS (default 10,100,500), CONTROLLERS (default 1,3; set empty,
+# either runs none), SERVICES (default 1000), CHANGES (default 100). It
+# raises the open-files limit (a connection a watcher), prints the
+# machine's load before and after, and runs at nice 10.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
@@ -24,7 +24,7 @@ bin="$(mktemp -d)"
 trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
 go build -o "${bin}/kpng-apiwatchers" ./hack/cmd/kpng-apiwatchers
-flags=(--watchers="${WATCHERS:-10,100,500}" --controllers="${CONTROLLERS:-1,3}" --services="${SERVICES:-1000}" --changes="${CHANGES:-100}")
+flags=(--watchers="${WATCHERS-10,100,500}" --controllers="${CONTROLLERS-1,3}" --services="${SERVICES:-1000}" --changes="${CHANGES:-100}")
 ulimit -n "$(ulimit -Hn)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version), $(date -u +%Y-%m-%dT%H:%MZ)" >&2
 echo "load before: $(uptime)" >&2

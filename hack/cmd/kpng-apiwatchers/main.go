@@ -35,11 +35,15 @@
 // Each configuration waits until every watcher holds the initial state,
 // then makes --changes EndpointSlice updates one at a time (one
 // endpoint's readiness flipped), each waiting until every watcher has it.
-// It measures the kube-apiserver process's CPU time (utime+stime of /proc/PID/stat: the
-// machine is shared, so CPU time, not wall time, is the figure), its RSS,
-// and the bytes the watchers received (TLS records on the wire: HTTP/2
-// framing and encryption included), for the initial state and per change,
-// and prints one closing line per configuration:
+// The initial state ends when every watcher holds it and their bytes
+// have stopped growing for 2 s (a watch that ends as the initial state
+// arrives lists again: that relist is the initial state's, not the
+// changes'). It measures the kube-apiserver process's CPU time
+// (utime+stime of /proc/PID/stat: the machine is shared, so CPU time, not
+// wall time, is the figure), its RSS, and the bytes the watchers received
+// (TLS records on the wire: HTTP/2 framing and encryption included), for
+// the initial state and per change, and prints one closing line per
+// configuration:
 //
 //	watchers=N kind=raw|kpng services=S apiserver_cpu_ms_per_change=… bytes_per_change=… apiserver_cpu_s_initial=… bytes_initial=… apiserver_rss_mib=…
 //
