@@ -20,7 +20,7 @@ PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 TOOLS_BIN := $(CURDIR)/bin
 
-.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test e2e e2e-report lint cross fuzz bench reliability soak scale-controller build generate check-generate image-binaries image-sizes image vulncheck
+.PHONY: demo serve test unit controlplane cluster cluster-down cluster-test e2e e2e-report lint cross fuzz bench reliability soak scale-controller apiserver-watchers build generate check-generate image-binaries image-sizes image vulncheck
 
 ## demo: start a local kube-apiserver + etcd, apply the blog's Service and
 ## endpoints, and print what kpng-json sees.
@@ -172,6 +172,20 @@ CHANGES ?= 100
 PROFILE_DIR ?=
 scale-controller: controlplane
 	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) PROFILE_DIR=$(PROFILE_DIR) bash hack/scale-controller.sh
+
+## apiserver-watchers: what the API server pays for the watchers of
+## Services and EndpointSlices: CONTROLLERS `kpng kube … to-api`
+## controllers, then WATCHERS raw watchers as kube-proxy's (comma-separated
+## counts, one configuration each), over SERVICES services × 10 endpoints
+## (1000 here), CHANGES EndpointSlice changes each: the API server's CPU
+## time and the bytes the watchers received for the initial state and per
+## change, its RSS, one closing line a configuration (docs/benchmarks.md).
+## Runs at nice 10.
+WATCHERS ?= 10,100,500
+CONTROLLERS ?= 1,3
+apiserver-watchers: SERVICES = 1000
+apiserver-watchers: controlplane
+	WATCHERS=$(WATCHERS) CONTROLLERS=$(CONTROLLERS) SERVICES=$(SERVICES) CHANGES=$(CHANGES) bash hack/apiserver-watchers.sh
 
 ## bench: the benchmarks recorded in docs/benchmarks.md.
 bench: controlplane

@@ -612,6 +612,21 @@ func (c *ControlPlane) Dir() string {
 	return c.dir
 }
 
+// APIServerPID returns the process id of the running kube-apiserver, 0
+// when it is stopped (its CPU time and memory are in /proc: see
+// internal/proc).
+func (c *ControlPlane) APIServerPID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.apiserver == nil {
+		return 0
+	}
+	if done, _ := c.apiserver.exited(); done {
+		return 0
+	}
+	return c.apiserver.cmd.Process.Pid
+}
+
 // APIServerLogPath returns the path of kube-apiserver's log file. Each start
 // of the API server appends to it.
 func (c *ControlPlane) APIServerLogPath() string {

@@ -2,6 +2,8 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -116,11 +118,18 @@ func TestObjectsSurviveAPIServerRestart(t *testing.T) {
 		{"StopAPIServer", cp.StopAPIServer},
 		{"KillAPIServer", cp.KillAPIServer},
 	} {
+		pid := cp.APIServerPID()
+		if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || !strings.Contains(string(cmdline), "kube-apiserver") {
+			t.Fatalf("before %s: APIServerPID %d is not kube-apiserver's (%q, %v)", restart.name, pid, cmdline, err)
+		}
 		begin := time.Now()
 		if err := restart.stop(); err != nil {
 			t.Fatalf("%s: %v", restart.name, err)
 		}
 		stopped := time.Since(begin)
+		if got := cp.APIServerPID(); got != 0 {
+			t.Errorf("after %s: APIServerPID %d, want 0", restart.name, got)
+		}
 		if _, err := client.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err == nil {
 			t.Fatalf("after %s the API server still answers", restart.name)
 		}
