@@ -251,7 +251,7 @@ func (b *blackhole) freeze() {
 // abusive instead. It takes about 15 s: skipped with -short.
 func TestKeepaliveDetectsSilentController(t *testing.T) {
 	if testing.Short() {
-		t.Skip("takes KeepaliveTime + KeepaliveTimeout (15 s)")
+		t.Skip("takes KeepaliveTime + KeepaliveTimeout (30 s)")
 	}
 	var holes []*blackhole
 	var addrs []string

@@ -42,10 +42,14 @@ import (
 // powered off, a pod's address gone) is so detected within KeepaliveTime +
 // KeepaliveTimeout of its last message; one killed or whose connection was
 // reset is detected at once. gRPC refuses a ping time below 10 s, and the
-// controller must allow pings this often (api/server.ServerOptions).
+// controller must allow pings this often (api/server.ServerOptions). The
+// timeout leaves room for a controller busy with thousands of first
+// states: with 5 s, 38 of 5,000 backends (kpng-scale) that had their
+// first state and nothing since for 10 s gave up on a controller that was
+// still sending the others theirs.
 const (
 	KeepaliveTime    = 10 * time.Second
-	KeepaliveTimeout = 5 * time.Second
+	KeepaliveTimeout = 20 * time.Second
 )
 
 // Config configures a connection to a controller, or to one of several.
