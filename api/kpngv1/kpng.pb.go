@@ -421,10 +421,12 @@ func (x *Reset) GetNode() *NodeFacts {
 
 // NodeFacts are what the controller knows of the watching node that a
 // backend needs to compute its view: its zone (topology.kubernetes.io/zone),
-// for the hints.
+// for the hints, and its name as the controller authorized it (a client
+// certificate's node when the request named none).
 type NodeFacts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Zone          string                 `protobuf:"bytes,1,opt,name=zone,proto3" json:"zone,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -462,6 +464,13 @@ func (*NodeFacts) Descriptor() ([]byte, []int) {
 func (x *NodeFacts) GetZone() string {
 	if x != nil {
 		return x.Zone
+	}
+	return ""
+}
+
+func (x *NodeFacts) GetName() string {
+	if x != nil {
+		return x.Name
 	}
 	return ""
 }
@@ -1410,9 +1419,10 @@ const file_kpng_proto_rawDesc = "" +
 	"\bset_node\x18\a \x01(\v2\x12.kpng.v1.NodeFactsH\x00R\asetNodeB\x04\n" +
 	"\x02op\"/\n" +
 	"\x05Reset\x12&\n" +
-	"\x04node\x18\x01 \x01(\v2\x12.kpng.v1.NodeFactsR\x04node\"\x1f\n" +
+	"\x04node\x18\x01 \x01(\v2\x12.kpng.v1.NodeFactsR\x04node\"3\n" +
 	"\tNodeFacts\x12\x12\n" +
-	"\x04zone\x18\x01 \x01(\tR\x04zone\"\x80\x01\n" +
+	"\x04zone\x18\x01 \x01(\tR\x04zone\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x80\x01\n" +
 	"\x04Sync\x12*\n" +
 	"\acluster\x18\x01 \x01(\v2\x10.kpng.v1.ClusterR\acluster\x12-\n" +
 	"\btriggers\x18\x02 \x03(\v2\x11.kpng.v1.TriggersR\btriggers\x12\x1d\n" +

@@ -15,9 +15,11 @@ import (
 )
 
 // Hub is a localsink.Sink that publishes each consistent state (on Sync) to
-// its subscribers. Feeding it never blocks on a subscriber: each one keeps
-// its own set of changed services and catches up at its own pace, seeing the
-// latest state (intermediate ones may be skipped for a slow subscriber).
+// its subscribers. Feeding it never blocks on a subscriber: a node-independent
+// stream keeps its position in the hub's log of encoded rounds (shared.go), a
+// per-node one its own set of changed services, and each catches up at its
+// own pace, seeing the latest state (intermediate ones may be skipped for a
+// slow subscriber).
 // It takes the trigger times of the changes (localsink.TriggerSink) and
 // passes them on to every subscriber, those of skipped states included.
 type Hub struct {

@@ -59,6 +59,12 @@ func TestBatchesStayUnderTheMessageLimit(t *testing.T) {
 // larger than a message may carry: the controller says which one and how
 // large, in an error log, and serves the rest.
 func TestOversizeServiceIsReported(t *testing.T) {
+	for _, perNode := range []bool{false, true} {
+		t.Run(map[bool]string{false: "node-independent", true: "per-node"}[perNode], func(t *testing.T) { oversizeService(t, perNode) })
+	}
+}
+
+func oversizeService(t *testing.T, perNode bool) {
 	var logs testio.SyncBuffer
 	klog.LogToStderr(false)
 	klog.SetOutput(&logs)
@@ -69,7 +75,7 @@ func TestOversizeServiceIsReported(t *testing.T) {
 	huge.Service.Labels = bigLabels(17 << 20)
 	state := []*model.ServiceEndpoints{svc("ns", "a", ep("10.1.0.2", "node-a")), huge, svc("ns", "z", ep("10.1.0.3", "node-a"))}
 	s.feed(state)
-	r := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a"})
+	r := runClient(t, remote.Config{Address: s.addr, NodeName: "node-a", PerNodeView: perNode})
 	r.WaitSyncs(t, 1, 30*time.Second)
 	var names []string
 	for _, se := range r.State() {
@@ -93,8 +99,10 @@ func TestOversizeServiceIsReported(t *testing.T) {
 	}
 	s.feed(state)
 	r.WaitSyncs(t, 3, 30*time.Second)
-	if calls := r.TakeCalls(); len(calls) != 2 || !strings.HasPrefix(calls[0], "Update ns/a service") {
-		t.Errorf("calls after service a is small again: %q, want it back", calls)
+	// Back whole: with its endpoints, which did not change while it was
+	// too large (the backend was told it was gone).
+	if calls := r.TakeCalls(); len(calls) != 2 || calls[0] != "Update ns/a service +10.1.0.2" {
+		t.Errorf("calls after service a is small again: %q, want it back with its endpoint", calls)
 	}
 }
 

@@ -8,9 +8,10 @@ import (
 	"google.golang.org/grpc/mem"
 )
 
-// rawBatch is a Batch message already encoded, sent as it is: the bytes
-// of the node-independent stream, shared by every stream sending them.
-type rawBatch []byte
+// rawBatch is a Batch message already encoded (the concatenation of its
+// pieces), sent as it is: the bytes of the node-independent stream,
+// shared by every stream sending them.
+type rawBatch [][]byte
 
 // rawCodec is gRPC's proto codec, but for rawBatch, whose bytes it hands
 // to the transport without copying them (the buffer's Free does nothing:
@@ -22,7 +23,11 @@ func (rawCodec) proto() encoding.CodecV2 { return encoding.GetCodecV2("proto") }
 // Marshal implements encoding.CodecV2.
 func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b, ok := v.(rawBatch); ok {
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		out := make(mem.BufferSlice, len(b))
+		for i, piece := range b {
+			out[i] = mem.SliceBuffer(piece)
+		}
+		return out, nil
 	}
 	p := c.proto()
 	if p == nil {

@@ -319,12 +319,16 @@ type rawSender struct {
 	sent         func(bytes int)
 }
 
-func (r *rawSender) send(b []byte) error {
+func (r *rawSender) send(m message) error {
 	r.sendingSince.Store(time.Now().UnixNano())
-	err := r.stream.SendMsg(rawBatch(b))
+	err := r.stream.SendMsg(rawBatch(m))
 	r.sendingSince.Store(0)
 	if err == nil {
-		r.sent(len(b))
+		n := 0
+		for _, piece := range m {
+			n += len(piece)
+		}
+		r.sent(n)
 	}
 	return err
 }
@@ -370,6 +374,8 @@ type batchSender struct {
 	sendingSince atomic.Int64
 	// sent, if set, is called with each batch sent.
 	sent func(*kpngv1.Batch)
+	// omitted are the services left out as too large for a message.
+	omitted map[model.ServiceKey]bool
 }
 
 // add adds op to the batch, sending the batch first when op would take it
@@ -411,8 +417,19 @@ func (b *batchSender) SetCluster(c *model.Cluster) {
 }
 
 // Update implements localsink.Sink with the wire's operations (serviceOps).
+// A service left out (too large for a message) is new to the backend when
+// it is sent again.
 func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpoints) {
-	serviceOps(key, prev, cur, b.add)
+	if b.omitted[key] {
+		prev = nil
+		delete(b.omitted, key)
+	}
+	if !serviceOps(key, prev, cur, b.add) {
+		if b.omitted == nil {
+			b.omitted = map[model.ServiceKey]bool{}
+		}
+		b.omitted[key] = true
+	}
 }
 
 // serviceOps turns one service's change into the wire's operations, in
@@ -421,8 +438,8 @@ func (b *batchSender) Update(key model.ServiceKey, prev, cur *model.ServiceEndpo
 // deleted service, delete_endpoint for each endpoint, then delete_service.
 // A service too large for a message (labels of megabytes, from a state
 // file) is not sent: an error log names it, and the backend loses what it
-// had of it.
-func serviceOps(key model.ServiceKey, prev, cur *model.ServiceEndpoints, add func(*kpngv1.Op)) {
+// had of it; serviceOps then returns false.
+func serviceOps(key model.ServiceKey, prev, cur *model.ServiceEndpoints, add func(*kpngv1.Op)) (sent bool) {
 	wireKey := kpngv1.FromServiceKey(key)
 	if cur != nil && (prev == nil || (prev.Service != cur.Service && !reflect.DeepEqual(prev.Service, cur.Service))) {
 		op := &kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: kpngv1.FromService(cur.Service)}}
@@ -430,8 +447,9 @@ func serviceOps(key model.ServiceKey, prev, cur *model.ServiceEndpoints, add fun
 			klog.ErrorS(nil, "A service is larger than a message to a backend may be: the backend does not get it",
 				"service", key, "bytes", n, "limit", maxOpBytes)
 			if prev == nil {
-				return
+				return false
 			}
+			defer func() { sent = false }()
 			cur = nil
 		} else {
 			add(op)
@@ -449,6 +467,7 @@ func serviceOps(key model.ServiceKey, prev, cur *model.ServiceEndpoints, add fun
 	if cur == nil {
 		add(&kpngv1.Op{Op: &kpngv1.Op_DeleteService{DeleteService: wireKey}})
 	}
+	return true
 }
 
 // Triggered implements localsink.TriggerSink: the times go in the round's

@@ -66,10 +66,14 @@ type wholeService struct {
 	hash stateHash
 }
 
+// message is one Batch message ready to send: its encoding is the
+// concatenation of its pieces (gRPC writes them as they are).
+type message [][]byte
+
 // round is one Sync's changes, encoded: Batch messages ready to send.
 type round struct {
 	gen     uint64
-	batches [][]byte
+	batches []message
 	size    int
 }
 
@@ -78,7 +82,7 @@ type round struct {
 // stream's own).
 type snapshot struct {
 	gen     uint64
-	batches [][]byte
+	batches []message
 }
 
 // deterministic is how every shared encoding is marshaled: map fields
@@ -100,46 +104,73 @@ func frame(dst []byte, op *kpngv1.Op) []byte {
 }
 
 // batcher puts framed operations into Batch messages of at most
-// sharedBatchBytes.
+// sharedBatchBytes (an operation larger than that alone in its batch):
+// copied (add) or referenced (addRef: bytes that never change, as the
+// services' whole encodings, shared by every snapshot holding them).
 type batcher struct {
-	batches [][]byte
-	cur     []byte
+	batches []message
+	cur     message
+	curLen  int
+	owned   bool // the last piece of cur is the batcher's own, to append to
 	size    int
 }
 
-func (b *batcher) add(framed []byte) {
-	if len(b.cur) > 0 && len(b.cur)+len(framed) > sharedBatchBytes {
+func (b *batcher) room(n int) {
+	if b.curLen > 0 && b.curLen+n > sharedBatchBytes {
 		b.flush()
 	}
-	b.cur = append(b.cur, framed...)
 }
 
-// addOps adds a run of framed operations, split between batches at
-// operation boundaries when it does not fit.
-func (b *batcher) addOps(ops []byte) {
-	if len(b.cur)+len(ops) <= sharedBatchBytes {
-		b.cur = append(b.cur, ops...)
-		return
+func (b *batcher) add(framed []byte) {
+	b.room(len(framed))
+	if b.owned {
+		b.cur[len(b.cur)-1] = append(b.cur[len(b.cur)-1], framed...)
+	} else {
+		b.cur = append(b.cur, append([]byte(nil), framed...))
+		b.owned = true
 	}
+	b.curLen += len(framed)
+}
+
+// addRef adds a run of framed operations by reference, split between
+// batches at operation boundaries when it does not fit.
+func (b *batcher) addRef(ops []byte) {
 	for len(ops) > 0 {
-		_, _, n := protowire.ConsumeField(ops)
-		if n < 0 {
-			return // our own encoding: cannot happen
+		n := len(ops)
+		if b.curLen+n > sharedBatchBytes {
+			// As many whole operations as fit (at least one).
+			n = 0
+			for n < len(ops) {
+				_, _, m := protowire.ConsumeField(ops[n:])
+				if m < 0 {
+					return // our own encoding: cannot happen
+				}
+				if n > 0 && b.curLen+n+m > sharedBatchBytes {
+					break
+				}
+				n += m
+			}
+			if b.curLen > 0 && b.curLen+n > sharedBatchBytes {
+				b.flush()
+				continue
+			}
 		}
-		b.add(ops[:n])
+		b.cur = append(b.cur, ops[:n:n])
+		b.curLen += n
+		b.owned = false
 		ops = ops[n:]
 	}
 }
 
 func (b *batcher) flush() {
-	if len(b.cur) > 0 {
+	if b.curLen > 0 {
 		b.batches = append(b.batches, b.cur)
-		b.size += len(b.cur)
-		b.cur = nil
+		b.size += b.curLen
 	}
+	b.cur, b.curLen, b.owned = nil, 0, false
 }
 
-func (b *batcher) done() ([][]byte, int) {
+func (b *batcher) done() ([]message, int) {
 	b.flush()
 	return b.batches, b.size
 }
@@ -179,9 +210,11 @@ func (h *Hub) encodeRound(keys []model.ServiceKey, clusterChanged bool) {
 			w.ops = encodeWhole(key, cur)
 			w.hash = hashOf(append([]byte(key.String()+"\x00"), w.ops...))
 		}
-		if prev == nil {
-			// A new service's operations are its whole encoding.
-			b.addOps(w.ops)
+		if old, ok := h.whole[key]; prev == nil || !ok || len(old.ops) == 0 {
+			// A new service's operations are its whole encoding; so are
+			// those of a service left out until now (too large for a
+			// message: its clients were told it is gone).
+			b.addRef(w.ops)
 		} else {
 			serviceOps(key, prev, cur, func(op *kpngv1.Op) { b.add(frame(nil, op)) })
 		}
@@ -202,7 +235,13 @@ func (h *Hub) encodeRound(keys []model.ServiceKey, clusterChanged bool) {
 		cluster = kpngv1.FromCluster(h.stagedCluster)
 	}
 	var triggers []*kpngv1.Triggers
+	kept := 0 // bounded as a per-node stream's (maxSubscriberTriggers)
 	for key, times := range h.stagedTriggers {
+		times = times[:min(len(times), maxSubscriberTriggers-kept)]
+		if len(times) == 0 {
+			continue
+		}
+		kept += len(times)
 		triggers = append(triggers, kpngv1.FromTriggers(key, times))
 	}
 	slices.SortFunc(triggers, func(a, b *kpngv1.Triggers) int {
@@ -245,7 +284,7 @@ func (h *Hub) snapshotLocked() *snapshot {
 	slices.SortFunc(keys, model.ServiceKey.Compare)
 	var b batcher
 	for _, key := range keys {
-		b.addOps(h.whole[key].ops)
+		b.addRef(h.whole[key].ops)
 	}
 	var cluster *kpngv1.Cluster
 	if h.cluster != nil {
@@ -266,24 +305,29 @@ func (h *Hub) nodeFacts(node string) *kpngv1.NodeFacts {
 	if !h.nodeViews {
 		return nil
 	}
-	return &kpngv1.NodeFacts{Zone: h.zones[node]}
+	return &kpngv1.NodeFacts{Name: node, Zone: h.zones[node]}
 }
 
 // batchOf encodes ops as one Batch message of a stream's own.
-func batchOf(ops ...*kpngv1.Op) []byte {
+func batchOf(ops ...*kpngv1.Op) message {
 	var out []byte
 	for _, op := range ops {
 		out = frame(out, op)
 	}
-	return out
+	return message{out}
 }
+
+// maxSendBytes bounds the log's rounds one call of nextShared hands a
+// stream: a stream holding them while it sends (slowly) keeps them alive
+// after the log dropped them; it comes back for the rest.
+const maxSendBytes = 4 << 20
 
 // nextShared returns the Batch messages a node-independent stream sends
 // next to bring its backend to the latest published state, and moves its
 // position there: its first state (or, when its client already holds the
 // state, a sync saying so), the node facts when they changed, and the
 // rounds it has not sent. Only the stream's own goroutine calls it.
-func (h *Hub) nextShared(s *subscription) [][]byte {
+func (h *Hub) nextShared(s *subscription) []message {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if !h.synced {
@@ -295,7 +339,7 @@ func (h *Hub) nextShared(s *subscription) [][]byte {
 	s.mu.Unlock()
 
 	facts := h.nodeFacts(s.node)
-	var out [][]byte
+	var out []message
 	switch {
 	case whole && facts != nil && len(have) == len(h.hash) && stateHash(have) == h.hash:
 		// The client holds this state (from another controller, or from
@@ -315,10 +359,16 @@ func (h *Hub) nextShared(s *subscription) [][]byte {
 			out = h.appendSnapshot(out, s, facts)
 		}
 		i, _ := slices.BinarySearchFunc(h.log, s.cursor+1, func(r *round, gen uint64) int { return cmp.Compare(r.gen, gen) })
+		taken := 0
 		for _, r := range h.log[i:] {
+			if taken > 0 && taken+r.size > maxSendBytes {
+				s.signal() // the rest on the next call
+				break
+			}
 			out = append(out, r.batches...)
+			taken += r.size
+			s.cursor = r.gen
 		}
-		s.cursor = h.gen
 	}
 	return out
 }
@@ -326,7 +376,7 @@ func (h *Hub) nextShared(s *subscription) [][]byte {
 // appendSnapshot appends a first state: the stream's own Reset with the
 // node facts, then the shared snapshot; the stream's position moves to
 // the snapshot's.
-func (h *Hub) appendSnapshot(out [][]byte, s *subscription, facts *kpngv1.NodeFacts) [][]byte {
+func (h *Hub) appendSnapshot(out []message, s *subscription, facts *kpngv1.NodeFacts) []message {
 	snap := h.snapshotLocked()
 	out = append(out, batchOf(&kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: facts}}}))
 	out = append(out, snap.batches...)

@@ -66,6 +66,16 @@ func (m *mirror) haveState() []byte {
 	return m.hash
 }
 
+// setNode takes the node's facts: its zone, and its name when the
+// controller gives it (the node it authorized: a client certificate's
+// when the backend named none).
+func (m *mirror) setNode(n *kpngv1.NodeFacts) {
+	m.node.Zone = n.GetZone()
+	if name := n.GetName(); name != "" {
+		m.node.Name = name
+	}
+}
+
 // markAll marks every service changed (their view is to be computed
 // again).
 func (m *mirror) markAll() {
@@ -97,13 +107,15 @@ func (m *mirror) apply(op *kpngv1.Op) error {
 		clear(m.services)
 		m.cluster, m.hash = nil, nil
 		if n := o.Reset_.GetNode(); n != nil {
-			m.independent, m.node.Zone = true, n.GetZone()
+			m.independent = true
+			m.setNode(n)
 		} else {
 			m.independent, m.node.Zone = false, ""
 		}
 	case *kpngv1.Op_SetNode:
 		// The zone is only compared with the hints' zones.
-		m.independent, m.node.Zone = true, o.SetNode.GetZone()
+		m.independent = true
+		m.setNode(o.SetNode)
 		m.markAll()
 	case *kpngv1.Op_SetService:
 		if o.SetService.GetName() == "" {

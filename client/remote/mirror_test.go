@@ -197,3 +197,23 @@ func TestMirrorComputesTheNodesView(t *testing.T) {
 		t.Errorf("after set_node z2: same_zone %v, want true", eps[1].Hints.SameZone)
 	}
 }
+
+// TestMirrorTakesTheNodeNameFromTheController: a backend that named no
+// node (its client certificate names it) computes its view for the node
+// the controller authorized.
+func TestMirrorTakesTheNodeNameFromTheController(t *testing.T) {
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
+	defer f.Close()
+	m := newMirror(f, "")
+	local := opSetEndpoint("a", "10.0.0.1")
+	local.GetSetEndpoint().Endpoint.NodeName = "node-a"
+	for _, op := range []*kpngv1.Op{{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: &kpngv1.NodeFacts{Name: "node-a"}}}}, opSetService("a"), local, opSync()} {
+		if err := m.apply(op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if eps := c.State()[0].Endpoints; !eps[0].Local {
+		t.Errorf("endpoint on node-a not local for the node the controller named")
+	}
+}
