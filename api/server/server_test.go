@@ -60,13 +60,21 @@ func TestEachBackendSeesItsNode(t *testing.T) {
 	}
 }
 
-// rawWatch opens a Watch stream and returns a channel of its batches.
+// rawWatch opens a Watch stream as a client before node-independent
+// streams did, and returns a channel of its batches.
 func rawWatch(t *testing.T, addr, node string) <-chan *kpngv1.Batch {
+	t.Helper()
+	return watchWith(t, addr, &kpngv1.WatchRequest{NodeName: node})
+}
+
+// watchWith opens a Watch stream with req and returns a channel of its
+// batches.
+func watchWith(t *testing.T, addr string, req *kpngv1.WatchRequest) <-chan *kpngv1.Batch {
 	t.Helper()
 	conn := dial(t, remote.Config{Address: addr})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); conn.Close() })
-	stream, err := kpngv1.NewControllerClient(conn).Watch(ctx, &kpngv1.WatchRequest{NodeName: node})
+	stream, err := kpngv1.NewControllerClient(conn).Watch(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,25 +22,7 @@ import (
 // hash the client holds) and returns a channel of its batches.
 func watchIndependent(t *testing.T, addr, node string, have []byte) <-chan *kpngv1.Batch {
 	t.Helper()
-	conn := dial(t, remote.Config{Address: addr})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); conn.Close() })
-	stream, err := kpngv1.NewControllerClient(conn).Watch(ctx, &kpngv1.WatchRequest{NodeName: node, NodeIndependent: true, HaveState: have})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := make(chan *kpngv1.Batch, 100)
-	go func() {
-		defer close(ch)
-		for {
-			b, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			ch <- b
-		}
-	}()
-	return ch
+	return watchWith(t, addr, &kpngv1.WatchRequest{NodeName: node, NodeIndependent: true, HaveState: have})
 }
 
 func nextBatch(t *testing.T, ch <-chan *kpngv1.Batch, who string) *kpngv1.Batch {

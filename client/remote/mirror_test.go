@@ -126,10 +126,7 @@ func TestMirrorRejectsMalformedOps(t *testing.T) {
 // holds part of a round: no state the controller named), nor on a stream
 // that is not node-independent.
 func TestMirrorStateHash(t *testing.T) {
-	c := sinktest.NewChecker(nil)
-	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
-	defer f.Close()
-	m := newMirror(f, "node-a")
+	_, m := testMirror(t, "node-a")
 	hashed := func(h string) *kpngv1.Op {
 		return &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{StateHash: []byte(h)}}}
 	}
@@ -170,10 +167,7 @@ func TestMirrorStateHash(t *testing.T) {
 // endpoints on the mirror's node are Local and the hints matched against
 // its node and zone; set_node's new zone changes the view.
 func TestMirrorComputesTheNodesView(t *testing.T) {
-	c := sinktest.NewChecker(nil)
-	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
-	defer f.Close()
-	m := newMirror(f, "node-a")
+	c, m := testMirror(t, "node-a")
 	local := opSetEndpoint("a", "10.0.0.1")
 	local.GetSetEndpoint().Endpoint.NodeName = "node-a"
 	hinted := opSetEndpoint("a", "10.0.0.2")
@@ -202,10 +196,7 @@ func TestMirrorComputesTheNodesView(t *testing.T) {
 // node (its client certificate names it) computes its view for the node
 // the controller authorized.
 func TestMirrorTakesTheNodeNameFromTheController(t *testing.T) {
-	c := sinktest.NewChecker(nil)
-	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
-	defer f.Close()
-	m := newMirror(f, "")
+	c, m := testMirror(t, "")
 	local := opSetEndpoint("a", "10.0.0.1")
 	local.GetSetEndpoint().Endpoint.NodeName = "node-a"
 	for _, op := range []*kpngv1.Op{{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: &kpngv1.NodeFacts{Name: "node-a"}}}}, opSetService("a"), local, opSync()} {
@@ -216,4 +207,12 @@ func TestMirrorTakesTheNodeNameFromTheController(t *testing.T) {
 	if eps := c.State()[0].Endpoints; !eps[0].Local {
 		t.Errorf("endpoint on node-a not local for the node the controller named")
 	}
+}
+
+// testMirror returns a mirror for node feeding a contract checker.
+func testMirror(t *testing.T, node string) (*sinktest.Checker, *mirror) {
+	c := sinktest.NewChecker(nil)
+	f := localsink.NewFeeder(c, localsink.FeederOptions{NoRetry: true})
+	t.Cleanup(f.Close)
+	return c, newMirror(f, node)
 }

@@ -154,8 +154,13 @@ var hashSeed = maphash.MakeSeed()
 func (b *backend) scan(data []byte) error {
 	b.bytes.Add(int64(len(data)))
 	if b.light && !b.synced {
-		return b.skim(data)
+		return eachOp(data, b.skim)
 	}
+	return eachOp(data, b.op)
+}
+
+// eachOp calls f with each operation of a Batch.
+func eachOp(data []byte, f func(op []byte) error) error {
 	for len(data) > 0 {
 		num, typ, n := protowire.ConsumeTag(data)
 		if n < 0 {
@@ -174,45 +179,26 @@ func (b *backend) scan(data []byte) error {
 			return errMalformed
 		}
 		data = data[n:]
-		if err := b.op(op); err != nil {
+		if err := f(op); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// skim reads one Batch of a light backend's first state: it hashes every
-// operation but the Reset (its node's own) and reads only their kinds.
-func (b *backend) skim(data []byte) error {
-	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
-		if n < 0 {
-			return errMalformed
-		}
-		data = data[n:]
-		if num != batchOps || typ != protowire.BytesType {
-			if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
-				return errMalformed
-			}
-			data = data[n:]
-			continue
-		}
-		op, n := protowire.ConsumeBytes(data)
-		if n < 0 {
-			return errMalformed
-		}
-		data = data[n:]
-		kind, _, n := protowire.ConsumeTag(op)
-		if n < 0 {
-			return errMalformed
-		}
-		if kind == opReset {
-			continue
-		}
-		_, _ = b.stateHash.Write(op)
-		if kind == opSync {
-			b.sync()
-		}
+// skim reads one operation of a light backend's first state: it hashes
+// every operation but the Reset (its node's own) and reads only its kind.
+func (b *backend) skim(op []byte) error {
+	kind, _, n := protowire.ConsumeTag(op)
+	if n < 0 {
+		return errMalformed
+	}
+	if kind == opReset {
+		return nil
+	}
+	_, _ = b.stateHash.Write(op)
+	if kind == opSync {
+		b.sync()
 	}
 	return nil
 }
