@@ -66,9 +66,7 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
-	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/loadtool"
 )
 
 func main() {
@@ -130,35 +128,13 @@ func logf(format string, args ...any) {
 
 // measure starts the control plane and runs every configuration.
 func measure(ctx context.Context, cfg config) error {
-	dir := os.Getenv("KPNG_CONTROLPLANE_DIR")
-	if dir == "" {
-		return fmt.Errorf("KPNG_CONTROLPLANE_DIR is not set (hack/apiserver-watchers.sh sets it)")
-	}
-	if cfg.dir == "" {
-		d, err := os.MkdirTemp("", "kpng-apiwatchers-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		cfg.dir = d
-	} else if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
-		return fmt.Errorf("--dir: %w", err)
-	}
-	logf("starting the control plane")
-	cp, err := controlplane.Start(controlplane.WithBinaryDir(dir))
+	env, err := loadtool.Start("hack/apiserver-watchers.sh", "kpng-apiwatchers-", cfg.dir, logf)
 	if err != nil {
-		return fmt.Errorf("control plane: %w", err)
+		return err
 	}
-	defer cp.Stop()
-	// Loading thousands of objects at the default 50 requests a second
-	// would take minutes.
-	rc := cp.RESTConfig()
-	rc.QPS, rc.Burst = 2000, 4000
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("API client: %w", err)
-	}
-	results, err := run(ctx, cfg, c, cp, os.Stdout)
+	defer env.Close()
+	cfg.dir = env.Dir
+	results, err := run(ctx, cfg, env.Client, env.CP, os.Stdout)
 	for _, r := range results {
 		for _, p := range r.problems {
 			fmt.Fprintf(os.Stderr, "problem: %s %s\n", r.label(), p)

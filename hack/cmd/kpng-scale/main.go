@@ -57,9 +57,7 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
-	"sigs.k8s.io/kpng/internal/controlplane"
+	"sigs.k8s.io/kpng/internal/loadtool"
 )
 
 func main() {
@@ -102,35 +100,13 @@ func logf(format string, args ...any) {
 
 // measure starts the control plane and runs.
 func measure(ctx context.Context, cfg config) error {
-	dir := os.Getenv("KPNG_CONTROLPLANE_DIR")
-	if dir == "" {
-		return fmt.Errorf("KPNG_CONTROLPLANE_DIR is not set (hack/scale-controller.sh sets it)")
-	}
-	if cfg.dir == "" {
-		d, err := os.MkdirTemp("", "kpng-scale-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		cfg.dir = d
-	} else if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
-		return fmt.Errorf("--dir: %w", err)
-	}
-	logf("starting the control plane")
-	cp, err := controlplane.Start(controlplane.WithBinaryDir(dir))
+	env, err := loadtool.Start("hack/scale-controller.sh", "kpng-scale-", cfg.dir, logf)
 	if err != nil {
-		return fmt.Errorf("control plane: %w", err)
+		return err
 	}
-	defer cp.Stop()
-	// Loading 20,000 objects at the default 50 requests a second would
-	// take minutes.
-	rc := cp.RESTConfig()
-	rc.QPS, rc.Burst = 2000, 4000
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("API client: %w", err)
-	}
-	res, err := run(ctx, cfg, c, cp.KubeconfigPath())
+	defer env.Close()
+	cfg.dir = env.Dir
+	res, err := run(ctx, cfg, env.Client, env.CP.KubeconfigPath())
 	if err != nil {
 		return err
 	}
