@@ -54,9 +54,13 @@ func (h *stateHash) xor(o stateHash) {
 	}
 }
 
-func hashOf(b []byte) stateHash {
-	sum := sha256.Sum256(b)
-	return stateHash(sum[:16])
+// hashOf hashes the concatenation of parts.
+func hashOf(parts ...[]byte) stateHash {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write(p)
+	}
+	return stateHash(h.Sum(nil)[:16])
 }
 
 // wholeService is a published service's encoding as a first state sends
@@ -208,7 +212,7 @@ func (h *Hub) encodeRound(keys []model.ServiceKey, clusterChanged bool) {
 		var w wholeService
 		if cur != nil {
 			w.ops = encodeWhole(key, cur)
-			w.hash = hashOf(append([]byte(key.String()+"\x00"), w.ops...))
+			w.hash = hashOf([]byte(key.String()+"\x00"), w.ops)
 		}
 		if old, ok := h.whole[key]; prev == nil || !ok || len(old.ops) == 0 {
 			// A new service's operations are its whole encoding; so are
