@@ -11,11 +11,12 @@ import (
 // rawBatch is a Batch message already encoded (the concatenation of its
 // pieces), sent as it is: the bytes of the node-independent stream,
 // shared by every stream sending them.
-type rawBatch [][]byte
+type rawBatch mem.BufferSlice
 
-// rawCodec is gRPC's proto codec, but for rawBatch, whose bytes it hands
-// to the transport without copying them (the buffer's Free does nothing:
-// the bytes belong to the hub, which never changes them).
+// rawCodec is gRPC's proto codec, but for rawBatch, which it hands to the
+// transport as it is, neither copied nor rebuilt (its buffers' Ref and
+// Free do nothing: the bytes belong to the hub, which never changes them,
+// and gRPC only reads the slice).
 type rawCodec struct{}
 
 func (rawCodec) proto() encoding.CodecV2 { return encoding.GetCodecV2("proto") }
@@ -23,11 +24,7 @@ func (rawCodec) proto() encoding.CodecV2 { return encoding.GetCodecV2("proto") }
 // Marshal implements encoding.CodecV2.
 func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b, ok := v.(rawBatch); ok {
-		out := make(mem.BufferSlice, len(b))
-		for i, piece := range b {
-			out[i] = mem.SliceBuffer(piece)
-		}
-		return out, nil
+		return mem.BufferSlice(b), nil
 	}
 	p := c.proto()
 	if p == nil {

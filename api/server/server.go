@@ -324,11 +324,7 @@ func (r *rawSender) send(m message) error {
 	err := r.stream.SendMsg(rawBatch(m))
 	r.sendingSince.Store(0)
 	if err == nil {
-		n := 0
-		for _, piece := range m {
-			n += len(piece)
-		}
-		r.sent(n)
+		r.sent(m.size())
 	}
 	return err
 }

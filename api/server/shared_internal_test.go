@@ -36,11 +36,11 @@ func TestSnapshotsReferenceTheServicesEncodings(t *testing.T) {
 	if s1 == s2 {
 		t.Fatal("one snapshot for two states")
 	}
-	a1, a2 := s1.batches[0][0], s2.batches[0][0]
+	a1, a2 := s1.batches[0][0].ReadOnlyData(), s2.batches[0][0].ReadOnlyData()
 	if len(a1) == 0 || &a1[0] != &a2[0] {
 		t.Errorf("service a's encoding copied into each snapshot, want it referenced")
 	}
-	if b1, b2 := s1.batches[0][1], s2.batches[0][1]; &b1[0] == &b2[0] {
+	if b1, b2 := s1.batches[0][1].ReadOnlyData(), s2.batches[0][1].ReadOnlyData(); &b1[0] == &b2[0] {
 		t.Errorf("service b's changed encoding shared by both snapshots")
 	}
 }
@@ -69,9 +69,7 @@ func TestNextSharedHandsOutTheLogInParts(t *testing.T) {
 		msgs := h.nextShared(sub)
 		size := 0
 		for _, m := range msgs {
-			for _, p := range m {
-				size += len(p)
-			}
+			size += m.size()
 		}
 		if size > maxSendBytes+600<<10 {
 			t.Errorf("part %d: %d bytes, want at most %d and one round", parts, size, maxSendBytes)
