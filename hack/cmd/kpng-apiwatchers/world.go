@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/loadtool"
 )
 
 // world is the run's API objects: services s00000… of namespace ns, each
@@ -54,40 +54,17 @@ func (w *world) create(ctx context.Context, workers int, logf func(string, ...an
 	if _, err := w.c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", w.ns, err)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				svc := w.service(i)
-				if _, err := w.c.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-					cancel(fmt.Errorf("create service %s/%s: %w", w.ns, svc.Name, err))
-					return
-				}
-				s := w.slice(i)
-				if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-					cancel(fmt.Errorf("create EndpointSlice %s/%s: %w", w.ns, s.Name, err))
-					return
-				}
-			}
-		})
-	}
-loop:
-	for i := range w.services {
-		select {
-		case next <- i:
-			if i > 0 && i%2000 == 0 {
-				logf("%d services created", i)
-			}
-		case <-ctx.Done():
-			break loop
+	return loadtool.CreateAll(ctx, w.services, workers, logf, func(ctx context.Context, i int) error {
+		svc := w.service(i)
+		if _, err := w.c.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
+			return fmt.Errorf("create service %s/%s: %w", w.ns, svc.Name, err)
 		}
-	}
-	close(next)
-	wg.Wait()
-	return context.Cause(ctx)
+		s := w.slice(i)
+		if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, s, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
+			return fmt.Errorf("create EndpointSlice %s/%s: %w", w.ns, s.Name, err)
+		}
+		return nil
+	})
 }
 
 // flip makes change k in w's state: endpoint (k/services) mod endpoints

@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kpng/internal/kubetest"
+	"sigs.k8s.io/kpng/internal/loadtool"
 )
 
 // world is the run's API objects: services s00000… of namespace ns, each
@@ -69,48 +69,17 @@ func (w *world) create(ctx context.Context, workers int) error {
 	if _, err := w.c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", w.ns, err)
 	}
-	next := make(chan int)
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				svc := kubetest.Service(w.ns, svcName(i), "")
-				if _, err := w.c.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create service %s/%s: %w", w.ns, svc.Name, err)
-					cancel()
-					return
-				}
-				s := w.slice(svc, i, -1, time.Now())
-				if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create EndpointSlice %s/%s: %w", w.ns, s.Name, err)
-					cancel()
-					return
-				}
-			}
-		})
-	}
-loop:
-	for i := range w.services {
-		select {
-		case next <- i:
-			if i > 0 && i%2000 == 0 {
-				w.logf("%d services created", i)
-			}
-		case <-ctx.Done():
-			break loop
+	return loadtool.CreateAll(ctx, w.services, workers, w.logf, func(ctx context.Context, i int) error {
+		svc := kubetest.Service(w.ns, svcName(i), "")
+		if _, err := w.c.CoreV1().Services(w.ns).Create(ctx, svc, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
+			return fmt.Errorf("create service %s/%s: %w", w.ns, svc.Name, err)
 		}
-	}
-	close(next)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		return err
-	default:
-		return ctx.Err()
-	}
+		s := w.slice(svc, i, -1, time.Now())
+		if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Create(ctx, s, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
+			return fmt.Errorf("create EndpointSlice %s/%s: %w", w.ns, s.Name, err)
+		}
+		return nil
+	})
 }
 
 // makeNotReady updates the slice of service i with endpoint e not ready.
