@@ -376,9 +376,12 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	for _, bc := range baseChains {
 		ch := t.addBaseChain(bc)
-		t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: bc.jump}})
-		if bc.newJump != "" {
-			t.addRule(ch, newConnJumpExprs(bc.newJump))
+		for _, j := range bc.jumps {
+			if j.newOnly {
+				t.addRule(ch, newConnJumpExprs(j.chain))
+			} else {
+				t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: j.chain}})
+			}
 		}
 	}
 

@@ -415,6 +415,60 @@ func TestKernelEndpointSelection(t *testing.T) {
 	}
 }
 
+// openEcho opens a TCP connection from from to dst, an echo server
+// (netns.ServeEcho) behind it, closed when t ends, and returns a function
+// that sends msg on it and fails t unless the echo comes back.
+func openEcho(t *testing.T, from *netns.NS, dst netip.AddrPort) func(msg string) {
+	t.Helper()
+	var c net.Conn
+	if err := from.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r := bufio.NewReader(c)
+	return func(msg string) {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte(msg + "\n")); err != nil {
+			t.Fatalf("%s: write: %v", msg, err)
+		}
+		got, err := r.ReadString('\n')
+		if err != nil || got != "echo "+msg+"\n" {
+			t.Fatalf("%s: read %q, %v", msg, got, err)
+		}
+	}
+}
+
+// TestKernelSourceRangesSpareOpenConnections checks that the filter
+// chains judge new connections only, as kube-proxy's: a connection to a
+// load-balancer IP opened while its client was in loadBalancerSourceRanges
+// keeps working after the ranges leave it out, while a new one is dropped.
+// (With the checks on every packet, the open connection's next packets
+// met the firewall's drop.)
+func TestKernelSourceRangesSpareOpenConnections(t *testing.T) {
+	b := kernelTopology(t)
+	b.Pod.ServeEcho(t, 9000)
+	s := newOptionsSink(t, b, "fwopen", Options{})
+	lb := svc("default", "lb", ipset("10.96.0.31"), tcp(90, 9000))
+	lb.Type = "LoadBalancer"
+	lb.IPs.LoadBalancerIPs = ipset(lbV4.String())
+	lb.LoadBalancerSourceRanges = cidrs("10.0.0.0/24")
+	s.setAll(&model.ServiceEndpoints{Service: lb, Endpoints: podEndpoints(netns.PodID)[:1]})
+	s.sync()
+	roundTrip := openEcho(t, b.Client, netip.AddrPortFrom(lbV4, 90))
+	roundTrip("allowed")
+
+	closed := *lb
+	closed.LoadBalancerSourceRanges = cidrs("203.0.113.0/24")
+	s.setService(&closed)
+	s.sync()
+	expectTimeout(t, b.Client, "tcp", netip.AddrPortFrom(lbV4, 90))
+	roundTrip("after the ranges left the client out")
+}
+
 // TestKernelRestartKeepsOpenConnection opens a TCP connection through a
 // service, restarts the proxier (a new sink whose first sync replaces the
 // table) and checks that the same connection still carries data both ways.
@@ -427,26 +481,7 @@ func TestKernelRestartKeepsOpenConnection(t *testing.T) {
 	first.setAll(state)
 	first.sync()
 
-	var c net.Conn
-	if err := b.Client.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(webV4, 90).String(), 2*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := bufio.NewReader(c)
-	roundTrip := func(msg string) {
-		t.Helper()
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Write([]byte(msg + "\n")); err != nil {
-			t.Fatalf("%s: write: %v", msg, err)
-		}
-		got, err := r.ReadString('\n')
-		if err != nil || got != "echo "+msg+"\n" {
-			t.Fatalf("%s: read %q, %v", msg, got, err)
-		}
-	}
+	roundTrip := openEcho(t, b.Client, netip.AddrPortFrom(webV4, 90))
 	roundTrip("before")
 
 	second := restartSink(t, b, first, "keep", state)

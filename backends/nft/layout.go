@@ -102,17 +102,29 @@ func setServiceCIDRs(f ipFamily) string { return "service-cidrs-v" + familySuffi
 // cluster IP of the services held: "cluster-ips-v4" or "cluster-ips-v6".
 func setClusterIPs(f ipFamily) string { return "cluster-ips-v" + familySuffix(f) }
 
-// baseChain describes one of the fixed base chains of the table: it
-// jumps to jump, then, for new connections only (ct state new), to
-// newJump when set.
+// baseChain describes one of the fixed base chains of the table: the
+// chains it jumps to, in order.
 type baseChain struct {
 	name     string
 	typ      string // "nat" or "filter"
 	hook     string
 	priority int32
-	jump     string
-	newJump  string
+	jumps    []baseJump
 }
+
+// baseJump is a base chain's jump to chain: for every packet, or for the
+// first packets of connections only (newOnly: "ct state new jump", as
+// kube-proxy's filter chains, so that the packets of established
+// connections cross no lookup of the table; the NAT hooks only see those
+// first packets anyway).
+type baseJump struct {
+	chain   string
+	newOnly bool
+}
+
+// every and newOnly make a base chain's jump.
+func every(chain string) baseJump   { return baseJump{chain: chain} }
+func newOnly(chain string) baseJump { return baseJump{chain: chain, newOnly: true} }
 
 // Priorities of the base chains: dstnat - 10 for the load-balancer
 // firewall (before DNAT), dstnat (-100) for DNAT, filter - 10 for the
@@ -164,14 +176,14 @@ func priorityText(p int32, hook string) string {
 
 // baseChains are the table's base chains, in the order they are created.
 var baseChains = []baseChain{
-	{chainFilterPrerouting, "filter", "prerouting", priorityFirewall, chainFirewallCheck, ""},
-	{chainFilterOutputPreDNAT, "filter", "output", priorityFirewall, chainFirewallCheck, ""},
-	{chainNATPrerouting, "nat", "prerouting", priorityDstNAT, chainServices, ""},
-	{chainNATOutput, "nat", "output", priorityDstNAT, chainServices, ""},
-	{chainFilterInput, "filter", "input", priorityFilter, chainNoEndpoints, ""},
-	{chainFilterForward, "filter", "forward", priorityFilter, chainNoEndpoints, chainClusterIPsCheck},
-	{chainFilterOutput, "filter", "output", priorityFilter, chainNoEndpoints, chainClusterIPsCheck},
-	{chainNATPostrouting, "nat", "postrouting", prioritySrcNAT, chainMasquerading, ""},
+	{chainFilterPrerouting, "filter", "prerouting", priorityFirewall, []baseJump{newOnly(chainFirewallCheck)}},
+	{chainFilterOutputPreDNAT, "filter", "output", priorityFirewall, []baseJump{newOnly(chainFirewallCheck)}},
+	{chainNATPrerouting, "nat", "prerouting", priorityDstNAT, []baseJump{every(chainServices)}},
+	{chainNATOutput, "nat", "output", priorityDstNAT, []baseJump{every(chainServices)}},
+	{chainFilterInput, "filter", "input", priorityFilter, []baseJump{newOnly(chainNoEndpoints)}},
+	{chainFilterForward, "filter", "forward", priorityFilter, []baseJump{newOnly(chainNoEndpoints), newOnly(chainClusterIPsCheck)}},
+	{chainFilterOutput, "filter", "output", priorityFilter, []baseJump{newOnly(chainNoEndpoints), newOnly(chainClusterIPsCheck)}},
+	{chainNATPostrouting, "nat", "postrouting", prioritySrcNAT, []baseJump{every(chainMasquerading)}},
 }
 
 // mapKind describes one kind of verdict map: one map per family.

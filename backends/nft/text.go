@@ -159,9 +159,13 @@ func (rs *ruleset) Text() string {
 		fmt.Fprintf(&b, "\t%s\n\n", s.Text(endpoints, comments))
 	}
 	for _, c := range baseChains {
-		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n\t\tjump %s\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook), c.jump)
-		if c.newJump != "" {
-			fmt.Fprintf(&b, "\t\tct state new jump %s\n", c.newJump)
+		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook))
+		for _, j := range c.jumps {
+			b.WriteString("\t\t")
+			if j.newOnly {
+				b.WriteString("ct state new ")
+			}
+			fmt.Fprintf(&b, "jump %s\n", j.chain)
 		}
 		b.WriteString("\t}\n\n")
 	}
