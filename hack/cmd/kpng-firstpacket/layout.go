@@ -16,15 +16,17 @@ import (
 var layouts = map[string]string{
 	"shared": "no service chains: one DNAT rule in `services` through one map keyed by " +
 		"`ip daddr . th dport . numgen random mod 10000000` (a concatenation with a range: the kernel's pipapo set)",
-	"sharded": "the same map split in 64 shards by the cluster IP's low 6 bits: " +
-		"`ip daddr & 0.0.0.63 vmap @shards-v4` jumps to one of 64 fixed chains, each with the DNAT through its own map",
+	"sharded": "the same map split in 256 shards by the cluster IP's last byte: " +
+		"`ip daddr & 0.0.0.255 vmap @shards-v4` jumps to one of 256 fixed chains, each with the DNAT through its own map",
 	"pool": "kpng's service chains as a pool of pre-created chains, reached through the packet mark: " +
 		"`meta mark set ip daddr . meta l4proto . th dport map @slot-v4` (slot << 16), then `meta mark vmap @pool-v4`; " +
 		"a service add takes a spare chain (elements only), but the packet's mark is overwritten",
 }
 
-// shards is the number of shard chains of the sharded layout.
-const shards = 64
+// shards is the number of shard chains of the sharded layout: a pipapo
+// set's insertions cost more the more elements it holds (loading 100,000
+// into one took 3.6 minutes of kernel time), so many small ones.
+const shards = 256
 
 // shardOf returns the shard of a cluster IP in the sharded layout.
 func shardOf(i int) int { return int(clusterIP(i).As4()[3]) % shards }
@@ -122,7 +124,7 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 				fmt.Fprintln(w, "\t\t"+dnat+"eps-v4")
 			case "sharded":
 				fmt.Fprintln(w, "\t\tip daddr @cluster-ips-v4 ip saddr != 10.0.0.0/16 jump mark-for-masquerade")
-				fmt.Fprintln(w, "\t\tip daddr & 0.0.0.63 vmap @shards-v4")
+				fmt.Fprintln(w, "\t\tip daddr & 0.0.0.255 vmap @shards-v4")
 			case "pool":
 				fmt.Fprintln(w, "\t\tmeta mark set ip daddr . meta l4proto . th dport map @slot-v4")
 				fmt.Fprintln(w, "\t\tmeta mark vmap @pool-v4")
@@ -155,7 +157,9 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 		}
 		fmt.Fprintln(w, line)
 	}
-	// The elements, in batches of 1,000 services.
+	// The elements, in batches of 200 services (2,000 endpoints: nft
+	// 1.0.6 fails with ENOBUFS on 10,000 elements of a concatenated
+	// interval map in one statement).
 	if layout == "sharded" {
 		var els []string
 		for s := range shards {
@@ -163,8 +167,8 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 		}
 		fmt.Fprintf(w, "add element inet kpng-x shards-v4 { %s }\n", strings.Join(els, ", "))
 	}
-	for lo := 0; lo < len(services); lo += 1000 {
-		batch := services[lo:min(lo+1000, len(services))]
+	for lo := 0; lo < len(services); lo += 200 {
+		batch := services[lo:min(lo+200, len(services))]
 		switch layout {
 		case "shared":
 			var els []string
@@ -172,14 +176,6 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 				els = append(els, epElems(i, e)...)
 			}
 			fmt.Fprintf(w, "add element inet kpng-x eps-v4 { %s }\n", strings.Join(els, ", "))
-		case "sharded":
-			byShard := map[int][]string{}
-			for _, i := range batch {
-				byShard[shardOf(i)] = append(byShard[shardOf(i)], epElems(i, e)...)
-			}
-			for s, els := range byShard {
-				fmt.Fprintf(w, "add element inet kpng-x eps4-%d { %s }\n", s, strings.Join(els, ", "))
-			}
 		case "pool":
 			var slots, pool []string
 			for _, i := range batch {
@@ -188,6 +184,18 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 			}
 			fmt.Fprintf(w, "add element inet kpng-x slot-v4 { %s }\n", strings.Join(slots, ", "))
 			fmt.Fprintf(w, "add element inet kpng-x pool-v4 { %s }\n", strings.Join(pool, ", "))
+		}
+	}
+	if layout == "sharded" {
+		// One statement per shard (all its services).
+		byShard := map[int][]string{}
+		for _, i := range services {
+			byShard[shardOf(i)] = append(byShard[shardOf(i)], epElems(i, e)...)
+		}
+		for s := range shards {
+			if els := byShard[s]; len(els) > 0 {
+				fmt.Fprintf(w, "add element inet kpng-x eps4-%d { %s }\n", s, strings.Join(els, ", "))
+			}
 		}
 	}
 	if layout == "pool" {

@@ -13,6 +13,7 @@
 //	kpng-firstpacket kube-proxy --services=N --endpoints=E --cluster-cidr=10.0.0.0/16 >kp.nft
 //	kpng-firstpacket variant --in=kpng.nft --endpoints=E --change=pick-map,no-hairpin >v.nft
 //	kpng-firstpacket probe --services=N --endpoints=E --probes=1000 kpng=kpng.nft kube-proxy=kp.nft …
+//	kpng-firstpacket load --netns=NAME FILE
 //
 // kube-proxy writes the table of kube-proxy v1.36.3's nftables mode for
 // those services (its base chains and rules, and per service a chain with
@@ -20,6 +21,10 @@
 // from reading its proxier, not copied from it. --endpoint-chains writes
 // the layout of earlier kube-proxy versions instead: a numgen verdict map
 // to one chain per endpoint (the hairpin mark and the DNAT).
+//
+// load loads a ruleset file as probe does: the table in one transaction,
+// then each of its `add element` lines in one (nft 1.0.6 fails with
+// ENOBUFS on 10,000 elements of a concatenated interval map in one).
 //
 // variant rewrites a listing of kpng's table (`nft list table inet
 // kpng-x`) with one or more changes (--change, comma-separated; see
@@ -74,6 +79,8 @@ func main() {
 		err = variantCmd(os.Args[2:])
 	case "probe":
 		err = probeCmd(os.Args[2:])
+	case "load":
+		err = loadCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -456,11 +463,13 @@ func (r *rig) setup(cfg probeConfig, i int) error {
 			cmds = append(cmds, []string{"ip", "-n", r.ep, "addr", "add", endpointIP(s, k, cfg.endpoints).String() + "/32", "dev", "eth0"})
 		}
 	}
-	cmds = append(cmds, []string{"ip", "netns", "exec", r.node, "nft", "-f", r.file})
 	for _, c := range cmds {
 		if err := run(c...); err != nil {
 			return err
 		}
+	}
+	if err := load(r.node, r.file); err != nil {
+		return err
 	}
 	r.src = r.pod
 	if cfg.from == "node" {
@@ -471,6 +480,59 @@ func (r *rig) setup(cfg probeConfig, i int) error {
 		return err
 	}
 	go serve(r.listener)
+	return nil
+}
+
+// loadCmd loads a ruleset file into a named network namespace as load
+// does.
+func loadCmd(args []string) error {
+	fs := flag.NewFlagSet("load", flag.ExitOnError)
+	ns := fs.String("netns", "", "the network namespace's name (ip netns)")
+	_ = fs.Parse(args)
+	if *ns == "" || fs.NArg() != 1 {
+		return errors.New("load: want --netns=NAME FILE")
+	}
+	return load(*ns, fs.Arg(0))
+}
+
+// elementLinesPerLoad is how many `add element` lines (200 or 1,000
+// services' elements each) one nft transaction carries: nft 1.0.6 fails
+// with ENOBUFS on a file adding 10,000 elements or more to a
+// concatenated interval map in one transaction.
+const elementLinesPerLoad = 1
+
+// load loads the ruleset in file into the namespace ns with nft -f: what
+// comes before its first `add element` line in one transaction, then its
+// `add element` lines a few at a time.
+func load(ns, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	first := len(lines)
+	for i, l := range lines {
+		if strings.HasPrefix(l, "add element ") {
+			first = i
+			break
+		}
+	}
+	nft := func(part []string) error {
+		cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(strings.Join(part, ""))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nft -f %s (in %s): %w: %s", file, ns, err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	if err := nft(lines[:first]); err != nil {
+		return err
+	}
+	for lo := first; lo < len(lines); lo += elementLinesPerLoad {
+		if err := nft(lines[lo:min(lo+elementLinesPerLoad, len(lines))]); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
