@@ -151,6 +151,20 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 						maxMap = slot / 64
 					}
 				}
+				// The elements here, in the table's one transaction, after
+				// the chains they name: each statement adding goto elements
+				// would walk the whole table.
+				var slots, pool []string
+				for _, i := range services {
+					slots = append(slots, fmt.Sprintf("%s . tcp . 80 : 0x%08x", clusterIP(i), (i+1)<<16))
+					pool = append(pool, fmt.Sprintf("0x%08x : goto %s", (i+1)<<16, chainOf[i]))
+				}
+				for j := range spare {
+					slot := len(services) + j
+					pool = append(pool, fmt.Sprintf("0x%08x : goto pool4-%d", (slot+1)<<16, slot))
+				}
+				fmt.Fprintf(w, "\tmap slot-v4 { typeof ip daddr . meta l4proto . th dport : meta mark; elements = { %s }; }\n", strings.Join(slots, ", "))
+				fmt.Fprintf(w, "\tmap pool-v4 { typeof meta mark : verdict; elements = { %s }; }\n", strings.Join(pool, ", "))
 			}
 			fmt.Fprintln(w, line)
 			continue
@@ -176,14 +190,6 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 				els = append(els, epElems(i, e)...)
 			}
 			fmt.Fprintf(w, "add element inet kpng-x eps-v4 { %s }\n", strings.Join(els, ", "))
-		case "pool":
-			var slots, pool []string
-			for _, i := range batch {
-				slots = append(slots, fmt.Sprintf("%s . tcp . 80 : 0x%08x", clusterIP(i), (i+1)<<16))
-				pool = append(pool, fmt.Sprintf("0x%08x : goto %s", (i+1)<<16, chainOf[i]))
-			}
-			fmt.Fprintf(w, "add element inet kpng-x slot-v4 { %s }\n", strings.Join(slots, ", "))
-			fmt.Fprintf(w, "add element inet kpng-x pool-v4 { %s }\n", strings.Join(pool, ", "))
 		}
 	}
 	if layout == "sharded" {
@@ -196,16 +202,6 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 			if els := byShard[s]; len(els) > 0 {
 				fmt.Fprintf(w, "add element inet kpng-x eps4-%d { %s }\n", s, strings.Join(els, ", "))
 			}
-		}
-	}
-	if layout == "pool" {
-		var pool []string
-		for j := range spare {
-			slot := len(services) + j
-			pool = append(pool, fmt.Sprintf("0x%08x : goto pool4-%d", (slot+1)<<16, slot))
-		}
-		if len(pool) > 0 {
-			fmt.Fprintf(w, "add element inet kpng-x pool-v4 { %s }\n", strings.Join(pool, ", "))
 		}
 	}
 	return nil
