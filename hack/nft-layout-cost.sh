@@ -219,16 +219,16 @@ row() {
   flock 9
   for ((r = 0; r < repeats; r++)); do ts+=("$(kernel "${ns}" "$2")"); done
   flock -u 9
-  printf "| \`%s\` | %s | %s ms |\n" "$(echo "$2" | sed "s/ ${T}//")" "$1" "$(printf '%s\n' "${ts[@]}" | median)"
+  printf "| \`%s\` | %s | %s ms |\n" "$(echo "$2" | sed "s/ ${T}//g; s/|/\\\\|/g")" "$1" "$(printf '%s\n' "${ts[@]}" | median)"
 }
 row "counter" "add rule ${T} unreached counter"
-row "payload, cmp" "add rule ${T} unreached ip daddr 10.1.2.3 counter"
+row "meta (nfproto), payload, cmp" "add rule ${T} unreached ip daddr 10.1.2.3 counter"
 row "meta, cmp" "add rule ${T} unreached meta l4proto tcp counter"
 row "ct, bitwise, cmp" "add rule ${T} unreached ct state new counter"
 row "numgen, cmp" "add rule ${T} unreached numgen random mod 2 0 counter"
 row "meta, bitwise, meta set" "add rule ${T} unreached meta mark set meta mark | 0x1"
 row "immediate (data), meta set" "add rule ${T} unreached meta mark set 0x1"
-row "lookup (a set)" "add rule ${T} unreached ip daddr @cluster-ips-v4 counter"
+row "meta (nfproto), payload, lookup (a set)" "add rule ${T} unreached ip daddr @cluster-ips-v4 counter"
 row "lookup (a data map), meta set" "add rule ${T} unreached meta mark set ip daddr . meta l4proto . th dport map { 10.1.2.3 . tcp . 80 : 0x1 }"
 row "fib" "add rule ${T} unreached fib daddr type local counter"
 row "immediate (jump)" "add rule ${T} unreached jump mark-for-masquerade"
