@@ -457,6 +457,9 @@ func (r *rig) setup(cfg probeConfig, i int) error {
 		{"ip", "-n", r.pod, "route", "add", "default", "via", "10.0.0.1"},
 		{"ip", "-n", r.ep, "route", "add", "default", "via", "10.0.1.1"},
 		{"ip", "-n", r.node, "route", "add", "10.128.0.0/9", "via", "10.0.1.2"},
+		// A route for the cluster IPs, without which the node's own
+		// connections fail before its NAT output hook.
+		{"ip", "-n", r.node, "route", "add", "10.96.0.0/12", "via", "10.0.1.2"},
 	}
 	for _, s := range probeServices(cfg) {
 		for k := range cfg.endpoints {
