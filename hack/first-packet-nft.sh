@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Times the first packet of new TCP connections to cluster IPs through
+# kpng's nft table, a kube-proxy-shaped table and variants of kpng's
+# table that each remove or replace one suspect, side by side in one run
+# (hack/cmd/kpng-firstpacket: each ruleset in a "node" namespace of its
+# own between a "pod" and an "endpoint" namespace, probes interleaved A B
+# A B …), and prints one table per number of services: median exchange
+# (connect, a line each way) and connect, and the ratio to kube-proxy's.
+# docs/benchmarks.md ("nft layout: where the first packet goes, and what
+# a service add costs") records the results.
+#
+# kpng's table is kpng's own: `kpng file` on a state file of synthetic
+# services (hack/cmd/kpng-genstate, ENDPOINTS endpoints each) programs a
+# scratch namespace, and `nft list table` of it is the ruleset; the
+# variants are rewrites of that listing (kpng-firstpacket variant). The
+# kube-proxy table is written by kpng-firstpacket kube-proxy, in the shape
+# kube-proxy v1.36.3 programs (one DNAT through an anonymous numgen map
+# per service chain), and in the shape of earlier versions (a numgen
+# verdict map to per-endpoint chains).
+# Needs root (network namespaces) and nft; run it while nothing
+# else measures (the probes take /tmp/kpng-bench.lock, flock(2)).
+#
+#   hack/first-packet-nft.sh [SERVICES...]     (default: 100 10000)
+#
+# The candidate layouts of hack/nft-layout-cost.sh (LAYOUTS, default
+# "sharded pool"; "shared" takes minutes to load at 10,000:
+# kpng-firstpacket variant --layout) run in the same interleaving.
+#
+# PROBES (default 1000), FROM (pod or node), VARIANTS (default: all below),
+# EPCHAINS=no leaves out the kube-proxy table with endpoint chains,
+# KEEP=DIR keeps the rulesets in DIR. The rulesets are loaded before the
+# lock is taken; only the probes run under it.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${root}"
+endpoints=${ENDPOINTS:-10}
+probes=${PROBES:-1000}
+from=${FROM:-pod}
+variants=${VARIANTS:-"pick-map pick-vmap no-nodeport-fib no-filter filter-ct-new no-hairpin no-masq-jump no-v6 pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6"}
+layouts=${LAYOUTS:-"sharded pool"}
+work="${KEEP:-$(mktemp -d)}"
+mkdir -p "${work}"
+ns="kpngfp-gen-$$"
+pid=""
+cleanup() {
+  if [ -n "${pid}" ]; then kill "${pid}" 2>/dev/null || true; wait "${pid}" 2>/dev/null || true; fi
+  ip netns del "${ns}" 2>/dev/null || true
+  [ -n "${KEEP:-}" ] || rm -rf "${work}"
+}
+trap cleanup EXIT
+for tool in nft; do
+  command -v "${tool}" >/dev/null || { echo "first-packet-nft: needs ${tool}" >&2; exit 1; }
+done
+go build -o "${work}/kpng" ./cmd/kpng
+go build -o "${work}/kpng-genstate" ./hack/cmd/kpng-genstate
+go build -o "${work}/kpng-firstpacket" ./hack/cmd/kpng-firstpacket
+echo "machine: $(nproc) cores, kernel $(uname -r), $(nft --version), load $(cut -d' ' -f1-3 /proc/loadavg); ${probes} probes from the ${from}" >&2
+
+sizes=("$@")
+[ "${#sizes[@]}" -gt 0 ] || sizes=(100 10000)
+for n in "${sizes[@]}"; do
+  dir="${work}/${n}"
+  mkdir -p "${dir}"
+  "${work}/kpng-genstate" --services="${n}" --endpoints="${endpoints}" --format=json --out="${dir}/state.json"
+  ip netns add "${ns}"
+  "${work}/kpng" -v=2 file --input="${dir}/state.json" to-local to-nft --name=x --netns="/run/netns/${ns}" \
+    --cluster-cidr=10.0.0.0/16 --check-period=0 --monitor=false 2>"${dir}/kpng.log" &
+  pid=$!
+  until grep -q '"nftables table synced"' "${dir}/kpng.log"; do
+    kill -0 "${pid}" 2>/dev/null || { echo "kpng exited:" >&2; tail -n 20 "${dir}/kpng.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  ip netns exec "${ns}" nft list table inet kpng-x >"${dir}/kpng.nft"
+  kill "${pid}"; wait "${pid}" 2>/dev/null || true; pid=""
+  ip netns del "${ns}"
+  "${work}/kpng-firstpacket" kube-proxy --services="${n}" --endpoints="${endpoints}" >"${dir}/kube-proxy.nft"
+  args=("kube-proxy=${dir}/kube-proxy.nft" "kpng=${dir}/kpng.nft")
+  if [ "${EPCHAINS:-yes}" = yes ]; then
+    "${work}/kpng-firstpacket" kube-proxy --services="${n}" --endpoints="${endpoints}" --endpoint-chains >"${dir}/kube-proxy-epchains.nft"
+    args+=("kube-proxy-epchains=${dir}/kube-proxy-epchains.nft")
+  fi
+  for v in ${variants}; do
+    name="kpng+${v//,/+}"
+    [ "${v}" = "pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6" ] && name="kpng+all"
+    "${work}/kpng-firstpacket" variant --in="${dir}/kpng.nft" --endpoints="${endpoints}" --change="${v}" >"${dir}/${v}.nft"
+    args+=("${name}=${dir}/${v}.nft")
+  done
+  for l in ${layouts}; do
+    "${work}/kpng-firstpacket" variant --in="${dir}/kpng.nft" --endpoints="${endpoints}" --layout="${l}" >"${dir}/layout-${l}.nft"
+    args+=("layout-${l}=${dir}/layout-${l}.nft")
+  done
+  echo "${n} services × ${endpoints} endpoints:"
+  "${work}/kpng-firstpacket" probe --services="${n}" --endpoints="${endpoints}" \
+    --probes="${probes}" --from="${from}" --lock=/tmp/kpng-bench.lock "${args[@]}"
+done
