@@ -469,6 +469,34 @@ func TestKernelSourceRangesSpareOpenConnections(t *testing.T) {
 	roundTrip("after the ranges left the client out")
 }
 
+// TestKernelNoEndpointsSpareOpenConnections checks the same for the
+// no-endpoint checks: a connection to a server on the node's own address
+// keeps working after a node port of a service without endpoints takes
+// its port, while a new connection is refused. (With the checks on every
+// packet, the open connection's next packet met the reject.)
+func TestKernelNoEndpointsSpareOpenConnections(t *testing.T) {
+	b := kernelTopology(t)
+	const port = 30310
+	b.Node.ServeEcho(t, port)
+	// The table first, empty: its NAT chains make the namespace track
+	// connections from their first packet (a connection older than them
+	// would be picked up in the middle, as a new one).
+	s := newOptionsSink(t, b, "noepopen", Options{})
+	s.setAll()
+	s.sync()
+	roundTrip := openEcho(t, b.Client, netip.AddrPortFrom(netns.NodeV4, port))
+	roundTrip("before the node port")
+
+	np := svc("default", "np", ipset("10.96.0.32"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 9000, NodePort: port})
+	np.Type = "NodePort"
+	s.setAll(&model.ServiceEndpoints{Service: np})
+	s.sync()
+	if _, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, port), netns.AskOptions{Timeout: time.Second}); !isRefused(err) {
+		t.Errorf("a new connection to the node port of a service without endpoints: %v, want refused", err)
+	}
+	roundTrip("after the node port")
+}
+
 // TestKernelRestartKeepsOpenConnection opens a TCP connection through a
 // service, restarts the proxier (a new sink whose first sync replaces the
 // table) and checks that the same connection still carries data both ways.
