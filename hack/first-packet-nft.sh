@@ -36,7 +36,7 @@ cd "${root}"
 endpoints=${ENDPOINTS:-10}
 probes=${PROBES:-1000}
 from=${FROM:-pod}
-variants=${VARIANTS:-"pick-map pick-vmap no-nodeport-fib no-filter filter-ct-new no-hairpin no-masq-jump no-v6 pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6"}
+variants=${VARIANTS:-"pick-map pick-vmap no-nodeport-fib no-filter filter-every no-hairpin no-masq-jump no-v6 pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6"}
 layouts=${LAYOUTS:-"sharded pool"}
 work="${KEEP:-$(mktemp -d)}"
 mkdir -p "${work}"

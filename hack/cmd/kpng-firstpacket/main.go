@@ -203,7 +203,7 @@ var changes = map[string]string{
 	"no-noendpoints":  "without the jumps to no-endpoint-services",
 	"no-clusterips":   "without the jumps to cluster-ips-check",
 	"no-firewall":     "without the jumps to firewall-check",
-	"filter-ct-new":   "the filter chains' jumps for new connections only (`ct state new jump …`, as kube-proxy), not for every packet",
+	"filter-every":    "the filter chains' jumps to no-endpoint-services and firewall-check for every packet (kpng's layout before 58127a8), not for new connections only (`ct state new jump …`, as kube-proxy and kpng since)",
 	"no-hairpin":      "without the masquerading chain's hairpin set lookups",
 	"no-masq-jump":    "without the service chains' `ip daddr … ip saddr != CIDR jump mark-for-masquerade` rule",
 	"no-v6":           "without the IPv6 rules of the fixed chains (a v4-only node)",
@@ -244,8 +244,9 @@ func variantCmd(args []string) error {
 		on[c] = true
 	}
 	w := bufio.NewWriterSize(os.Stdout, 1<<20)
-	var extra []string // chains added before the table's end
-	svc := -1          // the service whose chain is being read
+	matched := map[string]bool{} // the changes that found their lines
+	var extra []string           // chains added before the table's end
+	svc := -1                    // the service whose chain is being read
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	for n, line := range lines {
 		if m := svcChain.FindStringSubmatch(line); m != nil {
@@ -254,39 +255,49 @@ func variantCmd(args []string) error {
 			svc = -1
 		}
 		t := strings.TrimSpace(line)
-		drop := false
+		// A base chain's jump, for every packet or (kpng since 58127a8)
+		// for new connections only.
+		jump := strings.TrimPrefix(t, "ct state new ")
+		drop := ""
 		switch {
 		case on["no-nodeport-fib"] && strings.HasPrefix(t, "fib daddr type local"):
-			drop = true
-		case (on["no-filter"] || on["no-noendpoints"]) && t == "jump no-endpoint-services":
-			drop = true
-		case (on["no-filter"] || on["no-clusterips"]) && t == "ct state new jump cluster-ips-check":
-			drop = true
-		case (on["no-filter"] || on["no-firewall"]) && t == "jump firewall-check":
-			drop = true
+			drop = "no-nodeport-fib"
+		case (on["no-filter"] || on["no-noendpoints"]) && jump == "jump no-endpoint-services":
+			drop = "no-noendpoints"
+		case (on["no-filter"] || on["no-clusterips"]) && jump == "jump cluster-ips-check":
+			drop = "no-clusterips"
+		case (on["no-filter"] || on["no-firewall"]) && jump == "jump firewall-check":
+			drop = "no-firewall"
 		case on["no-hairpin"] && strings.HasPrefix(t, "ct status dnat ip") && strings.Contains(t, "@hairpin-"):
-			drop = true
+			drop = "no-hairpin"
 		case on["no-masq-jump"] && svc >= 0 && strings.HasSuffix(t, "jump mark-for-masquerade"):
-			drop = true
+			drop = "no-masq-jump"
 		case on["no-v6"] && svc < 0 && (strings.HasPrefix(t, "ip6 ") || strings.Contains(t, " ip6 ")) && !strings.Contains(t, "{"):
-			drop = true
+			drop = "no-v6"
 		}
-		if drop {
+		if drop != "" {
+			matched[drop] = true
+			if on["no-filter"] && (drop == "no-noendpoints" || drop == "no-clusterips" || drop == "no-firewall") {
+				matched["no-filter"] = true
+			}
 			continue
 		}
-		if on["filter-ct-new"] && (t == "jump no-endpoint-services" || t == "jump firewall-check") {
-			line = strings.Replace(line, "jump", "ct state new jump", 1)
+		if on["filter-every"] && t != jump && (jump == "jump no-endpoint-services" || jump == "jump firewall-check") {
+			line = strings.Replace(line, "ct state new jump", "jump", 1)
+			matched["filter-every"] = true
 		}
 		if svc >= 0 && strings.HasPrefix(t, "meta l4proto tcp dnat ip to numgen") {
 			e := *endpoints
 			var elems []string
 			switch {
 			case on["pick-map"]:
+				matched["pick-map"] = true
 				for k := range e {
 					elems = append(elems, fmt.Sprintf("%d : %s . 8080", k, endpointIP(svc, k, e)))
 				}
 				line = fmt.Sprintf("\t\tmeta l4proto tcp dnat ip addr . port to numgen random mod %d map { %s }", e, strings.Join(elems, ", "))
 			case on["pick-vmap"]:
+				matched["pick-vmap"] = true
 				for k := range e {
 					ep := endpointIP(svc, k, e)
 					name := fmt.Sprintf("ep4-%08d-bench/svc-%05d/tcp/80__%s/8080", svc*e+k, svc, ep)
@@ -302,6 +313,11 @@ func variantCmd(args []string) error {
 			}
 		}
 		fmt.Fprintln(w, line)
+	}
+	for c := range on {
+		if !matched[c] {
+			return fmt.Errorf("--change=%s: %s found no line of the listing to change (a layout that changed since the tool was written?)", *change, c)
+		}
 	}
 	return w.Flush()
 }
