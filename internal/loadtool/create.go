@@ -3,6 +3,7 @@ package loadtool
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ const createAttempts = 5
 // that timed out may still have been made, so create should count
 // AlreadyExists as done (IgnoreExists).
 func CreateAll(ctx context.Context, n, workers int, logf func(string, ...any), create func(ctx context.Context, i int) error) error {
+	workers = max(workers, 1)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	next := make(chan int)
@@ -58,6 +60,9 @@ func retry(ctx context.Context, f func() error) error {
 		if err = f(); err == nil || !transient(err) {
 			return err
 		}
+		if attempt == createAttempts-1 {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return err
@@ -68,11 +73,20 @@ func retry(ctx context.Context, f func() error) error {
 }
 
 // transient reports whether err is the API server timing out or
-// throttling, worth trying again.
+// throttling, worth trying again: an internal error only when it says it
+// timed out (etcd's "request timed out"; others, as a full service IP
+// range, would fail again).
 func transient(err error) bool {
+	if apierrors.IsInternalError(err) {
+		return strings.Contains(err.Error(), "timed out") || strings.Contains(err.Error(), "timeout")
+	}
 	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
-		apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err)
+		apierrors.IsServiceUnavailable(err)
 }
+
+// Retry calls f, trying again as CreateAll does when the API server times
+// out or throttles.
+func Retry(ctx context.Context, f func() error) error { return retry(ctx, f) }
 
 // IgnoreExists returns err, or nil when it says the object exists (made
 // by an earlier try that timed out).

@@ -48,6 +48,11 @@ func TestCreateAllRetriesTimeouts(t *testing.T) {
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("CreateAll = %v, want the Forbidden error", err)
 	}
+	full := apierrors.NewInternalError(errors.New("failed to allocate a serviceIP: range is full"))
+	n := 0
+	if err := Retry(context.Background(), func() error { n++; return full }); err == nil || n != 1 {
+		t.Errorf("a permanent internal error: tried %d times (%v), want once", n, err)
+	}
 	if IgnoreExists(apierrors.NewAlreadyExists(schema.GroupResource{Resource: "services"}, "s")) != nil || IgnoreExists(denied) == nil {
 		t.Error("IgnoreExists: want nil for AlreadyExists only")
 	}

@@ -51,7 +51,10 @@ func (w *world) slice(i int) *discovery.EndpointSlice {
 // create creates the namespace, then the services and their slices with
 // workers concurrent requests.
 func (w *world) create(ctx context.Context, workers int, logf func(string, ...any)) error {
-	if _, err := w.c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{}); err != nil {
+	if err := loadtool.Retry(ctx, func() error {
+		_, err := w.c.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{})
+		return loadtool.IgnoreExists(err)
+	}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", w.ns, err)
 	}
 	return loadtool.CreateAll(ctx, w.services, workers, logf, func(ctx context.Context, i int) error {
