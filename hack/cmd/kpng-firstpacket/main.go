@@ -244,10 +244,19 @@ func variantCmd(args []string) error {
 		on[c] = true
 	}
 	w := bufio.NewWriterSize(os.Stdout, 1<<20)
+	if err := variant(w, strings.Split(strings.TrimRight(string(data), "\n"), "\n"), on, *endpoints); err != nil {
+		return fmt.Errorf("--change=%s: %w", *change, err)
+	}
+	return w.Flush()
+}
+
+// variant writes to w the listing lines of kpng's table with the changes
+// on made, e endpoints a service; a change that finds no line to change
+// is an error.
+func variant(w *bufio.Writer, lines []string, on map[string]bool, e int) error {
 	matched := map[string]bool{} // the changes that found their lines
 	var extra []string           // chains added before the table's end
 	svc := -1                    // the service whose chain is being read
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	for n, line := range lines {
 		if m := svcChain.FindStringSubmatch(line); m != nil {
 			svc, _ = strconv.Atoi(m[2])
@@ -287,7 +296,6 @@ func variantCmd(args []string) error {
 			matched["filter-every"] = true
 		}
 		if svc >= 0 && strings.HasPrefix(t, "meta l4proto tcp dnat ip to numgen") {
-			e := *endpoints
 			var elems []string
 			switch {
 			case on["pick-map"]:
@@ -316,10 +324,10 @@ func variantCmd(args []string) error {
 	}
 	for c := range on {
 		if !matched[c] {
-			return fmt.Errorf("--change=%s: %s found no line of the listing to change (a layout that changed since the tool was written?)", *change, c)
+			return fmt.Errorf("%s found no line of the listing to change (a layout that changed since the tool was written?)", c)
 		}
 	}
-	return w.Flush()
+	return nil
 }
 
 // probeConfig is what probe was asked.
