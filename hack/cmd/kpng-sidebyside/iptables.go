@@ -89,7 +89,7 @@ func (b *bench) smallPhase(proxier, variant string) (time.Duration, error) {
 	if _, err := p.waitSync(time.Now(), b.cfg.coldTimeout); err != nil {
 		return 0, fmt.Errorf("first sync: %w", err)
 	}
-	lat, err := b.firstPacket(n)
+	lat, err := b.firstPacket(n, p)
 	logf("%s %s, %d services: first packet %s", proxier, variant, b.cfg.small, lat)
 	return lat, err
 }
@@ -117,7 +117,7 @@ func (b *bench) bigPhase(r *result) error {
 	r.coldBytes = n.restoreBytes(p.started, ev.at)
 	logf("%s %s: cold start %s, %d bytes restored", r.proxier, r.variant, r.cold, r.coldBytes)
 	r.rules = n.countRules(r.variant)
-	if r.latBig, err = b.firstPacket(n); err != nil {
+	if r.latBig, err = b.firstPacket(n, p); err != nil {
 		return err
 	}
 	ctx := context.Background()

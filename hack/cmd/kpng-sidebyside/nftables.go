@@ -101,7 +101,7 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 	r.cold, r.coldDone = ev.at.Sub(p.started), true
 	logf("%s: cold start %s", proxier, r.cold.Round(time.Millisecond))
 	// The rules work: connections to cluster IPs reach the endpoints.
-	if r.firstPacket, err = b.firstPacket(n); err != nil {
+	if r.firstPacket, err = b.firstPacket(n, p); err != nil {
 		return nil, err
 	}
 	mon, err := newElementMonitor(n.path)
