@@ -33,6 +33,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
+source hack/lib/kpng-nft-listing.sh
 endpoints=${ENDPOINTS:-10}
 probes=${PROBES:-1000}
 from=${FROM:-pod}
@@ -62,17 +63,7 @@ for n in "${sizes[@]}"; do
   dir="${work}/${n}"
   mkdir -p "${dir}"
   "${work}/kpng-genstate" --services="${n}" --endpoints="${endpoints}" --format=json --out="${dir}/state.json"
-  ip netns add "${ns}"
-  "${work}/kpng" -v=2 file --input="${dir}/state.json" to-local to-nft --name=x --netns="/run/netns/${ns}" \
-    --cluster-cidr=10.0.0.0/16 --check-period=0 --monitor=false 2>"${dir}/kpng.log" &
-  pid=$!
-  until grep -q '"nftables table synced"' "${dir}/kpng.log"; do
-    kill -0 "${pid}" 2>/dev/null || { echo "kpng exited:" >&2; tail -n 20 "${dir}/kpng.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  ip netns exec "${ns}" nft list table inet kpng-x >"${dir}/kpng.nft"
-  kill "${pid}"; wait "${pid}" 2>/dev/null || true; pid=""
-  ip netns del "${ns}"
+  kpng_nft_listing "${work}/kpng" "${dir}/state.json" "${ns}" "${dir}"
   "${work}/kpng-firstpacket" kube-proxy --services="${n}" --endpoints="${endpoints}" >"${dir}/kube-proxy.nft"
   args=("kube-proxy=${dir}/kube-proxy.nft" "kpng=${dir}/kpng.nft")
   if [ "${EPCHAINS:-yes}" = yes ]; then

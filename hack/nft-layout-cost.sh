@@ -28,6 +28,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
+source hack/lib/kpng-nft-listing.sh
 n=${1:-50000}
 endpoints=${ENDPOINTS:-10}
 repeats=${REPEATS:-5}
@@ -53,17 +54,7 @@ echo "machine: $(nproc) cores, kernel $(uname -r), $(nft --version), load $(cut 
 # kpng's own table.
 "${work}/kpng-genstate" --services="${n}" --endpoints="${endpoints}" --format=json --out="${work}/state.json"
 ns="${prefix}gen"
-ip netns add "${ns}"
-"${work}/kpng" -v=2 file --input="${work}/state.json" --max-size-mib=4096 to-local to-nft --name=x --netns="/run/netns/${ns}" \
-  --cluster-cidr=10.0.0.0/16 --check-period=0 --monitor=false 2>"${work}/kpng.log" &
-pid=$!
-until grep -q '"nftables table synced"' "${work}/kpng.log"; do
-  kill -0 "${pid}" 2>/dev/null || { echo "kpng exited:" >&2; tail -n 20 "${work}/kpng.log" >&2; exit 1; }
-  sleep 0.1
-done
-ip netns exec "${ns}" nft list table inet kpng-x >"${work}/kpng.nft"
-kill "${pid}"; wait "${pid}" 2>/dev/null || true; pid=""
-ip netns del "${ns}"
+kpng_nft_listing "${work}/kpng" "${work}/state.json" "${ns}" "${work}" --max-size-mib=4096
 
 # The addresses of kpng-genstate's service i and of its endpoint k.
 cip() { echo "10.$((96 + $1 / 64000)).$((1 + $1 / 250 % 256)).$((1 + $1 % 250))"; }
