@@ -29,7 +29,7 @@ func CreateAll(ctx context.Context, n, workers int, logf func(string, ...any), c
 	for range workers {
 		wg.Go(func() {
 			for i := range next {
-				if err := retry(ctx, func() error { return create(ctx, i) }); err != nil {
+				if err := Retry(ctx, func() error { return create(ctx, i) }); err != nil {
 					cancel(err)
 					return
 				}
@@ -52,9 +52,10 @@ loop:
 	return context.Cause(ctx)
 }
 
-// retry calls f until it succeeds, fails otherwise than transiently, or
-// has been tried createAttempts times.
-func retry(ctx context.Context, f func() error) error {
+// Retry calls f until it succeeds, fails otherwise than as the API
+// server timing out or throttling, or has been tried 5 times (CreateAll
+// does so for each object).
+func Retry(ctx context.Context, f func() error) error {
 	var err error
 	for attempt := range createAttempts {
 		if err = f(); err == nil || !transient(err) {
@@ -83,10 +84,6 @@ func transient(err error) bool {
 	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
 		apierrors.IsServiceUnavailable(err)
 }
-
-// Retry calls f, trying again as CreateAll does when the API server times
-// out or throttles.
-func Retry(ctx context.Context, f func() error) error { return retry(ctx, f) }
 
 // IgnoreExists returns err, or nil when it says the object exists (made
 // by an earlier try that timed out).
