@@ -352,7 +352,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	for _, lc := range lookupChains {
 		ch := t.addChain(lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
+			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)], clusterIPs[f]))
 		})
 	}
 	reject := t.addChain(chainReject)
@@ -408,7 +408,9 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	byMap := map[string][]mapElement{}
 	for _, e := range rs.Elements {
-		byMap[e.Map] = append(byMap[e.Map], e)
+		if !e.Verdict.Shard { // not programmed: the shard maps hold its port
+			byMap[e.Map] = append(byMap[e.Map], e)
+		}
 	}
 	for name, els := range byMap {
 		m := maps[name]
@@ -574,10 +576,11 @@ func items[K cmp.Ordered, V any](its []diffstore.Item[K, V], prev bool) []V {
 }
 
 // endpointElements adds (or deletes) the intervals els in their endpoint
-// maps, each as its start and end elements; an added interval's start has
-// its block's comment, from comments. The kernel elements of a map are
-// made a message at a time (sendElements), not all at once: a full sync
-// of 10,000 services has 200,000 of them.
+// or shard maps, each as its start and end elements in an endpoint map,
+// as one element in a shard map (intervalElements); an added interval
+// has its block's comment, from comments. The kernel elements of a map
+// are made a message at a time (sendElements), not all at once: a full
+// sync of 10,000 services has 200,000 of them.
 func (t *txn) endpointElements(els []endpointElement, comments blockComments, del bool) error {
 	byMap := map[string][]int32{}
 	var order []string
@@ -590,38 +593,69 @@ func (t *txn) endpointElements(els []endpointElement, comments blockComments, de
 	}
 	for _, name := range order {
 		idx := byMap[name]
-		m := endpointMapRef(t.table, els[idx[0]].Family, name)
-		if s := t.sets[name]; s != nil {
-			m = s
-		}
-		// Element 2k is the start of interval idx[k], 2k+1 its end;
+		m := t.intervalMap(els[idx[0]].Family, name)
+		per := elementsPerInterval(name)
+		// Elements per·k to per·k+per-1 are those of interval idx[k];
 		// they are asked for in order, so each pair is made once.
 		pairOf, pair := -1, [2]nftables.SetElement{}
 		elem := func(i int) (nftables.SetElement, error) {
-			if k := i / 2; k != pairOf {
+			if k := i / per; k != pairOf {
 				e := els[idx[k]]
-				pairOf, pair = k, endpointMapElements(e, comments.of(e), del)
+				var err error
+				if pair, err = intervalElements(e, comments.of(e), del); err != nil {
+					return nftables.SetElement{}, err
+				}
+				pairOf = k
 			}
-			return pair[i%2], nil
+			return pair[i%per], nil
 		}
 		size := func(i int) int {
-			if i%2 == 1 || del {
-				return elementBytes(24, "", "")
+			if i%per == 1 || del {
+				return elementBytes(80, "", "")
 			}
-			return elementBytes(24, "", comments.of(els[idx[i/2]]))
+			return elementBytes(80, "", comments.of(els[idx[i/per]]))
 		}
-		if err := t.sendElements(m, 2*len(idx), elem, size, del); err != nil {
+		if err := t.sendElements(m, per*len(idx), elem, size, del); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// blockElements adds the elements of the endpoint maps holding blocks,
-// sorted by family and slot (as in a ruleset): each block's intervals,
-// made from the block when they are marshaled (sendElements), never
-// listed at once (100,000 intervals at 10,000 services), the start of
-// each with its block's comment.
+// intervalMap returns the set object of the endpoint or shard map name
+// of family f: the one added in the transaction, if it was.
+func (t *txn) intervalMap(f ipFamily, name string) *nftables.Set {
+	if s := t.sets[name]; s != nil {
+		return s
+	}
+	return intervalMapRef(t.table, f, name)
+}
+
+// elementsPerInterval is the number of kernel elements of an interval of
+// the map name: 2 in an endpoint map (its start, and its end flagged as
+// such), 1 in a shard map (a key and a key end).
+func elementsPerInterval(name string) int {
+	if isShardEndpointMap(name) {
+		return 1
+	}
+	return 2
+}
+
+// intervalElements returns the kernel elements of the interval e
+// (elementsPerInterval of them).
+func intervalElements(e endpointElement, comment string, del bool) ([2]nftables.SetElement, error) {
+	if e.Shard.Addr.IsValid() {
+		el, err := shardMapElement(e, comment, del)
+		return [2]nftables.SetElement{el}, err
+	}
+	return endpointMapElements(e, comment, del), nil
+}
+
+// blockElements adds the elements of the endpoint and shard maps holding
+// blocks, sorted with compareBlocks (as in a ruleset): each block's
+// intervals, made from the block when they are marshaled (sendElements),
+// never listed at once (100,000 intervals at 10,000 services), each with
+// its block's comment (the start of an endpoint map's).
 func (t *txn) blockElements(blocks []*block) error {
 	for start, end := 0, 0; start < len(blocks); start = end {
 		name, f := blocks[start].Map(), blocks[start].Family
@@ -645,27 +679,29 @@ func (t *txn) blockElements(blocks []*block) error {
 			}
 			return k
 		}
-		m := endpointMapRef(t.table, f, name)
-		if s := t.sets[name]; s != nil {
-			m = s
-		}
-		// Element 2j is the start of interval j, 2j+1 its end; they
+		m := t.intervalMap(f, name)
+		per := elementsPerInterval(name)
+		// Elements per·j to per·j+per-1 are those of interval j; they
 		// are asked for in order, so each pair is made once a pass.
 		pairOf, pair := -1, [2]nftables.SetElement{}
 		elem := func(i int) (nftables.SetElement, error) {
-			if j := i / 2; j != pairOf {
+			if j := i / per; j != pairOf {
 				k := blockOf(j)
-				pairOf, pair = j, endpointMapElements(group[k].element(j-first[k], owners[k]), comments[k], false)
+				var err error
+				if pair, err = intervalElements(group[k].element(j-first[k], owners[k]), comments[k], false); err != nil {
+					return nftables.SetElement{}, err
+				}
+				pairOf = j
 			}
-			return pair[i%2], nil
+			return pair[i%per], nil
 		}
 		size := func(i int) int {
-			if i%2 == 1 {
-				return elementBytes(24, "", "")
+			if i%per == 1 {
+				return elementBytes(80, "", "")
 			}
-			return elementBytes(24, "", comments[blockOf(i/2)])
+			return elementBytes(80, "", comments[blockOf(i/per)])
 		}
-		if err := t.sendElements(m, 2*first[len(group)], elem, size, false); err != nil {
+		if err := t.sendElements(m, per*first[len(group)], elem, size, false); err != nil {
 			return err
 		}
 	}
@@ -797,6 +833,9 @@ func (t *txn) elementGroups(items []diffstore.Item[string, mapElement], del bool
 	var order []string
 	for _, it := range items {
 		e := pick(it)
+		if e.Verdict.Shard {
+			continue // not programmed: the shard maps hold its port
+		}
 		if _, ok := byMap[e.Map]; !ok {
 			order = append(order, e.Map)
 		}

@@ -144,16 +144,39 @@ func wantFull(tb testing.TB, r SyncResult, n int) {
 // cluster-ips set.
 const elementsPerBenchService = 1 + 3*benchEndpoints + 1
 
-// kernelElements returns the number of elements of the map
-// service-ips-v4 of the table in ns, as nft lists them
-// (google/nftables's GetSetElements reads only the first part of a dump).
+// kernelElements returns the number of IPv4 service ports the table in ns
+// serves, as nft lists them (google/nftables's GetSetElements reads only
+// the first part of a dump): the goto elements of the map service-ips-v4
+// and the keys (address . protocol . port) of the shard maps of IPv4.
 func kernelElements(tb testing.TB, ns *netns.NS, name string) int {
 	tb.Helper()
-	out, _, err := ns.Exec(nil, "nft", "list", "map", "inet", TableName(name), mapServices(ipv4))
+	out, _, err := ns.Exec(nil, "nft", "list", "table", "inet", TableName(name))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return strings.Count(out, " : goto ")
+	n, keys, inMap := 0, map[string]bool{}, ""
+	for _, line := range strings.Split(out, "\n") {
+		if m, ok := strings.CutPrefix(line, "\tmap "); ok {
+			inMap = strings.TrimSuffix(m, " {")
+			continue
+		}
+		switch {
+		case inMap == mapServices(ipv4):
+			n += strings.Count(line, " : goto ")
+		case strings.HasPrefix(inMap, "shard-endpoints-v4-"):
+			line = strings.TrimSpace(line)
+			if strings.HasPrefix(line, "typeof ") {
+				continue
+			}
+			line = strings.TrimPrefix(line, "elements = { ")
+			for _, el := range strings.Split(line, ", ") {
+				if f := strings.SplitN(strings.TrimSpace(el), " . ", 4); len(f) == 4 && strings.Contains(f[3], " : ") {
+					keys[strings.Join(f[:3], " . ")] = true
+				}
+			}
+		}
+	}
+	return n + len(keys)
 }
 
 // processCPU returns the CPU time the process used so far, user and
@@ -623,10 +646,15 @@ func TestKernelLargeFullSync(t *testing.T) {
 	items := manyServices(2000)
 	s.setAll(items...)
 	r := s.sync()
-	// 2,000 service map elements, the start and end of each service's one
-	// endpoint interval, the pod in the hairpin set, 2,000 cluster IPs.
-	if !r.Full || r.Stats.ElementsAdded != 2000+2*2000+1+2000 {
-		t.Fatalf("full sync: %+v", r.Stats)
+	// Plain services: each shard's jump element, each service's one
+	// endpoint interval in its shard's map, the pod in the hairpin set,
+	// 2,000 cluster IPs.
+	shards := map[uint32]bool{}
+	for _, se := range items {
+		shards[shardOf(netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0]))] = true
+	}
+	if !r.Full || r.Stats.ElementsAdded != len(shards)+2000+1+2000 {
+		t.Fatalf("full sync: %+v, want %d elements added (%d shards)", r.Stats, len(shards)+2000+1+2000, len(shards))
 	}
 	if got := kernelElements(t, b.Node, "large"); got != 2000 {
 		t.Fatalf("%d elements in the kernel's service map, want 2000", got)

@@ -84,6 +84,7 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 					}
 				}
 			}
+			b.shard = shardKeyFor(svc, clusterIPs, externalIPs, lbIPs, hasNodePort, p, f)
 			clusterTarget := b.target("svc", clusterMasq, internal, iv)
 			b.elements(mapServices(f), mapNoEndpoints(f), "clusterIPs", clusterIPs, 0, clusterTarget, iv)
 			if len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {
@@ -139,6 +140,25 @@ type portBuilder struct {
 	objs     *serviceObjects
 	epChains map[string]bool
 	problems *[]error
+	// shard is the key of the port in the shard maps when it is plain
+	// enough to be served there (shardKeyFor); Addr not valid otherwise.
+	shard mapKey
+}
+
+// shardKeyFor returns the key in the shard maps of service port p of
+// family f (cluster IP, protocol, port) when it can be served there: a
+// cluster IP only (no external or load-balancer IP, no node port), one in
+// the family, and no session affinity. The key's Addr is not valid
+// otherwise.
+func shardKeyFor(svc *model.Service, clusterIPs, externalIPs, lbIPs []string, hasNodePort bool, p *model.PortMapping, f ipFamily) mapKey {
+	if svc.ClientIPAffinity != nil || len(clusterIPs) != 1 || len(externalIPs) > 0 || len(lbIPs) > 0 || hasNodePort {
+		return mapKey{}
+	}
+	addr, err := netip.ParseAddr(clusterIPs[0])
+	if err != nil || addr.Zone() != "" || familyOf(addr.Unmap()) != f {
+		return mapKey{}
+	}
+	return mapKey{Addr: addr.Unmap(), Proto: p.Protocol, Port: uint16(p.Port)}
 }
 
 // target returns the verdict for traffic using eps with verdict v: goto a
@@ -163,6 +183,13 @@ func (b *portBuilder) target(kind string, first []rule, eps []*model.Endpoint, v
 	if len(tos) == 0 {
 		// Every endpoint was unusable (reported): as if there were none.
 		return verdict{Goto: chainReject}
+	}
+	if kind == "svc" && b.shard.Addr.IsValid() && len(tos) <= maxShardEndpoints {
+		// A plain service port: its endpoints in its shard's map, the
+		// masquerading rule in the shard's chain (shards.go).
+		id := kind + familySuffix(b.family) + "/" + portID(b.key, b.port)
+		b.objs.Blocks = append(b.objs.Blocks, &block{ID: id, Family: b.family, Service: b.key, Endpoints: tos, Shard: b.shard})
+		return verdict{Shard: true, Block: id}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
 	rules := slices.Clip(first)
@@ -296,7 +323,7 @@ func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
 // nodePort.
 func (b *portBuilder) elements(forward, blocked, field string, addrs []string, nodePort uint16, target verdict, v endpoints.Verdict) {
 	m := forward
-	if v != endpoints.Forward || target.Goto == chainReject || target.Goto == "" {
+	if v != endpoints.Forward || target.Goto == chainReject || (target.Goto == "" && !target.Shard) {
 		m = blocked
 	}
 	for _, a := range addrs {

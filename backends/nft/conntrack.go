@@ -228,6 +228,14 @@ func endpointsByKey(elems map[string]mapElement, chains map[string]*regularChain
 			eps = map[netip.AddrPort]bool{}
 			out[fk] = eps
 		}
+		if e.Verdict.Shard {
+			if bl := blocks[e.Verdict.Block]; bl != nil {
+				for _, ep := range bl.Endpoints {
+					eps[ep] = true
+				}
+			}
+			continue
+		}
 		for ep := range reachableEndpoints(e.Verdict.Goto, chains, blocks, memo) {
 			eps[ep] = true
 		}

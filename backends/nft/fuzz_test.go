@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/kpng/model"
@@ -88,7 +89,8 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		if i > 0 && rs.Chains[i-1].Name > c.Name {
 			return fmt.Errorf("chains not sorted: %s before %s", rs.Chains[i-1].Name, c.Name)
 		}
-		if !services[c.Service] {
+		shard := c.Service == (model.ServiceKey{}) && (strings.HasPrefix(c.Name, "shard4-") || strings.HasPrefix(c.Name, "shard6-"))
+		if !services[c.Service] && !shard {
 			return fmt.Errorf("chain %s: owned by %s, not a service given", c.Name, c.Service)
 		}
 		chains[c.Name] = true
@@ -98,7 +100,7 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		if st.Name == "" || len(st.Name) >= 256 || sets[st.Name] != nil {
 			return fmt.Errorf("set %q: name empty, too long or taken", st.Name)
 		}
-		if !st.EndpointMap && !services[st.Service] {
+		if !st.EndpointMap && !st.ShardMap && !services[st.Service] {
 			return fmt.Errorf("set %s: owned by %s, not a service given", st.Name, st.Service)
 		}
 		sets[st.Name] = st
@@ -146,6 +148,8 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 				err = useSet(from, r.Set)
 			case dnatMapRule:
 				err = useSet(from, r.Map)
+			case shardDnatRule:
+				err = useSet(from, r.Map)
 			case sourceRule:
 				if !r.Mark {
 					err = jump(from, r.Goto)
@@ -156,14 +160,49 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 			}
 		}
 	}
+	// The shard blocks, each owned by an element of its key (unowned:
+	// those no element names yet), and the shard maps the shards map's
+	// elements jump to.
+	blocks, unowned := map[string]*block{}, map[string]bool{}
+	for _, bl := range rs.Blocks {
+		blocks[bl.ID] = bl
+		if bl.sharded() {
+			unowned[bl.ID] = true
+		}
+	}
+	shardJumps := map[string]bool{}
+	for _, e := range rs.Elements {
+		if e.Map == mapShards(e.Family) {
+			s := shardOf(e.Key.Addr)
+			if e.Key.Addr != shardKey(e.Family, s) || e.Verdict.Goto != shardChainName(e.Family, s) {
+				return fmt.Errorf("element %s: %s, want goto %s", e.ID(), e.Verdict, shardChainName(e.Family, s))
+			}
+			shardJumps[shardMapName(e.Family, s)] = true
+		}
+	}
 	ids := map[string]bool{}
 	for _, e := range rs.Elements {
 		if ids[e.ID()] {
 			return fmt.Errorf("element %s twice", e.ID())
 		}
 		ids[e.ID()] = true
-		if !services[e.Service] {
+		if !services[e.Service] && !(e.Map == mapShards(e.Family) && e.Service == (model.ServiceKey{})) {
 			return fmt.Errorf("element %s: of %s, not a service given", e.ID(), e.Service)
+		}
+		if e.Verdict.Shard {
+			// A key served by a shard map: its block is there, with
+			// this key, in a map of the table reached from the
+			// shards map.
+			bl := blocks[e.Verdict.Block]
+			switch {
+			case bl == nil || bl.Shard != e.Key || bl.Service != e.Service:
+				return fmt.Errorf("element %s: served by shard block %s, which is not there with its key", e.ID(), e.Verdict.Block)
+			case sets[bl.Map()] == nil || !sets[bl.Map()].ShardMap:
+				return fmt.Errorf("element %s: its shard map %s is not in the table", e.ID(), bl.Map())
+			case !shardJumps[bl.Map()]:
+				return fmt.Errorf("element %s: no jump to its shard", e.ID())
+			}
+			delete(unowned, bl.ID)
 		}
 		if e.Key.Addr.IsValid() && familyOf(e.Key.Addr) != e.Family {
 			return fmt.Errorf("element %s: its address is not of its map's family", e.ID())
@@ -173,6 +212,9 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 				return err
 			}
 		}
+	}
+	for id := range unowned {
+		return fmt.Errorf("shard block %s: no element owns its key", id)
 	}
 	// Every port of every service with a usable cluster IP is in the
 	// table: forwarded, rejected or dropped (a service another one took

@@ -336,8 +336,11 @@ func TestKernelClusterIP(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-cip")
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
-		`10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-`, `fd00:10:96::10 . udp . 80 comment "default/web" : goto svc6-`,
-		"numgen random mod 10000000 map @endpoints-v4-0", "numgen random mod 10000000 map @endpoints-v6-0",
+		// A plain service: its shard (the cluster IP's last 10 bits)
+		// and its endpoints in the shard's map.
+		"0.0.0.10 : goto shard4-10", "::10 : goto shard6-16",
+		"numgen random mod 4096 map @shard-endpoints-v4-10", "numgen random mod 4096 map @shard-endpoints-v6-16",
+		"10.96.0.10 . tcp . 80 . 0-1364 ", "fd00:10:96::10 . udp . 80 . 2730-4095 ",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
 		`comment "svc4 default/web/tcp/80" : `, `comment "svc6 default/web/udp/80" : `,
 	} {
@@ -493,7 +496,8 @@ func TestKernelIgnoreHeadless(t *testing.T) {
 }
 
 // manyServices returns n single-port services with cluster IPs
-// 10.96.1.0+i, each with pod as its endpoint.
+// 10.96.1.0+i, each with pod as its endpoint: plain services, in the
+// shard maps.
 func manyServices(n int) []*model.ServiceEndpoints {
 	var items []*model.ServiceEndpoints
 	for i := range n {
@@ -502,6 +506,17 @@ func manyServices(n int) []*model.ServiceEndpoints {
 			Service:   svc("default", fmt.Sprintf("svc-%03d", i), ipset(ip.String()), tcp(80, 6000)),
 			Endpoints: podEndpoints(netns.PodID)[:1],
 		})
+	}
+	return items
+}
+
+// manyChainServices is manyServices with node ports (30000+i): services
+// with chains, their blocks in the endpoint maps.
+func manyChainServices(n int) []*model.ServiceEndpoints {
+	items := manyServices(n)
+	for i, se := range items {
+		se.Service.Type = "NodePort"
+		se.Service.Ports[0].NodePort = int32(30000 + i)
 	}
 	return items
 }
@@ -526,9 +541,10 @@ func TestKernelPartialSyncSize(t *testing.T) {
 			t.Errorf("%d services: partial sync %+v, want one service", n, r)
 		}
 		// Only elements: the interval of the service's one endpoint deleted
-		// (its start and end), the two intervals of the two endpoints added,
-		// pod2 added to the hairpin set; no chain, rule or set.
-		want := Stats{Messages: 3, ElementsAdded: 5, ElementsDeleted: 2}
+		// (one element of its shard's map), the two intervals of the two
+		// endpoints added, pod2 added to the hairpin set; no chain, rule
+		// or set.
+		want := Stats{Messages: 3, ElementsAdded: 3, ElementsDeleted: 1}
 		if r.Stats != want {
 			t.Errorf("%d services: transaction %+v, want %+v", n, r.Stats, want)
 		}
@@ -677,7 +693,7 @@ func TestKernelCleanup(t *testing.T) {
 func TestKernelEndpointBlocksReused(t *testing.T) {
 	b := kernelTopology(t)
 	s := newTestSink(t, b, "blocks")
-	items := manyServices(blocksPerMap + 1)
+	items := manyChainServices(blocksPerMap + 1)
 	s.setAll(items...)
 	if r := s.sync(); !r.Full || r.Err != nil {
 		t.Fatalf("first sync: %+v", r)
@@ -690,9 +706,10 @@ func TestKernelEndpointBlocksReused(t *testing.T) {
 	moved := &model.ServiceEndpoints{
 		// Named after the deleted ones: services are updated in key
 		// order, so their slots are free when it gets one.
-		Service:   svc("default", "zmoved", ipset(movedIP.String()), tcp(80, 6000)),
+		Service:   svc("default", "zmoved", ipset(movedIP.String()), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 31000}),
 		Endpoints: podEndpoints(netns.Pod2ID)[:1],
 	}
+	moved.Service.Type = "NodePort"
 	s.deleteService(items[0].Service.Key())
 	s.deleteService(items[blocksPerMap].Service.Key())
 	s.setService(moved.Service)

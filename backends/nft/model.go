@@ -34,7 +34,7 @@ func familyOf(a netip.Addr) ipFamily {
 
 // mapKey is the key of a map element: destination address, protocol and
 // port of a service, or only protocol and port (Addr not valid) in the
-// node-port maps.
+// node-port maps, or only an address (Proto unknown) in the shards maps.
 type mapKey struct {
 	Addr  netip.Addr
 	Proto model.Protocol
@@ -47,6 +47,9 @@ func (k mapKey) String() string {
 	if !k.Addr.IsValid() {
 		return fmt.Sprintf("%s . %d", protoName(k.Proto), k.Port)
 	}
+	if k.Proto == model.ProtocolUnknown {
+		return k.Addr.String()
+	}
 	return fmt.Sprintf("%s . %s . %d", k.Addr, protoName(k.Proto), k.Port)
 }
 
@@ -54,10 +57,19 @@ func (k mapKey) String() string {
 type verdict struct {
 	// Goto is the chain to go to; empty means drop.
 	Goto string
+	// Shard says that the service port is served through the shard maps
+	// (shards.go): its element in the services map only holds the key
+	// for its service (the tracker's ownership of keys) and is not
+	// programmed. Block is the ID of the service port's block there.
+	Shard bool
+	Block string
 }
 
 // String returns the verdict in nft syntax.
 func (v verdict) String() string {
+	if v.Shard {
+		return "shard " + v.Block
+	}
 	if v.Goto == "" {
 		return "drop"
 	}
@@ -84,11 +96,20 @@ func (e mapElement) ID() string { return e.Map + " " + e.Key.String() }
 // Comment returns the comment of the element in the kernel: the service
 // it belongs to ("default/web"), which its key and verdict do not always
 // say (a reject or drop element).
-func (e mapElement) Comment() string { return comment(e.Service.String()) }
+// The elements of no service (the shards maps') have none.
+func (e mapElement) Comment() string {
+	if e.Service == (model.ServiceKey{}) {
+		return ""
+	}
+	return comment(e.Service.String())
+}
 
 // text returns the element in nft syntax, as nft lists it:
 // `10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-…`.
 func (e mapElement) text() string {
+	if e.Comment() == "" {
+		return fmt.Sprintf("%s : %s", e.Key, e.Verdict)
+	}
 	return fmt.Sprintf("%s comment %q : %s", e.Key, e.Comment(), e.Verdict)
 }
 
@@ -266,12 +287,45 @@ type block struct {
 	// Endpoints are the addresses and ports to DNAT to, in order.
 	Endpoints []netip.AddrPort
 	// Slot is the block's place, set by the tracker: its number among
-	// the family's blocks.
+	// the family's blocks (from shardSlotBase for a shard block).
 	Slot uint32
+	// Shard is, for a block of the shard maps (a plain service port,
+	// shards.go), its key there: cluster IP, protocol and port. Its
+	// Addr is not valid for a block of the endpoint maps.
+	Shard mapKey
 }
 
-// Map returns the name of the endpoint map holding the block.
-func (bl *block) Map() string { return endpointMapName(bl.Family, bl.Slot/blocksPerMap) }
+// sharded reports whether the block is in a shard map.
+func (bl *block) sharded() bool { return bl.Shard.Addr.IsValid() }
+
+// Map returns the name of the endpoint or shard map holding the block.
+func (bl *block) Map() string {
+	if bl.sharded() {
+		return shardMapName(bl.Family, shardOf(bl.Shard.Addr))
+	}
+	return endpointMapName(bl.Family, bl.Slot/blocksPerMap)
+}
+
+// compareBlocks orders blocks by family, then those of the endpoint maps
+// by slot (so by map), then those of the shard maps by shard and slot: the
+// blocks of a map are together.
+func compareBlocks(a, b *block) int {
+	if c := cmp.Compare(a.Family, b.Family); c != 0 {
+		return c
+	}
+	if a.sharded() != b.sharded() {
+		if a.sharded() {
+			return 1
+		}
+		return -1
+	}
+	if a.sharded() {
+		if c := cmp.Compare(shardOf(a.Shard.Addr), shardOf(b.Shard.Addr)); c != 0 {
+			return c
+		}
+	}
+	return cmp.Compare(a.Slot, b.Slot)
+}
 
 // Comment returns the comment of the block's elements in the kernel, what
 // an operator reads in a listing: its chain's kind and family, and its
@@ -280,7 +334,7 @@ func (bl *block) Comment() string { return comment(strings.Replace(bl.ID, "/", "
 
 // equalBlocks reports whether two blocks are the same.
 func equalBlocks(a, b *block) bool {
-	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && slices.Equal(a.Endpoints, b.Endpoints)
+	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && a.Shard == b.Shard && slices.Equal(a.Endpoints, b.Endpoints)
 }
 
 // appendElements appends to els the intervals of the block in its endpoint
@@ -295,16 +349,21 @@ func (bl *block) appendElements(els []endpointElement) []endpointElement {
 
 // element returns the interval of the i-th endpoint of the block, whose
 // owner (ownerOf its ID) is given: the i-th endpoint of N owns
-// [i·R/N, (i+1)·R/N) of the draw, R being blockRange.
+// [i·R/N, (i+1)·R/N) of the draw, R being blockRange (shardRange in a
+// shard map).
 func (bl *block) element(i int, owner uint64) endpointElement {
-	n := uint64(len(bl.Endpoints))
+	n, r := uint64(len(bl.Endpoints)), uint64(blockRange)
+	if bl.sharded() {
+		r = shardRange
+	}
 	return endpointElement{
 		Family: bl.Family,
 		Slot:   bl.Slot,
-		From:   uint32(uint64(i) * blockRange / n),
-		To:     uint32(uint64(i+1) * blockRange / n),
+		From:   uint32(uint64(i) * r / n),
+		To:     uint32(uint64(i+1) * r / n),
 		Target: bl.Endpoints[i],
 		Owner:  owner,
+		Shard:  bl.Shard,
 	}
 }
 
@@ -332,10 +391,18 @@ type endpointElement struct {
 	Target   netip.AddrPort
 	// Owner is ownerOf the block's ID.
 	Owner uint64
+	// Shard is the block's key in a shard map (Addr not valid in an
+	// endpoint map).
+	Shard mapKey
 }
 
-// Map returns the name of the endpoint map holding the element.
-func (e endpointElement) Map() string { return endpointMapName(e.Family, e.Slot/blocksPerMap) }
+// Map returns the name of the endpoint or shard map holding the element.
+func (e endpointElement) Map() string {
+	if e.Shard.Addr.IsValid() {
+		return shardMapName(e.Family, shardOf(e.Shard.Addr))
+	}
+	return endpointMapName(e.Family, e.Slot/blocksPerMap)
+}
 
 // ID returns the element's identity, which orders elements by family,
 // slot and first key: the family in the top bit, the slot in the next 31
@@ -347,6 +414,9 @@ func (e endpointElement) ID() uint64 {
 
 // keys returns the first and the last key of the element in its map.
 func (e endpointElement) keys() (first, last uint32) {
+	if e.Shard.Addr.IsValid() {
+		return e.From, e.To - 1
+	}
 	off := blockOffset(e.Slot)
 	return off + e.From, off + e.To - 1
 }
@@ -355,12 +425,16 @@ func (e endpointElement) keys() (first, last uint32) {
 // comment of its block: slot 67's interval [0, 5000000) is
 // `30000000-34999999 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080`
 // (slot 67 is block 3 of map 1; an interval of one number is that number
-// alone).
+// alone); in a shard map, the key starts with the service port's:
+// `10.96.0.17 . tcp . 80 . 0-2047 comment "svc4 default/web/tcp/80" : …`.
 func (e endpointElement) text(comment string) string {
 	first, last := e.keys()
 	key := fmt.Sprintf("%d-%d", first, last)
 	if first == last {
 		key = fmt.Sprint(first)
+	}
+	if e.Shard.Addr.IsValid() {
+		key = e.Shard.String() + " . " + key
 	}
 	return fmt.Sprintf("%s comment %q : %s . %d", key, comment, e.Target.Addr(), e.Target.Port())
 }

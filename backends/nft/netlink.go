@@ -12,6 +12,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"sigs.k8s.io/kpng/model"
 )
 
 // Registers: the 16-byte register 1 and the 32-bit registers (NFT_REG32_xx)
@@ -147,7 +149,7 @@ func addrType(f ipFamily) nftables.SetDatatype { return f.nl().setType }
 
 // mapRef returns the set object of one of the table's verdict maps.
 func mapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
-	return &nftables.Set{
+	m := &nftables.Set{
 		Table:         t,
 		Name:          name,
 		IsMap:         true,
@@ -155,11 +157,18 @@ func mapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
 		KeyType:       mapKeyType(f, isNodePortMap(name)),
 		DataType:      nftables.TypeVerdict,
 	}
+	if isShardsMap(name) {
+		m.Concatenation, m.KeyType = false, addrType(f)
+	}
+	return m
 }
 
 // keyBytes encodes a map key as the kernel stores concatenations: each
 // field padded to 4 bytes, in network byte order.
 func keyBytes(k mapKey) ([]byte, error) {
+	if k.Addr.IsValid() && k.Proto == model.ProtocolUnknown {
+		return k.Addr.AsSlice(), nil // a shards map's key
+	}
 	proto, ok := l4proto(k.Proto)
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", k.Proto)
@@ -185,10 +194,21 @@ func verdictExpr(v verdict) *expr.Verdict {
 // "ip[6] daddr . meta l4proto . th dport vmap @m", or for a node-port map
 // "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
 // prefix] meta l4proto . th dport vmap @m".
-func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
+//
+// For the shards map: "ip daddr @cluster-ips-v4 ip daddr & 0.0.3.255 vmap
+// @shards-v4" (clusterIPs: the family's cluster-ips set).
+func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftables.Set) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport
 	exprs := nfprotoExprs(f)
+	if k.shards {
+		return append(exprs,
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
+			&expr.Lookup{SourceRegister: reg1, SetName: clusterIPs.Name, SetID: clusterIPs.ID},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: shardMaskAddr(f).AsSlice(), Xor: make([]byte, alen)},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
+	}
 	if !k.nodePort {
 		exprs = append(exprs,
 			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
@@ -369,6 +389,9 @@ func setRef(t *nftables.Table, s *namedSet) *nftables.Set {
 	if s.EndpointMap {
 		return endpointMapRef(t, s.Family, s.Name)
 	}
+	if s.ShardMap {
+		return shardMapRef(t, s.Family, s.Name)
+	}
 	if len(s.Targets) > 0 {
 		return &nftables.Set{Table: t, Name: s.Name, IsMap: true, Constant: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
 	}
@@ -536,4 +559,4 @@ type netlinkRule interface {
 }
 
 // Every rule has its netlink expressions.
-var _ = []netlinkRule{balanceRule{}, dnatRule{}, dnatMapRule{}, markRule{}, sourceRule{}, allowRule{}, dropRule{}, affinityCheckRule{}, affinityUpdateRule{}}
+var _ = []netlinkRule{balanceRule{}, dnatRule{}, dnatMapRule{}, shardDnatRule{}, markRule{}, sourceRule{}, allowRule{}, dropRule{}, affinityCheckRule{}, affinityUpdateRule{}}

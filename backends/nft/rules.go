@@ -200,6 +200,9 @@ func (r affinityUpdateRule) String() string {
 //   - an endpoint map (EndpointMap): blocks of endpoints, shared by up to
 //     blocksPerMap service chains, its elements those of its blocks; the
 //     set is not owned by a service and lives as long as one of its blocks;
+//   - a shard map (ShardMap, shards.go): the endpoints of the plain
+//     service ports of one shard, keyed by cluster IP, protocol, port and
+//     draw; not owned by a service, it lives as long as one of its blocks;
 //   - an affinity set (Targets empty): the client addresses that used one
 //     endpoint of a service port with session affinity, each expiring after
 //     Timeout without traffic;
@@ -216,6 +219,7 @@ type namedSet struct {
 	Name        string
 	Family      ipFamily
 	EndpointMap bool
+	ShardMap    bool
 	Timeout     time.Duration
 	Targets     []string
 	Service     model.ServiceKey
@@ -223,7 +227,7 @@ type namedSet struct {
 
 // equalSets reports whether two sets are the same.
 func equalSets(a, b *namedSet) bool {
-	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
+	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.ShardMap == b.ShardMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
 // userData returns the user data nft keeps in the set, for the sets
@@ -233,6 +237,8 @@ func (s *namedSet) userData() []byte {
 	switch {
 	case s.EndpointMap:
 		return endpointMapUserData(s.Family)
+	case s.ShardMap:
+		return shardMapUserData(s.Family)
 	case len(s.Targets) > 0:
 		return balanceMapUserData(len(s.Targets))
 	}
@@ -245,17 +251,19 @@ func (s *namedSet) userData() []byte {
 const affinitySetSize = 65535
 
 // Text returns the set's declaration in nft syntax, as nft lists it, with
-// the elements of an endpoint map given in els and their comments in
+// the elements of an endpoint or shard map given in els (its own) and their comments in
 // comments. The maps keyed by a random number are declared with typeof
 // (setUserData): nft has no type name for an integer key.
 func (s *namedSet) Text(els []endpointElement, comments blockComments) string {
-	if s.EndpointMap {
-		text := fmt.Sprintf("map %s {\n\t\ttypeof %s : %s\n\t\tflags interval", s.Name, numgenText(blockRange, 0), endpointDataTypeof(s.Family))
+	if s.EndpointMap || s.ShardMap {
+		typeof := numgenText(blockRange, 0) + " : " + endpointDataTypeof(s.Family)
+		if s.ShardMap {
+			typeof = shardMapTypeof(s.Family)
+		}
+		text := fmt.Sprintf("map %s {\n\t\ttypeof %s\n\t\tflags interval", s.Name, typeof)
 		var lines []string
 		for _, e := range els {
-			if e.Map() == s.Name {
-				lines = append(lines, "\t\t\t"+e.text(comments.of(e)))
-			}
+			lines = append(lines, "\t\t\t"+e.text(comments.of(e)))
 		}
 		if len(lines) > 0 {
 			text += "\n\t\telements = {\n" + strings.Join(lines, ",\n") + "\n\t\t}"

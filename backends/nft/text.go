@@ -41,6 +41,9 @@ func daddrText(f ipFamily) string { return f.info().nft + " daddr" }
 // of the "ip daddr" match that follows it.
 func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch) string {
 	m := k.name(f)
+	if k.shards {
+		return shardLookupText(f)
+	}
 	if !k.nodePort {
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
 	}
@@ -62,7 +65,7 @@ var lookupChains = []struct {
 	name  string
 	kinds []mapKind
 }{
-	{chainServices, []mapKind{mapKinds[0], mapKinds[2]}},
+	{chainServices, []mapKind{mapKinds[0], mapKinds[5], mapKinds[2]}},
 	{chainNoEndpoints, []mapKind{mapKinds[1], mapKinds[3]}},
 	{chainFirewallCheck, []mapKind{mapKinds[4]}},
 }
@@ -97,13 +100,16 @@ func (rs *ruleset) Text() string {
 		for _, k := range mapKinds {
 			m := k.name(f)
 			typ := f.info().addrType + " . inet_proto . inet_service"
-			if k.nodePort {
+			switch {
+			case k.nodePort:
 				typ = "inet_proto . inet_service"
+			case k.shards:
+				typ = f.info().addrType
 			}
 			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", m, typ)
 			var els []string
 			for _, e := range rs.Elements {
-				if e.Map == m {
+				if e.Map == m && !e.Verdict.Shard {
 					els = append(els, "\t\t\t"+e.text())
 				}
 			}
@@ -154,9 +160,13 @@ func (rs *ruleset) Text() string {
 		}
 		b.WriteString("\t}\n\n")
 	}
-	comments, endpoints := commentsOf(rs.Blocks), rs.endpoints()
+	comments := commentsOf(rs.Blocks)
+	byMap := map[string][]endpointElement{}
+	for _, e := range rs.endpoints() {
+		byMap[e.Map()] = append(byMap[e.Map()], e)
+	}
 	for _, s := range rs.Sets {
-		fmt.Fprintf(&b, "\t%s\n\n", s.Text(endpoints, comments))
+		fmt.Fprintf(&b, "\t%s\n\n", s.Text(byMap[s.Name], comments))
 	}
 	for _, c := range baseChains {
 		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook))

@@ -47,6 +47,13 @@ type tracker struct {
 	slotOf    map[string]uint32
 	free      [2]slots
 	mapBlocks map[string]int
+	// shardKeyOf is the key of each shard block placed, shardSlots the
+	// slots of each family's shard blocks (from shardSlotBase), and
+	// shardBlocks the number of blocks of each shard (a shard's map,
+	// chain and jump element exist while it holds one).
+	shardKeyOf  map[string]mapKey
+	shardSlots  [2]slots
+	shardBlocks [2][shardCount]int32
 	// hairpin holds the endpoint addresses of the hairpin sets, and
 	// clusterIPs the cluster IPs of the cluster-ips sets, each while some
 	// service uses it.
@@ -75,6 +82,7 @@ func newTracker(opts Options) *tracker {
 		blocks:     diffstore.New[string](equalBlocks),
 		slotOf:     map[string]uint32{},
 		mapBlocks:  map[string]int{},
+		shardKeyOf: map[string]mapKey{},
 		hairpin:    newSharedAddrs(),
 		clusterIPs: newSharedAddrs(),
 	}
@@ -163,11 +171,8 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 	}
 	old := t.services[key]
 
-	t.placeBlocks(&objs, old)
 	t.hairpin.count(old.Hairpin, objs.Hairpin)
 	t.clusterIPs.count(old.ClusterIPs, objs.ClusterIPs)
-	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *namedSet) string { return s.Name })
-	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *regularChain) string { return c.Name })
 
 	newElems, newKeys := map[string]bool{}, map[string]bool{}
 	kept := objs.Elements[:0:0]
@@ -212,6 +217,15 @@ func (t *tracker) Update(key model.ServiceKey, se *model.ServiceEndpoints) []err
 		}
 	}
 	objs.Elements = kept
+	// A shard block whose key the service lost (its element in the
+	// services map) is left out with it: its elements would be the
+	// other service's keys.
+	objs.Blocks = slices.DeleteFunc(objs.Blocks, func(bl *block) bool { return bl.sharded() && !newKeys[bl.Shard.String()] })
+	// The blocks placed before the chains are stored: their dnatMapRules
+	// name their slots (a chain stored first compares unequal to itself).
+	t.placeBlocks(&objs, old)
+	replaceNamed(t.sets, old.Sets, objs.Sets, func(s *namedSet) string { return s.Name })
+	replaceNamed(t.chains, old.Chains, objs.Chains, func(c *regularChain) string { return c.Name })
 
 	var own []model.Problem
 	for _, err := range problems {
@@ -288,6 +302,16 @@ func (t *tracker) yield(o model.ServiceKey, k string) {
 		kept = append(kept, e)
 	}
 	objs.Elements = kept
+	blocks := objs.Blocks[:0:0]
+	for _, bl := range objs.Blocks {
+		if bl.sharded() && bl.Shard.String() == k {
+			t.blocks.Delete(bl.ID)
+			t.release(bl.ID, bl.Family)
+			continue
+		}
+		blocks = append(blocks, bl)
+	}
+	objs.Blocks = blocks
 	t.services[o] = objs
 	delete(t.owner, k)
 	t.losers[o] = t.values[o]
@@ -296,8 +320,8 @@ func (t *tracker) yield(o model.ServiceKey, k string) {
 // placeBlocks gives the blocks of objs their slots (those they had in old,
 // or new ones), fills the dnatMapRules of objs' chains with them, sets the
 // blocks and their elements in the stores, and releases the slots of the
-// blocks of old that objs lacks (adding and deleting endpoint maps as they
-// get their first block or lose their last).
+// blocks of old that objs lacks (adding and deleting endpoint maps and
+// shards as they get their first block or lose their last).
 func (t *tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 	byID := make(map[string]*block, len(objs.Blocks))
 	blocks := objs.Blocks[:0:0]
@@ -306,13 +330,7 @@ func (t *tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 			continue // one block per ID (buildService gives no repeats)
 		}
 		blocks = append(blocks, bl)
-		slot, ok := t.slotOf[bl.ID]
-		if !ok {
-			slot = t.free[bl.Family].get()
-			t.slotOf[bl.ID] = slot
-			t.useMap(bl.Family, slot, 1)
-		}
-		bl.Slot = slot
+		bl.Slot = t.place(bl)
 		byID[bl.ID] = bl
 	}
 	for _, c := range objs.Chains {
@@ -327,14 +345,51 @@ func (t *tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 	}
 	objs.Blocks = blocks
 	for _, bl := range old.Blocks {
-		slot, placed := t.slotOf[bl.ID]
-		if byID[bl.ID] == nil && placed {
-			delete(t.slotOf, bl.ID)
-			t.free[bl.Family].put(slot)
-			t.useMap(bl.Family, slot, -1)
+		if byID[bl.ID] == nil {
+			t.release(bl.ID, bl.Family)
 		}
 	}
 	replaceNamed(t.blocks, old.Blocks, objs.Blocks, func(bl *block) string { return bl.ID })
+}
+
+// place returns the slot of bl: the one its ID has, if it is in the same
+// map kind and shard, or a new one (counting the block in its endpoint
+// map or shard).
+func (t *tracker) place(bl *block) uint32 {
+	slot, ok := t.slotOf[bl.ID]
+	if ok && t.shardKeyOf[bl.ID] == bl.Shard {
+		return slot
+	}
+	if ok {
+		t.release(bl.ID, bl.Family)
+	}
+	if bl.sharded() {
+		slot = shardSlotBase + t.shardSlots[bl.Family].get()
+		t.shardKeyOf[bl.ID] = bl.Shard
+		t.useShard(bl.Family, shardOf(bl.Shard.Addr), 1)
+	} else {
+		slot = t.free[bl.Family].get()
+		t.useMap(bl.Family, slot, 1)
+	}
+	t.slotOf[bl.ID] = slot
+	return slot
+}
+
+// release lets the slot of the block id (of family f) go, if it has one.
+func (t *tracker) release(id string, f ipFamily) {
+	slot, ok := t.slotOf[id]
+	if !ok {
+		return
+	}
+	delete(t.slotOf, id)
+	if key, sharded := t.shardKeyOf[id]; sharded {
+		delete(t.shardKeyOf, id)
+		t.shardSlots[f].put(slot - shardSlotBase)
+		t.useShard(f, shardOf(key.Addr), -1)
+		return
+	}
+	t.free[f].put(slot)
+	t.useMap(f, slot, -1)
 }
 
 // useMap counts one block more (delta 1) or less (-1) in the endpoint map
@@ -349,6 +404,26 @@ func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
 	case n == 0:
 		delete(t.mapBlocks, name)
 		t.sets.Delete(name)
+	}
+}
+
+// useShard counts one block more (delta 1) or less (-1) in shard s of
+// family f, adding its map, chain and jump element when it gets its first
+// block and deleting them when it loses its last.
+func (t *tracker) useShard(f ipFamily, s uint32, delta int) {
+	t.shardBlocks[f][s] += int32(delta)
+	jump := shardJumpElement(f, s)
+	switch n := t.shardBlocks[f][s]; {
+	case n == 1 && delta > 0:
+		name := shardMapName(f, s)
+		t.sets.Set(name, &namedSet{Name: name, Family: f, ShardMap: true})
+		c := shardChain(f, s, t.opts)
+		t.chains.Set(c.Name, c)
+		t.elements.Set(jump.ID(), jump)
+	case n == 0:
+		t.sets.Delete(shardMapName(f, s))
+		t.chains.Delete(shardChainName(f, s))
+		t.elements.Delete(jump.ID())
 	}
 }
 
@@ -592,7 +667,7 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	t.elements.Each(func(_ string, e mapElement) { rs.Elements = append(rs.Elements, e) })
 	sortElements(rs.Elements)
 	t.blocks.Each(func(_ string, bl *block) { rs.Blocks = append(rs.Blocks, bl) })
-	slices.SortFunc(rs.Blocks, func(a, b *block) int { return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Slot, b.Slot)) })
+	slices.SortFunc(rs.Blocks, compareBlocks)
 	rs.Hairpin = t.hairpin.sorted()
 	rs.ClusterIPs = t.clusterIPs.sorted()
 	rs.ServiceCIDRs = t.cidrs

@@ -2,32 +2,44 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"sigs.k8s.io/kpng/diffstore"
 	"sigs.k8s.io/kpng/model"
 )
 
+// nodePortSvc returns a NodePort service of one TCP port, 80 → 8080 on
+// node port np: not plain, so served by service chains.
+func nodePortSvc(ns, name, clusterIP string, np int32) *model.Service {
+	s := svc(ns, name, ipset(clusterIP), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: np})
+	s.Type = "NodePort"
+	return s
+}
+
 // TestTrackerDeltaIsProportionalToTheChange checks, without the kernel,
-// that one endpoint added to one of 100 services changes only elements
-// (the block's intervals, the hairpin set), and that deleting the service
-// removes exactly its objects.
+// that one endpoint added to one of 100 plain services (all in one shard)
+// changes only elements (the block's intervals, the hairpin set), and
+// that deleting the service removes exactly its objects: no chain, no
+// set, no jump element while the shard holds others.
 func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	tr := newTracker(Options{})
 	var items []*model.ServiceEndpoints
 	for i := range 100 {
+		// 10.96.0.1, 10.96.4.1, …: the same last 10 bits, shard 1.
 		se := &model.ServiceEndpoints{
-			Service:   svc("ns", fmt.Sprintf("s%03d", i), ipset(fmt.Sprintf("10.96.%d.%d", i/200, 1+i%200)), tcp(80, 8080)),
+			Service:   svc("ns", fmt.Sprintf("s%03d", i), ipset(fmt.Sprintf("10.%d.%d.1", 96+i/64, i%64*4)), tcp(80, 8080)),
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", false)},
 		}
 		items = append(items, se)
 		tr.Update(se.Service.Key(), se)
 	}
-	if d := tr.Done(); len(d.Chains.Created) != 100 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != (100+blocksPerMap-1)/blocksPerMap {
-		t.Fatalf("first round: %d chains, %d elements, %d endpoint intervals, %d hairpin addresses, %d sets created; want 100, 100, 100, 1, and the endpoint maps of 100 blocks",
+	if d := tr.Done(); len(d.Chains.Created) != 1 || len(d.Elements.Created) != 101 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 1 {
+		t.Fatalf("first round: %d chains, %d elements, %d endpoint intervals, %d hairpin addresses, %d sets created; want 1 (the shard's), 101 (100 keys and the shard's jump), 100, 1, 1 (the shard's map)",
 			len(d.Chains.Created), len(d.Elements.Created), len(d.Endpoints.Created), len(d.Hairpin.Created), len(d.Sets.Created))
 	}
 	se := items[42]
@@ -43,13 +55,112 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	}
 	tr.Update(se.Service.Key(), nil)
 	d = tr.Done()
-	if len(d.Chains.Deleted) != 1 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 1 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 6 {
-		t.Errorf("service deleted: %d chains, %d intervals, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 1, 2, 1, 1, 1, 6",
-			len(d.Chains.Deleted), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), len(d.ClusterIPs.Deleted), d.Len())
+	if d.Chains.Len() != 0 || d.Sets.Len() != 0 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 1 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 5 {
+		t.Errorf("service deleted: %d chains, %d sets changed, %d intervals, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 0, 0, 2, 1, 1, 1, 5",
+			d.Chains.Len(), d.Sets.Len(), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), len(d.ClusterIPs.Deleted), d.Len())
 	}
-	if rs := tr.Ruleset("t"); len(rs.Chains) != 99 || len(rs.Elements) != 99 || len(rs.endpoints()) != 99 || len(rs.Hairpin) != 1 {
-		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses", len(rs.Chains), len(rs.Elements), len(rs.endpoints()), len(rs.Hairpin))
+	if rs := tr.Ruleset("t"); len(rs.Chains) != 1 || len(rs.Elements) != 100 || len(rs.endpoints()) != 99 || len(rs.Hairpin) != 1 {
+		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses; want 1, 100 (99 keys, 1 jump), 99, 1", len(rs.Chains), len(rs.Elements), len(rs.endpoints()), len(rs.Hairpin))
 	}
+}
+
+// TestTrackerShards checks the life of a shard and of the services in it:
+// the first plain service port of a shard brings its chain, map and jump
+// element, the next only its elements; the last one gone takes them away;
+// a service port that stops being plain (a node port, more than
+// maxShardEndpoints endpoints, session affinity) leaves the shard for a
+// chain of its own, and comes back.
+func TestTrackerShards(t *testing.T) {
+	tr := newTracker(Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}})
+	eps := []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)}
+	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.7"), tcp(80, 8080)), Endpoints: eps}
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.4.7"), udp(53, 53)), Endpoints: eps}
+	tr.Update(a.Service.Key(), a)
+	d := tr.Done()
+	if len(d.Chains.Created) != 1 || d.Chains.Created[0].Key != "shard4-7" || len(d.Sets.Created) != 1 || d.Sets.Created[0].Key != "shard-endpoints-v4-7" ||
+		len(d.Elements.Created) != 2 || len(d.Endpoints.Created) != 2 {
+		t.Fatalf("first service of shard 7: chains %v, sets %v, %d elements, %d intervals; want shard4-7, shard-endpoints-v4-7, 2 (a's key, the jump), 2",
+			keysOf(d.Chains.Created), keysOf(d.Sets.Created), len(d.Elements.Created), len(d.Endpoints.Created))
+	}
+	chain := d.Chains.Created[0].Value
+	if got, want := chain.Rules[0].String(), "ip saddr != 10.0.0.0/16 jump mark-for-masquerade"; got != want {
+		t.Errorf("shard chain's first rule %q, want %q", got, want)
+	}
+	for _, e := range tr.Ruleset("t").Elements {
+		if e.Map == mapShards(ipv4) && (e.Key.String() != "0.0.0.7" || e.Verdict.Goto != "shard4-7") {
+			t.Errorf("jump element %s : %s, want 0.0.0.7 : goto shard4-7", e.Key, e.Verdict)
+		}
+	}
+	tr.Update(b.Service.Key(), b)
+	if d := tr.Done(); d.Chains.Len() != 0 || d.Sets.Len() != 0 || len(d.Elements.Created) != 1 || len(d.Endpoints.Created) != 2 {
+		t.Errorf("second service of shard 7: %d chains, %d sets, %d elements, %d intervals changed; want 0, 0, 1 (b's key), 2", d.Chains.Len(), d.Sets.Len(), len(d.Elements.Created), len(d.Endpoints.Created))
+	}
+	// a gets a node port: a chain of its own, its intervals go from the
+	// shard's map to an endpoint map; the shard keeps b.
+	np := svc("ns", "a", ipset("10.96.0.7"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30080})
+	np.Type = "NodePort"
+	tr.Update(a.Service.Key(), &model.ServiceEndpoints{Service: np, Endpoints: eps})
+	d = tr.Done()
+	var moved bool
+	for _, it := range d.Elements.Updated {
+		moved = moved || (it.Prev.Verdict.Shard && strings.HasPrefix(it.Value.Verdict.Goto, "svc4-"))
+	}
+	if !moved || len(d.Endpoints.Deleted)+len(d.Endpoints.Updated) != 2 || len(d.Endpoints.Created)+len(d.Endpoints.Updated) != 2 || slices.Contains(keysOf(d.Chains.Deleted), "shard4-7") {
+		t.Errorf("a with a node port: elements %+v, intervals %d created, %d updated, %d deleted, chains deleted %v; want a's key to go to its chain, its 2 intervals moved, shard4-7 kept",
+			d.Elements, len(d.Endpoints.Created), len(d.Endpoints.Updated), len(d.Endpoints.Deleted), keysOf(d.Chains.Deleted))
+	}
+	for _, e := range tr.Ruleset("t").endpoints() {
+		if e.Shard.Addr.IsValid() != (e.Shard.Port == 53) {
+			t.Errorf("interval %+v: only b's are in the shard map", e)
+		}
+	}
+	// b gets more endpoints than a shard takes: the shard empties.
+	var many []*model.Endpoint
+	for i := range maxShardEndpoints + 1 {
+		many = append(many, ep(fmt.Sprintf("10.2.%d.%d", i/200, 1+i%200), false))
+	}
+	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: b.Service, Endpoints: many})
+	d = tr.Done()
+	if !slices.Contains(keysOf(d.Chains.Deleted), "shard4-7") || !slices.Contains(keysOf(d.Sets.Deleted), "shard-endpoints-v4-7") {
+		t.Errorf("shard 7 empty: chains deleted %v, sets deleted %v; want its chain and map gone", keysOf(d.Chains.Deleted), keysOf(d.Sets.Deleted))
+	}
+	for _, e := range tr.Ruleset("t").Elements {
+		if e.Map == mapShards(ipv4) || e.Verdict.Shard {
+			t.Errorf("element %s in %s left with the shard empty", e.Key, e.Map)
+		}
+	}
+	// Back to two endpoints, with session affinity: still a chain.
+	sticky := svc("ns", "b", ipset("10.96.4.7"), udp(53, 53))
+	sticky.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 60}
+	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: sticky, Endpoints: eps})
+	if d := tr.Done(); d.Sets.Len() == 0 || slices.Contains(keysOf(d.Chains.Created), "shard4-7") {
+		t.Errorf("b with affinity: chains created %v; want no shard", keysOf(d.Chains.Created))
+	}
+	tr.Update(b.Service.Key(), b)
+	if d := tr.Done(); !slices.Contains(keysOf(d.Chains.Created), "shard4-7") {
+		t.Errorf("b plain again: chains created %v; want shard4-7 back", keysOf(d.Chains.Created))
+	}
+}
+
+// keysOf returns the keys of items.
+func keysOf[V any](items []diffstore.Item[string, V]) []string {
+	var out []string
+	for _, it := range items {
+		out = append(out, it.Key)
+	}
+	return out
+}
+
+// serviceElements returns the elements of its that belong to a service
+// (not the shards maps' jumps), as created or updated.
+func serviceElements(its []diffstore.Item[string, mapElement]) []mapElement {
+	var out []mapElement
+	for _, it := range its {
+		if it.Value.Map != mapShards(it.Value.Family) {
+			out = append(out, it.Value)
+		}
+	}
+	return out
 }
 
 // TestTrackerConflictOwnership checks that the first service to claim an
@@ -71,18 +182,45 @@ func TestTrackerConflictOwnership(t *testing.T) {
 		t.Errorf("a still owns the key, want a conflict for b: %v", problems)
 	}
 	d := tr.Done()
-	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Map != mapNoEndpoints(ipv4) || len(d.Elements.Deleted) != 1 {
+	if c := serviceElements(d.Elements.Created); len(c) != 1 || c[0].Map != mapNoEndpoints(ipv4) || len(serviceElements(d.Elements.Deleted)) != 1 {
 		t.Errorf("moving to the no-endpoint map: %+v", d.Elements)
 	}
-	// a goes: b did not change, and gets the key in the same round.
+	if len(d.Blocks.Created) != 0 {
+		t.Errorf("b has a block while a owns the key: %+v", d.Blocks.Created)
+	}
+	// a goes: b did not change, and gets the key in the same round, with
+	// its block in the shard map.
 	tr.Update(a.Service.Key(), nil)
 	d = tr.Done()
-	if len(d.Elements.Created) != 1 || d.Elements.Created[0].Value.Service != b.Service.Key() {
-		t.Errorf("a let the key go: elements created %+v, want b's", d.Elements.Created)
+	if c := serviceElements(d.Elements.Created); len(c) != 1 || c[0].Service != b.Service.Key() || len(d.Blocks.Created) != 1 || d.Blocks.Created[0].Value.Service != b.Service.Key() {
+		t.Errorf("a let the key go: elements created %+v, blocks %+v, want b's", d.Elements.Created, d.Blocks.Created)
 	}
 	rs := tr.Ruleset("t")
-	if len(rs.Elements) != 1 || rs.Elements[0].Service != b.Service.Key() {
-		t.Errorf("elements %+v, want b's only", rs.Elements)
+	if els := rs.Elements; len(els) != 2 || els[0].Service != b.Service.Key() || els[1].Map != mapShards(ipv4) {
+		t.Errorf("elements %+v, want b's and its shard's jump only", rs.Elements)
+	}
+}
+
+// TestTrackerConflictTakesTheShardBlock checks that a service taking a key
+// from one after it in key order (which had it first) takes its place in
+// the shard map: the other's block goes with its key, in the same round.
+func TestTrackerConflictTakesTheShardBlock(t *testing.T) {
+	tr := newTracker(Options{})
+	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.1"), tcp(80, 81)), Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
+	tr.Update(b.Service.Key(), b)
+	tr.Done()
+	if problems := tr.Update(a.Service.Key(), a); len(problems) != 1 || !strings.Contains(problems[0].Error(), "taken by service ns/a") {
+		t.Errorf("conflict problems: %v", problems)
+	}
+	d := tr.Done()
+	if len(d.Blocks.Deleted) != 1 || d.Blocks.Deleted[0].Prev.Service != b.Service.Key() || len(d.Blocks.Created) != 1 || d.Blocks.Created[0].Value.Service != a.Service.Key() {
+		t.Errorf("blocks deleted %+v, created %+v; want b's gone, a's come", d.Blocks.Deleted, d.Blocks.Created)
+	}
+	for _, e := range tr.Ruleset("t").endpoints() {
+		if e.Target.Addr() != netip.MustParseAddr("10.1.0.2") {
+			t.Errorf("interval %+v: want a's endpoint only", e)
+		}
 	}
 }
 
@@ -166,8 +304,9 @@ func TestNamesReadBackByNft(t *testing.T) {
 func TestTrackerSlotTakenOver(t *testing.T) {
 	tr := newTracker(Options{})
 	eps := []*model.Endpoint{ep("10.1.0.2", false)}
-	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.1"), tcp(80, 8080)), Endpoints: eps}
-	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.2"), tcp(80, 8080)), Endpoints: eps}
+	// Node ports: service chains, their blocks in the endpoint maps.
+	a := &model.ServiceEndpoints{Service: nodePortSvc("ns", "a", "10.96.0.1", 30001), Endpoints: eps}
+	b := &model.ServiceEndpoints{Service: nodePortSvc("ns", "b", "10.96.0.2", 30002), Endpoints: eps}
 	tr.Update(a.Service.Key(), a)
 	tr.Done()
 	// In key order, as a round is delivered: a's slot is free when b
@@ -250,8 +389,10 @@ func TestNameSafe(t *testing.T) {
 // releases its slot once: another service keeps its own slot and map.
 func TestTrackerDuplicatePort(t *testing.T) {
 	tr := newTracker(Options{})
-	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.0.2"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
-	dupPorts := svc("ns", "a", ipset("10.96.0.1"), tcp(80, 8080), tcp(80, 8080))
+	// Node ports: service chains, their blocks in the endpoint maps.
+	b := &model.ServiceEndpoints{Service: nodePortSvc("ns", "b", "10.96.0.2", 30002), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	dupPorts := nodePortSvc("ns", "a", "10.96.0.1", 30001)
+	dupPorts.Ports = append(dupPorts.Ports, &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30003})
 	dupPorts.Ports[1].Name = "again"
 	a := &model.ServiceEndpoints{Service: dupPorts, Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}}
 	tr.Update(b.Service.Key(), b)
@@ -264,7 +405,7 @@ func TestTrackerDuplicatePort(t *testing.T) {
 	if d := tr.Done(); len(d.Sets.Deleted) != 0 || len(d.Endpoints.Deleted) != 1 {
 		t.Errorf("a deleted: %d sets, %d intervals deleted; want 0, 1", len(d.Sets.Deleted), len(d.Endpoints.Deleted))
 	}
-	c := &model.ServiceEndpoints{Service: svc("ns", "c", ipset("10.96.0.3"), tcp(80, 80)), Endpoints: []*model.Endpoint{ep("10.1.0.4", false)}}
+	c := &model.ServiceEndpoints{Service: nodePortSvc("ns", "c", "10.96.0.3", 30004), Endpoints: []*model.Endpoint{ep("10.1.0.4", false)}}
 	tr.Update(c.Service.Key(), c)
 	tr.Done()
 	slots := map[uint32]string{}
@@ -324,4 +465,19 @@ func TestTrackerProblems(t *testing.T) {
 	tr.Update(c.Service.Key(), nil)
 	tr.Done()
 	check("c gone")
+}
+
+// TestTrackerEndpointChangeKeepsChains checks that an endpoint added to a
+// service with chains (a node port) changes elements only: its chains,
+// whose DNAT rule names the block's slot, are stored once the block is
+// placed, and compare equal to themselves.
+func TestTrackerEndpointChangeKeepsChains(t *testing.T) {
+	tr := newTracker(Options{})
+	s := nodePortSvc("ns", "a", "10.96.0.1", 30001)
+	tr.Update(s.Key(), &model.ServiceEndpoints{Service: s, Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}})
+	tr.Done()
+	tr.Update(s.Key(), &model.ServiceEndpoints{Service: s, Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)}})
+	if d := tr.Done(); d.Chains.Len() != 0 || d.Endpoints.Len() != 2 {
+		t.Errorf("endpoint added: chains changed %v %v, %d intervals changed; want none, 2 (the first endpoint's shrunk, the second's)", keysOf(d.Chains.Updated), keysOf(d.Chains.Created), d.Endpoints.Len())
+	}
 }

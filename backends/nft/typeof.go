@@ -48,6 +48,9 @@ const (
 	udataNumgenMod    userdata.Type = 1 // NFTNL_UDATA_NUMGEN_MOD
 	udataNumgenOffset userdata.Type = 2 // NFTNL_UDATA_NUMGEN_OFFSET
 
+	// A meta expression's data: its key.
+	udataMetaKey userdata.Type = 0 // NFTNL_UDATA_META_KEY
+
 	// A payload expression's data: its protocol and field.
 	udataPayloadDesc userdata.Type = 0 // NFTNL_UDATA_SET_KEY_PAYLOAD_DESC
 	udataPayloadType userdata.Type = 1 // NFTNL_UDATA_SET_KEY_PAYLOAD_TYPE
@@ -57,6 +60,7 @@ const (
 const (
 	exprVerdict = 1
 	exprPayload = 7
+	exprMeta    = 9
 	exprConcat  = 13
 	exprNumgen  = 23
 )
@@ -80,6 +84,9 @@ const (
 	byteorderHost    = 1
 )
 
+// metaL4proto is NFT_META_L4PROTO.
+const metaL4proto = 16
+
 // numgenRandom is NFT_NG_RANDOM.
 const numgenRandom = 1
 
@@ -96,6 +103,27 @@ func endpointMapUserData(f ipFamily) []byte {
 	}
 	data := concatUserData(payloadUserData(desc, field), payloadUserData(protoDescTH, thHdrDport))
 	return setUserData(numgenUserData(blockRange), typeofUserData(exprConcat, data))
+}
+
+// shardMapUserData is the user data of a shard map of family f: `typeof
+// ip daddr . meta l4proto . th dport . numgen random mod 4096 : ip daddr .
+// th dport`.
+func shardMapUserData(f ipFamily) []byte {
+	desc, field := uint32(protoDescIP), uint32(ipHdrDaddr)
+	if f == ipv6 {
+		desc, field = protoDescIP6, ip6HdrDaddr
+	}
+	key := concatOf(
+		subExpr{exprPayload, payloadUserData(desc, field)},
+		subExpr{exprMeta, appendU32(nil, udataMetaKey, metaL4proto)},
+		subExpr{exprPayload, payloadUserData(protoDescTH, thHdrDport)},
+		subExpr{exprNumgen, numgenData(shardRange)})
+	data := concatUserData(payloadUserData(desc, field), payloadUserData(protoDescTH, thHdrDport))
+	b := appendU32(nil, udataSetKeyByteorder, byteorderInvalid)
+	b = appendU32(b, udataSetDataByteorder, byteorderInvalid)
+	b = userdata.Append(b, udataSetKeyTypeof, typeofUserData(exprConcat, key))
+	b = userdata.Append(b, udataSetDataTypeof, typeofUserData(exprConcat, data))
+	return appendU32(b, udataSetDataInterval, 0)
 }
 
 // balanceMapUserData is the user data of a balance map of n targets:
@@ -116,10 +144,14 @@ func setUserData(key, data []byte) []byte {
 
 // numgenUserData describes `numgen random mod mod` as a typeof key.
 func numgenUserData(mod uint32) []byte {
+	return typeofUserData(exprNumgen, numgenData(mod))
+}
+
+// numgenData is the data of the expression `numgen random mod mod`.
+func numgenData(mod uint32) []byte {
 	d := appendU32(nil, udataNumgenType, numgenRandom)
 	d = appendU32(d, udataNumgenMod, mod)
-	d = appendU32(d, udataNumgenOffset, 0)
-	return typeofUserData(exprNumgen, d)
+	return appendU32(d, udataNumgenOffset, 0)
 }
 
 // typeofUserData describes an expression of kind kind with its data.
@@ -136,9 +168,24 @@ func payloadUserData(desc, field uint32) []byte {
 // concatUserData is the data of a concatenation of payload expressions
 // (their data given).
 func concatUserData(payloads ...[]byte) []byte {
-	var b []byte
+	subs := make([]subExpr, len(payloads))
 	for i, p := range payloads {
-		sub := userdata.Append(appendU32(nil, udataConcatSubType, exprPayload), udataConcatSubData, p)
+		subs[i] = subExpr{exprPayload, p}
+	}
+	return concatOf(subs...)
+}
+
+// subExpr is an expression of a concatenation: its kind and data.
+type subExpr struct {
+	kind uint32
+	data []byte
+}
+
+// concatOf is the data of a concatenation of the expressions subs.
+func concatOf(subs ...subExpr) []byte {
+	var b []byte
+	for i, s := range subs {
+		sub := userdata.Append(appendU32(nil, udataConcatSubType, s.kind), udataConcatSubData, s.data)
 		b = userdata.Append(b, userdata.Type(i), sub)
 	}
 	return b
