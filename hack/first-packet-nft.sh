@@ -22,11 +22,21 @@
 #
 #   hack/first-packet-nft.sh [SERVICES...]     (default: 100 10000)
 #
-# The candidate layouts of hack/nft-layout-cost.sh (LAYOUTS, default
-# "sharded pool"; "shared" takes minutes to load at 10,000:
-# kpng-firstpacket variant --layout) run in the same interleaving.
+# BEFORE=COMMIT adds kpng's table as that commit writes it (built from a
+# worktree of it), so that a change of the layout is measured against
+# the one before it in the same interleaving (BEFORE=a12c194: the
+# per-service chains before the shard maps).
 #
-# PROBES (default 1000), FROM (pod or node), VARIANTS (default: all below),
+# VARIANTS and LAYOUTS rewrite the per-service chains of kpng's table:
+# since the shard maps (0d1ab17), plain services have none, so they apply
+# to the BEFORE table (and need BEFORE). The variants are listed below;
+# the candidate layouts of hack/nft-layout-cost.sh ("sharded pool";
+# "shared" takes minutes to load at 10,000: kpng-firstpacket variant
+# --layout) run in the same interleaving.
+#
+# PROBES (default 1000), FROM (pod or node), VARIANTS (default: none; all:
+# "pick-map pick-vmap no-nodeport-fib no-filter filter-every no-hairpin
+# no-masq-jump no-v6 pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6"),
 # EPCHAINS=no leaves out the kube-proxy table with endpoint chains,
 # KEEP=DIR keeps the rulesets in DIR. The rulesets are loaded before the
 # lock is taken; only the probes run under it.
@@ -37,8 +47,13 @@ source hack/lib/kpng-nft-listing.sh
 endpoints=${ENDPOINTS:-10}
 probes=${PROBES:-1000}
 from=${FROM:-pod}
-variants=${VARIANTS:-"pick-map pick-vmap no-nodeport-fib no-filter filter-every no-hairpin no-masq-jump no-v6 pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6"}
-layouts=${LAYOUTS:-"sharded pool"}
+variants=${VARIANTS:-}
+layouts=${LAYOUTS:-}
+before=${BEFORE:-}
+if [ -z "${before}" ] && [ -n "${variants}${layouts}" ]; then
+  echo "first-packet-nft: VARIANTS and LAYOUTS rewrite the per-service chains of the BEFORE table: set BEFORE (a12c194)" >&2
+  exit 2
+fi
 work="${KEEP:-$(mktemp -d)}"
 mkdir -p "${work}"
 ns="kpngfp-gen-$$"
@@ -55,6 +70,11 @@ done
 go build -o "${work}/kpng" ./cmd/kpng
 go build -o "${work}/kpng-genstate" ./hack/cmd/kpng-genstate
 go build -o "${work}/kpng-firstpacket" ./hack/cmd/kpng-firstpacket
+if [ -n "${before}" ]; then
+  git worktree add --detach "${work}/before-src" "${before}" >/dev/null 2>&1
+  (cd "${work}/before-src" && go build -o "${work}/kpng-before" ./cmd/kpng)
+  git worktree remove --force "${work}/before-src"
+fi
 echo "machine: $(nproc) cores, kernel $(uname -r), $(nft --version), load $(cut -d' ' -f1-3 /proc/loadavg); ${probes} probes from the ${from}" >&2
 
 sizes=("$@")
@@ -66,18 +86,26 @@ for n in "${sizes[@]}"; do
   kpng_nft_listing "${work}/kpng" "${dir}/state.json" "${ns}" "${dir}"
   "${work}/kpng-firstpacket" kube-proxy --services="${n}" --endpoints="${endpoints}" >"${dir}/kube-proxy.nft"
   args=("kube-proxy=${dir}/kube-proxy.nft" "kpng=${dir}/kpng.nft")
+  # The variants and layouts rewrite the table before the shard maps.
+  base="${dir}/kpng.nft"
+  if [ -n "${before}" ]; then
+    mkdir -p "${dir}/before"
+    kpng_nft_listing "${work}/kpng-before" "${dir}/state.json" "${ns}" "${dir}/before"
+    base="${dir}/before/kpng.nft"
+    args+=("kpng@${before}=${base}")
+  fi
   if [ "${EPCHAINS:-yes}" = yes ]; then
     "${work}/kpng-firstpacket" kube-proxy --services="${n}" --endpoints="${endpoints}" --endpoint-chains >"${dir}/kube-proxy-epchains.nft"
     args+=("kube-proxy-epchains=${dir}/kube-proxy-epchains.nft")
   fi
   for v in ${variants}; do
-    name="kpng+${v//,/+}"
-    [ "${v}" = "pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6" ] && name="kpng+all"
-    "${work}/kpng-firstpacket" variant --in="${dir}/kpng.nft" --endpoints="${endpoints}" --change="${v}" >"${dir}/${v}.nft"
+    name="kpng@${before}+${v//,/+}"
+    [ "${v}" = "pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6" ] && name="kpng@${before}+all"
+    "${work}/kpng-firstpacket" variant --in="${base}" --endpoints="${endpoints}" --change="${v}" >"${dir}/${v}.nft"
     args+=("${name}=${dir}/${v}.nft")
   done
   for l in ${layouts}; do
-    "${work}/kpng-firstpacket" variant --in="${dir}/kpng.nft" --endpoints="${endpoints}" --layout="${l}" >"${dir}/layout-${l}.nft"
+    "${work}/kpng-firstpacket" variant --in="${base}" --endpoints="${endpoints}" --layout="${l}" >"${dir}/layout-${l}.nft"
     args+=("layout-${l}=${dir}/layout-${l}.nft")
   done
   echo "${n} services × ${endpoints} endpoints:"
