@@ -15,8 +15,9 @@
 # in a fresh namespace. Then, in kpng's table, which rule added to a chain
 # nothing reaches makes the kernel validate the whole table at commit (a
 # rule with an expression that has a validate operation), by expression.
-# Needs root (network namespaces), nft, strace and flock; the changes are
-# timed under /tmp/kpng-bench.lock.
+# Needs root (network namespaces), nft, strace, flock and git (kpng is
+# built from BEFORE, below); the changes are timed under
+# /tmp/kpng-bench.lock.
 #
 #   hack/nft-layout-cost.sh [SERVICES]      (default 50000)
 #
@@ -46,7 +47,15 @@ trap cleanup EXIT
 for tool in nft strace flock bc; do
   command -v "${tool}" >/dev/null || { echo "nft-layout-cost: needs ${tool}" >&2; exit 1; }
 done
-go build -o "${work}/kpng" ./cmd/kpng
+# The layouts rewrite kpng's per-service chains, which plain services
+# have had none of since the shard maps (0d1ab17): kpng is built as
+# BEFORE (default a12c194, the last commit before them) writes its table.
+# The shard maps' own costs are BenchmarkServiceAddDelete's and
+# BenchmarkEndpointChange's (backends/nft).
+before=${BEFORE:-a12c194}
+git worktree add --detach "${work}/before-src" "${before}" >/dev/null 2>&1
+(cd "${work}/before-src" && go build -o "${work}/kpng" ./cmd/kpng)
+git worktree remove --force "${work}/before-src"
 go build -o "${work}/kpng-genstate" ./hack/cmd/kpng-genstate
 go build -o "${work}/kpng-firstpacket" ./hack/cmd/kpng-firstpacket
 echo "machine: $(nproc) cores, kernel $(uname -r), $(nft --version), load $(cut -d' ' -f1-3 /proc/loadavg); ${n} services × ${endpoints} endpoints, ${repeats} changes each" >&2
