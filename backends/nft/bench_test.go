@@ -83,20 +83,28 @@ type benchSink struct {
 	conn func(...nftables.ConnOption) (*nftables.Conn, error)
 	name string
 	last *SyncResult
+	// stop ends the sink's context: its monitor, which would otherwise
+	// rewrite the table the next sink of the same name programs.
+	stop context.CancelFunc
 }
 
 // newBenchSink returns a sink programming table kpng-<name> in ns; the
 // table is removed when tb ends.
 func newBenchSink(tb testing.TB, ns *netns.NS, conn func(...nftables.ConnOption) (*nftables.Conn, error), name string) *benchSink {
 	tb.Helper()
-	bs := &benchSink{tb: tb, conn: conn, name: name}
-	s, err := New(context.Background(), Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { bs.last = &r }})
+	ctx, stop := context.WithCancel(context.Background())
+	bs := &benchSink{tb: tb, conn: conn, name: name, stop: stop}
+	s, err := New(ctx, Config{ServiceProxyName: name, Conn: conn, AfterSync: func(r SyncResult) { bs.last = &r }})
 	if err != nil {
+		stop()
 		tb.Fatal(err)
 	}
 	bs.sink = s
 	bs.edits = edits{state: map[model.ServiceKey]*model.ServiceEndpoints{}, apply: s.Update}
-	tb.Cleanup(func() { bs.cleanup() })
+	tb.Cleanup(func() {
+		stop()
+		bs.cleanup()
+	})
 	return bs
 }
 
@@ -241,12 +249,20 @@ func BenchmarkColdStart(b *testing.B) {
 			conn := connIn(b, node)
 			var syncMs, msgs, cpuMs []float64
 			var heap uint64
+			var prev *benchSink
 			for b.Loop() {
 				b.StopTimer()
+				if prev != nil {
+					// The previous sink's monitor would see its
+					// table replaced and write it back, in the
+					// middle of the timed sync.
+					prev.stop()
+				}
 				before := liveHeap()
 				cpu := processCPU(b)
 				b.StartTimer()
 				s := newBenchSink(b, node, conn, "cold")
+				prev = s
 				s.Reset()
 				feed(s, 0, n)
 				r := s.sync()

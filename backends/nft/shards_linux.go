@@ -20,16 +20,11 @@ func shardMapKey(f ipFamily) nftables.SetDatatype {
 
 // shardMapRef returns the set object of a shard map of family f: an
 // interval map with a concatenated key (the kernel's pipapo set).
+// (an endpoint map's, with the key a concatenation).
 func shardMapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
-	return &nftables.Set{
-		Table:         t,
-		Name:          name,
-		IsMap:         true,
-		Interval:      true,
-		Concatenation: true,
-		KeyType:       shardMapKey(f),
-		DataType:      nftables.MustConcatSetType(addrType(f), nftables.TypeInetService),
-	}
+	m := endpointMapRef(t, f, name)
+	m.Concatenation, m.KeyType = true, shardMapKey(f)
+	return m
 }
 
 // intervalMapRef returns the set object of the endpoint or shard map name
