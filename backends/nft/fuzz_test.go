@@ -174,8 +174,8 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 	for _, e := range rs.Elements {
 		if e.Map == mapShards(e.Family) {
 			s := shardOf(e.Key.Addr)
-			if e.Key.Addr != shardKey(e.Family, s) || e.Verdict.Goto != shardChainName(e.Family, s) {
-				return fmt.Errorf("element %s: %s, want goto %s", e.ID(), e.Verdict, shardChainName(e.Family, s))
+			if e.Key.Addr != shardKey(e.Family, s) || e.Verdict.Goto != shardChainName(e.Family, s) || !e.Verdict.Jump {
+				return fmt.Errorf("element %s: %s, want jump %s", e.ID(), e.Verdict, shardChainName(e.Family, s))
 			}
 			shardJumps[shardMapName(e.Family, s)] = true
 		}

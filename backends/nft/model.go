@@ -55,8 +55,11 @@ func (k mapKey) String() string {
 
 // verdict is the value of a map element: goto a chain, or drop.
 type verdict struct {
-	// Goto is the chain to go to; empty means drop.
+	// Goto is the chain to go to; empty means drop. With Jump, the chain
+	// is jumped to (the shards maps': a packet its shard does not DNAT
+	// comes back to the services chain, as one no map element took).
 	Goto string
+	Jump bool
 	// Shard says that the service port is served through the shard maps
 	// (shards.go): its element in the services map only holds the key
 	// for its service (the tracker's ownership of keys) and is not
@@ -70,8 +73,11 @@ func (v verdict) String() string {
 	if v.Shard {
 		return "shard " + v.Block
 	}
-	if v.Goto == "" {
+	switch {
+	case v.Goto == "":
 		return "drop"
+	case v.Jump:
+		return "jump " + v.Goto
 	}
 	return "goto " + v.Goto
 }

@@ -184,8 +184,11 @@ func keyBytes(k mapKey) ([]byte, error) {
 
 // verdictExpr returns the verdict of a map element.
 func verdictExpr(v verdict) *expr.Verdict {
-	if v.Goto == "" {
+	switch {
+	case v.Goto == "":
 		return &expr.Verdict{Kind: expr.VerdictDrop}
+	case v.Jump:
+		return &expr.Verdict{Kind: expr.VerdictJump, Chain: v.Goto}
 	}
 	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Goto}
 }

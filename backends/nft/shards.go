@@ -116,9 +116,11 @@ func shardKey(f ipFamily, s uint32) netip.Addr {
 func shardMaskAddr(f ipFamily) netip.Addr { return shardKey(f, shardMask) }
 
 // shardJumpElement is the element of the shards map of family f sending
-// shard s to its chain.
+// shard s to its chain: a jump, so that a packet the shard does not DNAT
+// (a port no service of the cluster IP defines) goes on to the node-port
+// lookups, as before the shards.
 func shardJumpElement(f ipFamily, s uint32) mapElement {
-	return mapElement{Map: mapShards(f), Family: f, Key: mapKey{Addr: shardKey(f, s)}, Verdict: verdict{Goto: shardChainName(f, s)}}
+	return mapElement{Map: mapShards(f), Family: f, Key: mapKey{Addr: shardKey(f, s)}, Verdict: verdict{Goto: shardChainName(f, s), Jump: true}}
 }
 
 // shardChain returns the chain of shard s of family f: the masquerading

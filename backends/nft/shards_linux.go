@@ -19,8 +19,8 @@ func shardMapKey(f ipFamily) nftables.SetDatatype {
 }
 
 // shardMapRef returns the set object of a shard map of family f: an
-// interval map with a concatenated key (the kernel's pipapo set).
-// (an endpoint map's, with the key a concatenation).
+// endpoint map's, with a concatenated key (an interval map with a
+// concatenated key: the kernel's pipapo set).
 func shardMapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
 	m := endpointMapRef(t, f, name)
 	m.Concatenation, m.KeyType = true, shardMapKey(f)
@@ -58,21 +58,19 @@ func shardMapElement(e endpointElement, comment string, del bool) (nftables.SetE
 	return el, nil
 }
 
-// exprs returns the expressions nft generates for the rule's text: the
-// protocol match, then the family's, and the lookup of daddr . l4proto .
-// dport . hton(numgen random mod shardRange) in the shard map, then the
-// DNAT to the address and port found.
+// exprs returns the expressions nft generates for the rule's text, in
+// its order: the family's match, the protocol's, and the lookup of daddr
+// . l4proto . dport . hton(numgen random mod shardRange) in the shard
+// map, then the DNAT to the address and port found.
 func (r shardDnatRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 	proto, ok := l4proto(r.Proto)
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
 	}
 	fi, nl := r.Family.info(), r.Family.nl()
-	exprs := []expr.Any{
+	return append(nfprotoExprs(r.Family),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
-	}
-	return append(append(exprs, nfprotoExprs(r.Family)...),
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: fi.daddr, Len: fi.addrLen},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: nl.regL4},
 		&expr.Byteorder{SourceRegister: nl.regL4, DestRegister: nl.regL4, Op: expr.ByteorderHton, Size: 2, Len: 1},

@@ -87,8 +87,8 @@ func TestTrackerShards(t *testing.T) {
 		t.Errorf("shard chain's first rule %q, want %q", got, want)
 	}
 	for _, e := range tr.Ruleset("t").Elements {
-		if e.Map == mapShards(ipv4) && (e.Key.String() != "0.0.0.7" || e.Verdict.Goto != "shard4-7") {
-			t.Errorf("jump element %s : %s, want 0.0.0.7 : goto shard4-7", e.Key, e.Verdict)
+		if e.Map == mapShards(ipv4) && (e.Key.String() != "0.0.0.7" || e.Verdict.Goto != "shard4-7" || !e.Verdict.Jump) {
+			t.Errorf("jump element %s : %s, want 0.0.0.7 : jump shard4-7", e.Key, e.Verdict)
 		}
 	}
 	tr.Update(b.Service.Key(), b)
