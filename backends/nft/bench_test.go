@@ -474,7 +474,7 @@ func BenchmarkServiceAddDelete(b *testing.B) {
 					b.Fatalf("add: %+v", r.Stats)
 				}
 				// Elements only, unless the service opens a shard (at
-				// 1,000 services, some of the 100 added do; past 1,024
+				// 1,000 services, some of the 100 added do; past about 30,000
 				// every shard is in use).
 				if r.Stats.ChainsAdded == 0 {
 					addMsgs = r.Stats.Messages

@@ -336,7 +336,7 @@ func TestKernelClusterIP(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-cip")
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
-		// A plain service: its shard (the cluster IP's last 10 bits)
+		// A plain service: its shard (the cluster IP's last 12 bits)
 		// and its endpoints in the shard's map.
 		"0.0.0.10 : jump shard4-10", "::10 : jump shard6-16",
 		"numgen random mod 4096 map @shard-endpoints-v4-10", "numgen random mod 4096 map @shard-endpoints-v6-16",

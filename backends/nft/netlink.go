@@ -198,7 +198,7 @@ func verdictExpr(v verdict) *expr.Verdict {
 // "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
 // prefix] meta l4proto . th dport vmap @m".
 //
-// For the shards map: "ip daddr @cluster-ips-v4 ip daddr & 0.0.3.255 vmap
+// For the shards map: "ip daddr @cluster-ips-v4 ip daddr & 0.0.15.255 vmap
 // @shards-v4" (clusterIPs: the family's cluster-ips set).
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftables.Set) []expr.Any {
 	fi := f.info()

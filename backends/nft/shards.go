@@ -18,7 +18,7 @@ import (
 // A plain service port (ClusterIP only, no session affinity, one cluster
 // IP in the family, 1 to maxShardEndpoints usable endpoints) has no chain
 // of its own: its endpoints are elements of one of shardCount maps of its
-// family, chosen by the last 10 bits of its cluster IP, keyed by
+// family, chosen by the last 12 bits of its cluster IP, keyed by
 // (cluster IP . protocol . port . draw), the draw being a random number in
 // [0, shardRange) of which each endpoint owns an interval:
 //
@@ -30,7 +30,7 @@ import (
 //
 // The services chain sends a packet to a cluster IP that no verdict map
 // element took to its shard's chain (`ip daddr @cluster-ips-v4 ip daddr &
-// 0.0.3.255 vmap @shards-v4`), whose rules ask for masquerading (as a
+// 0.0.15.255 vmap @shards-v4`), whose rules ask for masquerading (as a
 // service chain does) and DNAT through the shard's map:
 //
 //	chain shard4-17 {
@@ -40,19 +40,24 @@ import (
 //	}
 //
 // A shard's chain, map and jump element exist while the shard holds a
-// service port: at 50,000 services all 1,024 do, and adding a service is
+// service port: at 50,000 services nearly all 4,096 do, and adding a service is
 // adding its endpoints' elements (and its cluster IP, its hairpin pairs):
 // no walk. The first service of a shard creates them, which does walk the
 // table once. Other services keep a chain per service port (docs/backends/nft.md).
 
 // shardCount is the number of shards of a family: the cluster IP's last
-// 10 bits choose one. A shard map is a concatenation with a range, which
+// 12 bits choose one. A shard map is a concatenation with a range, which
 // the kernel keeps in its pipapo set type, whose insertions and commits
-// cost more the more the set holds: 1,024 maps of about 50 services each
-// at 50,000 services (a whole load of 500,000 endpoints: 3.4 s of kernel
-// time with the nft binary against 7.8 s with 10 times the draw's range;
-// an endpoint change 0.7–0.9 ms; hack/nft-layout-cost.sh).
-const shardCount = 1024
+// cost more the more the set holds, and whose deletions much more (each
+// one cuts a bit out of every bucket of every group of its lookup
+// tables): BenchmarkEndpointChange and BenchmarkServiceAddDelete at 50,000
+// services, in one sitting, with 1,024 shards of about 50 services: an
+// endpoint change 10.7 ms, a service deleted 21.8 ms; with 4,096 shards of
+// about 12: 3.5 and 3.5 ms, and the cold start no longer (23.8 against
+// 29.0 s on that slow day). Each shard in use costs a chain of 3 or 4
+// rules, a set and a jump element: a table of a few services has as many
+// shards as services.
+const shardCount = 4096
 
 // shardMask is the mask of the address bits that choose a shard.
 const shardMask = shardCount - 1
@@ -75,7 +80,7 @@ const maxShardEndpoints = 64
 // from the endpoint maps' blocks, whose slots place them in their maps.
 const shardSlotBase = 1 << 30
 
-// shardOf returns the shard of a cluster IP: its last 10 bits.
+// shardOf returns the shard of a cluster IP: its last 12 bits.
 func shardOf(a netip.Addr) uint32 {
 	b := a.As16()
 	return (uint32(b[14])<<8 | uint32(b[15])) & shardMask
@@ -112,7 +117,7 @@ func shardKey(f ipFamily, s uint32) netip.Addr {
 }
 
 // shardMaskAddr is the mask of the shard bits as an address of family f:
-// 0.0.3.255 or ::3ff.
+// 0.0.15.255 or ::fff.
 func shardMaskAddr(f ipFamily) netip.Addr { return shardKey(f, shardMask) }
 
 // shardJumpElement is the element of the shards map of family f sending

@@ -30,9 +30,9 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	tr := newTracker(Options{})
 	var items []*model.ServiceEndpoints
 	for i := range 100 {
-		// 10.96.0.1, 10.96.4.1, …: the same last 10 bits, shard 1.
+		// 10.96.0.1, 10.96.16.1, …: the same last 12 bits, shard 1.
 		se := &model.ServiceEndpoints{
-			Service:   svc("ns", fmt.Sprintf("s%03d", i), ipset(fmt.Sprintf("10.%d.%d.1", 96+i/64, i%64*4)), tcp(80, 8080)),
+			Service:   svc("ns", fmt.Sprintf("s%03d", i), ipset(fmt.Sprintf("10.%d.%d.1", 96+i/16, i%16*16)), tcp(80, 8080)),
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", false)},
 		}
 		items = append(items, se)
@@ -74,7 +74,7 @@ func TestTrackerShards(t *testing.T) {
 	tr := newTracker(Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}})
 	eps := []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)}
 	a := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.7"), tcp(80, 8080)), Endpoints: eps}
-	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.4.7"), udp(53, 53)), Endpoints: eps}
+	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.16.7"), udp(53, 53)), Endpoints: eps}
 	tr.Update(a.Service.Key(), a)
 	d := tr.Done()
 	if len(d.Chains.Created) != 1 || d.Chains.Created[0].Key != "shard4-7" || len(d.Sets.Created) != 1 || d.Sets.Created[0].Key != "shard-endpoints-v4-7" ||
@@ -130,7 +130,7 @@ func TestTrackerShards(t *testing.T) {
 		}
 	}
 	// Back to two endpoints, with session affinity: still a chain.
-	sticky := svc("ns", "b", ipset("10.96.4.7"), udp(53, 53))
+	sticky := svc("ns", "b", ipset("10.96.16.7"), udp(53, 53))
 	sticky.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 60}
 	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: sticky, Endpoints: eps})
 	if d := tr.Done(); d.Sets.Len() == 0 || slices.Contains(keysOf(d.Chains.Created), "shard4-7") {
