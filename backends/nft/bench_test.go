@@ -20,6 +20,7 @@ import (
 	"github.com/google/nftables"
 
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/nftlisting"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
 )
@@ -179,29 +180,7 @@ func kernelElements(tb testing.TB, ns *netns.NS, name string) int {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	n, keys, inMap := 0, map[string]bool{}, ""
-	for _, line := range strings.Split(out, "\n") {
-		if m, ok := strings.CutPrefix(line, "\tmap "); ok {
-			inMap = strings.TrimSuffix(m, " {")
-			continue
-		}
-		switch {
-		case inMap == mapServices(ipv4):
-			n += strings.Count(line, " : goto ")
-		case strings.HasPrefix(inMap, "shard-endpoints-v4-"):
-			line = strings.TrimSpace(line)
-			if strings.HasPrefix(line, "typeof ") {
-				continue
-			}
-			line = strings.TrimPrefix(line, "elements = { ")
-			for _, el := range strings.Split(line, ", ") {
-				if f := strings.SplitN(strings.TrimSpace(el), " . ", 4); len(f) == 4 && strings.Contains(f[3], " : ") {
-					keys[strings.Join(f[:3], " . ")] = true
-				}
-			}
-		}
-	}
-	return n + len(keys)
+	return nftlisting.ServicePortsV4(out)
 }
 
 // processCPU returns the CPU time the process used so far, user and

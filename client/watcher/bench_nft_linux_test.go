@@ -20,6 +20,7 @@ import (
 
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/nftlisting"
 )
 
 const (
@@ -81,14 +82,14 @@ type kpngBackend struct {
 }
 
 var (
-	// nftBackend's table's service map must hold every service.
+	// nftBackend's table must serve every service (with a chain or in a shard map).
 	nftBackend = kpngBackend{"to-nft", func(node *netns.NS, proxyName string) error {
-		out, _, err := node.Exec(nil, "nft", "list", "map", "inet", "kpng-"+proxyName, "service-ips-v4")
+		out, _, err := node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+proxyName)
 		if err != nil {
-			return fmt.Errorf("nft list map: %w", err)
+			return fmt.Errorf("nft list table: %w", err)
 		}
-		if n := strings.Count(out, " : goto "); n != realServices {
-			return fmt.Errorf("%d elements in the service map, want %d", n, realServices)
+		if n := nftlisting.ServicePortsV4(out); n != realServices {
+			return fmt.Errorf("%d service ports in the table, want %d", n, realServices)
 		}
 		return nil
 	}}

@@ -1,0 +1,36 @@
+// Package nftlisting reads what tests and benchmarks need from `nft list
+// table` of a kpng nft table (backends/nft): how many service ports it
+// serves, whatever the layout of each one.
+package nftlisting
+
+import "strings"
+
+// ServicePortsV4 returns the number of IPv4 service ports the listing of a
+// kpng table serves: the goto elements of the map service-ips-v4 (the
+// ports with a chain of their own) and the distinct keys (address .
+// protocol . port) of the shard maps of IPv4 (the plain ones).
+func ServicePortsV4(listing string) int {
+	n, keys, inMap := 0, map[string]bool{}, ""
+	for _, line := range strings.Split(listing, "\n") {
+		if m, ok := strings.CutPrefix(line, "\tmap "); ok {
+			inMap = strings.TrimSuffix(m, " {")
+			continue
+		}
+		switch {
+		case inMap == "service-ips-v4":
+			n += strings.Count(line, " : goto ")
+		case strings.HasPrefix(inMap, "shard-endpoints-v4-"):
+			line = strings.TrimSpace(line)
+			if strings.HasPrefix(line, "typeof ") {
+				continue
+			}
+			line = strings.TrimPrefix(line, "elements = { ")
+			for _, el := range strings.Split(line, ", ") {
+				if f := strings.SplitN(strings.TrimSpace(el), " . ", 4); len(f) == 4 && strings.Contains(f[3], " : ") {
+					keys[strings.Join(f[:3], " . ")] = true
+				}
+			}
+		}
+	}
+	return n + len(keys)
+}
