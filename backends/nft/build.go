@@ -84,7 +84,9 @@ func buildService(se *model.ServiceEndpoints, opts Options) (serviceObjects, []e
 					}
 				}
 			}
-			b.shard = shardKeyFor(svc, clusterIPs, externalIPs, lbIPs, hasNodePort, p, f)
+			if !opts.NoShardMaps {
+				b.shard = shardKeyFor(svc, clusterIPs, externalIPs, lbIPs, hasNodePort, p, f)
+			}
 			clusterTarget := b.target("svc", clusterMasq, internal, iv)
 			b.elements(mapServices(f), mapNoEndpoints(f), "clusterIPs", clusterIPs, 0, clusterTarget, iv)
 			if len(externalIPs) == 0 && len(lbIPs) == 0 && !hasNodePort {

@@ -67,6 +67,12 @@ type Options struct {
 	// all-IP case, for which a headless service with external IPs is the
 	// way to hand addresses to a specialized proxier.
 	IgnoreHeadless bool
+	// NoShardMaps gives every service port a chain of its own, as before
+	// the shard maps (shards.go): a service added or deleted then makes
+	// the kernel validate the whole table (tens of ms at 50,000 services),
+	// but an endpoint change costs less (an endpoint map is an rbtree, a
+	// shard map a pipapo set, whose deletions cost in proportion to it).
+	NoShardMaps bool
 }
 
 // mark returns the masquerade mark: the bit MasqueradeBit set.

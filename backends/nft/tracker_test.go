@@ -481,3 +481,24 @@ func TestTrackerEndpointChangeKeepsChains(t *testing.T) {
 		t.Errorf("endpoint added: chains changed %v %v, %d intervals changed; want none, 2 (the first endpoint's shrunk, the second's)", keysOf(d.Chains.Updated), keysOf(d.Chains.Created), d.Endpoints.Len())
 	}
 }
+
+// TestNoShardMaps checks Options.NoShardMaps (--shard-maps=false): a
+// plain service gets its chain and block in an endpoint map, as before
+// the shard maps, and no shard.
+func TestNoShardMaps(t *testing.T) {
+	se := &model.ServiceEndpoints{Service: svc("ns", "a", ipset("10.96.0.7"), tcp(80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}}
+	for _, noShards := range []bool{false, true} {
+		rs, _ := buildRuleset("t", Options{NoShardMaps: noShards}, []*model.ServiceEndpoints{se})
+		var chains []string
+		for _, c := range rs.Chains {
+			chains = append(chains, c.Name)
+		}
+		sharded := len(rs.Blocks) == 1 && rs.Blocks[0].sharded()
+		if want := "shard4-7"; noShards == slices.Contains(chains, want) || noShards == sharded {
+			t.Errorf("NoShardMaps %v: chains %v, block sharded %v", noShards, chains, sharded)
+		}
+		if noShards && (len(chains) != 1 || !strings.HasPrefix(chains[0], "svc4-") || rs.Elements[0].Verdict.Goto != chains[0]) {
+			t.Errorf("NoShardMaps: chains %v, elements %+v; want the service chain and its element", chains, rs.Elements)
+		}
+	}
+}
