@@ -595,20 +595,10 @@ func (t *txn) endpointElements(els []endpointElement, comments blockComments, de
 		idx := byMap[name]
 		m := t.intervalMap(els[idx[0]].Family, name)
 		per := elementsPerInterval(name)
-		// Elements per·k to per·k+per-1 are those of interval idx[k];
-		// they are asked for in order, so each pair is made once.
-		pairOf, pair := -1, [2]nftables.SetElement{}
-		elem := func(i int) (nftables.SetElement, error) {
-			if k := i / per; k != pairOf {
-				e := els[idx[k]]
-				var err error
-				if pair, err = intervalElements(e, comments.of(e), del); err != nil {
-					return nftables.SetElement{}, err
-				}
-				pairOf = k
-			}
-			return pair[i%per], nil
-		}
+		elem := intervalElems(per, del, func(k int) (endpointElement, string) {
+			e := els[idx[k]]
+			return e, comments.of(e)
+		})
 		size := func(i int) int {
 			if i%per == 1 || del {
 				return elementBytes(80, "", "")
@@ -639,6 +629,26 @@ func elementsPerInterval(name string) int {
 		return 1
 	}
 	return 2
+}
+
+// intervalElems returns the elem function of sendElements for the
+// intervals of a map with per kernel elements each, interval(j) giving
+// the j-th interval and its comment: elements per·j to per·j+per-1 are
+// interval j's, asked for in order, so each interval's are made once a
+// pass.
+func intervalElems(per int, del bool, interval func(j int) (endpointElement, string)) func(i int) (nftables.SetElement, error) {
+	pairOf, pair := -1, [2]nftables.SetElement{}
+	return func(i int) (nftables.SetElement, error) {
+		if j := i / per; j != pairOf {
+			e, comment := interval(j)
+			var err error
+			if pair, err = intervalElements(e, comment, del); err != nil {
+				return nftables.SetElement{}, err
+			}
+			pairOf = j
+		}
+		return pair[i%per], nil
+	}
 }
 
 // intervalElements returns the kernel elements of the interval e
@@ -681,20 +691,10 @@ func (t *txn) blockElements(blocks []*block) error {
 		}
 		m := t.intervalMap(f, name)
 		per := elementsPerInterval(name)
-		// Elements per·j to per·j+per-1 are those of interval j; they
-		// are asked for in order, so each pair is made once a pass.
-		pairOf, pair := -1, [2]nftables.SetElement{}
-		elem := func(i int) (nftables.SetElement, error) {
-			if j := i / per; j != pairOf {
-				k := blockOf(j)
-				var err error
-				if pair, err = intervalElements(group[k].element(j-first[k], owners[k]), comments[k], false); err != nil {
-					return nftables.SetElement{}, err
-				}
-				pairOf = j
-			}
-			return pair[i%per], nil
-		}
+		elem := intervalElems(per, false, func(j int) (endpointElement, string) {
+			k := blockOf(j)
+			return group[k].element(j-first[k], owners[k]), comments[k]
+		})
 		size := func(i int) int {
 			if i%per == 1 {
 				return elementBytes(80, "", "")

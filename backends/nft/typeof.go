@@ -97,32 +97,37 @@ func endpointDataTypeof(f ipFamily) string { return daddrText(f) + " . th dport"
 // endpointMapUserData is the user data of an endpoint map of family f:
 // `typeof numgen random mod 10000000 : ip daddr . th dport`.
 func endpointMapUserData(f ipFamily) []byte {
-	desc, field := uint32(protoDescIP), uint32(ipHdrDaddr)
+	return setUserData(numgenUserData(blockRange), typeofUserData(exprConcat, endpointDataUserData(f)))
+}
+
+// daddrUserData is the data of the payload expression `ip daddr` (`ip6
+// daddr` for IPv6).
+func daddrUserData(f ipFamily) []byte {
 	if f == ipv6 {
-		desc, field = protoDescIP6, ip6HdrDaddr
+		return payloadUserData(protoDescIP6, ip6HdrDaddr)
 	}
-	data := concatUserData(payloadUserData(desc, field), payloadUserData(protoDescTH, thHdrDport))
-	return setUserData(numgenUserData(blockRange), typeofUserData(exprConcat, data))
+	return payloadUserData(protoDescIP, ipHdrDaddr)
+}
+
+// endpointDataUserData is the data of the concatenation `ip daddr . th
+// dport`, what an endpoint or shard map leads to.
+func endpointDataUserData(f ipFamily) []byte {
+	return concatUserData(daddrUserData(f), payloadUserData(protoDescTH, thHdrDport))
 }
 
 // shardMapUserData is the user data of a shard map of family f: `typeof
 // ip daddr . meta l4proto . th dport . numgen random mod 4096 : ip daddr .
 // th dport`.
 func shardMapUserData(f ipFamily) []byte {
-	desc, field := uint32(protoDescIP), uint32(ipHdrDaddr)
-	if f == ipv6 {
-		desc, field = protoDescIP6, ip6HdrDaddr
-	}
 	key := concatOf(
-		subExpr{exprPayload, payloadUserData(desc, field)},
+		subExpr{exprPayload, daddrUserData(f)},
 		subExpr{exprMeta, appendU32(nil, udataMetaKey, metaL4proto)},
 		subExpr{exprPayload, payloadUserData(protoDescTH, thHdrDport)},
 		subExpr{exprNumgen, numgenData(shardRange)})
-	data := concatUserData(payloadUserData(desc, field), payloadUserData(protoDescTH, thHdrDport))
 	b := appendU32(nil, udataSetKeyByteorder, byteorderInvalid)
 	b = appendU32(b, udataSetDataByteorder, byteorderInvalid)
 	b = userdata.Append(b, udataSetKeyTypeof, typeofUserData(exprConcat, key))
-	b = userdata.Append(b, udataSetDataTypeof, typeofUserData(exprConcat, data))
+	b = userdata.Append(b, udataSetDataTypeof, typeofUserData(exprConcat, endpointDataUserData(f)))
 	return appendU32(b, udataSetDataInterval, 0)
 }
 
