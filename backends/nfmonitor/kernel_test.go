@@ -91,7 +91,7 @@ func TestKernelLostNotifications(t *testing.T) {
 			lost := make(chan struct{}, 1)
 			repairs := make(chan string, 100)
 			ctx, cancel := context.WithCancel(context.Background())
-			done, err := Start(ctx, Config{
+			mon, err := Start(ctx, Config{
 				NetNS:         int(f.Fd()),
 				ReceiveBuffer: tc.buffer,
 				Watch: func(c Change, _ []byte) bool {
@@ -117,7 +117,7 @@ func TestKernelLostNotifications(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer func() { cancel(); <-done }()
+			defer func() { cancel(); <-mon.Done() }()
 
 			// The burst's process ID is known before it commits (nft
 			// reads its script first), and Own is called Settle after a
@@ -156,6 +156,121 @@ func TestKernelLostNotifications(t *testing.T) {
 			t.Logf("buffer %d: Lost called %d times", tc.buffer, losses.Load())
 			if !tc.lost && losses.Load() != 0 {
 				t.Errorf("default buffer: Lost called %d times for a transaction of %d rules, want none", losses.Load(), burstRules)
+			}
+		})
+	}
+}
+
+// TestKernelMute commits, in a network namespace of its own, a burst of
+// burstRules rules that the monitor counts as its backend's own, then
+// another program's marker:
+//   - listening: every change of the burst is read (the control: the
+//     count below can tell);
+//   - muted around the burst (unmute with its one commit): none of the
+//     burst's changes is read, nothing is lost, and the marker's repair
+//     is the first and only call, naming the marker alone (listening
+//     again, the monitor does not take the muted generations for lost
+//     ones);
+//   - muted while another program commits too: Lost is called.
+//
+// It fails when Mute does not stop the notifications (the burst read),
+// or when unmute does not compare the generations (no Lost), or does not
+// resync (a Lost, or a Cut marker, after the muted burst alone). The
+// burst's time in each case is logged: the cost of the kernel's
+// notifications to one listener.
+func TestKernelMute(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "ip", "nft")
+	for _, tc := range []struct {
+		name    string
+		mute    bool
+		foreign bool
+	}{
+		{"listening", false, false},
+		{"muted", true, false},
+		{"muted, another program commits", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := netns.New(t, "nfmute")
+			f, err := os.Open(ns.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			var burstPID atomic.Uint32
+			var watched, losses atomic.Int32
+			lost := make(chan struct{}, 1)
+			repairs := make(chan string, 100)
+			ctx, cancel := context.WithCancel(context.Background())
+			mon, err := Start(ctx, Config{
+				NetNS: int(f.Fd()),
+				Watch: func(c Change, _ []byte) bool {
+					if c.Family == 1 && strings.HasPrefix(c.Table, "burst") {
+						watched.Add(1)
+						return true
+					}
+					return c.Family == 1 && (c.Table == "marker" || c.Table == "foreign")
+				},
+				Own:    func(b Batch) bool { return b.ProcPID == burstPID.Load() },
+				Repair: func(why string, _ []Batch) { repairs <- why },
+				Lost: func() {
+					losses.Add(1)
+					select {
+					case lost <- struct{}{}:
+					default:
+					}
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cancel(); <-mon.Done() }()
+
+			unmute := func(int) {}
+			if tc.mute {
+				unmute = mon.Mute()
+			}
+			start := time.Now()
+			cmd, stderr := startNft(t, ns, burstScript("burst", burstRules))
+			burstPID.Store(uint32(cmd.Process.Pid))
+			waitNft(t, cmd, stderr)
+			t.Logf("a transaction of %d rules, %s: %v", burstRules, tc.name, time.Since(start).Round(time.Millisecond))
+			if tc.foreign {
+				cmd, stderr := startNft(t, ns, []byte("add table inet foreign\n"))
+				waitNft(t, cmd, stderr)
+			}
+			unmute(1)
+			if tc.foreign {
+				select {
+				case <-lost:
+				case <-time.After(10 * time.Second):
+					t.Fatal("another program committed while the monitor was muted: Lost not called (waited 10 s)")
+				}
+				return
+			}
+			// The marker, another program's: its repair comes after the
+			// burst's batches were all classified.
+			cmd, stderr = startNft(t, ns, []byte("add table inet marker\n"))
+			markerPID := cmd.Process.Pid
+			waitNft(t, cmd, stderr)
+			select {
+			case why := <-repairs:
+				if want := fmt.Sprintf("add table inet marker (by nft, pid %d)", markerPID); why != want {
+					t.Errorf("the first repair: %q, want the marker's alone, %q", why, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the marker, another program's transaction: no repair (waited 10 s)")
+			}
+			n := watched.Load()
+			t.Logf("%s: %d changes of the burst read", tc.name, n)
+			switch {
+			case tc.mute && n != 0:
+				t.Errorf("muted: %d changes of the burst read, want none", n)
+			case !tc.mute && n < burstRules:
+				t.Errorf("listening: %d changes of the burst read, want at least its %d rules", n, burstRules)
+			}
+			if l := losses.Load(); l != 0 {
+				t.Errorf("Lost called %d times, want none (the burst is the backend's own)", l)
 			}
 		})
 	}

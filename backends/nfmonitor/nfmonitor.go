@@ -199,9 +199,9 @@ type Config struct {
 }
 
 // Start opens the monitor's socket in cfg.NetNS and watches it until ctx
-// ends; the channel returned is closed when its goroutines have returned.
-// It logs through ctx's logger.
-func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
+// ends (Monitor.Done is closed when its goroutines have returned). It
+// logs through ctx's logger.
+func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 	if cfg.Settle <= 0 {
 		cfg.Settle = DefaultSettle
 	}
@@ -224,32 +224,139 @@ func Start(ctx context.Context, cfg Config) (<-chan struct{}, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables monitor: netlink socket: %w", err)
 	}
-	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+	// The generation is read on a socket of its own (Mute), the
+	// notifications' being read by the monitor's goroutine.
+	genConn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: cfg.NetNS})
+	if err != nil {
 		conn.Close()
+		return nil, fmt.Errorf("nftables monitor: netlink socket: %w", err)
+	}
+	closeBoth := func() {
+		conn.Close()
+		genConn.Close()
+	}
+	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		closeBoth()
 		return nil, fmt.Errorf("nftables monitor: join group NFNLGRP_NFTABLES: %w", err)
 	}
 	setReceiveBuffer(conn, cfg.ReceiveBuffer)
-	getGen, err := requestGen(conn)
-	if err != nil {
-		conn.Close()
+	m := &Monitor{cfg: cfg, logger: klog.FromContext(ctx), conn: conn, genConn: genConn,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+	if err := m.resync(); err != nil {
+		closeBoth()
 		return nil, fmt.Errorf("nftables monitor: request the generation: %w", err)
 	}
-	m := &monitor{cfg: cfg, logger: klog.FromContext(ctx), wake: make(chan struct{}, 1)}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, closeBoth)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		defer stop()
-		m.read(ctx, conn, getGen)
+		m.read(ctx)
 	}()
 	go func() {
 		defer wg.Done()
 		m.loop(ctx)
 	}()
-	go func() { wg.Wait(); close(done) }()
-	return done, nil
+	go func() { wg.Wait(); close(m.done) }()
+	return m, nil
+}
+
+// Done returns a channel closed when the monitor's goroutines have
+// returned (after Start's context ended, or its socket failed).
+func (m *Monitor) Done() <-chan struct{} { return m.done }
+
+// Mute stops the kernel's notifications to the monitor until the
+// function it returns is called, with the number of transactions the
+// caller committed meanwhile. It is for a backend's own large
+// transactions: nftables builds a notification of every object a
+// transaction adds or deletes, but only while some socket listens, and
+// for a table written whole that costs more than the transaction itself
+// (a message allocated for each of a million objects). What another
+// program commits meanwhile is not lost: the generation is read when
+// muting and when listening again, and if it moved by more than the
+// caller's commits (or cannot be read), Config.Lost is called, as when
+// notifications were lost. Mute calls are serialized: a second waits for
+// the first's unmute. A monitor that cannot stop listening stays as it
+// is (its unmute does nothing).
+func (m *Monitor) Mute() (unmute func(commits int)) {
+	m.muteMu.Lock()
+	before, err := m.generation()
+	if err == nil {
+		err = m.conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
+	}
+	if err != nil {
+		m.muteMu.Unlock()
+		m.logger.V(2).Info("nftables monitor: cannot stop listening during a transaction of the backend's: it listens on", "err", err)
+		return func(int) {}
+	}
+	return func(commits int) {
+		defer m.muteMu.Unlock()
+		if err := m.listen(); err != nil {
+			m.logger.Error(err, "nftables monitor: cannot listen again after a transaction of the backend's: checking the rules fully")
+			m.post(nil, true)
+			return
+		}
+		after, err := m.generation()
+		if err != nil || after-before != uint32(commits) {
+			// Someone else committed meanwhile (or the generation is
+			// unknown): what changed is not known.
+			m.logger.V(2).Info("nftables monitor: transactions committed while not listening: checking the rules fully",
+				"before", before, "after", after, "own", commits, "err", err)
+			m.post(nil, true)
+		}
+	}
+}
+
+// listen joins the notifications' group again after Mute, and asks for
+// the generation: until the reply (read among the notifications), a
+// generation read cannot tell a lost transaction's end (the muted ones
+// were never sent).
+func (m *Monitor) listen() error {
+	m.mu.Lock()
+	m.resyncing = true
+	m.mu.Unlock()
+	if err := m.conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		m.mu.Lock()
+		m.resyncing = false
+		m.mu.Unlock()
+		return fmt.Errorf("join group NFNLGRP_NFTABLES: %w", err)
+	}
+	if err := m.resync(); err != nil {
+		return fmt.Errorf("request the generation: %w", err)
+	}
+	return nil
+}
+
+// resync asks for the generation on the monitor's socket: the reader
+// takes the reply as the generation now (and ignores the generations
+// read before it, if resyncing). On error, resyncing ends.
+func (m *Monitor) resync() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	req, err := requestGen(m.conn)
+	if err != nil {
+		m.resyncing, m.genReq = false, nil
+		return err
+	}
+	m.resyncing, m.genReq = true, &req.Header
+	return nil
+}
+
+// generation returns the kernel's current nftables generation, read on
+// the monitor's second socket.
+func (m *Monitor) generation() (uint32, error) {
+	msgs, err := m.genConn.Execute(genRequest())
+	if err != nil {
+		return 0, fmt.Errorf("read the nftables generation: %w", err)
+	}
+	for _, msg := range msgs {
+		if msg.Header.Type == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWGEN) && len(msg.Data) >= 4 {
+			id, _, _ := parseGen(msg.Data[4:])
+			return id, nil
+		}
+	}
+	return 0, errors.New("read the nftables generation: no generation in the reply")
 }
 
 // setReceiveBuffer sets the socket's receive buffer to bytes, forced if
@@ -268,17 +375,28 @@ func setReceiveBuffer(conn *netlink.Conn, bytes int) {
 	_ = conn.SetReadBuffer(bytes)
 }
 
-// monitor is the state shared by the reading goroutine and the repairing
-// one.
-type monitor struct {
+// Monitor is a running monitor: the state shared by the reading
+// goroutine, the repairing one, and the backend (Mute).
+type Monitor struct {
 	cfg    Config
 	logger klog.Logger
+	// conn receives the notifications; genConn reads the generation
+	// (Mute).
+	conn, genConn *netlink.Conn
+	// muteMu serializes Mute calls, from Mute to its unmute.
+	muteMu sync.Mutex
 	mu     sync.Mutex
 	// pending are the batches with watched changes not yet classified;
 	// lost says notifications were lost.
 	pending []Batch
 	lost    bool
-	wake    chan struct{}
+	// resyncing says that the generation was requested on conn (genReq:
+	// the request's header) and its reply not read yet: generations read
+	// until then do not show lost ones (Start, Mute).
+	resyncing bool
+	genReq    *netlink.Header
+	wake      chan struct{}
+	done      chan struct{}
 }
 
 // read receives the notifications until the socket is closed. A
@@ -291,9 +409,12 @@ type monitor struct {
 // full check runs unless the batch is repaired: another program's).
 // The kernel reports an overrun (ENOBUFS) once, before the messages
 // still queued, and drops the next ones silently until they are read:
-// the generation is what shows those. getGen is the header of the
-// request for the current generation (its reply is the first known).
-func (m *monitor) read(ctx context.Context, conn *netlink.Conn, getGen netlink.Header) {
+// the generation is what shows those. The generation is known from the
+// reply to a request for it (Start, Mute's unmute: resyncing); changes
+// read before that reply whose transaction's end was not read by then may
+// be of a transaction whose end was muted: lost too.
+func (m *Monitor) read(ctx context.Context) {
+	conn := m.conn
 	var cur Batch
 	var gen uint32
 	known := false
@@ -322,10 +443,21 @@ func (m *monitor) read(ctx context.Context, conn *netlink.Conn, getGen netlink.H
 			typ := uint8(msg.Header.Type & 0xff)
 			if typ == unix.NFT_MSG_NEWGEN {
 				id, pid, name := parseGen(msg.Data[4:])
-				if msg.Header.PID == getGen.PID && msg.Header.Sequence == getGen.Sequence {
+				reply, resyncing := m.genReply(msg.Header)
+				if reply {
 					// The reply to the request: the generation now.
+					// Changes whose end was not read may be of a
+					// transaction whose end came while muted.
 					gen, known = id, true
+					if cur.Count > 0 {
+						m.logger.V(2).Info("nftables monitor: changes read before listening again ended unseen", "generation", id)
+						m.post(nil, true)
+						cur = Batch{}
+					}
 					continue
+				}
+				if resyncing {
+					known = false
 				}
 				skipped := known && id != gen && id != nextGen(gen)
 				gen, known = id, true
@@ -364,21 +496,35 @@ func nextGen(g uint32) uint32 {
 
 // requestGen asks the kernel for the current generation on conn; the
 // reply (an NFT_MSG_NEWGEN message) comes among the notifications. It
-// returns the request's header (its sequence number and the socket's
-// port ID: the reply's).
-func requestGen(conn *netlink.Conn) (netlink.Header, error) {
-	req, err := conn.Send(netlink.Message{
+// returns the request as sent (its sequence number and the socket's port
+// ID: the reply's).
+func requestGen(conn *netlink.Conn) (netlink.Message, error) {
+	return conn.Send(genRequest())
+}
+
+// genRequest is the request for the current nftables generation.
+func genRequest() netlink.Message {
+	return netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
 		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
-	})
-	if err != nil {
-		return netlink.Header{}, err
 	}
-	return req.Header, nil
+}
+
+// genReply reports whether h is the header of the reply to the pending
+// request for the generation (which ends resyncing), and whether the
+// monitor is resyncing (before that reply).
+func (m *Monitor) genReply(h netlink.Header) (reply, resyncing bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.genReq != nil && h.PID == m.genReq.PID && h.Sequence == m.genReq.Sequence {
+		m.resyncing, m.genReq = false, nil
+		return true, false
+	}
+	return false, m.resyncing
 }
 
 // post hands a batch (or the loss of notifications) to the loop.
-func (m *monitor) post(b *Batch, lost bool) {
+func (m *Monitor) post(b *Batch, lost bool) {
 	m.mu.Lock()
 	if b != nil {
 		m.pending = append(m.pending, *b)
@@ -392,7 +538,7 @@ func (m *monitor) post(b *Batch, lost bool) {
 }
 
 // loop repairs, Settle after a foreign batch, with the backoff of a burst.
-func (m *monitor) loop(ctx context.Context) {
+func (m *Monitor) loop(ctx context.Context) {
 	var last time.Time
 	var gap time.Duration
 	var repairs int

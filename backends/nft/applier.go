@@ -125,7 +125,21 @@ type applier struct {
 	// is sent on, before anything is sent (the sink's monitor tells its
 	// own transactions by it).
 	dialed func(portID uint32)
+	// mute, if set, stops the sink's monitor from receiving nftables'
+	// notifications until the function it returns is called with the
+	// number of transactions committed meanwhile (nfmonitor's
+	// Monitor.Mute): a transaction of muteObjects objects or more is
+	// sent muted, the kernel then building no notification of its
+	// objects, which for a table written whole costs more than the
+	// transaction itself.
+	mute        func() (unmute func(commits int))
+	muteObjects int
 }
+
+// defaultMuteObjects is applier.muteObjects when Config does not set it:
+// a notification costs the kernel an allocation, some microseconds, and
+// muting two reads of the generation on a socket of the monitor's.
+const defaultMuteObjects = 1000
 
 // txnConn is a connection transactions are written on: the Conn that
 // marshals them and the relay that sends them.
@@ -241,8 +255,21 @@ func (a *applier) readConn() (*nftables.Conn, error) {
 	return a.reader, nil
 }
 
-// flush sends the transaction t.
-func (a *applier) flush(t *txn) error { return t.conn.Flush() }
+// flush sends the transaction t, with the monitor muted if it is large
+// (applier.mute).
+func (a *applier) flush(t *txn) error {
+	if a.mute == nil || t.stats.Objects() < a.muteObjects {
+		return t.conn.Flush()
+	}
+	unmute := a.mute()
+	err := t.conn.Flush()
+	commits := 0
+	if err == nil {
+		commits = 1
+	}
+	unmute(commits)
+	return err
+}
 
 // end ends the transaction t: a connection of its own is closed, and after
 // an error, the lasting connection is closed if t used it, with whatever t

@@ -76,6 +76,10 @@ type Config struct {
 	// (nfmonitor.Config.ReceiveBuffer; 0: its default): tests make it
 	// tiny so that notifications are lost.
 	monitorReceiveBuffer int
+	// muteObjects is the size, in objects, from which a transaction is
+	// sent with the monitor muted (applier.muteObjects; 0:
+	// defaultMuteObjects): tests make every transaction muted.
+	muteObjects int
 }
 
 // SyncResult describes one transaction of a Sync.

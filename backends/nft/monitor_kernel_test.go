@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -392,4 +393,101 @@ func TestKernelMonitorLostInRound(t *testing.T) {
 			t.Fatalf("the flush of %s, its notifications lost during a round: not repaired 10 s after the round's Sync", svcChain)
 		}
 	}
+}
+
+// TestKernelMonitorMuted runs a monitored sink whose every transaction
+// is sent with the monitor muted (Config.muteObjects 1; by default only
+// the large ones are, applier.mute):
+//   - after its muted first sync, a chain flushed with nft is repaired as
+//     that change, by nft (listening again, the monitor does not take the
+//     muted transaction for a loss);
+//   - a chain flushed with nft while the monitor is muted (after the
+//     round's transaction was applied, before the sink reads its answer)
+//     is not notified: it must be repaired all the same, by the full check
+//     that a generation moved by more than the sink's commit calls for
+//     (the repair says notifications were lost), and the table must be a
+//     fresh sink's of the round's state.
+//
+// It fails when unmuting does not compare the generations (the second
+// flush stays until the periodic check, an hour), or does not resync
+// (the first repair says notifications were lost).
+func TestKernelMonitorMuted(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "nft")
+	ns := netns.New(t, "monmute")
+	const name = "monmute"
+	table := TableName(name)
+	s, results, state, opts := monitoredSinkWith(t, ns, name, func(c *Config) { c.muteObjects = 1 })
+	newConn := connIn(t, ns)
+	var svcChain string
+	for _, c := range s.tracker.ChainNames() {
+		if strings.HasPrefix(c, "svc4-") {
+			svcChain = c
+			break
+		}
+	}
+	if svcChain == "" {
+		t.Fatal("the state has no service chain to flush")
+	}
+	flush := []byte("flush chain inet " + table + " " + svcChain + "\n")
+	// awaitRepair waits for a successful full repair saying want, and
+	// then for the table to be want's.
+	awaitRepair := func(what, say string, want *kernelTable) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case r := <-results:
+				if r.Err != nil {
+					t.Fatalf("%s: %+v", what, r)
+				}
+				if r.Repair == "" {
+					continue // the round's own
+				}
+				if !r.Full || !strings.Contains(r.Repair, say) {
+					t.Fatalf("%s: repaired because %q (full %v), want a full repair saying %q", what, r.Repair, r.Full, say)
+				}
+				t.Logf("%s: repaired: %s", what, r.Repair)
+			case <-deadline:
+				t.Fatalf("%s: no repair before the periodic check (every hour) could have made one (waited 10 s)", what)
+			}
+			if diffKernelTables(want, mustReadKernelTable(t, newConn, table)) == "" {
+				return
+			}
+		}
+	}
+
+	if _, stderr, err := ns.Exec(flush, "nft", "-f", "-"); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, stderr)
+	}
+	awaitRepair("a chain flushed after the muted first sync", "delete rule inet "+table+" "+svcChain, freshKernelTable(t, name, opts, state))
+
+	// The round: a service deleted (not the flushed chain's); the flush
+	// comes before the sink reads the kernel's answer to it.
+	i := slices.IndexFunc(state, func(se *model.ServiceEndpoints) bool {
+		return !strings.Contains(svcChain, "/"+se.Service.Name+"/")
+	})
+	if i < 0 {
+		t.Fatal("the state has no service but the flushed chain's")
+	}
+	next := slices.Delete(slices.Clone(state), i, i+1)
+	var flushed atomic.Int32
+	s.mu.Lock()
+	s.applier.fault = func(op relayOp) error {
+		if op == relayReceive && flushed.Add(1) == 1 {
+			if _, stderr, err := ns.Exec(flush, "nft", "-f", "-"); err != nil {
+				t.Errorf("nft -f: %v: %s", err, stderr)
+			}
+		}
+		return nil
+	}
+	s.mu.Unlock()
+	s.Update(state[i].Service.Key(), state[i], nil)
+	if err := s.Sync(); err != nil {
+		t.Fatalf("the round's Sync: %v", err)
+	}
+	if flushed.Load() == 0 {
+		t.Fatal("the round's transaction read no answer: the chain was not flushed")
+	}
+	awaitRepair("a chain flushed while the monitor was muted", "nftables notifications were lost", freshKernelTable(t, name, opts, next))
 }

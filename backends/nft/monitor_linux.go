@@ -42,8 +42,10 @@ func (o *ownPorts) has(id uint32) bool {
 // the namespace of its connections (netNS, a file descriptor; 0: the
 // current one): a transaction of someone else's that changes the sink's
 // table (or deletes it) is repaired at once by rewriting the table whole.
+// The applier's large transactions are sent with the monitor muted
+// (applier.mute).
 func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
-	_, err := nfmonitor.Start(ctx, nfmonitor.Config{
+	m, err := nfmonitor.Start(ctx, nfmonitor.Config{
 		NetNS: netNS,
 		Watch: func(c nfmonitor.Change, _ []byte) bool {
 			return c.Family == unix.NFPROTO_INET && c.Table == s.table
@@ -55,6 +57,11 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 	})
 	if err != nil {
 		return fmt.Errorf("nftables table %s: %w", s.table, err)
+	}
+	s.applier.mute = m.Mute
+	s.applier.muteObjects = s.cfg.muteObjects
+	if s.applier.muteObjects <= 0 {
+		s.applier.muteObjects = defaultMuteObjects
 	}
 	return nil
 }
