@@ -139,7 +139,7 @@ type applier struct {
 // defaultMuteObjects is applier.muteObjects when Config does not set it:
 // a notification costs the kernel an allocation, some microseconds, and
 // muting two reads of the generation on a socket of the monitor's.
-const defaultMuteObjects = 1000
+const defaultMuteObjects = 256
 
 // txnConn is a connection transactions are written on: the Conn that
 // marshals them and the relay that sends them.
