@@ -16,7 +16,8 @@
 #
 #   hack/bench-file-nft.sh [SERVICES...]      (default: 1000 10000 50000)
 #
-# ENDPOINTS (default 10), FORMAT (yaml, as to-file writes, or json).
+# ENDPOINTS (default 10), FORMAT (yaml, as to-file writes, or json),
+# NFT_FLAGS (more flags of to-nft, e.g. --monitor=false).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
@@ -67,7 +68,7 @@ for n1 in "${sizes[@]}"; do
     metrics="127.0.0.1:$((20000 + RANDOM % 20000))"
     start=$(now)
     "${work}/kpng" -v=2 file --input="${state}" --max-size-mib=4096 --metrics-bind-address="${metrics}" \
-      to-local to-nft --netns="/run/netns/${ns}" 2> "${work}/log" &
+      to-local to-nft ${NFT_FLAGS:-} --netns="/run/netns/${ns}" 2> "${work}/log" &
     pid=$!
     read -r msgs _ < <(synced 1)
     first=$(ms "${start}" "$(now)")
