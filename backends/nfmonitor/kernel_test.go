@@ -58,6 +58,44 @@ func waitNft(t *testing.T, cmd *exec.Cmd, stderr *strings.Builder) {
 	}
 }
 
+// lossCounter counts a monitor's Lost calls (its lost method is a
+// Config.Lost), and signals them on ch (one pending at most).
+type lossCounter struct {
+	n  atomic.Int32
+	ch chan struct{}
+}
+
+func newLossCounter() *lossCounter { return &lossCounter{ch: make(chan struct{}, 1)} }
+
+func (l *lossCounter) lost() {
+	l.n.Add(1)
+	select {
+	case l.ch <- struct{}{}:
+	default:
+	}
+}
+
+// startIn starts a monitor of cfg in ns (cfg.NetNS set to it), stopped
+// when the test ends.
+func startIn(t *testing.T, ns *netns.NS, cfg Config) *Monitor {
+	t.Helper()
+	f, err := os.Open(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The monitor's sockets keep the namespace.
+	defer f.Close()
+	cfg.NetNS = int(f.Fd())
+	ctx, cancel := context.WithCancel(context.Background())
+	mon, err := Start(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-mon.Done() })
+	return mon
+}
+
 // TestKernelLostNotifications commits, in a network namespace of its
 // own, a transaction of burstRules rules (the burst) that the monitor
 // counts as its backend's own (Own: its nft process), then another
@@ -81,18 +119,10 @@ func TestKernelLostNotifications(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := netns.New(t, "nfmon")
-			f, err := os.Open(ns.Path())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
 			var burstPID atomic.Uint32
-			var losses atomic.Int32
-			lost := make(chan struct{}, 1)
+			losses := newLossCounter()
 			repairs := make(chan string, 100)
-			ctx, cancel := context.WithCancel(context.Background())
-			mon, err := Start(ctx, Config{
-				NetNS:         int(f.Fd()),
+			startIn(t, ns, Config{
 				ReceiveBuffer: tc.buffer,
 				Watch: func(c Change, _ []byte) bool {
 					return c.Family == 1 && (c.Table == "burst" || c.Table == "marker")
@@ -106,18 +136,8 @@ func TestKernelLostNotifications(t *testing.T) {
 					}
 					repairs <- why
 				},
-				Lost: func() {
-					losses.Add(1)
-					select {
-					case lost <- struct{}{}:
-					default:
-					}
-				},
+				Lost: losses.lost,
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { cancel(); <-mon.Done() }()
 
 			// The burst's process ID is known before it commits (nft
 			// reads its script first), and Own is called Settle after a
@@ -127,7 +147,7 @@ func TestKernelLostNotifications(t *testing.T) {
 			waitNft(t, cmd, stderr)
 			if tc.lost {
 				select {
-				case <-lost:
+				case <-losses.ch:
 				case <-time.After(10 * time.Second):
 					t.Fatalf("a transaction of %d rules with a receive buffer of %d bytes: Lost not called (waited 10 s)", burstRules, tc.buffer)
 				}
@@ -153,9 +173,9 @@ func TestKernelLostNotifications(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatalf("the marker, another program's transaction: no repair (waited 10 s)")
 			}
-			t.Logf("buffer %d: Lost called %d times", tc.buffer, losses.Load())
-			if !tc.lost && losses.Load() != 0 {
-				t.Errorf("default buffer: Lost called %d times for a transaction of %d rules, want none", losses.Load(), burstRules)
+			t.Logf("buffer %d: Lost called %d times", tc.buffer, losses.n.Load())
+			if !tc.lost && losses.n.Load() != 0 {
+				t.Errorf("default buffer: Lost called %d times for a transaction of %d rules, want none", losses.n.Load(), burstRules)
 			}
 		})
 	}
@@ -192,18 +212,11 @@ func TestKernelMute(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := netns.New(t, "nfmute")
-			f, err := os.Open(ns.Path())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
 			var burstPID atomic.Uint32
-			var watched, losses atomic.Int32
-			lost := make(chan struct{}, 1)
+			var watched atomic.Int32
+			losses := newLossCounter()
 			repairs := make(chan string, 100)
-			ctx, cancel := context.WithCancel(context.Background())
-			mon, err := Start(ctx, Config{
-				NetNS: int(f.Fd()),
+			mon := startIn(t, ns, Config{
 				Watch: func(c Change, _ []byte) bool {
 					if c.Family == 1 && strings.HasPrefix(c.Table, "burst") {
 						watched.Add(1)
@@ -213,18 +226,8 @@ func TestKernelMute(t *testing.T) {
 				},
 				Own:    func(b Batch) bool { return b.ProcPID == burstPID.Load() },
 				Repair: func(why string, _ []Batch) { repairs <- why },
-				Lost: func() {
-					losses.Add(1)
-					select {
-					case lost <- struct{}{}:
-					default:
-					}
-				},
+				Lost:   losses.lost,
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { cancel(); <-mon.Done() }()
 
 			unmute := func(int) {}
 			if tc.mute {
@@ -242,7 +245,7 @@ func TestKernelMute(t *testing.T) {
 			unmute(1)
 			if tc.foreign {
 				select {
-				case <-lost:
+				case <-losses.ch:
 				case <-time.After(10 * time.Second):
 					t.Fatal("another program committed while the monitor was muted: Lost not called (waited 10 s)")
 				}
@@ -269,7 +272,7 @@ func TestKernelMute(t *testing.T) {
 			case !tc.mute && n < burstRules:
 				t.Errorf("listening: %d changes of the burst read, want at least its %d rules", n, burstRules)
 			}
-			if l := losses.Load(); l != 0 {
+			if l := losses.n.Load(); l != 0 {
 				t.Errorf("Lost called %d times, want none (the burst is the backend's own)", l)
 			}
 		})
