@@ -110,6 +110,17 @@ type Batch struct {
 	// unknown; or the batch ended within lossWindow of an overrun, and
 	// may lack changes the kernel dropped.
 	Cut bool
+	// Unseen says that the batch stands for transactions of other
+	// programs committed while the monitor was muted (Monitor.Mute):
+	// nothing names what they changed (Changes is empty; Cut, Truncated
+	// and ManyTables are set).
+	Unseen bool
+}
+
+// unseenBatch is the batch of the transactions committed by others
+// while the monitor was muted.
+func unseenBatch() Batch {
+	return Batch{Unseen: true, Cut: true, Truncated: true, ManyTables: true}
 }
 
 // keep counts c, and keeps it if it is of a kind (type, table, chain) not
@@ -141,6 +152,9 @@ func (b *Batch) keep(c Change) {
 
 // String describes the batch for a log or a SyncResult's Repair.
 func (b Batch) String() string {
+	if b.Unseen {
+		return "transactions of other programs committed while the backend's own was not notified (what they changed is not known)"
+	}
 	parts := make([]string, 0, len(b.Changes))
 	for _, c := range b.Changes {
 		parts = append(parts, c.String())
@@ -198,9 +212,9 @@ type Config struct {
 	ReceiveBuffer int
 }
 
-// Start opens the monitor's socket in cfg.NetNS and watches it until ctx
-// ends (Monitor.Done is closed when its goroutines have returned). It
-// logs through ctx's logger.
+// Start opens the monitor's sockets in cfg.NetNS and watches the
+// notifications until ctx ends (Monitor.Done is closed when its
+// goroutines have returned). It logs through ctx's logger.
 func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 	if cfg.Settle <= 0 {
 		cfg.Settle = DefaultSettle
@@ -240,7 +254,7 @@ func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 		return nil, fmt.Errorf("nftables monitor: join group NFNLGRP_NFTABLES: %w", err)
 	}
 	setReceiveBuffer(conn, cfg.ReceiveBuffer)
-	m := &Monitor{cfg: cfg, logger: klog.FromContext(ctx), conn: conn, genConn: genConn,
+	m := &Monitor{cfg: cfg, ctx: ctx, logger: klog.FromContext(ctx), conn: conn, genConn: genConn,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	if err := m.resync(); err != nil {
 		closeBoth()
@@ -251,7 +265,13 @@ func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		defer stop()
+		defer func() {
+			// A reader stopped by an error closes the sockets itself
+			// (a Mute then does nothing).
+			if stop() {
+				closeBoth()
+			}
+		}()
 		m.read(ctx)
 	}()
 	go func() {
@@ -263,7 +283,7 @@ func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 }
 
 // Done returns a channel closed when the monitor's goroutines have
-// returned (after Start's context ended, or its socket failed).
+// returned, after Start's context ended.
 func (m *Monitor) Done() <-chan struct{} { return m.done }
 
 // Mute stops the kernel's notifications to the monitor until the
@@ -272,13 +292,15 @@ func (m *Monitor) Done() <-chan struct{} { return m.done }
 // transactions: nftables builds a notification of every object a
 // transaction adds or deletes, but only while some socket listens, and
 // for a table written whole that costs more than the transaction itself
-// (a message allocated for each of a million objects). What another
-// program commits meanwhile is not lost: the generation is read when
-// muting and when listening again, and if it moved by more than the
-// caller's commits (or cannot be read), Config.Lost is called, as when
-// notifications were lost. Mute calls are serialized: a second waits for
-// the first's unmute. A monitor that cannot stop listening stays as it
-// is (its unmute does nothing).
+// (a message allocated for each of a million objects). What other
+// programs commit meanwhile is not lost, though what they changed is not
+// known: the generation is read when muting (after leaving the group, on
+// the monitor's socket too, so that a transaction already counted whose
+// notifications had not come yet is seen) and when listening again, and
+// if it moved by more than the caller's commits (or cannot be read), an
+// Unseen batch is repaired. Mute calls are serialized: a second waits
+// for the first's unmute. A monitor that cannot stop listening stays as
+// it is (its unmute does nothing).
 func (m *Monitor) Mute() (unmute func(commits int)) {
 	m.muteMu.Lock()
 	before, err := m.generation()
@@ -290,20 +312,36 @@ func (m *Monitor) Mute() (unmute func(commits int)) {
 		m.logger.V(2).Info("nftables monitor: cannot stop listening during a transaction of the backend's: it listens on", "err", err)
 		return func(int) {}
 	}
+	// The notifications delivered before the group was left are queued
+	// ahead of this request's reply: the reader compares its generation
+	// with the one the last of them ended with (genReply).
+	m.mu.Lock()
+	if req, err := requestGen(m.conn); err == nil {
+		m.muteReq = &req.Header
+	}
+	m.mu.Unlock()
 	return func(commits int) {
 		defer m.muteMu.Unlock()
 		if err := m.listen(); err != nil {
-			m.logger.Error(err, "nftables monitor: cannot listen again after a transaction of the backend's: checking the rules fully")
-			m.post(nil, true)
+			if m.ctx.Err() == nil {
+				m.logger.Error(err, "nftables monitor: cannot listen again after a transaction of the backend's: repairing the rules")
+				b := unseenBatch()
+				m.post(&b, true)
+			}
 			return
 		}
 		after, err := m.generation()
-		if err != nil || after-before != uint32(commits) {
+		want := before
+		for range commits {
+			want = nextGen(want)
+		}
+		if err != nil || after != want {
 			// Someone else committed meanwhile (or the generation is
 			// unknown): what changed is not known.
-			m.logger.V(2).Info("nftables monitor: transactions committed while not listening: checking the rules fully",
+			m.logger.V(2).Info("nftables monitor: transactions committed while not listening: repairing the rules",
 				"before", before, "after", after, "own", commits, "err", err)
-			m.post(nil, true)
+			b := unseenBatch()
+			m.post(&b, false)
 		}
 	}
 }
@@ -379,6 +417,7 @@ func setReceiveBuffer(conn *netlink.Conn, bytes int) {
 // goroutine, the repairing one, and the backend (Mute).
 type Monitor struct {
 	cfg    Config
+	ctx    context.Context
 	logger klog.Logger
 	// conn receives the notifications; genConn reads the generation
 	// (Mute).
@@ -395,8 +434,14 @@ type Monitor struct {
 	// until then do not show lost ones (Start, Mute).
 	resyncing bool
 	genReq    *netlink.Header
-	wake      chan struct{}
-	done      chan struct{}
+	// muteReq is the header of the request for the generation sent when
+	// muting (Mute), until its reply is read.
+	muteReq *netlink.Header
+	// receive, if set, is what read receives from instead of conn (the
+	// unit tests' seam).
+	receive func() ([]netlink.Message, error)
+	wake    chan struct{}
+	done    chan struct{}
 }
 
 // read receives the notifications until the socket is closed. A
@@ -414,7 +459,10 @@ type Monitor struct {
 // read before that reply whose transaction's end was not read by then may
 // be of a transaction whose end was muted: lost too.
 func (m *Monitor) read(ctx context.Context) {
-	conn := m.conn
+	receive := m.conn.Receive
+	if m.receive != nil {
+		receive = m.receive
+	}
 	var cur Batch
 	var gen uint32
 	known := false
@@ -423,7 +471,7 @@ func (m *Monitor) read(ctx context.Context) {
 	// ending soon after may have lost some in its middle.
 	var lossAt time.Time
 	for {
-		msgs, err := conn.Receive()
+		msgs, err := receive()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -431,6 +479,9 @@ func (m *Monitor) read(ctx context.Context) {
 			if errors.Is(err, unix.ENOBUFS) {
 				lossAt = time.Now()
 				m.post(nil, true)
+				// The reply to a request for the generation may be
+				// among what was dropped.
+				m.requestAgain()
 				continue
 			}
 			m.logger.Error(err, "nftables monitor: cannot read the notifications: the periodic check stays")
@@ -444,16 +495,37 @@ func (m *Monitor) read(ctx context.Context) {
 			if typ == unix.NFT_MSG_NEWGEN {
 				id, pid, name := parseGen(msg.Data[4:])
 				reply, resyncing := m.genReply(msg.Header)
-				if reply {
-					// The reply to the request: the generation now.
-					// Changes whose end was not read may be of a
-					// transaction whose end came while muted.
+				switch reply {
+				case resyncReply:
+					// The generation now. Changes whose end was not read
+					// are another program's (the backend's transactions
+					// end before it asks): their end may have come while
+					// muted.
 					gen, known = id, true
 					if cur.Count > 0 {
 						m.logger.V(2).Info("nftables monitor: changes read before listening again ended unseen", "generation", id)
-						m.post(nil, true)
+						b := cur
+						b.Cut = true
+						m.post(&b, true)
 						cur = Batch{}
 					}
+					continue
+				case muteReply:
+					// The generation when muting: one not ended by a
+					// NEWGEN read (a transaction counted whose
+					// notifications came after the group was left), or
+					// changes not ended, are another program's, unseen.
+					if known && id != gen || cur.Count > 0 {
+						m.logger.V(2).Info("nftables monitor: a transaction ended while muting", "generation", id, "last", gen)
+						b := unseenBatch()
+						if cur.Count > 0 {
+							b = cur
+							b.Cut, b.Truncated, b.ManyTables = true, true, true
+						}
+						m.post(&b, false)
+						cur = Batch{}
+					}
+					gen, known = id, true
 					continue
 				}
 				if resyncing {
@@ -510,17 +582,49 @@ func genRequest() netlink.Message {
 	}
 }
 
-// genReply reports whether h is the header of the reply to the pending
-// request for the generation (which ends resyncing), and whether the
-// monitor is resyncing (before that reply).
-func (m *Monitor) genReply(h netlink.Header) (reply, resyncing bool) {
+// genReplyKind says which request for the generation a message answers.
+type genReplyKind int
+
+const (
+	// notReply: a notification.
+	notReply genReplyKind = iota
+	// resyncReply: the request of Start or of an unmute (resync).
+	resyncReply
+	// muteReply: the request sent when muting (Mute).
+	muteReply
+)
+
+// genReply reports which pending request for the generation h is the
+// header of the reply to (a resync's reply ends resyncing), and whether
+// the monitor is resyncing (before that reply).
+func (m *Monitor) genReply(h netlink.Header) (genReplyKind, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.genReq != nil && h.PID == m.genReq.PID && h.Sequence == m.genReq.Sequence {
+	switch {
+	case m.genReq != nil && h.PID == m.genReq.PID && h.Sequence == m.genReq.Sequence:
 		m.resyncing, m.genReq = false, nil
-		return true, false
+		return resyncReply, false
+	case m.muteReq != nil && h.PID == m.muteReq.PID && h.Sequence == m.muteReq.Sequence:
+		m.muteReq = nil
+		return muteReply, m.resyncing
 	}
-	return false, m.resyncing
+	return notReply, m.resyncing
+}
+
+// requestAgain sends again the pending request for the generation of a
+// resync, whose reply an overrun may have dropped (a later reply
+// matches); a mute's is forgotten (the overrun makes the full check run).
+func (m *Monitor) requestAgain() {
+	m.mu.Lock()
+	pending := m.genReq != nil
+	m.muteReq = nil
+	m.mu.Unlock()
+	if !pending {
+		return
+	}
+	if err := m.resync(); err != nil {
+		m.logger.V(2).Info("nftables monitor: cannot request the generation again after an overrun", "err", err)
+	}
 }
 
 // post hands a batch (or the loss of notifications) to the loop.

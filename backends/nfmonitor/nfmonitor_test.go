@@ -3,14 +3,17 @@
 package nfmonitor
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // message returns the payload of a notification: nfgenmsg of family,
@@ -118,5 +121,122 @@ func TestBatchKeep(t *testing.T) {
 	}
 	if few.Truncated || len(few.Changes) != 1 || few.Count != 3 {
 		t.Errorf("batch %+v: one kind of change three times: want it kept, counted 3, not Truncated", few)
+	}
+}
+
+// notification is a message of type typ from port pid, as the monitor's
+// socket receives it.
+func notification(t *testing.T, typ uint8, pid, seq uint32, family uint8, attrs func(ae *netlink.AttributeEncoder)) netlink.Message {
+	t.Helper()
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | uint16(typ)), PID: pid, Sequence: seq},
+		Data:   message(t, family, attrs),
+	}
+}
+
+// newGen is a NEWGEN message of generation id from port pid (a
+// transaction's end, or the reply to a request of the monitor's, port 1).
+func newGen(t *testing.T, pid, seq, id uint32) netlink.Message {
+	t.Helper()
+	return notification(t, unix.NFT_MSG_NEWGEN, pid, seq, unix.NFPROTO_UNSPEC, func(ae *netlink.AttributeEncoder) {
+		ae.Uint32(unix.NFTA_GEN_ID, id)
+		ae.Uint32(unix.NFTA_GEN_PROC_PID, 4321)
+		ae.String(unix.NFTA_GEN_PROC_NAME, "nft")
+	})
+}
+
+// ruleAdded is a rule added to chain c of table inet kpng-x, from port pid.
+func ruleAdded(t *testing.T, pid uint32) netlink.Message {
+	t.Helper()
+	return notification(t, unix.NFT_MSG_NEWRULE, pid, 0, unix.NFPROTO_INET, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_RULE_TABLE, "kpng-x")
+		ae.String(unix.NFTA_RULE_CHAIN, "c")
+	})
+}
+
+// TestReadGenerationReplies feeds the reader (through its receive seam)
+// messages as the monitor's socket would get them around Mute, and
+// checks what it posts. The monitor's own requests for the generation
+// come from port 1: sequence 1 a resync's (Start, an unmute), sequence 2
+// a mute's; other programs commit from port 99.
+//   - A mute with nothing unseen posts only the batch of the foreign
+//     transaction read before it (the control).
+//   - A generation counted but never ended by a NEWGEN read when muting
+//     (a transaction whose notifications came after the group was left)
+//     posts an Unseen batch; so do changes not ended when muting (Cut).
+//   - Changes not ended when a resync's reply comes are posted Cut, and
+//     lost.
+//   - While resyncing, a jump in the generations is not a loss; after the
+//     reply it is again.
+func TestReadGenerationReplies(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		resyncing bool
+		mute      bool
+		msgs      func(t *testing.T) []netlink.Message
+		// want describes each batch posted: "foreign", "unseen" or
+		// "cut"; lost whether a loss was posted.
+		want []string
+		lost bool
+	}{
+		{"muted, nothing unseen", true, true, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 1, 1, 5), ruleAdded(t, 99), newGen(t, 99, 7, 6), newGen(t, 1, 2, 6)}
+		}, []string{"foreign"}, false},
+		{"a generation counted but not ended when muting", true, true, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 1, 1, 5), newGen(t, 1, 2, 6)}
+		}, []string{"unseen"}, false},
+		{"changes not ended when muting", true, true, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 1, 1, 5), ruleAdded(t, 99), newGen(t, 1, 2, 5)}
+		}, []string{"cut"}, false},
+		{"changes not ended when the resync's reply comes", true, false, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{ruleAdded(t, 99), newGen(t, 1, 1, 7)}
+		}, []string{"cut"}, true},
+		{"a jump while resyncing", true, false, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 99, 7, 5), newGen(t, 99, 8, 9), newGen(t, 1, 1, 9)}
+		}, nil, false},
+		{"a jump after the resync's reply", true, false, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 1, 1, 9), newGen(t, 99, 8, 12)}
+		}, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			msgs := tc.msgs(t)
+			m := &Monitor{
+				cfg:    Config{Watch: func(c Change, _ []byte) bool { return c.Table == "kpng-x" }},
+				ctx:    ctx,
+				logger: klog.Background(),
+				wake:   make(chan struct{}, 1),
+				receive: func() ([]netlink.Message, error) {
+					if len(msgs) == 0 {
+						cancel()
+						return nil, context.Canceled
+					}
+					msg := msgs[0]
+					msgs = msgs[1:]
+					return []netlink.Message{msg}, nil
+				},
+				resyncing: tc.resyncing,
+				genReq:    &netlink.Header{PID: 1, Sequence: 1},
+			}
+			if tc.mute {
+				m.muteReq = &netlink.Header{PID: 1, Sequence: 2}
+			}
+			m.read(ctx)
+			var got []string
+			for _, b := range m.pending {
+				switch {
+				case b.Unseen:
+					got = append(got, "unseen")
+				case b.Cut:
+					got = append(got, "cut")
+				default:
+					got = append(got, "foreign")
+				}
+			}
+			if !slices.Equal(got, tc.want) || m.lost != tc.lost {
+				t.Errorf("posted %v, lost %v; want %v, lost %v", got, m.lost, tc.want, tc.lost)
+			}
+		})
 	}
 }

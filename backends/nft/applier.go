@@ -263,6 +263,10 @@ func (a *applier) flush(t *txn) error {
 	}
 	unmute := a.mute()
 	err := t.conn.Flush()
+	// A Flush that returned nil committed once: a transaction this large
+	// is not empty (the kernel counts a generation for each non-empty
+	// commit only). One that failed after the kernel applied it (its
+	// answers lost) counts 0: the monitor then repairs, needlessly.
 	commits := 0
 	if err == nil {
 		commits = 1
