@@ -110,17 +110,6 @@ type Batch struct {
 	// unknown; or the batch ended within lossWindow of an overrun, and
 	// may lack changes the kernel dropped.
 	Cut bool
-	// Unseen says that the batch stands for transactions of other
-	// programs committed while the monitor was muted (Monitor.Mute):
-	// nothing names what they changed (Changes is empty; Cut, Truncated
-	// and ManyTables are set).
-	Unseen bool
-}
-
-// unseenBatch is the batch of the transactions committed by others
-// while the monitor was muted.
-func unseenBatch() Batch {
-	return Batch{Unseen: true, Cut: true, Truncated: true, ManyTables: true}
 }
 
 // keep counts c, and keeps it if it is of a kind (type, table, chain) not
@@ -152,9 +141,6 @@ func (b *Batch) keep(c Change) {
 
 // String describes the batch for a log or a SyncResult's Repair.
 func (b Batch) String() string {
-	if b.Unseen {
-		return "transactions of other programs committed while the backend's own was not notified (what they changed is not known)"
-	}
 	parts := make([]string, 0, len(b.Changes))
 	for _, c := range b.Changes {
 		parts = append(parts, c.String())
@@ -292,15 +278,20 @@ func (m *Monitor) Done() <-chan struct{} { return m.done }
 // transactions: nftables builds a notification of every object a
 // transaction adds or deletes, but only while some socket listens, and
 // for a table written whole that costs more than the transaction itself
-// (a message allocated for each of a million objects). What other
-// programs commit meanwhile is not lost, though what they changed is not
-// known: the generation is read when muting (after leaving the group, on
-// the monitor's socket too, so that a transaction already counted whose
-// notifications had not come yet is seen) and when listening again, and
-// if it moved by more than the caller's commits (or cannot be read), an
-// Unseen batch is repaired. Mute calls are serialized: a second waits
-// for the first's unmute. A monitor that cannot stop listening stays as
-// it is (its unmute does nothing).
+// (a message allocated for each of a million objects). A transaction of
+// another program committed meanwhile is not missed, though what it
+// changed is not known: the generation is read when muting (after
+// leaving the group, on the monitor's socket too, so that a transaction
+// already counted whose notifications had not come yet is seen) and when
+// listening again, and if it moved by more than the caller's commits (or
+// cannot be read), Config.Lost is called, as when notifications were
+// lost. (Another program's transaction that waited for the caller's, a
+// long one, commits right after it, before the monitor listens again:
+// a full repair for each would make a backend that commits large
+// transactions often rewrite its rules after each while another program
+// commits often.) Mute calls are serialized: a second waits for the
+// first's unmute. A monitor that cannot stop listening stays as it is
+// (its unmute does nothing).
 func (m *Monitor) Mute() (unmute func(commits int)) {
 	m.muteMu.Lock()
 	before, err := m.generation()
@@ -324,9 +315,8 @@ func (m *Monitor) Mute() (unmute func(commits int)) {
 		defer m.muteMu.Unlock()
 		if err := m.listen(); err != nil {
 			if m.ctx.Err() == nil {
-				m.logger.Error(err, "nftables monitor: cannot listen again after a transaction of the backend's: repairing the rules")
-				b := unseenBatch()
-				m.post(&b, true)
+				m.logger.Error(err, "nftables monitor: cannot listen again after a transaction of the backend's: checking the rules fully")
+				m.post(nil, true)
 			}
 			return
 		}
@@ -338,10 +328,9 @@ func (m *Monitor) Mute() (unmute func(commits int)) {
 		if err != nil || after != want {
 			// Someone else committed meanwhile (or the generation is
 			// unknown): what changed is not known.
-			m.logger.V(2).Info("nftables monitor: transactions committed while not listening: repairing the rules",
+			m.logger.V(2).Info("nftables monitor: transactions committed while not listening: checking the rules fully",
 				"before", before, "after", after, "own", commits, "err", err)
-			b := unseenBatch()
-			m.post(&b, false)
+			m.post(nil, true)
 		}
 	}
 }
@@ -514,16 +503,18 @@ func (m *Monitor) read(ctx context.Context) {
 					// The generation when muting: one not ended by a
 					// NEWGEN read (a transaction counted whose
 					// notifications came after the group was left), or
-					// changes not ended, are another program's, unseen.
-					if known && id != gen || cur.Count > 0 {
-						m.logger.V(2).Info("nftables monitor: a transaction ended while muting", "generation", id, "last", gen)
-						b := unseenBatch()
-						if cur.Count > 0 {
-							b = cur
-							b.Cut, b.Truncated, b.ManyTables = true, true, true
-						}
-						m.post(&b, false)
+					// changes not ended, are another program's, whose
+					// end is lost.
+					switch {
+					case cur.Count > 0:
+						m.logger.V(2).Info("nftables monitor: changes not ended when muting", "generation", id)
+						b := cur
+						b.Cut = true
+						m.post(&b, true)
 						cur = Batch{}
+					case known && id != gen:
+						m.logger.V(2).Info("nftables monitor: a transaction ended while muting", "generation", id, "last", gen)
+						m.post(nil, true)
 					}
 					gen, known = id, true
 					continue

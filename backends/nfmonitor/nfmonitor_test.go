@@ -163,7 +163,8 @@ func ruleAdded(t *testing.T, pid uint32) netlink.Message {
 //     transaction read before it (the control).
 //   - A generation counted but never ended by a NEWGEN read when muting
 //     (a transaction whose notifications came after the group was left)
-//     posts an Unseen batch; so do changes not ended when muting (Cut).
+//     posts a loss; changes not ended when muting are posted Cut, and a
+//     loss.
 //   - Changes not ended when a resync's reply comes are posted Cut, and
 //     lost.
 //   - While resyncing, a jump in the generations is not a loss; after the
@@ -174,8 +175,8 @@ func TestReadGenerationReplies(t *testing.T) {
 		resyncing bool
 		mute      bool
 		msgs      func(t *testing.T) []netlink.Message
-		// want describes each batch posted: "foreign", "unseen" or
-		// "cut"; lost whether a loss was posted.
+		// want describes each batch posted: "foreign" or "cut"; lost
+		// whether a loss was posted.
 		want []string
 		lost bool
 	}{
@@ -184,10 +185,10 @@ func TestReadGenerationReplies(t *testing.T) {
 		}, []string{"foreign"}, false},
 		{"a generation counted but not ended when muting", true, true, func(t *testing.T) []netlink.Message {
 			return []netlink.Message{newGen(t, 1, 1, 5), newGen(t, 1, 2, 6)}
-		}, []string{"unseen"}, false},
+		}, nil, true},
 		{"changes not ended when muting", true, true, func(t *testing.T) []netlink.Message {
 			return []netlink.Message{newGen(t, 1, 1, 5), ruleAdded(t, 99), newGen(t, 1, 2, 5)}
-		}, []string{"cut"}, false},
+		}, []string{"cut"}, true},
 		{"changes not ended when the resync's reply comes", true, false, func(t *testing.T) []netlink.Message {
 			return []netlink.Message{ruleAdded(t, 99), newGen(t, 1, 1, 7)}
 		}, []string{"cut"}, true},
@@ -226,8 +227,6 @@ func TestReadGenerationReplies(t *testing.T) {
 			var got []string
 			for _, b := range m.pending {
 				switch {
-				case b.Unseen:
-					got = append(got, "unseen")
 				case b.Cut:
 					got = append(got, "cut")
 				default:

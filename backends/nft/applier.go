@@ -138,8 +138,11 @@ type applier struct {
 
 // defaultMuteObjects is applier.muteObjects when Config does not set it:
 // a notification costs the kernel an allocation, some microseconds, and
-// muting two reads of the generation on a socket of the monitor's.
-const defaultMuteObjects = 256
+// muting (two reads of the generation on a socket of the monitor's) some
+// 90 µs; but another program's change made while muted is found only by
+// the check of every chain (nfmonitor's Mute), so that only the large
+// transactions are muted.
+const defaultMuteObjects = 1000
 
 // txnConn is a connection transactions are written on: the Conn that
 // marshals them and the relay that sends them.

@@ -403,10 +403,10 @@ func TestKernelMonitorLostInRound(t *testing.T) {
 //     monitor does not take the muted transaction for one);
 //   - a chain flushed with nft while the monitor is muted (after the
 //     round's transaction was applied, before the sink reads its answer)
-//     is not notified: it must be repaired all the same, by the full
-//     rewrite that a generation moved by more than the sink's commit
-//     calls for (the repair says that what other programs changed is not
-//     known), and the table must be a fresh sink's of the round's state.
+//     is not notified: it must be repaired all the same, by the check of
+//     every chain that a generation moved by more than the sink's commit
+//     calls for (the repair says notifications were lost), and the table
+//     must be a fresh sink's of the round's state.
 //
 // It fails when unmuting does not compare the generations (the second
 // flush stays until the periodic check, an hour), or does not resync
@@ -494,5 +494,5 @@ func TestKernelMonitorMuted(t *testing.T) {
 	if flushed.Load() == 0 {
 		t.Fatal("the round's transaction read no answer: the chain was not flushed")
 	}
-	awaitRepair("a chain flushed while the monitor was muted", "committed while the backend's own was not notified", wantNext)
+	awaitRepair("a chain flushed while the monitor was muted", "nftables notifications were lost", wantNext)
 }
