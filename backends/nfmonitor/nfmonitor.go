@@ -294,6 +294,12 @@ func (m *Monitor) Done() <-chan struct{} { return m.done }
 // (its unmute does nothing).
 func (m *Monitor) Mute() (unmute func(commits int)) {
 	m.muteMu.Lock()
+	// Soon after an overrun the kernel may still drop what comes (the
+	// socket not read empty yet), the mute's reply and another
+	// program's notifications among them: the full check runs after it.
+	m.mu.Lock()
+	uncertain := !m.lossAt.IsZero() && time.Since(m.lossAt) < lossWindow
+	m.mu.Unlock()
 	before, err := m.generation()
 	if err == nil {
 		err = m.conn.LeaveGroup(unix.NFNLGRP_NFTABLES)
@@ -309,10 +315,15 @@ func (m *Monitor) Mute() (unmute func(commits int)) {
 	m.mu.Lock()
 	if req, err := requestGen(m.conn); err == nil {
 		m.muteReq = &req.Header
+	} else {
+		uncertain = true
 	}
 	m.mu.Unlock()
 	return func(commits int) {
 		defer m.muteMu.Unlock()
+		if uncertain {
+			m.post(nil, true)
+		}
 		if err := m.listen(); err != nil {
 			if m.ctx.Err() == nil {
 				m.logger.Error(err, "nftables monitor: cannot listen again after a transaction of the backend's: checking the rules fully")
@@ -366,7 +377,7 @@ func (m *Monitor) resync() error {
 		m.resyncing, m.genReq = false, nil
 		return err
 	}
-	m.resyncing, m.genReq = true, &req.Header
+	m.resyncing, m.genReq, m.pid = true, &req.Header, req.Header.PID
 	return nil
 }
 
@@ -426,6 +437,12 @@ type Monitor struct {
 	// muteReq is the header of the request for the generation sent when
 	// muting (Mute), until its reply is read.
 	muteReq *netlink.Header
+	// pid is the port ID of the monitor's socket: a NEWGEN message from
+	// it is the reply to a request of the monitor's (the socket commits
+	// nothing), never a transaction's end.
+	pid uint32
+	// lossAt is when the reader last read an overrun (ENOBUFS).
+	lossAt time.Time
 	// receive, if set, is what read receives from instead of conn (the
 	// unit tests' seam).
 	receive func() ([]netlink.Message, error)
@@ -444,9 +461,14 @@ type Monitor struct {
 // The kernel reports an overrun (ENOBUFS) once, before the messages
 // still queued, and drops the next ones silently until they are read:
 // the generation is what shows those. The generation is known from the
-// reply to a request for it (Start, Mute's unmute: resyncing); changes
-// read before that reply whose transaction's end was not read by then may
-// be of a transaction whose end was muted: lost too.
+// reply to a request for it (Start, Mute's unmute: resyncing; until it,
+// a skipped generation may be a muted one). Changes read before such a
+// reply whose transaction's end was not read by then are another
+// program's, whose commit ran beside the request (the request does not
+// wait for commits): their batch is Cut, and notifications lost. The
+// reply to Mute's request is compared with the last end read: a
+// transaction counted before muting whose notifications came after the
+// group was left shows as a generation not ended, and its changes lost.
 func (m *Monitor) read(ctx context.Context) {
 	receive := m.conn.Receive
 	if m.receive != nil {
@@ -467,10 +489,14 @@ func (m *Monitor) read(ctx context.Context) {
 			}
 			if errors.Is(err, unix.ENOBUFS) {
 				lossAt = time.Now()
+				m.mu.Lock()
+				m.lossAt = lossAt
+				m.mu.Unlock()
 				m.post(nil, true)
 				// The reply to a request for the generation may be
-				// among what was dropped.
-				m.requestAgain()
+				// among what was dropped: it is asked for again once
+				// the socket was read empty.
+				time.AfterFunc(lossWindow, m.requestAgain)
 				continue
 			}
 			m.logger.Error(err, "nftables monitor: cannot read the notifications: the periodic check stays")
@@ -487,9 +513,9 @@ func (m *Monitor) read(ctx context.Context) {
 				switch reply {
 				case resyncReply:
 					// The generation now. Changes whose end was not read
-					// are another program's (the backend's transactions
-					// end before it asks): their end may have come while
-					// muted.
+					// are another program's, committing beside the
+					// request (the backend's transactions end before it
+					// asks), or from before the mute.
 					gen, known = id, true
 					if cur.Count > 0 {
 						m.logger.V(2).Info("nftables monitor: changes read before listening again ended unseen", "generation", id)
@@ -498,6 +524,8 @@ func (m *Monitor) read(ctx context.Context) {
 						m.post(&b, true)
 						cur = Batch{}
 					}
+					continue
+				case staleReply:
 					continue
 				case muteReply:
 					// The generation when muting: one not ended by a
@@ -583,11 +611,14 @@ const (
 	resyncReply
 	// muteReply: the request sent when muting (Mute).
 	muteReply
+	// staleReply: a request no longer waited for (asked again).
+	staleReply
 )
 
-// genReply reports which pending request for the generation h is the
-// header of the reply to (a resync's reply ends resyncing), and whether
-// the monitor is resyncing (before that reply).
+// genReply reports which request for the generation h is the header of
+// the reply to (a resync's reply ends resyncing; any reply from the
+// monitor's socket does while it resyncs), and whether the monitor is
+// resyncing (before that reply).
 func (m *Monitor) genReply(h netlink.Header) (genReplyKind, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -598,19 +629,26 @@ func (m *Monitor) genReply(h netlink.Header) (genReplyKind, bool) {
 	case m.muteReq != nil && h.PID == m.muteReq.PID && h.Sequence == m.muteReq.Sequence:
 		m.muteReq = nil
 		return muteReply, m.resyncing
+	case m.pid != 0 && h.PID == m.pid && m.resyncing:
+		// An earlier request of a resync asked again: its reply is
+		// the generation after listening again too.
+		m.resyncing, m.genReq = false, nil
+		return resyncReply, false
+	case m.pid != 0 && h.PID == m.pid:
+		return staleReply, false
 	}
 	return notReply, m.resyncing
 }
 
 // requestAgain sends again the pending request for the generation of a
-// resync, whose reply an overrun may have dropped (a later reply
-// matches); a mute's is forgotten (the overrun makes the full check run).
+// resync, whose reply an overrun may have dropped (any reply ends the
+// resync); a mute's is forgotten (the overrun makes the full check run).
 func (m *Monitor) requestAgain() {
 	m.mu.Lock()
 	pending := m.genReq != nil
 	m.muteReq = nil
 	m.mu.Unlock()
-	if !pending {
+	if !pending || m.ctx.Err() != nil {
 		return
 	}
 	if err := m.resync(); err != nil {

@@ -154,6 +154,10 @@ func ruleAdded(t *testing.T, pid uint32) netlink.Message {
 	})
 }
 
+// overrun stands, in TestReadGenerationReplies' messages, for the
+// socket's ENOBUFS.
+var overrun = netlink.Message{Header: netlink.Header{Type: 0xffff}}
+
 // TestReadGenerationReplies feeds the reader (through its receive seam)
 // messages as the monitor's socket would get them around Mute, and
 // checks what it posts. The monitor's own requests for the generation
@@ -168,15 +172,20 @@ func ruleAdded(t *testing.T, pid uint32) netlink.Message {
 //   - Changes not ended when a resync's reply comes are posted Cut, and
 //     lost.
 //   - While resyncing, a jump in the generations is not a loss; after the
-//     reply it is again.
+//     reply it is again, also the reply to an earlier request of the
+//     resync (asked again after an overrun).
+//   - A reply no longer waited for does not end a transaction's changes
+//     (they end with their committer's NEWGEN, from port 99).
+//   - An overrun (ENOBUFS) is a loss, and its time is kept (Mute).
 func TestReadGenerationReplies(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		resyncing bool
 		mute      bool
 		msgs      func(t *testing.T) []netlink.Message
-		// want describes each batch posted: "foreign" or "cut"; lost
-		// whether a loss was posted.
+		// want describes each batch posted: "foreign" (from port 99),
+		// "cut", or the port of another; lost whether a loss was
+		// posted.
 		want []string
 		lost bool
 	}{
@@ -198,6 +207,15 @@ func TestReadGenerationReplies(t *testing.T) {
 		{"a jump after the resync's reply", true, false, func(t *testing.T) []netlink.Message {
 			return []netlink.Message{newGen(t, 1, 1, 9), newGen(t, 99, 8, 12)}
 		}, nil, true},
+		{"a jump after the reply to an earlier request of the resync", true, false, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 1, 0, 9), newGen(t, 99, 8, 12)}
+		}, nil, true},
+		{"a stale reply amid a transaction's changes", false, false, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 99, 7, 5), ruleAdded(t, 99), newGen(t, 1, 9, 5), newGen(t, 99, 8, 6)}
+		}, []string{"foreign"}, false},
+		{"an overrun", true, false, func(t *testing.T) []netlink.Message {
+			return []netlink.Message{newGen(t, 1, 1, 5), overrun}
+		}, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -215,10 +233,16 @@ func TestReadGenerationReplies(t *testing.T) {
 					}
 					msg := msgs[0]
 					msgs = msgs[1:]
+					if msg.Header.Type == overrun.Header.Type {
+						return nil, unix.ENOBUFS
+					}
 					return []netlink.Message{msg}, nil
 				},
+				pid:       1,
 				resyncing: tc.resyncing,
-				genReq:    &netlink.Header{PID: 1, Sequence: 1},
+			}
+			if tc.resyncing {
+				m.genReq = &netlink.Header{PID: 1, Sequence: 1}
 			}
 			if tc.mute {
 				m.muteReq = &netlink.Header{PID: 1, Sequence: 2}
@@ -229,12 +253,17 @@ func TestReadGenerationReplies(t *testing.T) {
 				switch {
 				case b.Cut:
 					got = append(got, "cut")
-				default:
+				case b.PortID == 99:
 					got = append(got, "foreign")
+				default:
+					got = append(got, fmt.Sprint("port ", b.PortID))
 				}
 			}
 			if !slices.Equal(got, tc.want) || m.lost != tc.lost {
 				t.Errorf("posted %v, lost %v; want %v, lost %v", got, m.lost, tc.want, tc.lost)
+			}
+			if tc.name == "an overrun" && m.lossAt.IsZero() {
+				t.Error("an overrun: its time not kept")
 			}
 		})
 	}

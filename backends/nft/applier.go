@@ -138,8 +138,8 @@ type applier struct {
 
 // defaultMuteObjects is applier.muteObjects when Config does not set it:
 // a notification costs the kernel an allocation, some microseconds, and
-// muting (two reads of the generation on a socket of the monitor's) some
-// 90 µs; but another program's change made while muted is found only by
+// muting (the group left and joined again, four requests for the
+// generation) some 90 µs; but another program's change made while muted is found only by
 // the check of every chain (nfmonitor's Mute), so that only the large
 // transactions are muted.
 const defaultMuteObjects = 1000
@@ -269,7 +269,8 @@ func (a *applier) flush(t *txn) error {
 	// A Flush that returned nil committed once: a transaction this large
 	// is not empty (the kernel counts a generation for each non-empty
 	// commit only). One that failed after the kernel applied it (its
-	// answers lost) counts 0: the monitor then repairs, needlessly.
+	// answers lost) counts 0: the monitor then runs the check of every
+	// chain (Lost), needlessly.
 	commits := 0
 	if err == nil {
 		commits = 1

@@ -43,7 +43,8 @@ func (o *ownPorts) has(id uint32) bool {
 // current one): a transaction of someone else's that changes the sink's
 // table (or deletes it) is repaired at once by rewriting the table whole.
 // The applier's large transactions are sent with the monitor muted
-// (applier.mute).
+// (applier.mute): a change another program makes meanwhile is found by
+// the check of every chain (checkAll) only.
 func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 	m, err := nfmonitor.Start(ctx, nfmonitor.Config{
 		NetNS: netNS,
