@@ -139,9 +139,9 @@ type applier struct {
 // defaultMuteObjects is applier.muteObjects when Config does not set it:
 // a notification costs the kernel an allocation, some microseconds, and
 // muting (the group left and joined again, four requests for the
-// generation) some 90 µs; but another program's change made while muted is found only by
-// the check of every chain (nfmonitor's Mute), so that only the large
-// transactions are muted.
+// generation) some 90 µs; but another program's change made while muted
+// is found only by the check of every chain (nfmonitor's Mute), so that
+// only the large transactions are muted.
 const defaultMuteObjects = 1000
 
 // txnConn is a connection transactions are written on: the Conn that
