@@ -511,36 +511,26 @@ func (m *Monitor) read(ctx context.Context) {
 				id, pid, name := parseGen(msg.Data[4:])
 				reply, resyncing := m.genReply(msg.Header)
 				switch reply {
-				case resyncReply:
-					// The generation now. Changes whose end was not read
-					// are another program's, committing beside the
-					// request (the backend's transactions end before it
-					// asks), or from before the mute.
-					gen, known = id, true
-					if cur.Count > 0 {
-						m.logger.V(2).Info("nftables monitor: changes read before listening again ended unseen", "generation", id)
-						b := cur
-						b.Cut = true
-						m.post(&b, true)
-						cur = Batch{}
-					}
-					continue
 				case staleReply:
 					continue
-				case muteReply:
-					// The generation when muting: one not ended by a
-					// NEWGEN read (a transaction counted whose
-					// notifications came after the group was left), or
-					// changes not ended, are another program's, whose
-					// end is lost.
+				case resyncReply, muteReply:
+					// The generation now (a resync's: after listening
+					// again) or when muting. Changes whose end was not
+					// read are another program's (the backend's
+					// transactions end before it asks), committing
+					// beside the request or before the mute: their end
+					// is lost. At a mute's reply, a generation not ended
+					// by a NEWGEN read is a transaction counted whose
+					// notifications came after the group was left: lost
+					// too.
 					switch {
 					case cur.Count > 0:
-						m.logger.V(2).Info("nftables monitor: changes not ended when muting", "generation", id)
+						m.logger.V(2).Info("nftables monitor: changes not ended at a reply to a request for the generation", "generation", id, "muting", reply == muteReply)
 						b := cur
 						b.Cut = true
 						m.post(&b, true)
 						cur = Batch{}
-					case known && id != gen:
+					case reply == muteReply && known && id != gen:
 						m.logger.V(2).Info("nftables monitor: a transaction ended while muting", "generation", id, "last", gen)
 						m.post(nil, true)
 					}
