@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -63,11 +64,14 @@ func TestExampleCalloutConfinement(t *testing.T) {
 	if callout == "" {
 		t.Fatal("the callout container has no CALLOUT")
 	}
-	// The image's /usr/local/bin/kpng-example-allip is examples/allip's.
-	script, err := filepath.Abs(filepath.Join("..", "allip", filepath.Base(callout)))
+	// The image's /usr/local/bin/kpng-example-allip is examples/allip's,
+	// handed over open (as /dev/fd/3): the checkout may lie under a path
+	// the container gets a fresh tmpfs at (a clone in /tmp).
+	script, err := os.Open(filepath.Join("..", "allip", filepath.Base(callout)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer script.Close()
 	emptyDirs := map[string]bool{}
 	for _, v := range ds.Spec.Template.Spec.Volumes {
 		if v.EmptyDir != nil {
@@ -98,8 +102,9 @@ func TestExampleCalloutConfinement(t *testing.T) {
 		}
 		args := append([]string{"netns", "exec", ns.Name, "unshare", "--mount", "--propagation", "private", "--",
 			"sh", "-c", setup + ` ; exec "$@"`, "sh", "setpriv", "--bounding-set", bounding, "--inh-caps", "-all", "--",
-			"env"}, append(env, script)...)
+			"env"}, append(env, "/dev/fd/3")...)
 		cmd := exec.Command("ip", args...)
+		cmd.ExtraFiles = []*os.File{script}
 		cmd.Stdin = bytes.NewReader(state)
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() >= 98 {
