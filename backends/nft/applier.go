@@ -387,7 +387,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	for _, lc := range lookupChains {
 		ch := t.addChain(lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)], clusterIPs[f]))
+			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)], clusterIPs[f], rs.ShardBits))
 		})
 	}
 	reject := t.addChain(chainReject)

@@ -144,7 +144,7 @@ func wantFull(tb testing.TB, r SyncResult, n int) {
 	// and its jump element.
 	shards := map[uint32]bool{}
 	for i := range n {
-		shards[shardOf(netip.MustParseAddr(benchService(i).IPs.ClusterIPs.V4[0]))] = true
+		shards[shardOf(netip.MustParseAddr(benchService(i).IPs.ClusterIPs.V4[0]), shardBitsFor(n))] = true
 	}
 	if !r.Full || r.Stats.ChainsAdded != len(shards) || r.Stats.ElementsAdded != n*elementsPerBenchService+len(shards) || r.Stats.Rules < 3*len(shards) {
 		tb.Fatalf("full sync of %d services: %+v (full %v), want %d chains (shards), %d elements, %d+ rules", n, r.Stats, r.Full, len(shards), n*elementsPerBenchService+len(shards), 3*len(shards))
@@ -671,7 +671,7 @@ func TestKernelLargeFullSync(t *testing.T) {
 	// 2,000 cluster IPs.
 	shards := map[uint32]bool{}
 	for _, se := range items {
-		shards[shardOf(netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0]))] = true
+		shards[shardOf(netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0]), shardBitsFor(len(items)))] = true
 	}
 	if !r.Full || r.Stats.ElementsAdded != len(shards)+2000+1+2000 {
 		t.Fatalf("full sync: %+v, want %d elements added (%d shards)", r.Stats, len(shards)+2000+1+2000, len(shards))

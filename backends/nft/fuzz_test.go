@@ -173,7 +173,7 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 	shardJumps := map[string]bool{}
 	for _, e := range rs.Elements {
 		if e.Map == mapShards(e.Family) {
-			s := shardOf(e.Key.Addr)
+			s := shardOf(e.Key.Addr, rs.ShardBits)
 			if e.Key.Addr != shardKey(e.Family, s) || e.Verdict.Goto != shardChainName(e.Family, s) || !e.Verdict.Jump {
 				return fmt.Errorf("element %s: %s, want jump %s", e.ID(), e.Verdict, shardChainName(e.Family, s))
 			}
@@ -197,6 +197,8 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 			switch {
 			case bl == nil || bl.Shard != e.Key || bl.Service != e.Service:
 				return fmt.Errorf("element %s: served by shard block %s, which is not there with its key", e.ID(), e.Verdict.Block)
+			case bl.ShardIdx != shardOf(e.Key.Addr, rs.ShardBits):
+				return fmt.Errorf("element %s: its shard block %s is in shard %d, want %d (%d bits)", e.ID(), bl.ID, bl.ShardIdx, shardOf(e.Key.Addr, rs.ShardBits), rs.ShardBits)
 			case sets[bl.Map()] == nil || !sets[bl.Map()].ShardMap:
 				return fmt.Errorf("element %s: its shard map %s is not in the table", e.ID(), bl.Map())
 			case !shardJumps[bl.Map()]:

@@ -192,6 +192,9 @@ type ruleset struct {
 	// ServiceCIDRs are the ranges of the service-cidrs sets (the
 	// cluster's service CIDRs, for the default proxier).
 	ServiceCIDRs []addrRange
+	// ShardBits is the number of a cluster IP's last bits that choose
+	// its shard (shards.go).
+	ShardBits uint8
 }
 
 // endpoints returns the elements of the endpoint maps, sorted. A full sync
@@ -299,6 +302,9 @@ type block struct {
 	// shards.go), its key there: cluster IP, protocol and port. Its
 	// Addr is not valid for a block of the endpoint maps.
 	Shard mapKey
+	// ShardIdx is the shard of a block of the shard maps, set by the
+	// tracker (shardOf its cluster IP with the table's shard bits).
+	ShardIdx uint32
 }
 
 // sharded reports whether the block is in a shard map.
@@ -307,7 +313,7 @@ func (bl *block) sharded() bool { return bl.Shard.Addr.IsValid() }
 // Map returns the name of the endpoint or shard map holding the block.
 func (bl *block) Map() string {
 	if bl.sharded() {
-		return shardMapName(bl.Family, shardOf(bl.Shard.Addr))
+		return shardMapName(bl.Family, bl.ShardIdx)
 	}
 	return endpointMapName(bl.Family, bl.Slot/blocksPerMap)
 }
@@ -326,7 +332,7 @@ func compareBlocks(a, b *block) int {
 		return -1
 	}
 	if a.sharded() {
-		if c := cmp.Compare(shardOf(a.Shard.Addr), shardOf(b.Shard.Addr)); c != 0 {
+		if c := cmp.Compare(a.ShardIdx, b.ShardIdx); c != 0 {
 			return c
 		}
 	}
@@ -340,7 +346,7 @@ func (bl *block) Comment() string { return comment(strings.Replace(bl.ID, "/", "
 
 // equalBlocks reports whether two blocks are the same.
 func equalBlocks(a, b *block) bool {
-	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && a.Shard == b.Shard && slices.Equal(a.Endpoints, b.Endpoints)
+	return a.ID == b.ID && a.Family == b.Family && a.Service == b.Service && a.Slot == b.Slot && a.Shard == b.Shard && a.ShardIdx == b.ShardIdx && slices.Equal(a.Endpoints, b.Endpoints)
 }
 
 // appendElements appends to els the intervals of the block in its endpoint
@@ -363,13 +369,14 @@ func (bl *block) element(i int, owner uint64) endpointElement {
 		r = shardRange
 	}
 	return endpointElement{
-		Family: bl.Family,
-		Slot:   bl.Slot,
-		From:   uint32(uint64(i) * r / n),
-		To:     uint32(uint64(i+1) * r / n),
-		Target: bl.Endpoints[i],
-		Owner:  owner,
-		Shard:  bl.Shard,
+		Family:   bl.Family,
+		Slot:     bl.Slot,
+		From:     uint32(uint64(i) * r / n),
+		To:       uint32(uint64(i+1) * r / n),
+		Target:   bl.Endpoints[i],
+		Owner:    owner,
+		Shard:    bl.Shard,
+		ShardIdx: uint16(bl.ShardIdx),
 	}
 }
 
@@ -391,7 +398,9 @@ func ownerOf(id string) uint64 {
 // It holds no string, so that the hundreds of thousands of a large table
 // cost the garbage collector little: its comment is its block's.
 type endpointElement struct {
-	Family   ipFamily
+	Family ipFamily
+	// ShardIdx is the block's shard, in a shard map (maxShards fit).
+	ShardIdx uint16
 	Slot     uint32
 	From, To uint32
 	Target   netip.AddrPort
@@ -405,7 +414,7 @@ type endpointElement struct {
 // Map returns the name of the endpoint or shard map holding the element.
 func (e endpointElement) Map() string {
 	if e.Shard.Addr.IsValid() {
-		return shardMapName(e.Family, shardOf(e.Shard.Addr))
+		return shardMapName(e.Family, uint32(e.ShardIdx))
 	}
 	return endpointMapName(e.Family, e.Slot/blocksPerMap)
 }

@@ -199,8 +199,9 @@ func verdictExpr(v verdict) *expr.Verdict {
 // prefix] meta l4proto . th dport vmap @m".
 //
 // For the shards map: "ip daddr @cluster-ips-v4 ip daddr & 0.0.15.255 vmap
-// @shards-v4" (clusterIPs: the family's cluster-ips set).
-func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftables.Set) []expr.Any {
+// @shards-v4" (clusterIPs: the family's cluster-ips set; the mask of
+// shardBits bits).
+func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftables.Set, shardBits uint8) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport
 	exprs := nfprotoExprs(f)
@@ -209,7 +210,7 @@ func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftabl
 			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
 			&expr.Lookup{SourceRegister: reg1, SetName: clusterIPs.Name, SetID: clusterIPs.ID},
 			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: shardMaskAddr(f).AsSlice(), Xor: make([]byte, alen)},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: shardMaskAddr(f, shardBits).AsSlice(), Xor: make([]byte, alen)},
 			&expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
 	}
 	if !k.nodePort {

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -17,8 +18,9 @@ import (
 //
 // A plain service port (ClusterIP only, no session affinity, one cluster
 // IP in the family, 1 to maxShardEndpoints usable endpoints) has no chain
-// of its own: its endpoints are elements of one of shardCount maps of its
-// family, chosen by the last 12 bits of its cluster IP, keyed by
+// of its own: its endpoints are elements of one of the shard maps of its
+// family (16 to 4,096, following the table's size: shardBitsFor), chosen
+// by the last bits of its cluster IP, keyed by
 // (cluster IP . protocol . port . draw), the draw being a random number in
 // [0, shardRange) of which each endpoint owns an interval:
 //
@@ -40,27 +42,51 @@ import (
 //	}
 //
 // A shard's chain, map and jump element exist while the shard holds a
-// service port: at 50,000 services nearly all 4,096 do, and adding a service is
+// service port: at 50,000 services nearly all 4,096 do (and at 1,000 nearly
+// all 64 of that size's table), and adding a service is
 // adding its endpoints' elements (and its cluster IP, its hairpin pairs):
 // no walk. The first service of a shard creates them, which does walk the
 // table once. Other services keep a chain per service port (docs/backends/nft.md).
 
-// shardCount is the number of shards of a family: the cluster IP's last
-// 12 bits choose one. A shard map is a concatenation with a range, which
-// the kernel keeps in its pipapo set type, whose insertions and commits
-// cost more the more the set holds, and whose deletions much more (each
-// one cuts a bit out of every bucket of every group of its lookup
+// maxShardBits is the most bits of a cluster IP that choose its shard:
+// 4,096 shards of a family. A shard map is a concatenation with a range,
+// which the kernel keeps in its pipapo set type, whose insertions and
+// commits cost more the more the set holds, and whose deletions much more
+// (each one cuts a bit out of every bucket of every group of its lookup
 // tables): BenchmarkEndpointChange and BenchmarkServiceAddDelete at 50,000
 // services, in one sitting, with 1,024 shards of about 50 services: an
 // endpoint change 10.7 ms, a service deleted 21.8 ms; with 4,096 shards of
 // about 12: 3.5 and 3.5 ms, and the cold start no longer (23.8 against
-// 29.0 s on that slow day). Each shard in use costs a chain of 3 or 4
-// rules, a set and a jump element: a table of a few services has as many
-// shards as services.
-const shardCount = 4096
+// 29.0 s on that slow day).
+const maxShardBits = 12
 
-// shardMask is the mask of the address bits that choose a shard.
-const shardMask = shardCount - 1
+// maxShards is the most shards of a family.
+const maxShards = 1 << maxShardBits
+
+// minShardBits is the fewest bits that choose a shard: 16 shards.
+const minShardBits = 4
+
+// shardTarget is how many service ports a shard holds at most when the
+// table is written whole (below maxShards shards). Each shard in use
+// costs a chain of 3 or 4 rules, a set and a jump element, and the kernel
+// finds a set by name by walking the table's sets: with 4,096 shards
+// whatever the size, 10,000 services took 24,251 netlink messages and
+// 1.3 to 1.6 times as long to program as with 1,024 (docs/benchmarks.md,
+// "A shard count that follows the table").
+const shardTarget = 16
+
+// shardBitsFor returns the shard bits of a table written whole whose
+// largest family has n service ports in the shard maps: enough shards for
+// shardTarget ports each, within [minShardBits, maxShardBits]. The count
+// changes only when the table is written whole, which a sync does once
+// a cluster-ips (or hairpin) set outgrows its capacity (twice its
+// addresses at the last full write, rounded up to a power of two;
+// capacity.go): a table growing by partial syncs holds at most about
+// 4·shardTarget ports a shard (beyond maxShards·shardTarget ports, more).
+func shardBitsFor(n int) uint8 {
+	need := max((n+shardTarget-1)/shardTarget, 1)
+	return uint8(min(max(bits.Len(uint(need-1)), minShardBits), maxShardBits))
+}
 
 // shardRange is the range of the draw of a shard map: each of a service
 // port's N endpoints owns [i·R/N, (i+1)·R/N) of it. A power of two, so
@@ -80,10 +106,11 @@ const maxShardEndpoints = 64
 // from the endpoint maps' blocks, whose slots place them in their maps.
 const shardSlotBase = 1 << 30
 
-// shardOf returns the shard of a cluster IP: its last 12 bits.
-func shardOf(a netip.Addr) uint32 {
+// shardOf returns the shard of a cluster IP in a table of shardBits
+// bits: its last shardBits bits.
+func shardOf(a netip.Addr, shardBits uint8) uint32 {
 	b := a.As16()
-	return (uint32(b[14])<<8 | uint32(b[15])) & shardMask
+	return (uint32(b[14])<<8 | uint32(b[15])) & (1<<shardBits - 1)
 }
 
 // shardChainName names the chain of shard s of family f: "shard4-17".
@@ -116,9 +143,9 @@ func shardKey(f ipFamily, s uint32) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-// shardMaskAddr is the mask of the shard bits as an address of family f:
-// 0.0.15.255 or ::fff.
-func shardMaskAddr(f ipFamily) netip.Addr { return shardKey(f, shardMask) }
+// shardMaskAddr is the mask of shardBits shard bits as an address of
+// family f: 0.0.15.255 or ::fff for 12.
+func shardMaskAddr(f ipFamily, shardBits uint8) netip.Addr { return shardKey(f, 1<<shardBits-1) }
 
 // shardJumpElement is the element of the shards map of family f sending
 // shard s to its chain: a jump, so that a packet the shard does not DNAT
@@ -164,9 +191,9 @@ func (r shardDnatRule) String() string {
 }
 
 // shardLookupText is the rule of the services chain sending a packet to
-// a cluster IP to its shard's chain.
-func shardLookupText(f ipFamily) string {
-	return fmt.Sprintf("%s @%s %s & %s vmap @%s", daddrText(f), setClusterIPs(f), daddrText(f), shardMaskAddr(f), mapShards(f))
+// a cluster IP to its shard's chain, in a table of shardBits bits.
+func shardLookupText(f ipFamily, shardBits uint8) string {
+	return fmt.Sprintf("%s @%s %s & %s vmap @%s", daddrText(f), setClusterIPs(f), daddrText(f), shardMaskAddr(f, shardBits), mapShards(f))
 }
 
 // shardMapTypeof is the typeof declaration of a shard map of family f.

@@ -188,6 +188,7 @@ func (s *Sink) sync(repair string) error {
 	defer buildMu.Unlock()
 	if s.needFull {
 		res.Services = s.tracker.ServiceKeys()
+		s.tracker.reshard()
 		res.Stats, res.Err = s.applier.Full(s.tracker.Ruleset(s.table))
 	} else {
 		if delta.Len() == 0 {

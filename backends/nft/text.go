@@ -39,10 +39,10 @@ func daddrText(f ipFamily) string { return f.info().nft + " daddr" }
 // and family f (node-port maps: with the address match npm). The rule
 // starts with "meta nfproto ipvX" (lookupExprs), which nft writes as part
 // of the "ip daddr" match that follows it.
-func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch) string {
+func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch, shardBits uint8) string {
 	m := k.name(f)
 	if k.shards {
-		return shardLookupText(f)
+		return shardLookupText(f, shardBits)
 	}
 	if !k.nodePort {
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
@@ -190,7 +190,7 @@ func (rs *ruleset) Text() string {
 	for _, lc := range lookupChains {
 		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm))
+			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm, rs.ShardBits))
 		})
 		b.WriteString("\t}\n\n")
 	}

@@ -48,12 +48,17 @@ type tracker struct {
 	free      [2]slots
 	mapBlocks map[string]int
 	// shardKeyOf is the key of each shard block placed, shardSlots the
-	// slots of each family's shard blocks (from shardSlotBase), and
+	// slots of each family's shard blocks (from shardSlotBase),
 	// shardBlocks the number of blocks of each shard (a shard's map,
-	// chain and jump element exist while it holds one).
+	// chain and jump element exist while it holds one) and shardPorts
+	// of each family; shardBits is the number of a cluster IP's bits
+	// that choose its shard, changed only for a table written whole
+	// (reshard).
 	shardKeyOf  map[string]mapKey
 	shardSlots  [2]slots
-	shardBlocks [2][shardCount]int32
+	shardBlocks [2][maxShards]int32
+	shardPorts  [2]int
+	shardBits   uint8
 	// hairpin holds the endpoint addresses of the hairpin sets, and
 	// clusterIPs the cluster IPs of the cluster-ips sets, each while some
 	// service uses it.
@@ -83,6 +88,7 @@ func newTracker(opts Options) *tracker {
 		slotOf:     map[string]uint32{},
 		mapBlocks:  map[string]int{},
 		shardKeyOf: map[string]mapKey{},
+		shardBits:  maxShardBits,
 		hairpin:    newSharedAddrs(),
 		clusterIPs: newSharedAddrs(),
 	}
@@ -356,6 +362,9 @@ func (t *tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 // map kind and shard, or a new one (counting the block in its endpoint
 // map or shard).
 func (t *tracker) place(bl *block) uint32 {
+	if bl.sharded() {
+		bl.ShardIdx = shardOf(bl.Shard.Addr, t.shardBits)
+	}
 	slot, ok := t.slotOf[bl.ID]
 	if ok && t.shardKeyOf[bl.ID] == bl.Shard {
 		return slot
@@ -366,7 +375,7 @@ func (t *tracker) place(bl *block) uint32 {
 	if bl.sharded() {
 		slot = shardSlotBase + t.shardSlots[bl.Family].get()
 		t.shardKeyOf[bl.ID] = bl.Shard
-		t.useShard(bl.Family, shardOf(bl.Shard.Addr), 1)
+		t.useShard(bl.Family, bl.ShardIdx, 1)
 	} else {
 		slot = t.free[bl.Family].get()
 		t.useMap(bl.Family, slot, 1)
@@ -385,7 +394,7 @@ func (t *tracker) release(id string, f ipFamily) {
 	if key, sharded := t.shardKeyOf[id]; sharded {
 		delete(t.shardKeyOf, id)
 		t.shardSlots[f].put(slot - shardSlotBase)
-		t.useShard(f, shardOf(key.Addr), -1)
+		t.useShard(f, shardOf(key.Addr, t.shardBits), -1)
 		return
 	}
 	t.free[f].put(slot)
@@ -412,6 +421,7 @@ func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
 // block and deleting them when it loses its last.
 func (t *tracker) useShard(f ipFamily, s uint32, delta int) {
 	t.shardBlocks[f][s] += int32(delta)
+	t.shardPorts[f] += delta
 	jump := shardJumpElement(f, s)
 	switch n := t.shardBlocks[f][s]; {
 	case n == 1 && delta > 0:
@@ -425,6 +435,48 @@ func (t *tracker) useShard(f ipFamily, s uint32, delta int) {
 		t.chains.Delete(shardChainName(f, s))
 		t.elements.Delete(jump.ID())
 	}
+}
+
+// reshard sets the shard bits for a table about to be written whole
+// (Ruleset for a full sync): shardBitsFor the service ports the shard
+// maps hold. When they change, every shard's map, chain and jump element
+// goes, and each shard block moves to its new shard, which gets them. The
+// change ends a round of its own, in no delta: the table is written
+// whole from the tracker's state. The blocks keep their slots.
+func (t *tracker) reshard() {
+	t.reshardTo(shardBitsFor(max(t.shardPorts[ipv4], t.shardPorts[ipv6])))
+}
+
+// reshardTo is reshard to b bits.
+func (t *tracker) reshardTo(b uint8) {
+	if b == t.shardBits {
+		return
+	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		for s, n := range t.shardBlocks[f][:1<<t.shardBits] {
+			if n > 0 {
+				t.useShard(f, uint32(s), -int(n))
+			}
+		}
+	}
+	t.shardBits = b
+	for key, objs := range t.services {
+		for i, bl := range objs.Blocks {
+			if !bl.sharded() {
+				continue
+			}
+			moved := *bl
+			moved.ShardIdx = shardOf(bl.Shard.Addr, b)
+			objs.Blocks[i] = &moved
+			t.blocks.Set(moved.ID, &moved)
+			t.useShard(moved.Family, moved.ShardIdx, 1)
+		}
+		t.services[key] = objs
+	}
+	t.chains.DonePartial()
+	t.sets.DonePartial()
+	t.elements.DonePartial()
+	t.blocks.DonePartial()
 }
 
 // sharedAddrs are the addresses of a kernel set that several services
@@ -671,6 +723,7 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	rs.Hairpin = t.hairpin.sorted()
 	rs.ClusterIPs = t.clusterIPs.sorted()
 	rs.ServiceCIDRs = t.cidrs
+	rs.ShardBits = t.shardBits
 	return rs
 }
 
@@ -692,5 +745,6 @@ func buildRulesetCluster(table string, opts Options, c *model.Cluster, items []*
 		problems = append(problems, t.Update(se.Service.Key(), se)...)
 	}
 	t.done(false)
+	t.reshard()
 	return t.Ruleset(table), problems
 }

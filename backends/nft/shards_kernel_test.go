@@ -1,0 +1,77 @@
+//go:build linux
+
+package nft
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"sigs.k8s.io/kpng/internal/netns"
+)
+
+// TestKernelReshard: a table written whole with 100 plain services has 16
+// shards; growing to 1,000 by a partial sync keeps them (64 services a
+// shard); the round that takes the cluster IPs over their set's capacity
+// writes the table whole with 128 shards (shardBitsFor 1,100). After each
+// round the kernel's listing is the tracker's Text (but for the sized
+// sets' capacities after a partial sync), and services of the first and
+// the last rounds answer.
+func TestKernelReshard(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "reshard")
+	items := manyServices(1100)
+	round := func(when string, full bool, mask string) {
+		t.Helper()
+		if r := s.sync(); r.Full != full {
+			t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
+		}
+		s.nft.mu.Lock()
+		rs := s.nft.tracker.Ruleset(s.nft.table)
+		s.nft.mu.Unlock()
+		want, err := parseListing(rs.Text())
+		if err != nil {
+			t.Fatalf("%s: Text: %v", when, err)
+		}
+		listing := nftList(t, b.Node, rs.Table)
+		got, err := parseListing(listing)
+		if err != nil {
+			t.Fatalf("%s: nft list table: %v", when, err)
+		}
+		if !full {
+			// Text gives the sized sets the capacity of a table
+			// written whole now; the kernel's are those of the last
+			// full write (capacity.go).
+			for _, objs := range []map[string]*listedObject{want, got} {
+				for _, o := range objs {
+					o.Decl = slices.DeleteFunc(o.Decl, func(d string) bool { return strings.HasPrefix(d, "size ") })
+				}
+			}
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s: the kernel's listing differs from Text (-Text +kernel):\n%s", when, diff)
+		}
+		if !strings.Contains(listing, "ip daddr & "+mask+" vmap @shards-v4") {
+			t.Errorf("%s: the shards lookup does not mask with %s:\n%s", when, mask, got["chain services"])
+		}
+		for _, i := range []int{0, 99, len(s.state) - 1} {
+			ip := netip.MustParseAddr(items[i].Service.IPs.ClusterIPs.V4[0])
+			if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+				t.Errorf("%s: service %d (%s): %v, %v; want the pod", when, i, ip, a, err)
+			}
+		}
+	}
+	s.setAll(items[:100]...)
+	round("100 services", true, "0.0.0.15")
+	for _, se := range items[100:1000] {
+		s.set(se.Service.Key(), se)
+	}
+	round("1,000 services", false, "0.0.0.15")
+	for _, se := range items[1000:] {
+		s.set(se.Service.Key(), se)
+	}
+	round("1,100 services: over the cluster-ips capacity", true, "0.0.0.127")
+}
