@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,6 +176,45 @@ func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 		t.Errorf("to-api metrics: %d connections, %d connected, %d dropped, %d batches, %d bytes, %d snapshots; want 2, 0, 0, at least 2, the state's size and at least 1",
 			int(m["kpng_api_backend_connections_total"]), int(m["kpng_api_backends"]), int(m["kpng_api_backends_dropped_total"]),
 			int(m["kpng_api_sent_batches_total"]), int(m["kpng_api_sent_bytes_total"]), int(m["kpng_api_snapshots_total"]))
+	}
+}
+
+// TestKubeToAPIReadyWithoutItsNode: a controller (kube to-api) is ready,
+// its /healthz 200, once it holds a state, although no Node has the name
+// it runs under (a Deployment's pod, as deploy/kpng-controller.yaml's,
+// whose readiness probe is /healthz): the Node's eligibility for
+// load-balancer traffic is a node proxier's business, not the
+// controller's. Without it, the replicas were never ready, and the
+// headless Service the node backends find them through had no address.
+func TestKubeToAPIReadyWithoutItsNode(t *testing.T) {
+	cp.Require(t)
+	setup(t)
+	healthAddr := testio.FreeAddr(t)
+	sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+	startKpng(t, nil, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+		"--node-name=kpng-controller-6d4f9c7b8-x2x7q", "--healthz-bind-address="+healthAddr, "to-api", "--listen="+sock)
+	// A backend's first state: the controller's informers have synced, and
+	// it has looked for its Node (before its first state; /healthz is 200
+	// before that, as kube-proxy's).
+	if _, err := jsonBackend(sock, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	var code int
+	var body string
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + healthAddr + "/healthz")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		code, body = resp.StatusCode, string(b)
+		if code == http.StatusOK {
+			break
+		}
+	}
+	if code != http.StatusOK || strings.Contains(body, "nodeEligible") {
+		t.Errorf("the controller's /healthz: %d %s; want 200, without nodeEligible", code, body)
 	}
 }
 
