@@ -55,7 +55,8 @@ controlplane:
 ## deployed: kpng-nft (default), kpng-iptables or kpng-userspace
 ## (deploy/'s DaemonSets, kpng the only proxier), kube-proxy-nftables or
 ## kube-proxy-iptables, or seeds (kube-proxy, and kpng beside it for its
-## labelled services).
+## labelled services; then `hack/cluster/proxier.sh deploy controller` adds
+## kpng's controller and its node backends).
 ## kubectl: hack/cluster/kubectl.sh.
 PROXIER ?= kpng-nft
 cluster:

@@ -63,6 +63,9 @@ type Server struct {
 	maxPerNode int
 	nodesMu    sync.Mutex
 	byNode     map[string]int
+	// stopping is closed by Stop.
+	stopping chan struct{}
+	stopOnce sync.Once
 
 	// The counters of Stats.
 	connected                                             atomic.Int64
@@ -148,9 +151,22 @@ func New(hub *Hub, opts Options) *Server {
 	return &Server{
 		hub: hub, batchOps: DefaultBatchOps, sendTimeout: opts.SendTimeout,
 		anyNode: slices.Clone(opts.AnyNodeCommonNames), firstStates: make(chan struct{}, opts.MaxConcurrentFirstStates),
-		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{},
+		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{}, stopping: make(chan struct{}),
 	}
 }
+
+// Stop ends every Watch stream at once, and refuses new ones, with
+// Unavailable ("the controller is stopping"): its backends move to another
+// controller without waiting. A stream never ends by itself, so a
+// grpc.Server's GracefulStop would otherwise wait for its connections to
+// be cut, with the backends still watching a controller whose input has
+// stopped. Call it before GracefulStop. It may be called more than once.
+func (s *Server) Stop() {
+	s.stopOnce.Do(func() { close(s.stopping) })
+}
+
+// errStopping is what a stream ended by Stop returns.
+var errStopping = status.Error(codes.Unavailable, "the controller is stopping")
 
 // Register registers s on a gRPC server.
 func (s *Server) Register(g *grpc.Server) { kpngv1.RegisterControllerServer(g, s) }
@@ -176,6 +192,11 @@ func ServerOptions() []grpc.ServerOption {
 func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServer[kpngv1.Batch]) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
+	select {
+	case <-s.stopping:
+		return errStopping
+	default:
+	}
 	who := "unknown"
 	if p, ok := peer.FromContext(ctx); ok {
 		who = p.Addr.String()
@@ -231,6 +252,9 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 				s.dropped.Add(1) // the backend was still there
 			}
 			return err
+		case <-s.stopping:
+			klog.InfoS("Backend disconnected: the controller is stopping", "node", logNode, "peer", who)
+			return errStopping
 		case <-tick.C:
 			if since := sending.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
 				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", logNode, "peer", who, "timeout", s.sendTimeout)

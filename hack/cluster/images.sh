@@ -12,7 +12,11 @@
 #   agnhost   the e2e tests' test image (agnhost, built from the pinned
 #             k8s.io/kubernetes), on the same Debian root filesystem with
 #             the tools the tests run in it;
-#   pause     the pod sandbox: hack/cmd/kpng-pause alone, static.
+#   pause     the pod sandbox: hack/cmd/kpng-pause alone, static;
+#   coredns   CoreDNS (built from the Go module proxy by
+#             hack/e2e/build-coredns.sh, once) alone: the cluster's DNS, for
+#             make e2e and for the node backends that find the controller
+#             by its Service's name (proxier.sh deploy controller).
 #
 # Images are made with buildah (from scratch, then add and commit) in a
 # storage of their own under the cache, and written to ${KPNGC_CACHE}/images
@@ -126,15 +130,17 @@ agnhost_root="$(rootfs_plus agnhost "dnsutils curl wget netcat-openbsd iproute2 
 agnhost_src="$(GOWORK=off go -C "${KPNGC_ROOT}/hack/tools" list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)"
 agnhost_adds=("${agnhost_root}:/" "${KPNGC_BIN}/agnhost:/agnhost"
   "${agnhost_src}/porter/localhost.crt:/localhost.crt" "${agnhost_src}/porter/localhost.key:/localhost.key")
-if [[ "${KPNGC_E2E:-}" == 1 ]]; then
-  coredns="$(bash "${KPNGC_ROOT}/hack/e2e/build-coredns.sh" | tail -n 1)"
-  agnhost_adds+=("${coredns}:/coredns")
-fi
+coredns="$(bash "${KPNGC_ROOT}/hack/e2e/build-coredns.sh" | tail -n 1)"
+[[ "${KPNGC_E2E:-}" != 1 ]] || agnhost_adds+=("${coredns}:/coredns")
 image "${KPNGC_AGNHOST_IMAGE}" "${out}/agnhost.tar" '["pause"]' '["/agnhost"]' "${agnhost_adds[@]}"
 
 CGO_ENABLED=0 go build -C "${KPNGC_ROOT}" -trimpath -ldflags=-s -o "${out}/pause/kpng-pause" ./hack/cmd/kpng-pause
 image "${KPNGC_PAUSE_IMAGE}" "${out}/pause.tar" '[]' '["/kpng-pause"]' \
   "${out}/pause/kpng-pause:/kpng-pause"
+
+image "${KPNGC_COREDNS_IMAGE}" "${out}/coredns.tar" '[]' '["/coredns"]' "${coredns}:/coredns"
+# (make e2e's images were once in e2e/, CoreDNS's with them.)
+rm -f "${out}/e2e/coredns.tar" "${out}/e2e/coredns.tar.key"
 
 # With KPNGC_E2E=1 (make e2e), the other images Kubernetes' network e2e
 # tests run, under the names they ask for, in ${out}/e2e:
@@ -147,9 +153,7 @@ image "${KPNGC_PAUSE_IMAGE}" "${out}/pause.tar" '[]' '["/kpng-pause"]' \
 #   regression-issue-74839
 #                its program alone, built from the pinned k8s.io/kubernetes;
 #   glibc-dns-testing
-#                Debian with dig, and CoreDNS, for the DNS tests;
-#   coredns      CoreDNS (built from the Go module proxy by
-#                hack/e2e/build-coredns.sh) alone, for the cluster's DNS.
+#                Debian with dig, and CoreDNS, for the DNS tests.
 [[ "${KPNGC_E2E:-}" == 1 ]] || exit 0
 e2e="${out}/e2e"
 mkdir -p "${e2e}"
@@ -187,4 +191,3 @@ dnstest_root="$(rootfs_plus dnstest dnsutils)"
 image registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 "${e2e}/glibc-dns-testing.tar" '[]' '[]' \
   "${dnstest_root}:/" "${coredns}:/coredns"
 
-image "${KPNGC_COREDNS_IMAGE}" "${e2e}/coredns.tar" '[]' '["/coredns"]' "${coredns}:/coredns"

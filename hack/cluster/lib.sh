@@ -117,13 +117,29 @@ kpngc_start() {
 # containerd (make e2e's too, with KPNGC_E2E=1); an image already there
 # under the same name is replaced (the pods running keep theirs).
 kpngc_import_images() {
-  local archive archives=("${KPNGC_CACHE}/images/"{pause,agnhost,kpng,kpng-nft,kpng-iptables}.tar)
+  local archive archives=("${KPNGC_CACHE}/images/"{pause,agnhost,kpng,kpng-nft,kpng-iptables,coredns}.tar)
   [[ "${KPNGC_E2E:-}" != 1 ]] || archives+=("${KPNGC_CACHE}/images/e2e/"*.tar)
   for archive in "${archives[@]}"; do
     [[ "${archive}" == */busybox-root.tar ]] && continue
     ctr --address "${KPNGC_DIR}/run/$1/containerd.sock" -n k8s.io images import "${archive}" >/dev/null ||
       kpngc_die "loading ${archive} into ${1}'s containerd failed"
   done
+}
+
+# kpngc_coredns deploys CoreDNS (hack/e2e/coredns.yaml) as the cluster's
+# DNS, the Service kube-dns on KPNGC_DNS_IP, and waits until it is ready.
+# CoreDNS reaches the API server at its own address; the queries to kube-dns
+# go through the proxier that serves it.
+kpngc_coredns() {
+  kpngc_coredns_manifest | kpngc_kubectl apply -f - >/dev/null
+  kpngc_kubectl -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null ||
+    kpngc_die "CoreDNS did not become ready: $(kpngc_kubectl -n kube-system get pods -l k8s-app=kube-dns -o wide 2>&1)"
+}
+
+# kpngc_coredns_manifest prints hack/e2e/coredns.yaml for this cluster.
+kpngc_coredns_manifest() {
+  sed -e "s|__COREDNS_IMAGE__|${KPNGC_COREDNS_IMAGE}|" -e "s|__API_HOST__|${KPNGC_LAN_IP}|" \
+    -e "s|__API_PORT__|${KPNGC_API_PORT}|" -e "s|__DNS_IP__|${KPNGC_DNS_IP}|" "${KPNGC_ROOT}/hack/e2e/coredns.yaml"
 }
 
 # kpngc_ours PID succeeds if PID is a process of the cluster: one whose

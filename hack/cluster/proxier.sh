@@ -14,6 +14,16 @@
 #                             Services labelled with its service-proxy-name:
 #                             deploy/kpng-nft.yaml (kpng-nft) and the blog's
 #                             all-IP proxier (examples/manifests, kpng-example).
+#   controller                on top of the seeds' mode (deployed first):
+#                             kpng's controller and its node backends as an
+#                             operator deploys them (docs/controller.md,
+#                             "Deploying a controller"): CoreDNS as the
+#                             cluster's DNS (served by kube-proxy), the
+#                             certificates of deploy/kpng-controller-certs.sh,
+#                             the Secret, deploy/kpng-controller.yaml and
+#                             deploy/kpng-nft-node.yaml (kpng-remote), only
+#                             the images replaced, and the node certificates'
+#                             directory (below).
 #
 # remove undoes deploy, and removes the proxier's rules from each node as
 # its operator would (kpng ... --cleanup, kube-proxy --cleanup), so that the
@@ -135,10 +145,85 @@ kpng_cleanup() {
   done
 }
 
+# The controller's certificates, as its operator keeps them
+# (deploy/kpng-controller-certs.sh's directory: the CA, the controller's,
+# each node's), and what is on each node as /etc/kpng/pki: here in
+# ${KPNGC_NODE_PKI}/<node>, as the nodes share one filesystem.
+KPNGC_CONTROLLER_PKI="${KPNGC_DIR}/kpng-controller-pki"
+KPNGC_NODE_PKI="${KPNGC_DIR}/kpng-node-pki"
+
+# node_backends prints deploy/kpng-nft-node.yaml with the local image and
+# one change for this one-machine cluster: the nodes share one filesystem,
+# so the hostPath /etc/kpng/pki would be the same directory on every node,
+# holding one node's certificate. It mounts ${KPNGC_NODE_PKI} instead, and
+# the container its node's subdirectory of it (subPathExpr: $(NODE_NAME),
+# the downward API's node name the DaemonSet already sets).
+node_backends() {
+  local m
+  m="$(local_images deploy/kpng-nft-node.yaml | sed -e "s|^\( *\)path: /etc/kpng/pki$|\1path: ${KPNGC_NODE_PKI}|" \
+    -e 's|^\( *\)mountPath: /etc/kpng/pki$|&\n\1subPathExpr: $(NODE_NAME)|')"
+  [[ "$(grep -c -e "path: ${KPNGC_NODE_PKI}$" -e 'subPathExpr: $(NODE_NAME)$' <<<"${m}")" == 2 ]] ||
+    kpngc_die "deploy/kpng-nft-node.yaml: no hostPath and mount of /etc/kpng/pki to rewrite"
+  echo "${m}"
+}
+
+# no_table NAME fails if a node holds the nftables table inet NAME.
+no_table() {
+  local node
+  for node in "${KPNGC_NODES[@]}"; do
+    ! kpngc_in "${node}" nft list tables | grep -qx "table inet $1" ||
+      { kpngc_log "${node} still holds the table inet $1"; return 1; }
+  done
+}
+
+# controller_deploy deploys the controller and its node backends (the
+# header's "controller"), each step as docs/controller.md tells an
+# operator, and waits until both replicas and every node's backend are
+# ready.
+controller_deploy() {
+  local node
+  [[ "$(cat "${KPNGC_DIR}/run/proxier" 2>/dev/null)" == seeds ]] ||
+    kpngc_die "deploy controller: deploy seeds first (kube-proxy serves the cluster DNS the node backends find the controller through)"
+  no_table kpng-kpng-remote || kpngc_die "deploy controller: a node holds a table of kpng-remote already"
+  kpngc_coredns
+  bash "${KPNGC_ROOT}/deploy/kpng-controller-certs.sh" "${KPNGC_CONTROLLER_PKI}" "${KPNGC_NODES[@]}" >/dev/null 2>&1 ||
+    kpngc_die "deploy/kpng-controller-certs.sh failed"
+  for node in "${KPNGC_NODES[@]}"; do
+    install -d -m 0700 "${KPNGC_NODE_PKI}/${node}"
+    install -m 0600 "${KPNGC_CONTROLLER_PKI}/${node}/"{ca.crt,node.crt,node.key} "${KPNGC_NODE_PKI}/${node}/"
+  done
+  kpngc_kubectl -n kube-system create secret generic kpng-controller-tls \
+    --from-file="${KPNGC_CONTROLLER_PKI}/tls.crt" --from-file="${KPNGC_CONTROLLER_PKI}/tls.key" \
+    --from-file="${KPNGC_CONTROLLER_PKI}/client-ca.crt" --dry-run=client -o yaml | kpngc_kubectl apply -f - >/dev/null
+  apply deploy/kpng-controller.yaml
+  # Both replicas ready before the backends start: a backend resolves the
+  # Service's name when it starts, and again only when a connection fails.
+  kpngc_kubectl -n kube-system rollout status deployment/kpng-controller --timeout=180s >/dev/null ||
+    kpngc_die "the controller did not become ready: $(kpngc_kubectl -n kube-system get pods -o wide 2>&1)"
+  node_backends | kpngc_kubectl apply -f - >/dev/null
+  rollout kpng-nft-node
+  touch "${KPNGC_DIR}/run/controller"
+}
+
+# controller_remove undoes controller_deploy: the node backends, their
+# table on each node (kpng … to-nft --name=kpng-remote --cleanup), the
+# controller and its Secret, CoreDNS and the certificates.
+controller_remove() {
+  node_backends | kpngc_kubectl delete --ignore-not-found --cascade=foreground --wait=true --timeout=180s -f - >/dev/null
+  kpngc_wait "the pods of kpng-nft-node to go" 120 no_pods kpng-nft-node
+  kpng_cleanup nft kpng-remote
+  no_table kpng-kpng-remote || kpngc_die "kpng-remote's table is left after its cleanup"
+  delete deploy/kpng-controller.yaml
+  kpngc_kubectl -n kube-system delete secret kpng-controller-tls --ignore-not-found >/dev/null
+  kpngc_coredns_manifest | kpngc_kubectl delete --ignore-not-found --wait=true --timeout=180s -f - >/dev/null
+  rm -rf "${KPNGC_CONTROLLER_PKI}" "${KPNGC_NODE_PKI}" "${KPNGC_DIR}/run/controller"
+}
+
 action="${1:-}" name="${2:-}"
 # A proxier is deployed on clean nodes only: its checks then cannot pass
-# through another's leftover rules.
-[[ "${action}" != deploy ]] || clean_nodes
+# through another's leftover rules. (The controller is deployed beside the
+# seeds' mode.)
+[[ "${action}" != deploy || "${name}" == controller ]] || clean_nodes
 case "${action}:${name}" in
   deploy:kpng-nft | deploy:kpng-iptables | deploy:kpng-userspace)
     apiserver_configmap
@@ -165,7 +250,15 @@ case "${action}:${name}" in
     rollout kpng-nft
     rollout kpng-example-proxy
     ;;
+  deploy:controller)
+    controller_deploy
+    ;;
+  remove:controller)
+    controller_remove
+    ;;
   remove:seeds)
+    # The controller's backends find it through the DNS kube-proxy serves.
+    [[ ! -e "${KPNGC_DIR}/run/controller" ]] || controller_remove
     delete examples/manifests/kpng-example-proxy.yaml
     delete deploy/kpng-nft.yaml
     kpngc_wait "the pods of kpng-nft to go" 120 no_pods kpng-nft
@@ -179,9 +272,11 @@ case "${action}:${name}" in
     clean_nodes
     ;;
   *)
-    kpngc_die "usage: proxier.sh deploy|remove kpng-nft|kpng-iptables|kpng-userspace|kube-proxy-nftables|kube-proxy-iptables|seeds"
+    kpngc_die "usage: proxier.sh deploy|remove kpng-nft|kpng-iptables|kpng-userspace|kube-proxy-nftables|kube-proxy-iptables|seeds|controller"
     ;;
 esac
-echo "${name}" >"${KPNGC_DIR}/run/proxier"
-[[ "${action}" == deploy ]] || rm -f "${KPNGC_DIR}/run/proxier"
+if [[ "${name}" != controller ]]; then
+  echo "${name}" >"${KPNGC_DIR}/run/proxier"
+  [[ "${action}" == deploy ]] || rm -f "${KPNGC_DIR}/run/proxier"
+fi
 kpngc_log "${action} ${name}: done"

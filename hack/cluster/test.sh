@@ -13,9 +13,17 @@
 #   - an open connection through a cluster IP keeps working while the kpng
 #     pod is deleted and the DaemonSet starts another;
 # then the seeds' mode (kube-proxy as the default proxier, kpng beside it for
-# its labelled services), then tears everything down and checks that nothing
-# is left. Prints one closing line with what passed and each phase's time.
-# A headless service through DNS is not checked: the cluster has no CoreDNS.
+# its labelled services); then beside it kpng's controller (two replicas) and
+# its node backends, found through the cluster DNS (CoreDNS):
+#   - a service of theirs from a pod on node-a to endpoints on node-b, its
+#     cluster IP in their table on every node;
+#   - each node's backend served its own node's view (connected as its
+#     node; externalTrafficPolicy: Local answers only through node-b);
+#   - the replica node-a's backend watches deleted, then the other: the
+#     backend moves each time, a connection held open and fresh ones keep
+#     working, its table is never emptied;
+# then removes them, tears everything down and checks that nothing is left.
+# Prints one closing line with what passed and each phase's time.
 set -euo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
 source "${here}/lib.sh"
@@ -171,14 +179,16 @@ healthz_metrics() {
   done
 }
 
-# connection_survives DAEMONSET: one HTTP/1.1 connection through the cluster
-# IP, a request before and one after the kpng pod of node-a is deleted and
-# replaced by the DaemonSet.
-connection_survives() {
-  local ds="$1" vip old
-  vip="$(k -n "${ns}" get service web -o jsonpath='{.spec.clusterIP}')"
+# hold_open SERVICE opens one HTTP/1.1 connection from the client pod
+# through SERVICE's cluster IP and makes a request on it; hold_close WHAT
+# makes a second request on the same connection and checks that both were
+# answered. In between, the caller does what the connection must survive
+# (WHAT, for the log).
+hold_open() {
+  local vip
+  vip="$(k -n "${ns}" get service "$1" -o jsonpath='{.spec.clusterIP}')"
   k -n "${ns}" exec client -- rm -f /tmp/go /tmp/out
-  k -n "${ns}" exec client -- timeout 240 bash -c '
+  k -n "${ns}" exec client -- timeout 300 bash -c '
     exec 3<>"/dev/tcp/$0/80"
     req() { printf "GET /hostname HTTP/1.1\r\nHost: web\r\n\r\n" >&3; head -c "$(
       while read -r l; do l="${l%$'"'\r'"'}"; [[ -z "$l" ]] && break; [[ "$l" == [Cc]ontent-[Ll]ength:* ]] && n="${l#*: }"; done <&3; echo "$n")" <&3; echo; }
@@ -186,8 +196,24 @@ connection_survives() {
     until [[ -e /tmp/go ]]; do sleep 0.2; done
     req >>/tmp/out
     echo done >>/tmp/out' "${vip}" &
-  local client=$!
-  kpngc_wait "the first request" 30 k -n "${ns}" exec client -- grep -q server- /tmp/out || return 1
+  held=$!
+  kpngc_wait "the first request" 30 k -n "${ns}" exec client -- grep -q server- /tmp/out
+}
+hold_close() {
+  local out
+  k -n "${ns}" exec client -- touch /tmp/go || return 1
+  wait "${held}" || true
+  out="$(k -n "${ns}" exec client -- cat /tmp/out)"
+  [[ "$(grep -c '^server-' <<<"${out}")" == 2 && "${out}" == *done ]] ||
+    { kpngc_log "connection across $1: '${out}'"; return 1; }
+}
+
+# connection_survives DAEMONSET: one HTTP/1.1 connection through the cluster
+# IP, a request before and one after the kpng pod of node-a is deleted and
+# replaced by the DaemonSet.
+connection_survives() {
+  local ds="$1" old
+  hold_open web || return 1
   old="$(k -n kube-system get pods -l "app.kubernetes.io/name=${ds}" --field-selector spec.nodeName=node-a -o name)"
   [[ -n "${old}" ]] || { kpngc_log "no pod of ${ds} on node-a"; return 1; }
   k -n kube-system delete "${old}" --wait=true --timeout=120s >/dev/null || return 1
@@ -199,12 +225,7 @@ connection_survives() {
       awk -v old="${old}" '$1 != old && $2 == "True" { found = 1 } END { exit !found }'
   }
   kpngc_wait "a new ready pod of ${ds} on node-a" 180 replaced || return 1
-  k -n "${ns}" exec client -- touch /tmp/go || return 1
-  wait "${client}" || true
-  local out
-  out="$(k -n "${ns}" exec client -- cat /tmp/out)"
-  [[ "$(grep -c '^server-' <<<"${out}")" == 2 && "${out}" == *done ]] ||
-    { kpngc_log "connection across the restart of ${old}: '${out}'"; return 1; }
+  hold_close "the restart of ${old}"
 }
 
 # proxier_checks NAME DAEMONSET: the checks with the proxier NAME deployed.
@@ -286,3 +307,179 @@ check "seeds:allip-external-ip" kpngc_wait "the all-IP proxier's external IP" 60
 check "seeds:kpng-nft-labelled" kpngc_wait "web-kpng through kpng-nft" 60 seeds_kpng
 check "seeds:kube-proxy-unlabelled" kpngc_wait "web through kube-proxy" 60 seeds_kube_proxy
 phase seeds
+
+# The controller and its node backends (deploy/kpng-controller.yaml,
+# deploy/kpng-nft-node.yaml; proxier.sh deploy controller), beside the
+# seeds' mode, whose kube-proxy serves the cluster DNS (CoreDNS) through
+# which the backends find the controller's replicas. The Services labelled
+# kpng-remote: web-remote (ClusterIP), web-remote-local (NodePort,
+# externalTrafficPolicy: Local; its endpoints are all on node-b).
+bash "${here}/proxier.sh" deploy controller
+phase deploy-controller
+cat <<EOF | k apply -f - >/dev/null
+apiVersion: v1
+kind: Service
+metadata:
+  name: web-remote
+  namespace: ${ns}
+  labels: {service.kubernetes.io/service-proxy-name: kpng-remote}
+spec:
+  selector: {app: server}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web-remote-local
+  namespace: ${ns}
+  labels: {service.kubernetes.io/service-proxy-name: kpng-remote}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  selector: {app: server}
+  ports: [{port: 80, targetPort: 8080, nodePort: 30082}]
+EOF
+
+# controller_clusterip: web-remote from node-a's pod, its endpoints on
+# node-b; its cluster IP is in kpng-remote's table on every node (each node
+# backend programmed it from the controller's stream) and in no other
+# kpng table.
+controller_clusterip() {
+  local vip out node
+  vip="$(k -n "${ns}" get service web-remote -o jsonpath='{.spec.clusterIP}')"
+  out="$(get_from_pod "${vip}:80/hostname")"
+  is_server "${out}" || { kpngc_log "web-remote ${vip}: got '${out}'"; return 1; }
+  for node in "${KPNGC_NODES[@]}"; do
+    grep -qwF "${vip}" <<<"$(kpngc_in "${node}" nft list table inet kpng-kpng-remote)" ||
+      { kpngc_log "${vip} is not in ${node}'s table inet kpng-kpng-remote"; return 1; }
+  done
+  ! grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
+}
+
+controller_pods() {
+  k -n kube-system get pods -l app.kubernetes.io/name=kpng-controller -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'
+}
+
+# watching NODE prints the controller replica (pod) that NODE's backend
+# watches: the one whose log has more of its connections than of its
+# disconnections (the controller logs the node its client certificate
+# names).
+watching() {
+  local pod log c d
+  for pod in $(controller_pods); do
+    log="$(k -n kube-system logs "${pod}" 2>/dev/null)" || continue
+    c="$(grep -c "\"Backend connected\" node=\"$1\"" <<<"${log}" || true)"
+    d="$(grep -c "\"Backend disconnected\" node=\"$1\"" <<<"${log}" || true)"
+    ((c <= d)) || echo "${pod}"
+  done
+}
+
+# controller_node_views: each node's backend is served its own node's view:
+# each is connected to a replica as its node, from its node's address (or,
+# to the replica on its own node, the node's address on its pod network);
+# and
+# web-remote-local (externalTrafficPolicy: Local) answers through node-b,
+# which has its endpoints, and not through node-a (node-a's backend sees
+# them as another node's).
+controller_node_views() {
+  local node pod log out gw
+  for node in "${KPNGC_NODES[@]}"; do
+    pod="$(watching "${node}")"
+    [[ -n "${pod}" && "${pod}" != *$'\n'* ]] || { kpngc_log "${node}'s backend watches '${pod}'"; return 1; }
+    log="$(k -n kube-system logs "${pod}")"
+    gw="${KPNGC_POD_CIDR[${node}]%.0/24}.1"
+    grep -qE "\"Backend connected\" node=\"${node}\" peer=\"(${KPNGC_NODE_IP[${node}]//./\\.}|${gw//./\\.}):" <<<"${log}" ||
+      { kpngc_log "${pod} has no backend of ${node} from ${KPNGC_NODE_IP[${node}]} or ${gw}"; return 1; }
+  done
+  out="$(kpngc_in lan curl -s --max-time 5 "http://${KPNGC_NODE_IP[node-b]}:30082/hostname")"
+  is_server "${out}" || { kpngc_log "web-remote-local via node-b: got '${out}'"; return 1; }
+  if kpngc_in lan curl -s --max-time 3 "http://${KPNGC_NODE_IP[node-a]}:30082/hostname" >/dev/null; then
+    kpngc_log "web-remote-local via node-a answered"
+    return 1
+  fi
+}
+
+# fresh_start SERVICE makes, from the client pod, a new connection through
+# SERVICE's cluster IP and a request on it every 0.2 s, writing ok or fail
+# for each to /tmp/fresh, until fresh_stop.
+fresh_start() {
+  local vip
+  vip="$(k -n "${ns}" get service "$1" -o jsonpath='{.spec.clusterIP}')"
+  k -n "${ns}" exec client -- rm -f /tmp/stop /tmp/fresh
+  k -n "${ns}" exec client -- timeout 600 bash -c '
+    until [[ -e /tmp/stop ]]; do
+      r="$(timeout 2 bash -c "exec 3<>/dev/tcp/$0/80 && printf \"GET /hostname HTTP/1.0\r\n\r\n\" >&3 && cat <&3" 2>/dev/null | tail -n 1)"
+      if [[ "${r}" == server-* ]]; then echo ok; else echo "fail $(date +%T.%N)"; fi >>/tmp/fresh
+      sleep 0.2
+    done' "${vip}" &
+  fresher=$!
+}
+fresh_stop() {
+  local out
+  k -n "${ns}" exec client -- touch /tmp/stop
+  wait "${fresher}" || true
+  out="$(k -n "${ns}" exec client -- cat /tmp/fresh)"
+  kpngc_log "fresh connections through the failovers: $(grep -c '^ok' <<<"${out}") answered, $(grep -c '^fail' <<<"${out}") not"
+  ! grep -q '^fail' <<<"${out}" || { kpngc_log "failed: $(grep '^fail' <<<"${out}" | paste -sd' ')"; return 1; }
+  [[ "$(grep -c '^ok' <<<"${out}")" -gt 10 ]]
+}
+
+# controller_failover: the replica that node-a's backend watches is deleted,
+# the backend moves to the other; once the Deployment has replaced it, the
+# other is deleted, and the backend moves to the new one. Throughout, one
+# connection held open and fresh ones every 0.2 s through web-remote's
+# cluster IP are answered, and nothing of the table inet kpng-kpng-remote
+# on node-a is deleted (nft monitor: it is never flushed or emptied); the
+# backends are not restarted.
+controller_failover() {
+  local round old new start monitor rc=0 deletes
+  # nsenter execs nft: $! is nft's pid, to stop it with.
+  nsenter --net="/run/netns/$(kpngc_netns node-a)" -- nft monitor >"${KPNGC_DIR}/logs/controller-failover-nft-monitor.log" 2>&1 &
+  monitor=$!
+  hold_open web-remote || { kill "${monitor}"; return 1; }
+  fresh_start web-remote
+  for round in 1 2; do
+    old="$(watching node-a)"
+    [[ -n "${old}" && "${old}" != *$'\n'* ]] || { kpngc_log "node-a's backend watches '${old}'"; rc=1; break; }
+    start="$(date +%s.%N)"
+    k -n kube-system delete pod "${old}" --wait=false >/dev/null || { rc=1; break; }
+    moved() {
+      new="$(watching node-a)"
+      [[ -n "${new}" && "${new}" != *$'\n'* && "${new}" != "${old}" ]]
+    }
+    kpngc_wait "node-a's backend to leave ${old}" 120 moved || { rc=1; break; }
+    new="$(watching node-a)"
+    # The time from the deletion to the new replica's log of node-a's
+    # backend connected (one clock: one machine; klog's time of day).
+    kpngc_log "failover ${round}: ${old} deleted; node-a's backend connected to ${new} $(k -n kube-system logs "${new}" |
+      grep "\"Backend connected\" node=\"node-a\"" | tail -n 1 | awk -v start="${start}" '{
+        split($2, t, ":"); s = t[1] * 3600 + t[2] * 60 + t[3]
+        d = s - (start - 86400 * int(start / 86400)); if (d < -43200) d += 86400
+        printf "%.1f s", d }') after"
+    # The Deployment's new replica ready (on the node the deleted one left:
+    # the anti-affinity) before the next round.
+    replaced() {
+      [[ "$(k -n kube-system get pods -l app.kubernetes.io/name=kpng-controller \
+        -o jsonpath='{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+        awk -v old="${old}" '$1 != old && $2 == "True"' | wc -l)" == 2 ]]
+    }
+    kpngc_wait "the controller's replacement of ${old}" 180 replaced || { rc=1; break; }
+  done
+  hold_close "the controller's failovers" || rc=1
+  fresh_stop || rc=1
+  kill "${monitor}" 2>/dev/null
+  wait "${monitor}" 2>/dev/null || true
+  deletes="$(grep -E '^(delete|flush) .*kpng-kpng-remote' "${KPNGC_DIR}/logs/controller-failover-nft-monitor.log" || true)"
+  [[ -z "${deletes}" ]] || { kpngc_log "node-a's kpng-remote table changed: ${deletes:0:2000}"; rc=1; }
+  [[ "$(k -n kube-system get pods -l app.kubernetes.io/name=kpng-nft-node \
+    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}' | sort -u)" == 0 ]] ||
+    { kpngc_log "a node backend restarted"; rc=1; }
+  return "${rc}"
+}
+
+check "controller:clusterip-other-node" kpngc_wait "web-remote through the node backends" 60 controller_clusterip
+check "controller:own-node-view" kpngc_wait "each node backend's own view" 60 controller_node_views
+check "controller:failover" controller_failover
+phase controller
+bash "${here}/proxier.sh" remove controller
+phase remove-controller

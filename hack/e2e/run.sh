@@ -72,11 +72,7 @@ for node in "${KPNGC_NODES[@]}"; do
   k label --overwrite node "${node}" "topology.kubernetes.io/zone=zone-${node#node-}" topology.kubernetes.io/region=region-1 >/dev/null
 done
 
-sed -e "s|__COREDNS_IMAGE__|${KPNGC_COREDNS_IMAGE}|" -e "s|__API_HOST__|${KPNGC_LAN_IP}|" \
-  -e "s|__API_PORT__|${KPNGC_API_PORT}|" -e "s|__DNS_IP__|${KPNGC_DNS_IP}|" "${here}/coredns.yaml" |
-  k apply -f - >/dev/null
-k -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null ||
-  kpngc_die "CoreDNS did not become ready: $(k -n kube-system get pods -l k8s-app=kube-dns -o wide 2>&1)"
+kpngc_coredns
 
 # test_namespaces lists the namespaces a run of the tests left (an
 # interrupted run leaves its own).

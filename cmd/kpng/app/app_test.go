@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/manifests"
 	"sigs.k8s.io/kpng/internal/promtest"
@@ -174,6 +182,110 @@ func TestKubeToAPIServesSeveralBackends(t *testing.T) {
 		t.Errorf("to-api metrics: %d connections, %d connected, %d dropped, %d batches, %d bytes, %d snapshots; want 2, 0, 0, at least 2, the state's size and at least 1",
 			int(m["kpng_api_backend_connections_total"]), int(m["kpng_api_backends"]), int(m["kpng_api_backends_dropped_total"]),
 			int(m["kpng_api_sent_batches_total"]), int(m["kpng_api_sent_bytes_total"]), int(m["kpng_api_snapshots_total"]))
+	}
+}
+
+// TestKubeToAPIReadyWithoutItsNode: a controller (kube to-api) is ready,
+// its /healthz 200, once it holds a state, although no Node has the name
+// it runs under (a Deployment's pod, as deploy/kpng-controller.yaml's,
+// whose readiness probe is /healthz): the Node's eligibility for
+// load-balancer traffic is a node proxier's business, not the
+// controller's. Without it, the replicas were never ready, and the
+// headless Service the node backends find them through had no address.
+func TestKubeToAPIReadyWithoutItsNode(t *testing.T) {
+	cp.Require(t)
+	setup(t)
+	healthAddr := testio.FreeAddr(t)
+	sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+	startKpng(t, nil, "kube", "--kubeconfig="+cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+		"--node-name=kpng-controller-6d4f9c7b8-x2x7q", "--healthz-bind-address="+healthAddr, "to-api", "--listen="+sock)
+	// A backend's first state: the controller's informers have synced, and
+	// it has looked for its Node (before its first state; /healthz is 200
+	// before that, as kube-proxy's).
+	if _, err := jsonBackend(sock, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	var code int
+	var body string
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + healthAddr + "/healthz")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		code, body = resp.StatusCode, string(b)
+		if code == http.StatusOK {
+			break
+		}
+	}
+	if code != http.StatusOK || strings.Contains(body, "nodeEligible") {
+		t.Errorf("the controller's /healthz: %d %s; want 200, without nodeEligible", code, body)
+	}
+}
+
+// TestKubeToAPIStopEndsStreams: a controller told to stop (SIGTERM ends
+// its context) ends its backends' streams at once, with Unavailable "the
+// controller is stopping", and they move to another controller. Before,
+// gRPC's graceful stop waited for the streams, which never end by
+// themselves, until its 5 s timeout cut the connections: a backend kept
+// watching, that long, a controller whose input had stopped (found
+// deleting a replica of deploy/kpng-controller.yaml in the one-machine
+// cluster).
+func TestKubeToAPIStopEndsStreams(t *testing.T) {
+	cp.Require(t)
+	setup(t)
+	sock := "unix://" + filepath.Join(t.TempDir(), "kpng.sock")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan int, 1)
+	var stderr testio.SyncBuffer
+	go func() {
+		done <- Exec(ctx, []string{"kube", "--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=kpng-example",
+			"--node-name=controller", "to-api", "--listen=" + sock}, io.Discard, &stderr, JSONBackend(io.Discard))
+	}()
+	defer func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("kpng did not stop")
+		}
+	}()
+
+	target, opts, err := (&remote.Config{Address: sock, NodeName: "node-a"}).DialOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := kpngv1.NewControllerClient(conn).Watch(wctx, &kpngv1.WatchRequest{NodeName: "node-a", NodeIndependent: true}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first state, up to its sync.
+	for synced := false; !synced; {
+		batch, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("before the first sync: %v\n%s", err, stderr.String())
+		}
+		for _, op := range batch.GetOps() {
+			synced = synced || op.GetSync() != nil
+		}
+	}
+	stop()
+	for {
+		if _, err = stream.Recv(); err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "the controller is stopping") {
+		t.Errorf("the stream of a stopping controller ended with %v, want Unavailable: the controller is stopping", err)
 	}
 }
 

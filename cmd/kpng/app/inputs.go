@@ -46,6 +46,13 @@ func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 		}
 		out.metrics = rec
 		f.Observe = releaseAfterFullState(f.Observe)
+		if out.hub != nil {
+			// A controller serves every node's backends: whether the
+			// Node named as its host (a Deployment's pod: no Node has
+			// that name) may receive load-balancer traffic is no
+			// business of its /healthz, its readiness.
+			f.NodeEligible = nil
+		}
 		w, cs, err := f.Watcher()
 		if err != nil {
 			return usagef("%v", err)

@@ -170,6 +170,9 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 				return fmt.Errorf("serve %s: %w", cfg.Address, err)
 			case <-ctx.Done():
 			}
+			// The streams ended at once (their backends move to
+			// another controller), then the connections closed.
+			srv.Stop()
 			stopped := make(chan struct{})
 			go func() { g.GracefulStop(); close(stopped) }()
 			select {
