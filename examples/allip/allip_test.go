@@ -373,3 +373,78 @@ func nftRules(t *testing.T, ns *netns.NS) []allip.Rule {
 	}
 	return rules
 }
+
+// TestScriptFamilyInOneTransaction checks, with the kernel's nftables
+// notifications (iptables-nft), that the script programs each family of a
+// new service in one transaction: the chain's DNAT rule and the jumps from
+// PREROUTING and OUTPUT appear in the same ruleset generation. Added one
+// after the other, the jumps left a moment where traffic entering the node
+// was DNATed and the node's own was not (TestScriptWithCallout failed so:
+// the client was served, the node's next request was not).
+func TestScriptFamilyInOneTransaction(t *testing.T) {
+	netns.RequirePrivileged(t)
+	node := netns.New(t, "node")
+	s := newScriptRunner(t, node)
+	f, err := os.Open(node.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseLasting()
+	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(64))
+	gens, err := conn.AddGenerationalMonitor(mon)
+	if err != nil {
+		t.Fatalf("nftables monitor in %s: %v", node, err)
+	}
+	defer mon.Close()
+
+	s.mustRun(golden(t))
+
+	// The notifications of a transaction are sent when it commits, before
+	// the script's iptables-restore returns: they are all queued now.
+	// Each generation is listed as the family and chain of each new rule
+	// ("ip6 OUTPUT"); the script's chain is KPNG-ALLIP.
+	want := map[string]bool{}
+	var got [][]string
+	for len(want) < 6 {
+		var g *nftables.MonitorEvents
+		select {
+		case g = <-gens:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("nftables notifications: got %v, want the rules of both families", got)
+		}
+		var rules []string
+		for _, ev := range g.Changes {
+			r, ok := ev.Data.(*nftables.Rule)
+			if ev.Type != nftables.MonitorEventTypeNewRule || !ok || r == nil || r.Table == nil || r.Chain == nil {
+				continue
+			}
+			fam := map[nftables.TableFamily]string{nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6"}[r.Table.Family]
+			rules = append(rules, fam+" "+r.Chain.Name)
+			want[fam+" "+r.Chain.Name] = true
+		}
+		if rules != nil {
+			got = append(got, rules)
+		}
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		hooks := []string{fam + " KPNG-ALLIP", fam + " OUTPUT", fam + " PREROUTING"}
+		found := false
+		for _, g := range got {
+			if slices.Contains(g, hooks[0]) {
+				g = slices.Sorted(slices.Values(g))
+				found = true
+				if !slices.Equal(slices.Compact(g), hooks) {
+					t.Errorf("%s: the generation adding the DNAT rule added rules in %v, want %v (the rule and both jumps together); all generations: %v", fam, slices.Compact(g), hooks, got)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no generation added the DNAT rule; generations: %v", fam, got)
+		}
+	}
+}
