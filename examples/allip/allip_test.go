@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -445,6 +446,92 @@ func TestScriptFamilyInOneTransaction(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("%s: no generation added the DNAT rule; generations: %v", fam, got)
+		}
+	}
+}
+
+// udpFlows returns, for each UDP conntrack entry of ns whose original
+// destination is ext, the client's source port and the reply's source: the
+// DNAT target, or ext itself if the flow was not DNATed.
+func udpFlows(t *testing.T, ns *netns.NS, ext netip.Addr) map[uint16]netip.Addr {
+	t.Helper()
+	fam := "ipv4"
+	if ext.Is6() {
+		fam = "ipv6"
+	}
+	out := ns.MustExec("conntrack", "-L", "-f", fam, "-p", "udp", "--orig-dst", ext.String())
+	flows := map[uint16]netip.Addr{}
+	for _, line := range strings.Split(out, "\n") {
+		var sport uint16
+		var reply netip.Addr
+		srcs := 0
+		for _, w := range strings.Fields(line) {
+			k, v, _ := strings.Cut(w, "=")
+			switch {
+			case k == "src":
+				srcs++
+				if srcs == 2 {
+					reply, _ = netip.ParseAddr(v)
+				}
+			case k == "sport" && sport == 0:
+				p, _ := strconv.ParseUint(v, 10, 16)
+				sport = uint16(p)
+			}
+		}
+		if sport != 0 && reply.IsValid() {
+			flows[sport] = reply
+		}
+	}
+	return flows
+}
+
+// TestScriptKeepsFlowsToNewTarget checks which UDP conntrack entries the
+// script deletes when an external IP gets a target: a flow that was not
+// DNATed (sent before any rule) is deleted, so that it reaches the pod now;
+// a flow already DNATed to the new target is kept. The second is what a
+// client sees when its flow starts between the script's iptables-restore
+// and its conntrack clearing; deleting its entry lost the reply in flight
+// (not un-DNATed without its entry, it was dropped by the client). The test
+// makes that flow with a DNAT rule of its own in PREROUTING, for its source
+// port only, removed before the script runs.
+func TestScriptKeepsFlowsToNewTarget(t *testing.T) {
+	netns.RequirePrivileged(t)
+	b := netns.Blog(t)
+	s := newScriptRunner(t, b.Node)
+	const early, racing = 40021, 40022
+	for _, c := range []struct {
+		ipt      string
+		ext, pod netip.Addr
+	}{
+		{"iptables", netns.ServiceV4, netns.PodV4},
+		{"ip6tables", netns.ServiceV6, netns.PodV6},
+	} {
+		dst := netip.AddrPortFrom(c.ext, 7000)
+		// The rule also makes the kernel track connections in the
+		// namespace, which it does only once a table uses conntrack.
+		rule := []string{"-w", "-t", "nat", "PREROUTING", "-p", "udp", "--sport", strconv.Itoa(racing), "-d", c.ext.String(), "-j", "DNAT", "--to-destination", c.pod.String()}
+		b.Node.MustExec(c.ipt, slices.Insert(slices.Clone(rule), 3, "-I")...)
+		if a, err := b.Client.Ask("udp", dst, netns.AskOptions{LocalPort: early, Timeout: 300 * time.Millisecond}); err == nil {
+			t.Fatalf("%s from port %d answered without a rule for it: %v", dst, early, a)
+		}
+		if a, err := b.Client.Ask("udp", dst, netns.AskOptions{LocalPort: racing}); err != nil || a.Server != netns.PodID {
+			t.Fatalf("%s from port %d through the test's own rule: %v, %v; want %s", dst, racing, a, err, netns.PodID)
+		}
+		b.Node.MustExec(c.ipt, slices.Insert(slices.Clone(rule), 3, "-D")...)
+		want := map[uint16]netip.Addr{early: c.ext, racing: c.pod}
+		if got := udpFlows(t, b.Node, c.ext); !cmp.Equal(want, got, addrCmp) {
+			t.Fatalf("UDP flows to %s before the script: %v, want %v", c.ext, got, want)
+		}
+	}
+
+	s.mustRun(golden(t))
+	for _, c := range []struct{ ext, pod netip.Addr }{{netns.ServiceV4, netns.PodV4}, {netns.ServiceV6, netns.PodV6}} {
+		want := map[uint16]netip.Addr{racing: c.pod}
+		if got := udpFlows(t, b.Node, c.ext); !cmp.Equal(want, got, addrCmp) {
+			t.Errorf("UDP flows to %s after the script: %v, want %v (the flow not DNATed deleted, the one DNATed to %s kept)", c.ext, got, want, c.pod)
+		}
+		if a, err := b.Client.Ask("udp", netip.AddrPortFrom(c.ext, 7000), netns.AskOptions{LocalPort: early}); err != nil || a.Server != netns.PodID {
+			t.Errorf("%s from port %d, not DNATed before the script: %v, %v; want %s", c.ext, early, a, err, netns.PodID)
 		}
 	}
 }
