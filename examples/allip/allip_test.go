@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -372,4 +373,165 @@ func nftRules(t *testing.T, ns *netns.NS) []allip.Rule {
 		t.Fatal(err)
 	}
 	return rules
+}
+
+// TestScriptFamilyInOneTransaction checks, with the kernel's nftables
+// notifications (iptables-nft), that the script programs each family of a
+// new service in one transaction: the chain's DNAT rule and the jumps from
+// PREROUTING and OUTPUT appear in the same ruleset generation. Added one
+// after the other, the jumps left a moment where traffic entering the node
+// was DNATed and the node's own was not (TestScriptWithCallout failed so:
+// the client was served, the node's next request was not).
+func TestScriptFamilyInOneTransaction(t *testing.T) {
+	netns.RequirePrivileged(t)
+	node := netns.New(t, "node")
+	s := newScriptRunner(t, node)
+	f, err := os.Open(node.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseLasting()
+	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(64))
+	gens, err := conn.AddGenerationalMonitor(mon)
+	if err != nil {
+		t.Fatalf("nftables monitor in %s: %v", node, err)
+	}
+	defer mon.Close()
+
+	s.mustRun(golden(t))
+
+	// The notifications of a transaction are sent when it commits, before
+	// the script's iptables-restore returns: they are all queued now.
+	// Each generation is listed as the family and chain of each new rule
+	// ("ip6 OUTPUT"); the script's chain is KPNG-ALLIP.
+	want := map[string]bool{}
+	var got [][]string
+	for len(want) < 6 {
+		var g *nftables.MonitorEvents
+		select {
+		case g = <-gens:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("nftables notifications: got %v, want the rules of both families", got)
+		}
+		var rules []string
+		for _, ev := range g.Changes {
+			r, ok := ev.Data.(*nftables.Rule)
+			if ev.Type != nftables.MonitorEventTypeNewRule || !ok || r == nil || r.Table == nil || r.Chain == nil {
+				continue
+			}
+			fam := map[nftables.TableFamily]string{nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6"}[r.Table.Family]
+			rules = append(rules, fam+" "+r.Chain.Name)
+			want[fam+" "+r.Chain.Name] = true
+		}
+		if rules != nil {
+			got = append(got, rules)
+		}
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		hooks := []string{fam + " KPNG-ALLIP", fam + " OUTPUT", fam + " PREROUTING"}
+		found := false
+		for _, g := range got {
+			if slices.Contains(g, hooks[0]) {
+				g = slices.Sorted(slices.Values(g))
+				found = true
+				if !slices.Equal(slices.Compact(g), hooks) {
+					t.Errorf("%s: the generation adding the DNAT rule added rules in %v, want %v (the rule and both jumps together); all generations: %v", fam, slices.Compact(g), hooks, got)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no generation added the DNAT rule; generations: %v", fam, got)
+		}
+	}
+}
+
+// udpFlows returns, for each UDP conntrack entry of ns whose original
+// destination is ext, the client's source port and the reply's source: the
+// DNAT target, or ext itself if the flow was not DNATed.
+func udpFlows(t *testing.T, ns *netns.NS, ext netip.Addr) map[uint16]netip.Addr {
+	t.Helper()
+	fam := "ipv4"
+	if ext.Is6() {
+		fam = "ipv6"
+	}
+	out := ns.MustExec("conntrack", "-L", "-f", fam, "-p", "udp", "--orig-dst", ext.String())
+	flows := map[uint16]netip.Addr{}
+	for _, line := range strings.Split(out, "\n") {
+		var sport uint16
+		var reply netip.Addr
+		srcs := 0
+		for _, w := range strings.Fields(line) {
+			k, v, _ := strings.Cut(w, "=")
+			switch {
+			case k == "src":
+				srcs++
+				if srcs == 2 {
+					reply, _ = netip.ParseAddr(v)
+				}
+			case k == "sport" && sport == 0:
+				p, _ := strconv.ParseUint(v, 10, 16)
+				sport = uint16(p)
+			}
+		}
+		if sport != 0 && reply.IsValid() {
+			flows[sport] = reply
+		}
+	}
+	return flows
+}
+
+// TestScriptKeepsFlowsToNewTarget checks which UDP conntrack entries the
+// script deletes when an external IP gets a target: a flow that was not
+// DNATed (sent before any rule) is deleted, so that it reaches the pod now;
+// a flow already DNATed to the new target is kept. The second is what a
+// client sees when its flow starts between the script's iptables-restore
+// and its conntrack clearing; deleting its entry lost the reply in flight
+// (not un-DNATed without its entry, it was dropped by the client). The test
+// makes that flow with a DNAT rule of its own in PREROUTING, for its source
+// port only, removed before the script runs.
+func TestScriptKeepsFlowsToNewTarget(t *testing.T) {
+	netns.RequirePrivileged(t)
+	b := netns.Blog(t)
+	s := newScriptRunner(t, b.Node)
+	const early, racing = 40021, 40022
+	for _, c := range []struct {
+		ipt      string
+		ext, pod netip.Addr
+	}{
+		{"iptables", netns.ServiceV4, netns.PodV4},
+		{"ip6tables", netns.ServiceV6, netns.PodV6},
+	} {
+		dst := netip.AddrPortFrom(c.ext, 7000)
+		// The rule also makes the kernel track connections in the
+		// namespace, which it does only once a table uses conntrack.
+		rule := []string{"-w", "-t", "nat", "PREROUTING", "-p", "udp", "--sport", strconv.Itoa(racing), "-d", c.ext.String(), "-j", "DNAT", "--to-destination", c.pod.String()}
+		b.Node.MustExec(c.ipt, slices.Insert(slices.Clone(rule), 3, "-I")...)
+		if a, err := b.Client.Ask("udp", dst, netns.AskOptions{LocalPort: early, Timeout: 300 * time.Millisecond}); err == nil {
+			t.Fatalf("%s from port %d answered without a rule for it: %v", dst, early, a)
+		}
+		if a, err := b.Client.Ask("udp", dst, netns.AskOptions{LocalPort: racing}); err != nil || a.Server != netns.PodID {
+			t.Fatalf("%s from port %d through the test's own rule: %v, %v; want %s", dst, racing, a, err, netns.PodID)
+		}
+		b.Node.MustExec(c.ipt, slices.Insert(slices.Clone(rule), 3, "-D")...)
+		want := map[uint16]netip.Addr{early: c.ext, racing: c.pod}
+		if got := udpFlows(t, b.Node, c.ext); !cmp.Equal(want, got, addrCmp) {
+			t.Fatalf("UDP flows to %s before the script: %v, want %v", c.ext, got, want)
+		}
+	}
+
+	s.mustRun(golden(t))
+	for _, c := range []struct{ ext, pod netip.Addr }{{netns.ServiceV4, netns.PodV4}, {netns.ServiceV6, netns.PodV6}} {
+		want := map[uint16]netip.Addr{racing: c.pod}
+		if got := udpFlows(t, b.Node, c.ext); !cmp.Equal(want, got, addrCmp) {
+			t.Errorf("UDP flows to %s after the script: %v, want %v (the flow not DNATed deleted, the one DNATed to %s kept)", c.ext, got, want, c.pod)
+		}
+		if a, err := b.Client.Ask("udp", netip.AddrPortFrom(c.ext, 7000), netns.AskOptions{LocalPort: early}); err != nil || a.Server != netns.PodID {
+			t.Errorf("%s from port %d, not DNATed before the script: %v, %v; want %s", c.ext, early, a, err, netns.PodID)
+		}
+	}
 }

@@ -225,6 +225,12 @@ func blogFlow(t *testing.T, viaController bool) {
 	cmd.Env = append(os.Environ(), fmt.Sprintf("CALLOUT=ip netns exec %s env KPNG_ALLIP_LOCK=%s bash %s", b.Node.Name, s.lock, s.script))
 	callout := e2e.StartCmd(t, cmd)
 
+	// waitServed asks from the client only (PREROUTING); the node's own
+	// traffic (OUTPUT) must be served as soon as the client's is: the
+	// script adds a family's chain and both its jumps in one transaction,
+	// and keeps the conntrack entries of the flows already sent to the new
+	// target (TestScriptFamilyInOneTransaction,
+	// TestScriptKeepsFlowsToNewTarget).
 	waitServed(t, b, netns.PodID)
 	b.ExpectService(t, b.Client, netns.PodID)
 	b.ExpectService(t, b.Node, netns.PodID)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/model"
@@ -238,5 +241,85 @@ func TestApplyIsOneTransaction(t *testing.T) {
 	}
 	if err := Cleanup(p.NFT); err != nil {
 		t.Errorf("Cleanup without tables: %v", err)
+	}
+}
+
+// udpFlows returns, for each UDP conntrack entry of h's namespace whose
+// original destination is ext, the client's source port and the reply's
+// source: the DNAT target, or ext itself if the flow was not DNATed.
+func udpFlows(t *testing.T, h *netlink.Handle, ext netip.Addr) map[uint16]netip.Addr {
+	t.Helper()
+	fam := netlink.InetFamily(unix.AF_INET)
+	if ext.Is6() {
+		fam = unix.AF_INET6
+	}
+	list, err := h.ConntrackTableList(netlink.ConntrackTable, fam)
+	if err != nil {
+		t.Fatalf("conntrack entries: %v", err)
+	}
+	flows := map[uint16]netip.Addr{}
+	for _, f := range list {
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+		reply, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
+		if f.Forward.Protocol == unix.IPPROTO_UDP && dst.Unmap() == ext {
+			flows[f.Forward.SrcPort] = reply.Unmap()
+		}
+	}
+	return flows
+}
+
+// TestProxierKeepsFlowsToNewTarget checks which UDP conntrack entries Sync
+// deletes when an external IP gets a target: a flow that was not DNATed
+// (sent before any rule) is deleted, so that it reaches the pod now; a flow
+// already DNATed to the new target is kept. The second is what a client
+// sees when its flow starts between the rules' transaction and the
+// conntrack clearing; deleting its entry lost the reply in flight (not
+// un-DNATed without its entry, it was dropped by the client). The test makes
+// that flow with an iptables DNAT rule of its own, for its source port only,
+// removed before Sync.
+func TestProxierKeepsFlowsToNewTarget(t *testing.T) {
+	netns.RequirePrivileged(t)
+	netns.RequireCommands(t, "iptables", "ip6tables")
+	b := netns.Blog(t)
+	p := nodeProxier(t, b)
+	const early, racing = 40031, 40032
+	cases := []struct {
+		ipt      string
+		ext, pod netip.Addr
+	}{
+		{"iptables", netns.ServiceV4, netns.PodV4},
+		{"ip6tables", netns.ServiceV6, netns.PodV6},
+	}
+	for _, c := range cases {
+		dst := netip.AddrPortFrom(c.ext, 7000)
+		// The rule also makes the kernel track connections in the
+		// namespace, which it does only once a table uses conntrack.
+		rule := []string{"-w", "-t", "nat", "PREROUTING", "-p", "udp", "--sport", strconv.Itoa(racing), "-d", c.ext.String(), "-j", "DNAT", "--to-destination", c.pod.String()}
+		b.Node.MustExec(c.ipt, slices.Insert(slices.Clone(rule), 3, "-I")...)
+		if a, err := b.Client.Ask("udp", dst, netns.AskOptions{LocalPort: early, Timeout: 300 * time.Millisecond}); err == nil {
+			t.Fatalf("%s from port %d answered without a rule for it: %v", dst, early, a)
+		}
+		if a, err := b.Client.Ask("udp", dst, netns.AskOptions{LocalPort: racing}); err != nil || a.Server != netns.PodID {
+			t.Fatalf("%s from port %d through the test's own rule: %v, %v; want %s", dst, racing, a, err, netns.PodID)
+		}
+		b.Node.MustExec(c.ipt, slices.Insert(slices.Clone(rule), 3, "-D")...)
+		want := map[uint16]netip.Addr{early: c.ext, racing: c.pod}
+		if got := udpFlows(t, p.Conntrack, c.ext); !cmp.Equal(want, got, addrCmp) {
+			t.Fatalf("UDP flows to %s before Sync: %v, want %v", c.ext, got, want)
+		}
+	}
+
+	res := mustSync(t, p, blogState(t))
+	if res.ConntrackDeleted != 2 {
+		t.Errorf("%d conntrack entries deleted, want 2 (the flows not DNATed)", res.ConntrackDeleted)
+	}
+	for _, c := range cases {
+		want := map[uint16]netip.Addr{racing: c.pod}
+		if got := udpFlows(t, p.Conntrack, c.ext); !cmp.Equal(want, got, addrCmp) {
+			t.Errorf("UDP flows to %s after Sync: %v, want %v (the flow not DNATed deleted, the one DNATed to %s kept)", c.ext, got, want, c.pod)
+		}
+		if a, err := b.Client.Ask("udp", netip.AddrPortFrom(c.ext, 7000), netns.AskOptions{LocalPort: early}); err != nil || a.Server != netns.PodID {
+			t.Errorf("%s from port %d, not DNATed before Sync: %v, %v; want %s", c.ext, early, a, err, netns.PodID)
+		}
 	}
 }

@@ -5,7 +5,6 @@ package allip
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/google/nftables"
@@ -15,30 +14,33 @@ import (
 	"sigs.k8s.io/kpng/model"
 )
 
-// ClearConntrack deletes the UDP conntrack entries whose original
-// destination is one of addrs, and returns how many it deleted.
+// ClearConntrack deletes the stale UDP conntrack entries of the external
+// addresses addrs, given the rules now installed, and returns how many it
+// deleted. For an address with a rule, the stale entries are those whose
+// reply does not come from the rule's target: flows to a former target, or
+// not DNATed at all. For an address without a rule, all its entries are.
 //
 // NAT is decided on a connection's first packet and kept in its conntrack
 // entry: changing the rules does not move existing flows. TCP flows end, but
 // a UDP client that keeps its source port (DNS, QUIC, games) would keep
 // talking to the former target, or to nothing, until the entry times out.
-// This is what kube-proxy clears too. h is a netlink handle for the
+// This is what kube-proxy clears too, and, as kube-proxy, ClearConntrack
+// keeps the entries already DNATed to the new target: deleting one would
+// only lose its replies in flight (a reply without its entry is not
+// un-DNATed, and the client drops it). h is a netlink handle for the
 // namespace to clean (netlink.NewHandle() for the current one).
-func ClearConntrack(h *netlink.Handle, addrs []netip.Addr) (uint, error) {
+func ClearConntrack(h *netlink.Handle, addrs []netip.Addr, rules []Rule) (uint, error) {
+	targets := map[netip.Addr]netip.Addr{}
+	for _, r := range rules {
+		targets[r.External] = r.Target
+	}
 	byFamily := map[netlink.InetFamily][]netlink.CustomConntrackFilter{}
 	for _, a := range addrs {
-		f := &netlink.ConntrackFilter{}
-		if err := f.AddProtocol(unix.IPPROTO_UDP); err != nil {
-			return 0, fmt.Errorf("conntrack filter: %w", err)
-		}
-		if err := f.AddIP(netlink.ConntrackOrigDstIP, net.IP(a.AsSlice())); err != nil {
-			return 0, fmt.Errorf("conntrack filter for %s: %w", a, err)
-		}
 		fam := netlink.InetFamily(unix.AF_INET)
 		if a.Is6() {
 			fam = unix.AF_INET6
 		}
-		byFamily[fam] = append(byFamily[fam], f)
+		byFamily[fam] = append(byFamily[fam], staleUDP{external: a, target: targets[a]})
 	}
 	var total uint
 	for fam, filters := range byFamily {
@@ -49,6 +51,29 @@ func ClearConntrack(h *netlink.Handle, addrs []netip.Addr) (uint, error) {
 		}
 	}
 	return total, nil
+}
+
+// staleUDP matches the UDP conntrack entries whose original destination is
+// external and whose reply source is not target (any reply source if target
+// is not valid).
+type staleUDP struct {
+	external, target netip.Addr
+}
+
+// MatchConntrackFlow implements netlink.CustomConntrackFilter.
+func (f staleUDP) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	if flow.Forward.Protocol != unix.IPPROTO_UDP {
+		return false
+	}
+	dst, ok := netip.AddrFromSlice(flow.Forward.DstIP)
+	if !ok || dst.Unmap() != f.external {
+		return false
+	}
+	if !f.target.IsValid() {
+		return true
+	}
+	reply, ok := netip.AddrFromSlice(flow.Reverse.SrcIP)
+	return !ok || reply.Unmap() != f.target
 }
 
 // Proxier applies states to one network namespace.
@@ -73,8 +98,9 @@ type Result struct {
 }
 
 // Sync makes the namespace's rules those of the state: it computes the
-// rules, applies them in one transaction, then clears the UDP conntrack
-// entries of the external addresses whose target changed. The error is not
+// rules, applies them in one transaction, then clears the stale UDP
+// conntrack entries of the external addresses whose target changed (see
+// ClearConntrack). The error is not
 // nil only if the rules could not be applied (the previous rules then stay)
 // or conntrack could not be cleared; problems in the state are reported in
 // the Result.
@@ -102,7 +128,7 @@ func (p *Proxier) Sync(items []*model.ServiceEndpoints) (Result, error) {
 	if len(res.Changed) == 0 {
 		return res, oldErr
 	}
-	n, err := ClearConntrack(p.Conntrack, res.Changed)
+	n, err := ClearConntrack(p.Conntrack, res.Changed, res.Rules)
 	res.ConntrackDeleted = n
 	return res, errors.Join(oldErr, err)
 }
