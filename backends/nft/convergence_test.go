@@ -16,7 +16,7 @@ import (
 
 // churnPools draw few addresses and ports, so that services contend; the
 // cluster IPs share their last 4 bits and not their last 12, so that
-// they share a shard in some shard counts and not in others.
+// they share a shard in some shard counts and not in others (reshardCycle).
 var churnPools = churn.Pools{
 	ClusterV4:   []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("10.96.0.17"), netip.MustParseAddr("10.96.1.1")},
 	ClusterV6:   []netip.Addr{netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::101")},

@@ -336,12 +336,12 @@ func TestKernelClusterIP(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-cip")
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
-		// A plain service: its shard (the cluster IP's last 4 bits,
+		// A plain service: its shard (the cluster IP's last 8 bits,
 		// in a table this small: shardBitsFor) and its endpoints in
 		// the shard's map.
-		"ip daddr & 0.0.0.15 vmap @shards-v4", "ip6 daddr & ::f vmap @shards-v6",
-		"0.0.0.10 : jump shard4-10", ":: : jump shard6-0",
-		"numgen random mod 4096 map @shard-endpoints-v4-10", "numgen random mod 4096 map @shard-endpoints-v6-0",
+		"ip daddr & 0.0.0.255 vmap @shards-v4", "ip6 daddr & ::ff vmap @shards-v6",
+		"0.0.0.10 : jump shard4-10", "::10 : jump shard6-16",
+		"numgen random mod 4096 map @shard-endpoints-v4-10", "numgen random mod 4096 map @shard-endpoints-v6-16",
 		"10.96.0.10 . tcp . 80 . 0-1364 ", "fd00:10:96::10 . udp . 80 . 2730-4095 ",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
 		`comment "svc4 default/web/tcp/80" : `, `comment "svc6 default/web/udp/80" : `,

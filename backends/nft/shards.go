@@ -19,7 +19,7 @@ import (
 // A plain service port (ClusterIP only, no session affinity, one cluster
 // IP in the family, 1 to maxShardEndpoints usable endpoints) has no chain
 // of its own: its endpoints are elements of one of the shard maps of its
-// family (16 to 4,096, following the table's size: shardBitsFor), chosen
+// family (256 to 4,096, following the table's size: shardBitsFor), chosen
 // by the last bits of its cluster IP, keyed by
 // (cluster IP . protocol . port . draw), the draw being a random number in
 // [0, shardRange) of which each endpoint owns an interval:
@@ -42,8 +42,8 @@ import (
 //	}
 //
 // A shard's chain, map and jump element exist while the shard holds a
-// service port: at 50,000 services nearly all 4,096 do (and at 1,000 nearly
-// all 64 of that size's table), and adding a service is
+// service port: at 50,000 services nearly all 4,096 do (and at 10,000
+// nearly all 2,048 of that size's table), and adding a service is
 // adding its endpoints' elements (and its cluster IP, its hairpin pairs):
 // no walk. The first service of a shard creates them, which does walk the
 // table once. Other services keep a chain per service port (docs/backends/nft.md).
@@ -63,17 +63,23 @@ const maxShardBits = 12
 // maxShards is the most shards of a family.
 const maxShards = 1 << maxShardBits
 
-// minShardBits is the fewest bits that choose a shard: 16 shards.
-const minShardBits = 4
+// minShardBits is the fewest bits that choose a shard: 256 shards, so
+// that a small table's shards stay small (an endpoint change costs in
+// proportion to its shard: see shardTarget).
+const minShardBits = 8
 
 // shardTarget is how many service ports a shard holds at most when the
-// table is written whole (below maxShards shards). Each shard in use
-// costs a chain of 3 or 4 rules, a set and a jump element, and the kernel
-// finds a set by name by walking the table's sets: with 4,096 shards
-// whatever the size, 10,000 services took 24,251 netlink messages and
-// 1.3 to 1.6 times as long to program as with 1,024 (docs/benchmarks.md,
-// "A shard count that follows the table").
-const shardTarget = 16
+// table is written whole (between the least and the most shards). Each
+// shard in use costs a chain of 3 or 4 rules, a set and a jump element,
+// and the kernel finds a set by name by walking the table's sets: at
+// 10,000 services, the whole process's first sync took 4.4–4.9 s with
+// 4,096 shards, 3.3–3.4 s with 2,048 (8 a shard), 2.9–3.0 s with 1,024
+// (16); but an endpoint change, whose pipapo deletions cost in
+// proportion to the shard, took 1.3, 1.7 and 2.7 ms (medians), and at
+// 1,000 services 1.2 ms with 4,096 shards, 2.1 with 256, 3.7 with 128 and
+// 7.4 with 64 (docs/benchmarks.md, "A shard count that follows the
+// table"). 8 a shard, at least 256 shards, is the middle way.
+const shardTarget = 8
 
 // shardBitsFor returns the shard bits of a table written whole whose
 // largest family has n service ports in the shard maps: enough shards for

@@ -13,17 +13,17 @@ import (
 	"sigs.k8s.io/kpng/internal/netns"
 )
 
-// TestKernelReshard: a table written whole with 100 plain services has 16
-// shards; growing to 1,000 by a partial sync keeps them (64 services a
-// shard); the round that takes the cluster IPs over their set's capacity
-// writes the table whole with 128 shards (shardBitsFor 1,100). After each
+// TestKernelReshard: a table written whole with 100 plain services has
+// 256 shards; growing to 1,000 by a partial sync keeps them; the round
+// that takes the cluster IPs over their set's capacity writes the table
+// whole with 512 shards (shardBitsFor 2,100). After each
 // round the kernel's listing is the tracker's Text (but for the sized
 // sets' capacities after a partial sync), and services of the first and
 // the last rounds answer.
 func TestKernelReshard(t *testing.T) {
 	b := kernelTopology(t)
 	s := newTestSink(t, b, "reshard")
-	items := manyServices(1100)
+	items := manyServices(2100)
 	round := func(when string, full bool, mask string) {
 		t.Helper()
 		if r := s.sync(); r.Full != full {
@@ -65,13 +65,13 @@ func TestKernelReshard(t *testing.T) {
 		}
 	}
 	s.setAll(items[:100]...)
-	round("100 services", true, "0.0.0.15")
+	round("100 services", true, "0.0.0.255")
 	for _, se := range items[100:1000] {
 		s.set(se.Service.Key(), se)
 	}
-	round("1,000 services", false, "0.0.0.15")
+	round("1,000 services", false, "0.0.0.255")
 	for _, se := range items[1000:] {
 		s.set(se.Service.Key(), se)
 	}
-	round("1,100 services: over the cluster-ips capacity", true, "0.0.0.127")
+	round("2,100 services: over the cluster-ips capacity", true, "0.0.1.255")
 }

@@ -3,7 +3,7 @@ package nft
 import "testing"
 
 // TestShardBitsFor: the shard count of a table written whole follows its
-// size, shardTarget service ports a shard, within 16 and 4,096 shards.
+// size, shardTarget service ports a shard, within 256 and 4,096 shards.
 func TestShardBitsFor(t *testing.T) {
 	for _, c := range []struct {
 		ports int
@@ -11,10 +11,10 @@ func TestShardBitsFor(t *testing.T) {
 	}{
 		{0, minShardBits},
 		{1, minShardBits},
-		{16 * shardTarget, 4},
-		{16*shardTarget + 1, 5},
-		{1000, 6},
-		{10000, 10},
+		{1000, 8},
+		{256 * shardTarget, 8},
+		{256*shardTarget + 1, 9},
+		{10000, 11},
 		{50000, 12},
 		{maxShards * shardTarget, maxShardBits},
 		{1 << 30, maxShardBits},
