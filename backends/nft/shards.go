@@ -87,8 +87,10 @@ const shardTarget = 8
 // changes only when the table is written whole, which a sync does once
 // a cluster-ips (or hairpin) set outgrows its capacity (twice its
 // addresses at the last full write, rounded up to a power of two;
-// capacity.go): a table growing by partial syncs holds at most about
-// 4·shardTarget ports a shard (beyond maxShards·shardTarget ports, more).
+// capacity.go) or the shard maps outgrow 4·shardTarget ports a shard
+// (tracker.shardsOutgrown): a table growing by partial syncs holds at
+// most 4·shardTarget ports a shard (beyond maxShards·shardTarget ports,
+// more).
 func shardBitsFor(n int) uint8 {
 	need := max((n+shardTarget-1)/shardTarget, 1)
 	return uint8(min(max(bits.Len(uint(need-1)), minShardBits), maxShardBits))

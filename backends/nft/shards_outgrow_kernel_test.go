@@ -3,22 +3,21 @@
 package nft
 
 import (
-	"fmt"
+	"net/netip"
 	"testing"
 
+	"sigs.k8s.io/kpng/internal/netns"
 	"sigs.k8s.io/kpng/model"
 )
 
 // TestKernelShardsOutgrowTheirCount: the shard count is chosen when the
-// table is written whole, and a partial sync writes it whole only when a
-// cluster-ips or hairpin set outgrows its capacity. The documented bound
-// (docs/backends/nft.md "Shards", shardBitsFor: "at most about 32
-// service ports a shard in between", 4·shardTarget) then holds only while
-// the shard maps' ports grow with the cluster IPs. Here 1,000 NodePort
-// services (chains, no shard port: 256 shards) become plain ClusterIP
-// services of 10 ports each, the same cluster IPs: 10,000 ports go into
-// the 256 shards by a partial sync (about 40 a shard; a table written
-// whole would have 2,048 shards), and stay there.
+// table is written whole, and the cluster-ips capacity alone would not
+// write it whole when ports become plain under the same cluster IPs.
+// Here 1,000 NodePort services (chains, no shard port: 256 shards) become
+// plain ClusterIP services of 10 ports each, the same cluster IPs: 10,000
+// ports, about 40 a shard in 256 shards. The round must be written whole
+// (tracker.shardsOutgrown) with the count a whole write chooses (2,048),
+// so that the documented bound of 4·shardTarget ports a shard holds.
 func TestKernelShardsOutgrowTheirCount(t *testing.T) {
 	b := kernelTopology(t)
 	s := newTestSink(t, b, "outgrow")
@@ -27,7 +26,8 @@ func TestKernelShardsOutgrowTheirCount(t *testing.T) {
 	if r := s.sync(); !r.Full {
 		t.Fatalf("first sync not full")
 	}
-	for _, se := range manyServices(1000) {
+	plain := manyServices(1000)
+	for _, se := range plain {
 		svc := *se.Service
 		svc.Ports = nil
 		for p := range int32(10) {
@@ -44,7 +44,18 @@ func TestKernelShardsOutgrowTheirCount(t *testing.T) {
 	}
 	s.nft.mu.Unlock()
 	t.Logf("after the round: full %v, %d shard ports in %d shards (shardBitsFor: %d), the fullest %d", r.Full, ports, 1<<bits, 1<<shardBitsFor(ports), most)
-	if limit := 4 * shardTarget; int(most) > limit {
-		t.Errorf("%s", fmt.Sprintf("a shard holds %d service ports, more than the documented %d, with %d shards where a whole write would choose %d", most, limit, 1<<bits, 1<<shardBitsFor(ports)))
+	if limit := 4 * shardTarget; ports > limit<<bits {
+		t.Errorf("%d service ports in %d shards (the fullest %d), more than the documented %d a shard; a whole write would choose %d shards", ports, 1<<bits, most, limit, 1<<shardBitsFor(ports))
+	}
+	if !r.Full {
+		t.Errorf("the round that took the shard maps over %d ports a shard was not written whole", 4*shardTarget)
+	}
+	for _, i := range []int{0, 999} {
+		ip := netip.MustParseAddr(plain[i].Service.IPs.ClusterIPs.V4[0])
+		for _, port := range []uint16{80, 89} {
+			if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, port), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
+				t.Errorf("service %d (%s) port %d: %v, %v; want the pod", i, ip, port, a, err)
+			}
+		}
 	}
 }

@@ -178,6 +178,10 @@ func (s *Sink) sync(repair string) error {
 		s.logger.V(2).Info("A hairpin or cluster-ips set outgrows its capacity: writing the table whole", "table", s.table)
 		s.needFull = true
 	}
+	if !s.needFull && s.tracker.shardsOutgrown() {
+		s.logger.V(2).Info("The shard maps outgrow their count: writing the table whole", "table", s.table)
+		s.needFull = true
+	}
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull, Repair: repair}

@@ -447,6 +447,16 @@ func (t *tracker) reshard() {
 	t.reshardTo(shardBitsFor(max(t.shardPorts[ipv4], t.shardPorts[ipv6])))
 }
 
+// shardsOutgrown reports whether the shard maps of a family hold more than
+// 4·shardTarget service ports a shard while the table could have more
+// shards: a partial sync then writes the table whole (Sink.sync), so that
+// the bound holds whatever the cluster-ips capacity (ports becoming plain,
+// services gaining ports, with the same cluster IPs). Between two such
+// writes the ports at least quadruple.
+func (t *tracker) shardsOutgrown() bool {
+	return t.shardBits < maxShardBits && max(t.shardPorts[ipv4], t.shardPorts[ipv6]) > 4*shardTarget<<t.shardBits
+}
+
 // reshardTo is reshard to b bits.
 func (t *tracker) reshardTo(b uint8) {
 	if b == t.shardBits {
