@@ -199,8 +199,8 @@ func verdictExpr(v verdict) *expr.Verdict {
 // prefix] meta l4proto . th dport vmap @m".
 //
 // For the shards map: "ip daddr @cluster-ips-v4 ip daddr & 0.0.15.255 vmap
-// @shards-v4" (clusterIPs: the family's cluster-ips set; the mask of
-// shardBits bits).
+// @shards-v4" with 12 shard bits (clusterIPs: the family's cluster-ips
+// set; the mask of shardBits bits).
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftables.Set, shardBits uint8) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport

@@ -32,8 +32,8 @@ import (
 //
 // The services chain sends a packet to a cluster IP that no verdict map
 // element took to its shard's chain (`ip daddr @cluster-ips-v4 ip daddr &
-// 0.0.15.255 vmap @shards-v4`), whose rules ask for masquerading (as a
-// service chain does) and DNAT through the shard's map:
+// 0.0.15.255 vmap @shards-v4` with 4,096 shards), whose rules ask for
+// masquerading (as a service chain does) and DNAT through the shard's map:
 //
 //	chain shard4-17 {
 //		ip saddr != 10.0.0.0/16 jump mark-for-masquerade
