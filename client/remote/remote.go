@@ -58,9 +58,10 @@ type Config struct {
 	// ("unix:///var/run/kpng/kpng.sock") or host:port; or several,
 	// separated by commas, for controllers any of which can serve this
 	// backend (replicas). A host name resolving to several addresses
-	// counts as one controller address served by all of them (gRPC's DNS
-	// resolver with round_robin: a connection to each, a new stream on
-	// one that is up).
+	// counts as one controller address served by all of them (round_robin:
+	// a connection to each, a new stream on one that is up); the name is
+	// resolved again every ResolvePeriod and at once (ResolveNowGap at
+	// most) when a connection fails.
 	Address string
 	// NodeName is this backend's node.
 	NodeName string
@@ -91,6 +92,9 @@ type Config struct {
 	// state, before the sink is given the difference: from then on the
 	// backend follows that controller. It must not block.
 	Watching func(address string)
+
+	// resolve is how host names are resolved (tests set their own).
+	resolve resolveConfig
 }
 
 // Target is how to reach one of the controller addresses of a Config.
@@ -184,9 +188,11 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 	host, _, _ := net.SplitHostPort(addr.Addr)
 	if _, err := netip.ParseAddr(host); err != nil && host != "" {
 		// A name: every address it resolves to, a connection to each,
-		// streams on one that is up.
-		opts = append(opts, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
-		return "dns:///" + addr.Addr, opts, nil
+		// streams on one that is up; the addresses kept fresh by the
+		// client's own resolver, given to this connection only.
+		opts = append(opts, grpc.WithResolvers(&resolverBuilder{cfg: c.resolve}),
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+		return ResolveScheme + ":///" + addr.Addr, opts, nil
 	}
 	return "passthrough:///" + addr.Addr, opts, nil
 }
