@@ -206,6 +206,8 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 // doubling up to MaxBackoff) only once every address has failed in a row
 // since a stream last delivered a whole state.
 func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
+	logger := klog.FromContext(ctx)
+	cfg.resolve.logger = &logger
 	targets, err := cfg.Targets()
 	if err != nil {
 		return err
@@ -234,7 +236,6 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe, Queued: cfg.Queued})
 	defer feeder.Close()
 	m := newMirror(feeder, cfg.NodeName)
-	logger := klog.FromContext(ctx)
 	newBackoff := func() wait.Backoff {
 		return wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
 	}

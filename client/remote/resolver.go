@@ -55,6 +55,9 @@ type lookupFunc func(ctx context.Context, host string) ([]string, error)
 type resolveConfig struct {
 	lookup      lookupFunc
 	period, gap time.Duration
+	// logger, if set, is the resolvers' (Run's, from its context);
+	// klog's global logger otherwise.
+	logger *klog.Logger
 }
 
 // resolverBuilder builds a nameResolver for each ClientConn given it with
@@ -91,7 +94,11 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 	if r.gap <= 0 {
 		r.gap = ResolveNowGap
 	}
-	logger := klog.Background().WithName("remote").WithValues("name", hostport)
+	logger := klog.Background()
+	if b.cfg.logger != nil {
+		logger = *b.cfg.logger
+	}
+	logger = logger.WithValues("controllerName", hostport)
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	r.cancel = cancel
 	go r.run(ctx)
