@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/remote"
@@ -564,5 +566,69 @@ func TestNameAddressGoneKeepsStream(t *testing.T) {
 	case got := <-w.ch:
 		t.Errorf("the client watched %s, want A still", got)
 	default:
+	}
+}
+
+// TestNameNewAddressEndsBackoff: the name resolves to A alone; A stops and
+// the client, having failed on the name's only address, backs off for an
+// hour; then the name answers B (A's replacement, found by the periodic
+// resolution): the connection to B becoming ready must end the backoff,
+// and the client watch B, its sink seeing nothing. Without it, the client
+// waits its hour and the test fails after 30 s. (The answer changes 200 ms
+// after A stopped, when the client is in its backoff: it fails on A
+// within milliseconds. Were it slower, the test would pass without the
+// mechanism, never fail with it.)
+func TestNameNewAddressEndsBackoff(t *testing.T) {
+	a, b, port, _ := twoLoopbackControllers(t)
+	ans := &lookupAnswer{}
+	ans.set("127.0.0.1")
+	w := newWatched()
+	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
+	c := run(t, cfg)
+	w.next(t)
+	c.WaitSyncs(t, 1, 30*time.Second)
+	c.TakeCalls()
+	a.stop()
+	time.Sleep(200 * time.Millisecond)
+	ans.set("127.0.0.2")
+	w.next(t)
+	if got := b.srv.Stats().Connected; got != 1 {
+		t.Errorf("B has %d backends, want 1", got)
+	}
+	if calls := c.TakeCalls(); len(calls) != 0 {
+		t.Errorf("calls after the failover: %q, want none", calls)
+	}
+}
+
+// TestRefusingControllerBacksOff: a server that accepts the connection
+// but refuses the stream (no kpng service: Unimplemented) leaves the
+// connection ready; the client must still wait its backoff between
+// streams (100 ms doubling), not retry at once because the connection is
+// ready: a few streams in a second, not thousands.
+func TestRefusingControllerBacksOff(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	streams := 0
+	g := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		mu.Lock()
+		streams++
+		mu.Unlock()
+		return status.Error(codes.Unimplemented, "no kpng here")
+	}))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := remote.Run(ctx, remote.Config{Address: lis.Addr().String(), NodeName: "node-a", Insecure: true, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}, sinktest.NewChecker(nil)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if streams < 1 || streams > 20 {
+		t.Errorf("%d streams refused in a second, want a few (a backoff of 100 ms doubling)", streams)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -204,7 +205,9 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 // hashes to (the nodes spread over the controllers), and when a stream
 // ends, it opens one to the next address at once; it waits (MinBackoff,
 // doubling up to MaxBackoff) only once every address has failed in a row
-// since a stream last delivered a whole state.
+// since a stream last delivered a whole state, and then only until the
+// connection to the next address becomes ready (a controller back, or a
+// name's new address).
 func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	logger := klog.FromContext(ctx)
 	cfg.resolve.logger = &logger
@@ -213,6 +216,7 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 		return err
 	}
 	clients := make([]kpngv1.ControllerClient, len(targets))
+	conns := make([]*grpc.ClientConn, len(targets))
 	for i, t := range targets {
 		opts := t.Options
 		if cfg.Watching != nil {
@@ -223,7 +227,7 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 			return fmt.Errorf("API %s: %w", t.Address, err)
 		}
 		defer conn.Close()
-		clients[i] = kpngv1.NewControllerClient(conn)
+		conns[i], clients[i] = conn, kpngv1.NewControllerClient(conn)
 	}
 
 	minB, maxB := cfg.MinBackoff, cfg.MaxBackoff
@@ -264,12 +268,32 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 		}
 		delay := backoff.Step()
 		logger.Error(err, "Lost the kpng controller, reconnecting", "address", lost, "next", targets[i].Address, "retryIn", delay.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
+		if waitReady(ctx, conns[i], delay) {
+			logger.V(2).Info("Connected to the kpng controller before the backoff's end", "address", targets[i].Address)
+		}
+		if ctx.Err() != nil {
 			return nil
-		case <-time.After(delay):
 		}
 	}
+}
+
+// waitReady waits for delay, or until conn becomes ready (a controller
+// back, or the new address of a name), or ctx ends. It reports whether
+// conn became ready. A connection ready all along (its controller refused
+// the stream) waits the whole delay: no busy loop.
+func waitReady(ctx context.Context, conn *grpc.ClientConn, delay time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, delay)
+	defer cancel()
+	state := conn.GetState()
+	if state == connectivity.Idle {
+		conn.Connect()
+	}
+	for conn.WaitForStateChange(ctx, state) {
+		if state = conn.GetState(); state == connectivity.Ready {
+			return true
+		}
+	}
+	return false
 }
 
 // startIndex returns the address a node starts with: its name's hash, so
