@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/remote"
@@ -289,8 +291,8 @@ func TestKeepaliveDetectsSilentController(t *testing.T) {
 }
 
 // TestTargets checks the address list: each address its own target (a
-// name through gRPC's DNS resolver, so that every address it resolves to
-// is used), an empty element refused, DialOptions refusing several.
+// name through the client's own resolver, so that every address it
+// resolves to is used), an empty element refused, DialOptions refusing several.
 func TestTargets(t *testing.T) {
 	cfg := remote.Config{Address: "unix:///run/a.sock, unix:///run/b.sock"}
 	targets, err := cfg.Targets()
@@ -316,7 +318,7 @@ func TestTargets(t *testing.T) {
 	for _, tg := range targets {
 		got = append(got, tg.Target)
 	}
-	if diff := cmp.Diff([]string{"dns:///kpng-controller.kube-system.svc:7443", "passthrough:///10.0.0.1:7443", "passthrough:///[fd00::1]:7443"}, got); diff != "" {
+	if diff := cmp.Diff([]string{"kpng-dns:///kpng-controller.kube-system.svc:7443", "passthrough:///10.0.0.1:7443", "passthrough:///[fd00::1]:7443"}, got); diff != "" {
 		t.Errorf("targets (-want +got):\n%s", diff)
 	}
 	for _, bad := range []string{"unix:///a.sock,", ",unix:///a.sock", "unix:///a.sock,,unix:///b.sock", "host"} {
@@ -335,7 +337,7 @@ const hostsEnv = "KPNG_TEST_OWN_ETC_HOSTS"
 // bind-mounted in a mount namespace of a helper process: the test runs
 // again there), with a controller on each address and the same port, and
 // a backoff of an hour; it stops the controller the client watches: the
-// client must watch the other at once (gRPC's DNS resolver and
+// client must watch the other at once (the client's resolver and
 // round_robin), its sink seeing nothing. With the backoff after every
 // stream that ends (the loop before several addresses), the client waits
 // its hour and the test fails after 30 s. On loopback, a refused address
@@ -405,4 +407,228 @@ func TestNameResolvingToSeveral(t *testing.T) {
 		t.Errorf("calls after the failover: %q, want none", calls)
 	}
 	t.Logf("moved from %s to %s", ctls[on].addr, ctls[1-on].addr)
+}
+
+// countingListener reports each connection it accepts.
+type countingListener struct {
+	net.Listener
+	accepted chan struct{}
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		select {
+		case l.accepted <- struct{}{}:
+		default:
+		}
+	}
+	return c, err
+}
+
+// lookupAnswer is a host name lookup whose answer the test changes.
+type lookupAnswer struct {
+	mu  sync.Mutex
+	ips []string
+}
+
+func (l *lookupAnswer) set(ips ...string) {
+	l.mu.Lock()
+	l.ips = ips
+	l.mu.Unlock()
+}
+
+func (l *lookupAnswer) lookup(_ context.Context, host string) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if host != "localhost" {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return slices.Clone(l.ips), nil
+}
+
+// twoLoopbackControllers starts controllers holding the same state on
+// 127.0.0.1 and 127.0.0.2, the same port (a name's addresses), the second
+// reporting the connections it accepts.
+func twoLoopbackControllers(t *testing.T) (a, b *controller, port string, bAccepted chan struct{}) {
+	t.Helper()
+	lisA, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ = net.SplitHostPort(lisA.Addr().String())
+	lisB, err := net.Listen("tcp", "127.0.0.2:"+port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bAccepted = make(chan struct{}, 1)
+	a = startController(t, lisA.Addr().String(), lisA, state("a", "b"))
+	b = startController(t, lisB.Addr().String(), &countingListener{Listener: lisB, accepted: bAccepted}, state("a", "b"))
+	return a, b, port, bAccepted
+}
+
+// TestNameNewAddressConnectedBeforeFailover gives a client the name
+// localhost (a loopback name: --api-insecure allows it), resolved by a lookup of the test's (the client's seam:
+// no real DNS): first to A alone; once the client watches A, to A and B
+// (a new replica ready). Without any connection failing, the client must
+// connect to B (the periodic resolution), and when A stops, watch B at
+// once (a backoff of an hour), its sink seeing nothing. With gRPC's DNS
+// resolver, or without the period, B is not known until a connection
+// fails: B never gets a connection and the test fails after 30 s.
+func TestNameNewAddressConnectedBeforeFailover(t *testing.T) {
+	a, b, port, bAccepted := twoLoopbackControllers(t)
+	ans := &lookupAnswer{}
+	ans.set("127.0.0.1")
+	w := newWatched()
+	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
+	c := run(t, cfg)
+	w.next(t)
+	c.WaitSyncs(t, 1, 30*time.Second)
+	c.TakeCalls()
+	if got := a.srv.Stats().Connected; got != 1 {
+		t.Fatalf("A has %d backends, want 1", got)
+	}
+	ans.set("127.0.0.2", "127.0.0.1")
+	select {
+	case <-bAccepted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client made no connection to B, the name's new address, within 30 s")
+	}
+	start := time.Now()
+	a.stop()
+	w.next(t)
+	t.Logf("moved from A to B %v after A stopped", time.Since(start))
+	if got := b.srv.Stats().Connected; got != 1 {
+		t.Errorf("B has %d backends, want 1", got)
+	}
+	if calls := c.TakeCalls(); len(calls) != 0 {
+		t.Errorf("calls after the failover: %q, want none", calls)
+	}
+}
+
+// TestNameResolvedAgainWhenConnectionFails: the name resolves to A alone,
+// and the period is an hour; then A is replaced by B (the lookup answers
+// B) and stops: the lost connection must make the client resolve the name
+// at once (ResolveNow) and watch B, its sink seeing nothing. gRPC's DNS
+// resolver would wait 30 s since its last resolution; without ResolveNow,
+// B is never known and the test fails after 30 s.
+func TestNameResolvedAgainWhenConnectionFails(t *testing.T) {
+	a, b, port, _ := twoLoopbackControllers(t)
+	ans := &lookupAnswer{}
+	ans.set("127.0.0.1")
+	w := newWatched()
+	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: 50 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Watching: w.report}, ans.lookup, time.Hour)
+	c := run(t, cfg)
+	w.next(t)
+	c.WaitSyncs(t, 1, 30*time.Second)
+	c.TakeCalls()
+	ans.set("127.0.0.2")
+	start := time.Now()
+	a.stop()
+	w.next(t)
+	t.Logf("moved from A to B %v after A stopped", time.Since(start))
+	if got := b.srv.Stats().Connected; got != 1 {
+		t.Errorf("B has %d backends, want 1", got)
+	}
+	if calls := c.TakeCalls(); len(calls) != 0 {
+		t.Errorf("calls after the failover: %q, want none", calls)
+	}
+}
+
+// TestNameAddressGoneKeepsStream: the name resolves to A, then to B alone
+// (A's address gone from the answer, as a replica that stopped being
+// ready; A still serves). The client connects to B (the periodic
+// resolution) but keeps its stream on A: a change on A reaches the sink,
+// and it never watches B: no flap. With gRPC's DNS resolver, B never gets
+// a connection and the test fails after 30 s.
+func TestNameAddressGoneKeepsStream(t *testing.T) {
+	a, _, port, bAccepted := twoLoopbackControllers(t)
+	ans := &lookupAnswer{}
+	ans.set("127.0.0.1")
+	w := newWatched()
+	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
+	c := run(t, cfg)
+	w.next(t)
+	c.WaitSyncs(t, 1, 30*time.Second)
+	c.TakeCalls()
+	ans.set("127.0.0.2")
+	select {
+	case <-bAccepted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client made no connection to B, the name's new address, within 30 s")
+	}
+	localsink.FromFullState(a.hub)(state("a"))
+	c.WaitSyncs(t, 2, 30*time.Second)
+	if diff := cmp.Diff([]string{"Update ns/b deleted", "Sync"}, c.TakeCalls()); diff != "" {
+		t.Errorf("calls after A's change (-want +got):\n%s", diff)
+	}
+	select {
+	case got := <-w.ch:
+		t.Errorf("the client watched %s, want A still", got)
+	default:
+	}
+}
+
+// TestNameNewAddressEndsBackoff: the name resolves to A alone; A stops and
+// the client, having failed on the name's only address, backs off for an
+// hour; then the name answers B (A's replacement, found by the periodic
+// resolution): the connection to B becoming ready must end the backoff,
+// and the client watch B, its sink seeing nothing. Without it, the client
+// waits its hour and the test fails after 30 s. (The answer changes 200 ms
+// after A stopped, when the client is in its backoff: it fails on A
+// within milliseconds. Were it slower, the test would pass without the
+// mechanism, never fail with it.)
+func TestNameNewAddressEndsBackoff(t *testing.T) {
+	a, b, port, _ := twoLoopbackControllers(t)
+	ans := &lookupAnswer{}
+	ans.set("127.0.0.1")
+	w := newWatched()
+	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
+	c := run(t, cfg)
+	w.next(t)
+	c.WaitSyncs(t, 1, 30*time.Second)
+	c.TakeCalls()
+	a.stop()
+	time.Sleep(200 * time.Millisecond)
+	ans.set("127.0.0.2")
+	w.next(t)
+	if got := b.srv.Stats().Connected; got != 1 {
+		t.Errorf("B has %d backends, want 1", got)
+	}
+	if calls := c.TakeCalls(); len(calls) != 0 {
+		t.Errorf("calls after the failover: %q, want none", calls)
+	}
+}
+
+// TestRefusingControllerBacksOff: a server that accepts the connection
+// but refuses the stream (no kpng service: Unimplemented) leaves the
+// connection ready; the client must still wait its backoff between
+// streams (100 ms doubling), not retry at once because the connection is
+// ready: a few streams in a second, not thousands.
+func TestRefusingControllerBacksOff(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	streams := 0
+	g := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		mu.Lock()
+		streams++
+		mu.Unlock()
+		return status.Error(codes.Unimplemented, "no kpng here")
+	}))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := remote.Run(ctx, remote.Config{Address: lis.Addr().String(), NodeName: "node-a", Insecure: true, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}, sinktest.NewChecker(nil)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if streams < 1 || streams > 20 {
+		t.Errorf("%d streams refused in a second, want a few (a backoff of 100 ms doubling)", streams)
+	}
 }

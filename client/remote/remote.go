@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -58,9 +59,10 @@ type Config struct {
 	// ("unix:///var/run/kpng/kpng.sock") or host:port; or several,
 	// separated by commas, for controllers any of which can serve this
 	// backend (replicas). A host name resolving to several addresses
-	// counts as one controller address served by all of them (gRPC's DNS
-	// resolver with round_robin: a connection to each, a new stream on
-	// one that is up).
+	// counts as one controller address served by all of them (round_robin:
+	// a connection to each, a new stream on one that is up); the name is
+	// resolved again every ResolvePeriod and at once (ResolveNowGap at
+	// most) when a connection fails.
 	Address string
 	// NodeName is this backend's node.
 	NodeName string
@@ -91,6 +93,9 @@ type Config struct {
 	// state, before the sink is given the difference: from then on the
 	// backend follows that controller. It must not block.
 	Watching func(address string)
+
+	// resolve is how host names are resolved (tests set their own).
+	resolve resolveConfig
 }
 
 // Target is how to reach one of the controller addresses of a Config.
@@ -184,9 +189,11 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 	host, _, _ := net.SplitHostPort(addr.Addr)
 	if _, err := netip.ParseAddr(host); err != nil && host != "" {
 		// A name: every address it resolves to, a connection to each,
-		// streams on one that is up.
-		opts = append(opts, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
-		return "dns:///" + addr.Addr, opts, nil
+		// streams on one that is up; the addresses kept fresh by the
+		// client's own resolver, given to this connection only.
+		opts = append(opts, grpc.WithResolvers(&resolverBuilder{cfg: c.resolve}),
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+		return ResolveScheme + ":///" + addr.Addr, opts, nil
 	}
 	return "passthrough:///" + addr.Addr, opts, nil
 }
@@ -198,13 +205,18 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 // hashes to (the nodes spread over the controllers), and when a stream
 // ends, it opens one to the next address at once; it waits (MinBackoff,
 // doubling up to MaxBackoff) only once every address has failed in a row
-// since a stream last delivered a whole state.
+// since a stream last delivered a whole state, and then only until the
+// connection to the next address becomes ready (a controller back, or a
+// name's new address).
 func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
+	logger := klog.FromContext(ctx)
+	cfg.resolve.logger = &logger
 	targets, err := cfg.Targets()
 	if err != nil {
 		return err
 	}
 	clients := make([]kpngv1.ControllerClient, len(targets))
+	conns := make([]*grpc.ClientConn, len(targets))
 	for i, t := range targets {
 		opts := t.Options
 		if cfg.Watching != nil {
@@ -215,7 +227,7 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 			return fmt.Errorf("API %s: %w", t.Address, err)
 		}
 		defer conn.Close()
-		clients[i] = kpngv1.NewControllerClient(conn)
+		conns[i], clients[i] = conn, kpngv1.NewControllerClient(conn)
 	}
 
 	minB, maxB := cfg.MinBackoff, cfg.MaxBackoff
@@ -228,7 +240,6 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 	feeder := localsink.NewFeeder(sink, localsink.FeederOptions{Observe: cfg.Observe, Queued: cfg.Queued})
 	defer feeder.Close()
 	m := newMirror(feeder, cfg.NodeName)
-	logger := klog.FromContext(ctx)
 	newBackoff := func() wait.Backoff {
 		return wait.Backoff{Duration: minB, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: maxB}
 	}
@@ -257,12 +268,32 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 		}
 		delay := backoff.Step()
 		logger.Error(err, "Lost the kpng controller, reconnecting", "address", lost, "next", targets[i].Address, "retryIn", delay.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
+		if waitReady(ctx, conns[i], delay) {
+			logger.V(2).Info("Connected to the kpng controller before the backoff's end", "address", targets[i].Address)
+		}
+		if ctx.Err() != nil {
 			return nil
-		case <-time.After(delay):
 		}
 	}
+}
+
+// waitReady waits for delay, or until conn becomes ready (a controller
+// back, or the new address of a name), or ctx ends. It reports whether
+// conn became ready. A connection ready all along (its controller refused
+// the stream) waits the whole delay: no busy loop.
+func waitReady(ctx context.Context, conn *grpc.ClientConn, delay time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, delay)
+	defer cancel()
+	state := conn.GetState()
+	if state == connectivity.Idle {
+		conn.Connect()
+	}
+	for conn.WaitForStateChange(ctx, state) {
+		if state = conn.GetState(); state == connectivity.Ready {
+			return true
+		}
+	}
+	return false
 }
 
 // startIndex returns the address a node starts with: its name's hash, so
