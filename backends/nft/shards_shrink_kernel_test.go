@@ -3,15 +3,8 @@
 package nft
 
 import (
-	"net/netip"
-	"slices"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/go-cmp/cmp"
-
-	"sigs.k8s.io/kpng/internal/netns"
 )
 
 // TestKernelReshardOnRepairShrinks: 2,100 plain services written whole
@@ -27,35 +20,7 @@ func TestKernelReshardOnRepairShrinks(t *testing.T) {
 	items := manyServices(2101)
 	check := func(when, mask string, answer []int) {
 		t.Helper()
-		s.nft.mu.Lock()
-		rs := s.nft.tracker.Ruleset(s.nft.table)
-		s.nft.mu.Unlock()
-		want, err := parseListing(rs.Text())
-		if err != nil {
-			t.Fatalf("%s: Text: %v", when, err)
-		}
-		listing := nftList(t, b.Node, rs.Table)
-		got, err := parseListing(listing)
-		if err != nil {
-			t.Fatalf("%s: nft list table: %v", when, err)
-		}
-		for _, objs := range []map[string]*listedObject{want, got} {
-			for _, o := range objs {
-				o.Decl = slices.DeleteFunc(o.Decl, func(d string) bool { return strings.HasPrefix(d, "size ") })
-			}
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("%s: the kernel's listing differs from Text (-Text +kernel):\n%s", when, diff)
-		}
-		if !strings.Contains(listing, "ip daddr & "+mask+" vmap @shards-v4") {
-			t.Errorf("%s: the shards lookup does not mask with %s", when, mask)
-		}
-		for _, i := range answer {
-			ip := netip.MustParseAddr(items[i].Service.IPs.ClusterIPs.V4[0])
-			if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
-				t.Errorf("%s: service %d (%s): %v, %v; want the pod", when, i, ip, a, err)
-			}
-		}
+		expectShardTable(t, b, s, when, mask, false, items, answer)
 	}
 	s.setAll(items[:2100]...)
 	if r := s.sync(); !r.Full {
