@@ -267,6 +267,11 @@ type result struct {
 // runOnce runs the callout once with state on its standard input, killing
 // its process group when the timeout expires or ctx is done.
 func (r *Runner) runOnce(ctx context.Context, state []byte) result {
+	// The run starts before its timeout's clock does: a run killed at
+	// the timeout lasted at least the timeout (a preemption between the
+	// two once made a killed run's duration 998 ms of a 1 s timeout, and
+	// TestRunnerKillsHangingCalloutAndItsChildren failed).
+	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, r.cfg.Command[0], r.cfg.Command[1:]...)
@@ -278,7 +283,6 @@ func (r *Runner) runOnce(ctx context.Context, state []byte) result {
 	cmd.Cancel = func() error { return killProcessGroup(cmd) }
 	cmd.WaitDelay = waitDelay
 
-	start := time.Now()
 	err := cmd.Run()
 	res := result{exitStatus: -1, duration: time.Since(start)}
 	if cmd.ProcessState != nil {
