@@ -494,16 +494,7 @@ func TestNameNewAddressConnectedBeforeFailover(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the client made no connection to B, the name's new address, within 30 s")
 	}
-	start := time.Now()
-	a.stop()
-	w.next(t)
-	t.Logf("moved from A to B %v after A stopped", time.Since(start))
-	if got := b.srv.Stats().Connected; got != 1 {
-		t.Errorf("B has %d backends, want 1", got)
-	}
-	if calls := c.TakeCalls(); len(calls) != 0 {
-		t.Errorf("calls after the failover: %q, want none", calls)
-	}
+	expectMovedToB(t, a, b, w, c)
 }
 
 // TestNameResolvedAgainWhenConnectionFails: the name resolves to A alone,
@@ -523,16 +514,7 @@ func TestNameResolvedAgainWhenConnectionFails(t *testing.T) {
 	c.WaitSyncs(t, 1, 30*time.Second)
 	c.TakeCalls()
 	ans.set("127.0.0.2")
-	start := time.Now()
-	a.stop()
-	w.next(t)
-	t.Logf("moved from A to B %v after A stopped", time.Since(start))
-	if got := b.srv.Stats().Connected; got != 1 {
-		t.Errorf("B has %d backends, want 1", got)
-	}
-	if calls := c.TakeCalls(); len(calls) != 0 {
-		t.Errorf("calls after the failover: %q, want none", calls)
-	}
+	expectMovedToB(t, a, b, w, c)
 }
 
 // TestNameAddressGoneKeepsStream: the name resolves to A, then to B alone
@@ -630,5 +612,21 @@ func TestRefusingControllerBacksOff(t *testing.T) {
 	defer mu.Unlock()
 	if streams < 1 || streams > 20 {
 		t.Errorf("%d streams refused in a second, want a few (a backoff of 100 ms doubling)", streams)
+	}
+}
+
+// expectMovedToB stops controller a, which the client c watches, and
+// checks that it moves to b (w reports it), its sink seeing nothing.
+func expectMovedToB(t *testing.T, a, b *controller, w *watched, c *sinktest.Checker) {
+	t.Helper()
+	start := time.Now()
+	a.stop()
+	w.next(t)
+	t.Logf("moved from A to B %v after A stopped", time.Since(start))
+	if got := b.srv.Stats().Connected; got != 1 {
+		t.Errorf("B has %d backends, want 1", got)
+	}
+	if calls := c.TakeCalls(); len(calls) != 0 {
+		t.Errorf("calls after the failover: %q, want none", calls)
 	}
 }
