@@ -63,6 +63,8 @@ type Server struct {
 	maxPerNode int
 	nodesMu    sync.Mutex
 	byNode     map[string]int
+	// watchdog drops the streams whose backend stopped reading.
+	watchdog *watchdog
 	// stopping is closed by Stop.
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -152,6 +154,7 @@ func New(hub *Hub, opts Options) *Server {
 		hub: hub, batchOps: DefaultBatchOps, sendTimeout: opts.SendTimeout,
 		anyNode: slices.Clone(opts.AnyNodeCommonNames), firstStates: make(chan struct{}, opts.MaxConcurrentFirstStates),
 		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{}, stopping: make(chan struct{}),
+		watchdog: newWatchdog(opts.SendTimeout),
 	}
 }
 
@@ -239,29 +242,25 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	}
 	done := make(chan error, 1)
 	go func() { done <- run() }()
-	tick := time.NewTicker(min(s.sendTimeout/4, time.Second))
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-done:
-			klog.InfoS("Backend disconnected", "node", logNode, "peer", who, "err", err)
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
-			if stream.Context().Err() == nil {
-				s.dropped.Add(1) // the backend was still there
-			}
-			return err
-		case <-s.stopping:
-			klog.InfoS("Backend disconnected: the controller is stopping", "node", logNode, "peer", who)
-			return errStopping
-		case <-tick.C:
-			if since := sending.Load(); since != 0 && time.Since(time.Unix(0, since)) > s.sendTimeout {
-				klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", logNode, "peer", who, "timeout", s.sendTimeout)
-				s.dropped.Add(1)
-				return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
-			}
+	watched := s.watchdog.watch(sending)
+	defer s.watchdog.forget(watched)
+	select {
+	case err := <-done:
+		klog.InfoS("Backend disconnected", "node", logNode, "peer", who, "err", err)
+		if errors.Is(err, context.Canceled) {
+			return nil
 		}
+		if stream.Context().Err() == nil {
+			s.dropped.Add(1) // the backend was still there
+		}
+		return err
+	case <-s.stopping:
+		klog.InfoS("Backend disconnected: the controller is stopping", "node", logNode, "peer", who)
+		return errStopping
+	case <-watched.expired:
+		klog.ErrorS(nil, "Dropping a backend that stopped reading", "node", logNode, "peer", who, "timeout", s.sendTimeout)
+		s.dropped.Add(1)
+		return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
 	}
 }
 
@@ -320,11 +319,14 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 // turn (Options.MaxConcurrentFirstStates): it is the hub's snapshot, not a
 // copy of its own.
 func (s *Server) serveShared(ctx context.Context, sub *subscription, out *rawSender) error {
+	// One channel to wait on, not a select of two: with thousands of
+	// streams, each change wakes every one of them.
+	stop := context.AfterFunc(ctx, sub.signal)
+	defer stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-sub.notify:
+		<-sub.notify
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 		for _, b := range s.hub.nextShared(sub) {
 			if err := out.send(b); err != nil {

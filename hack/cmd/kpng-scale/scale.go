@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,6 +90,13 @@ type result struct {
 	// first states and per change.
 	rssPeak, rssIdle, rssFirst, rssEnd float64
 	cpuFirstState, cpuPerChange        float64
+	// The backends' CPU (this process's, which holds them all) in the
+	// same phases: on one machine they share its cores with the
+	// controller.
+	backendsCPUFirstState, backendsCPUPerChange float64
+	// cpuIdle is the controller's CPU a second with every backend
+	// connected and nothing changing (seconds a second).
+	cpuIdle float64
 	// problems are the checks that failed: a backend's first state
 	// without every service and endpoint or with the wrong Local
 	// endpoints, a change that did not reach every backend, a set_endpoint
@@ -105,12 +113,13 @@ func (r result) closing() string {
 // details are the other figures, one a line.
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
-first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend); all of those bytes through a unix socket alone: %.2f s (target: %.2f s, that + 20%%)
-changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
+first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes through a unix socket alone: %.2f s (target: %.2f s, that + 20%%)
+changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
+controller CPU with every backend connected and nothing changing: %.1f ms a second
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
-`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.loopback.Seconds(), 1.2*r.loopback.Seconds(),
-		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, ms(r.floorP50), ms(r.floorP99),
-		r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
+`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.loopback.Seconds(), 1.2*r.loopback.Seconds(),
+		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99),
+		1000*r.cpuIdle, r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -211,7 +220,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 
 	// The backends.
 	backends := make([]*backend, cfg.nodes)
-	cpu0 := ctl.cpu()
+	cpu0, own0 := ctl.cpu(), ownCPU()
 	opened := time.Now()
 	profiles := &profiler{cfg: cfg, addr: ctl.profiling}
 	profiles.cpu(ctx, "first-state", cfg.firstStateTimeout)
@@ -299,18 +308,27 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	res.firstStateAll = last.Sub(opened)
 	res.firstStateBytes = float64(firstBytes) / float64(cfg.nodes)
-	res.cpuFirstState = ctl.cpu() - cpu0
+	res.cpuFirstState, res.backendsCPUFirstState = ctl.cpu()-cpu0, ownCPU()-own0
 	res.rssFirst, _ = ctl.rss()
 	profiles.wait()
 	profiles.get(ctx, "heap?gc=1", "heap-after-first-state.pprof")
 	cfg.logf("all %d backends hold their first state after %.1f s (%.0f bytes each), RSS %.0f MiB", cfg.nodes, res.firstStateAll.Seconds(), res.firstStateBytes, res.rssFirst)
+
+	// Nothing changing, every backend connected.
+	cpu0 = ctl.cpu()
+	select {
+	case <-time.After(idleWindow):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	res.cpuIdle = (ctl.cpu() - cpu0) / idleWindow.Seconds()
 
 	// The changes, one at a time.
 	var before int64
 	for _, b := range backends {
 		before += b.bytes.Load()
 	}
-	cpu0 = ctl.cpu()
+	cpu0, own0 = ctl.cpu(), ownCPU()
 	profiles.cpu(ctx, "changes", time.Duration(cfg.changes)*time.Second)
 	lat := make([]time.Duration, 0, len(all))
 	spread := make([]time.Duration, 0, len(all))
@@ -334,6 +352,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		}
 	}
 	res.cpuPerChange = (ctl.cpu() - cpu0) / float64(len(all))
+	res.backendsCPUPerChange = (ownCPU() - own0) / float64(len(all))
 	var after int64
 	for _, b := range backends {
 		after += b.bytes.Load()
@@ -370,6 +389,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	return res, nil
 }
+
+// idleWindow is how long the controller's idle CPU is measured.
+const idleWindow = 5 * time.Second
 
 // quantile returns the q quantile of ds (nearest rank), 0 for none.
 func quantile(ds []time.Duration, q float64) time.Duration {
@@ -538,6 +560,44 @@ func (p *profiler) cpu(ctx context.Context, name string, d time.Duration) {
 	p.wg.Go(func() {
 		p.get(ctx, "profile?seconds="+strconv.Itoa(max(1, secs)), name+".cpu.pprof")
 	})
+	p.wg.Go(func() {
+		if err := ownProfile(ctx, filepath.Join(p.cfg.dir, "backends-"+name+".cpu.pprof"), time.Duration(max(1, secs))*time.Second); err != nil {
+			p.mu.Lock()
+			p.errs = append(p.errs, err.Error())
+			p.mu.Unlock()
+		}
+	})
+}
+
+// ownProfile writes this process's CPU profile (the backends') of the
+// next d into file.
+func ownProfile(ctx context.Context, file string, d time.Duration) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return fmt.Errorf("the backends' profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return fmt.Errorf("the backends' profile: %w", err)
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	pprof.StopCPUProfile()
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("the backends' profile: %w", err)
+	}
+	return nil
+}
+
+// ownCPU is this process's CPU time (user and system) in seconds.
+func ownCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // wait waits for the CPU profile being taken.
