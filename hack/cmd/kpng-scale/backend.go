@@ -91,10 +91,14 @@ type backend struct {
 	// its Local endpoints from their node names, as client/remote does).
 	independent bool
 	// light: the backend does not read its first state's fields, only
-	// which operations it holds, and hashes them (stateHash): on a
-	// node-independent stream every backend is sent the same bytes, and
-	// the run checks that they are those of backends that read them all.
-	light     bool
+	// which operations it holds. Every backend hashes its first state's
+	// messages (stateHash): on a node-independent stream every backend
+	// is sent the same bytes, and the run checks that they are those of
+	// backends that read them all.
+	light bool
+	// raw: the backend speaks HTTP/2 itself (h2.go), not through
+	// grpc-go's client.
+	raw       bool
 	stateHash maphash.Hash
 
 	bytes atomic.Int64
@@ -150,14 +154,43 @@ var errMalformed = errors.New("malformed batch")
 // hashSeed is the seed of every backend's stateHash.
 var hashSeed = maphash.MakeSeed()
 
-// scan reads one Batch.
+// scan reads one Batch. Until the first state ends, each message but
+// the Reset's (its node's own) goes into stateHash whole.
 func (b *backend) scan(data []byte) error {
 	b.bytes.Add(int64(len(data)))
-	if b.light && !b.synced {
-		return eachOp(data, b.skim)
+	if !b.synced {
+		if kind, err := firstOpKind(data); err != nil {
+			return err
+		} else if kind != opReset {
+			_, _ = b.stateHash.Write(data)
+		}
+		if b.light {
+			return eachOp(data, b.skim)
+		}
 	}
 	return eachOp(data, b.op)
 }
+
+// firstOpKind is the kind (the field number) of a Batch's first
+// operation, 0 for a Batch without one.
+func firstOpKind(data []byte) (protowire.Number, error) {
+	var kind protowire.Number
+	err := eachOp(data, func(op []byte) error {
+		k, _, n := protowire.ConsumeTag(op)
+		if n < 0 {
+			return errMalformed
+		}
+		kind = k
+		return errStop
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	return kind, err
+}
+
+// errStop ends an eachOp early.
+var errStop = errors.New("stop")
 
 // eachOp calls f with each operation of a Batch.
 func eachOp(data []byte, f func(op []byte) error) error {
@@ -186,17 +219,13 @@ func eachOp(data []byte, f func(op []byte) error) error {
 	return nil
 }
 
-// skim reads one operation of a light backend's first state: it hashes
-// every operation but the Reset (its node's own) and reads only its kind.
+// skim reads one operation of a light backend's first state: only its
+// kind, for the sync that ends it.
 func (b *backend) skim(op []byte) error {
 	kind, _, n := protowire.ConsumeTag(op)
 	if n < 0 {
 		return errMalformed
 	}
-	if kind == opReset {
-		return nil
-	}
-	_, _ = b.stateHash.Write(op)
 	if kind == opSync {
 		b.sync()
 	}
@@ -239,11 +268,6 @@ func fields(m []byte, f func(num protowire.Number, typ protowire.Type, v []byte,
 
 // op reads one Op.
 func (b *backend) op(op []byte) error {
-	if !b.synced {
-		if kind, _, n := protowire.ConsumeTag(op); n > 0 && kind != opReset {
-			_, _ = b.stateHash.Write(op)
-		}
-	}
 	var err error
 	perr := fields(op, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
 		switch num {

@@ -34,7 +34,9 @@ func TestMain(m *testing.M) {
 // TestSmallRun runs the tool at 5 nodes and 20 services against the real
 // API server and a controller process: every backend must get its whole
 // first state with its own Local endpoints, and every change; nothing
-// else.
+// else. With a connection a backend, the light backends speak HTTP/2
+// themselves (h2.go), and their first state must hash as the grpc-go
+// backends' that read every field.
 func TestSmallRun(t *testing.T) {
 	cp.Require(t)
 	rc := cp.RESTConfig()
@@ -43,25 +45,39 @@ func TestSmallRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config{
-		kpng: []string{os.Args[0]}, env: []string{runKpngEnv},
-		nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: 2, readAll: 2,
-		dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
-		namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
+	for _, tc := range []struct {
+		name           string
+		streamsPerConn int
+		raw            int // light backends speaking HTTP/2 themselves
+	}{
+		{"grpc-go two streams a connection", 2, 0},
+		{"raw HTTP/2 light backends", 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config{
+				kpng: []string{os.Args[0]}, env: []string{runKpngEnv},
+				nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: tc.streamsPerConn, readAll: 2,
+				dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
+				namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			res, err := run(ctx, cfg, c, cp.KubeconfigPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.problems) > 0 {
+				t.Fatalf("the run's checks failed:\n%v", res.problems)
+			}
+			if res.firstStateBytes == 0 || res.bytesPerChangePerNode == 0 || res.rssPeak == 0 {
+				t.Errorf("bytes or RSS not measured: %s", res.closing())
+			}
+			if res.rawBackends != tc.raw {
+				t.Errorf("%d backends spoke HTTP/2 themselves, want %d", res.rawBackends, tc.raw)
+			}
+			t.Log(res.closing())
+		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	res, err := run(ctx, cfg, c, cp.KubeconfigPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.problems) > 0 {
-		t.Fatalf("the run's checks failed:\n%v", res.problems)
-	}
-	if res.firstStateBytes == 0 || res.bytesPerChangePerNode == 0 || res.rssPeak == 0 {
-		t.Errorf("bytes or RSS not measured: %s", res.closing())
-	}
-	t.Log(res.closing())
 }
 
 // TestBackendChecks feeds a backend batches and checks what it counts: the

@@ -41,6 +41,11 @@ type config struct {
 	// readAll is how many backends read every field of their first state
 	// on node-independent streams (spread over the nodes; 0: all).
 	readAll int
+	// grpcLight: the light backends read through grpc-go's client too;
+	// otherwise, with a connection a backend, they speak HTTP/2
+	// themselves (h2.go). The backends reading every field always use
+	// grpc-go's client.
+	grpcLight bool
 	// streamsPerConn is how many backends share a connection.
 	streamsPerConn int
 	// dir holds the socket, the controller's log and the profiles.
@@ -94,6 +99,8 @@ type result struct {
 	// same phases: on one machine they share its cores with the
 	// controller.
 	backendsCPUFirstState, backendsCPUPerChange float64
+	// rawBackends is how many backends spoke HTTP/2 themselves.
+	rawBackends int
 	// cpuIdle is the controller's CPU a second with every backend
 	// connected and nothing changing (seconds a second).
 	cpuIdle float64
@@ -235,8 +242,14 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		// On node-independent streams, --read-all backends spread over
 		// the nodes read every field; the others only hash what they get.
 		b.light = !cfg.perNodeView && cfg.readAll > 0 && n%max(1, cfg.nodes/cfg.readAll) != 0
+		b.raw = b.light && !cfg.grpcLight && cfg.streamsPerConn == 1
 		backends[n] = b
-		wg.Go(func() { b.watch(bctx, c) })
+		if b.raw {
+			res.rawBackends++
+			wg.Go(func() { b.watchRaw(bctx, ctl.socket) })
+		} else {
+			wg.Go(func() { b.watch(bctx, c) })
+		}
 	}
 	deadline := time.After(cfg.firstStateTimeout)
 	progress := time.NewTicker(30 * time.Second)
