@@ -359,7 +359,10 @@ func (h *Hub) nextShared(s *subscription) []message {
 	s.all, s.nodeDirty, s.have = false, false, nil
 	s.mu.Unlock()
 
-	facts := h.nodeFacts(s.node)
+	var facts *kpngv1.NodeFacts // only when sent: not with every change
+	if whole || nodeDirty {
+		facts = h.nodeFacts(s.node)
+	}
 	var out []message
 	switch {
 	case whole && facts != nil && len(have) == len(h.hash) && stateHash(have) == h.hash:
@@ -377,7 +380,7 @@ func (h *Hub) nextShared(s *subscription) []message {
 		if len(h.log) == 0 || h.log[0].gen > s.cursor+1 {
 			// The rounds it missed are gone: it starts over.
 			h.caughtUp.Add(1)
-			out = h.appendSnapshot(out, s, facts)
+			out = h.appendSnapshot(out, s, h.nodeFacts(s.node))
 		}
 		i, _ := slices.BinarySearchFunc(h.log, s.cursor+1, func(r *round, gen uint64) int { return cmp.Compare(r.gen, gen) })
 		taken := 0

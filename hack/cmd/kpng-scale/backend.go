@@ -165,7 +165,12 @@ func (b *backend) scan(data []byte) error {
 			_, _ = b.stateHash.Write(data)
 		}
 		if b.light {
-			return eachOp(data, b.skim)
+			// Only its kind, for the sync that ends it.
+			sync, err := hasSync(data)
+			if sync {
+				b.sync()
+			}
+			return err
 		}
 	}
 	return eachOp(data, b.op)
@@ -219,17 +224,40 @@ func eachOp(data []byte, f func(op []byte) error) error {
 	return nil
 }
 
-// skim reads one operation of a light backend's first state: only its
-// kind, for the sync that ends it.
-func (b *backend) skim(op []byte) error {
-	kind, _, n := protowire.ConsumeTag(op)
-	if n < 0 {
-		return errMalformed
+// hasSync tells whether a Batch holds a sync operation, reading only each
+// operation's first byte: a Batch is a run of Batch.ops fields (their tag
+// byte, a varint length, the Op), and an Op's first byte is the tag of
+// its kind (all below 16: one byte). A light backend reads its first
+// state's 100,000 operations this way: eachOp's general decoding cost the
+// shared cores seconds with 5,000 backends.
+func hasSync(data []byte) (bool, error) {
+	const opsTag = byte(batchOps<<3 | protowire.BytesType)
+	const syncTag = byte(opSync<<3 | protowire.BytesType)
+	for len(data) > 0 {
+		if data[0] != opsTag {
+			return false, errMalformed // a Batch has no other field
+		}
+		l, n := uint64(0), 1
+		for shift := 0; ; shift += 7 {
+			if n >= len(data) || shift > 28 {
+				return false, errMalformed
+			}
+			c := data[n]
+			n++
+			l |= uint64(c&0x7f) << shift
+			if c < 0x80 {
+				break
+			}
+		}
+		if l > uint64(len(data)-n) {
+			return false, errMalformed
+		}
+		if l > 0 && data[n] == syncTag {
+			return true, nil
+		}
+		data = data[n+int(l):]
 	}
-	if kind == opSync {
-		b.sync()
-	}
-	return nil
+	return false, nil
 }
 
 // fields calls f with each field of message m.

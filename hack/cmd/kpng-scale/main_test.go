@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/kubernetes"
 
@@ -149,5 +150,54 @@ func TestBackendChecks(t *testing.T) {
 	}
 	if err := (rawCodec{}).Unmarshal([]byte{0x0a, 0x05, 0x01}, b); err == nil {
 		t.Error("a truncated batch was read")
+	}
+}
+
+// TestHasSync checks the light backends' reading of a Batch against
+// eachOp's general decoding: with and without a sync, operations whose
+// length takes several bytes, and malformed batches.
+func TestHasSync(t *testing.T) {
+	big := &kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "scale", Name: string(make([]byte, 70000))}}}
+	svc := &kpngv1.Op{Op: &kpngv1.Op_SetService{SetService: &kpngv1.Service{Namespace: "scale", Name: "s00001"}}}
+	sync := &kpngv1.Op{Op: &kpngv1.Op_Sync{Sync: &kpngv1.Sync{}}}
+	reset := &kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{}}}
+	for _, tc := range []struct {
+		name string
+		ops  []*kpngv1.Op
+	}{
+		{"empty", nil},
+		{"services", []*kpngv1.Op{svc, big, svc}},
+		{"services then sync", []*kpngv1.Op{svc, big, sync}},
+		{"a long operation then sync", []*kpngv1.Op{big, sync}},
+		{"reset", []*kpngv1.Op{reset}},
+		{"sync alone", []*kpngv1.Op{sync}},
+	} {
+		data, err := proto.Marshal(&kpngv1.Batch{Ops: tc.ops})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Whole, and cut short by up to 8 bytes: where eachOp reads a
+		// Batch, hasSync must say what it holds; where eachOp finds it
+		// malformed, hasSync must not say "no sync".
+		for cut := 0; cut <= min(len(data), 8); cut++ {
+			part := data[:len(data)-cut]
+			want := false
+			refErr := eachOp(part, func(op []byte) error {
+				if k, _, _ := protowire.ConsumeTag(op); k == opSync {
+					want = true
+				}
+				return nil
+			})
+			got, err := hasSync(part)
+			switch {
+			case refErr == nil && (err != nil || got != want):
+				t.Errorf("%s cut by %d bytes: hasSync = %v, %v; want %v", tc.name, cut, got, err, want)
+			case refErr != nil && !got && err == nil:
+				t.Errorf("%s cut by %d bytes (malformed): hasSync says no sync, no error", tc.name, cut)
+			}
+		}
+	}
+	if _, err := hasSync([]byte{0x12, 0x00}); err == nil {
+		t.Error("a Batch with another field than ops: no error")
 	}
 }
