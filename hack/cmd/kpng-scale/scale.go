@@ -80,6 +80,9 @@ type result struct {
 	// unix socket to a reader that discards them.
 	firstStateBytes float64
 	loopback        time.Duration
+	// loopbackCPU is the CPU the writer and the reader of loopback took
+	// (seconds).
+	loopbackCPU float64
 	// floorP50, floorP99: one change's bytes written to every backend's
 	// unix socket in turn by one goroutine, until every reader has them.
 	floorP50, floorP99 time.Duration
@@ -120,11 +123,11 @@ func (r result) closing() string {
 // details are the other figures, one a line.
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
-first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes through a unix socket alone: %.2f s (target: %.2f s, that + 20%%)
+first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes through a unix socket alone: %.2f s, CPU %.1f s (target: %.2f s, that + 20%%)
 changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
 controller CPU with every backend connected and nothing changing: %.1f ms a second
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
-`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.loopback.Seconds(), 1.2*r.loopback.Seconds(),
+`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.loopback.Seconds(), r.loopbackCPU, 1.2*r.loopback.Seconds(),
 		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99),
 		1000*r.cpuIdle, r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
@@ -392,7 +395,10 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	// The first states' bytes through a unix socket, with the backends
 	// gone: the floor of first_state_all_s.
-	if res.loopback, err = loopbackTime(filepath.Dir(ctl.socket), int64(res.firstStateBytes*float64(cfg.nodes))); err != nil {
+	own0 = ownCPU()
+	res.loopback, err = loopbackTime(filepath.Dir(ctl.socket), int64(res.firstStateBytes*float64(cfg.nodes)))
+	res.loopbackCPU = ownCPU() - own0
+	if err != nil {
 		res.problems = append(res.problems, err.Error())
 	}
 	// One change's bytes to every backend through sockets alone: the floor
