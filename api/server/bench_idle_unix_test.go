@@ -14,7 +14,6 @@ import (
 
 	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/api/server"
-	"sigs.k8s.io/kpng/client/remote"
 	"sigs.k8s.io/kpng/localsink"
 )
 
@@ -32,19 +31,7 @@ func BenchmarkIdleBackends5000(b *testing.B) {
 func idle(b *testing.B, services, backends int, window time.Duration) {
 	hub := server.NewHub(true)
 	localsink.FromFullState(hub)(fanoutState(services, backends))
-	addr := "unix://" + b.TempDir() + "/kpng.sock"
-	lis, opts, err := server.ListenConfig{Address: addr}.Listen()
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := grpc.NewServer(opts...)
-	server.New(hub, server.Options{MaxStreamsPerNode: -1}).Register(g)
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	target, dopts, err := remote.Config{Address: addr}.DialOptions()
-	if err != nil {
-		b.Fatal(err)
-	}
+	target, dopts := serveHub(b, hub, server.Options{MaxStreamsPerNode: -1})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	bks := make([]*backend, backends)

@@ -139,6 +139,25 @@ func BenchmarkFanout100Backends10kShared(b *testing.B) {
 	}
 }
 
+// serveHub serves hub on a unix socket until the benchmark ends and
+// returns how to dial it.
+func serveHub(b *testing.B, hub *server.Hub, opts server.Options) (string, []grpc.DialOption) {
+	addr := "unix://" + b.TempDir() + "/kpng.sock"
+	lis, sopts, err := server.ListenConfig{Address: addr}.Listen()
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := grpc.NewServer(sopts...)
+	server.New(hub, opts).Register(g)
+	go func() { _ = g.Serve(lis) }()
+	b.Cleanup(g.Stop)
+	target, dopts, err := remote.Config{Address: addr}.DialOptions()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return target, dopts
+}
+
 func fanout(b *testing.B, services, backends, changes int, independent bool) {
 	state := fanoutState(services, backends)
 	heap0 := heapMiB()
@@ -146,20 +165,7 @@ func fanout(b *testing.B, services, backends, changes int, independent bool) {
 	localsink.FromFullState(hub)(state)
 	heapHub := heapMiB()
 
-	addr := "unix://" + b.TempDir() + "/kpng.sock"
-	lis, opts, err := server.ListenConfig{Address: addr}.Listen()
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := grpc.NewServer(opts...)
-	server.NewServer(hub, 0).Register(g)
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-
-	target, dopts, err := remote.Config{Address: addr}.DialOptions()
-	if err != nil {
-		b.Fatal(err)
-	}
+	target, dopts := serveHub(b, hub, server.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var bks []*backend
