@@ -213,12 +213,17 @@ func TestControllerManifestsAreConsistent(t *testing.T) {
 		t.Errorf("ClusterRole rules, not the watcher's (-want +got):\n%s", diff)
 	}
 
-	// Two replicas, not on one node, one always serving during a rollout.
+	// Two replicas, not on one node, one serving during a rollout.
 	if r := ctl.deploy.Spec.Replicas; r == nil || *r < 2 {
 		t.Errorf("replicas %v, want at least 2", r)
 	}
-	if ru := ctl.deploy.Spec.Strategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
-		t.Error("rolling update without maxUnavailable: 0")
+	// One replica replaced at a time, without a surge replica: with the
+	// required anti-affinity below, a surge replica has no node on a
+	// cluster of as many nodes as replicas, and the rollout stalls (as
+	// hack/cluster/test.sh's rolling update found with maxSurge: 1).
+	if ru := ctl.deploy.Spec.Strategy.RollingUpdate; ru == nil || ru.MaxUnavailable == nil || ru.MaxSurge == nil ||
+		ru.MaxUnavailable.IntValue() != 1 || ru.MaxSurge.IntValue() != 0 {
+		t.Errorf("rolling update %+v, want maxUnavailable: 1 and maxSurge: 0", ru)
 	}
 	antiAffinity := false
 	if a := spec.Affinity; a != nil && a.PodAntiAffinity != nil {

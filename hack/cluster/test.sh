@@ -430,7 +430,8 @@ fresh_stop() {
 # connection held open and fresh ones every 0.2 s through web-remote's
 # cluster IP are answered, and nothing of the table inet kpng-kpng-remote
 # on node-a is deleted (nft monitor: it is never flushed or emptied); the
-# backends are not restarted.
+# backends are not restarted. Then a rolling update of the Deployment, the
+# same traffic still answered.
 controller_failover() {
   local round old new start monitor rc=0 deletes
   # nsenter execs nft: $! is nft's pid, to stop it with.
@@ -465,6 +466,25 @@ controller_failover() {
     }
     kpngc_wait "the controller's replacement of ${old}" 180 replaced || { rc=1; break; }
   done
+  # A rolling update replaces both replicas, one at a time, on a cluster of
+  # as many nodes as replicas (the anti-affinity); node-a's backend ends on
+  # a new one.
+  if [[ "${rc}" == 0 ]]; then
+    old="$(controller_pods | paste -sd' ')"
+    start="$(date +%s)"
+    k -n kube-system rollout restart deployment/kpng-controller >/dev/null || rc=1
+    if k -n kube-system rollout status deployment/kpng-controller --timeout=180s >/dev/null; then
+      kpngc_log "rolling update: both replicas replaced in $(($(date +%s) - start)) s"
+      renewed() {
+        new="$(watching node-a)"
+        [[ -n "${new}" && "${new}" != *$'\n'* && " ${old} " != *" ${new} "* ]]
+      }
+      kpngc_wait "node-a's backend on a replica of the rolling update" 60 renewed || rc=1
+    else
+      kpngc_log "the controller's rolling update did not complete in 180 s: $(k -n kube-system get pods -l app.kubernetes.io/name=kpng-controller -o wide --no-headers | paste -sd';')"
+      rc=1
+    fi
+  fi
   hold_close "the controller's failovers" || rc=1
   fresh_stop || rc=1
   kill "${monitor}" 2>/dev/null
