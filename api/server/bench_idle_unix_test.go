@@ -31,7 +31,8 @@ func BenchmarkIdleBackends5000(b *testing.B) {
 func idle(b *testing.B, services, backends int, window time.Duration) {
 	hub := server.NewHub(true)
 	localsink.FromFullState(hub)(fanoutState(services, backends))
-	target, dopts := serveHub(b, hub, server.Options{MaxStreamsPerNode: -1})
+	target, dopts, stop := serveHub(b, hub, server.Options{MaxStreamsPerNode: -1})
+	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	bks := make([]*backend, backends)

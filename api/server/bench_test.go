@@ -139,9 +139,9 @@ func BenchmarkFanout100Backends10kShared(b *testing.B) {
 	}
 }
 
-// serveHub serves hub on a unix socket until the benchmark ends and
-// returns how to dial it.
-func serveHub(b *testing.B, hub *server.Hub, opts server.Options) (string, []grpc.DialOption) {
+// serveHub serves hub on a unix socket until stop is called and returns
+// how to dial it.
+func serveHub(b *testing.B, hub *server.Hub, opts server.Options) (target string, dopts []grpc.DialOption, stop func()) {
 	addr := "unix://" + b.TempDir() + "/kpng.sock"
 	lis, sopts, err := server.ListenConfig{Address: addr}.Listen()
 	if err != nil {
@@ -150,12 +150,12 @@ func serveHub(b *testing.B, hub *server.Hub, opts server.Options) (string, []grp
 	g := grpc.NewServer(sopts...)
 	server.New(hub, opts).Register(g)
 	go func() { _ = g.Serve(lis) }()
-	b.Cleanup(g.Stop)
-	target, dopts, err := remote.Config{Address: addr}.DialOptions()
+	target, dopts, err = remote.Config{Address: addr}.DialOptions()
 	if err != nil {
+		g.Stop()
 		b.Fatal(err)
 	}
-	return target, dopts
+	return target, dopts, g.Stop
 }
 
 func fanout(b *testing.B, services, backends, changes int, independent bool) {
@@ -165,7 +165,8 @@ func fanout(b *testing.B, services, backends, changes int, independent bool) {
 	localsink.FromFullState(hub)(state)
 	heapHub := heapMiB()
 
-	target, dopts := serveHub(b, hub, server.Options{})
+	target, dopts, stop := serveHub(b, hub, server.Options{})
+	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var bks []*backend

@@ -369,7 +369,7 @@ watching() {
   for pod in $(controller_pods); do
     log="$(k -n kube-system logs "${pod}" 2>/dev/null)" || continue
     c="$(grep -c "\"Backend connected\" node=\"$1\"" <<<"${log}" || true)"
-    d="$(grep -c "\"Backend disconnected\" node=\"$1\"" <<<"${log}" || true)"
+    d="$(grep -cE "\"Backend disconnected(: the controller is stopping)?\" node=\"$1\"" <<<"${log}" || true)"
     ((c <= d)) || echo "${pod}"
   done
 }
@@ -472,8 +472,8 @@ controller_failover() {
   if [[ "${rc}" == 0 ]]; then
     old="$(controller_pods | paste -sd' ')"
     start="$(date +%s)"
-    k -n kube-system rollout restart deployment/kpng-controller >/dev/null || rc=1
-    if k -n kube-system rollout status deployment/kpng-controller --timeout=180s >/dev/null; then
+    if k -n kube-system rollout restart deployment/kpng-controller >/dev/null &&
+      k -n kube-system rollout status deployment/kpng-controller --timeout=180s >/dev/null; then
       kpngc_log "rolling update: both replicas replaced in $(($(date +%s) - start)) s"
       renewed() {
         new="$(watching node-a)"

@@ -181,6 +181,9 @@ func (b *backend) scan(data []byte) error {
 func firstOpKind(data []byte) (protowire.Number, error) {
 	var kind protowire.Number
 	err := eachOp(data, func(op []byte) error {
+		if len(op) == 0 {
+			return errStop // an empty Op: no kind
+		}
 		k, _, n := protowire.ConsumeTag(op)
 		if n < 0 {
 			return errMalformed
@@ -235,7 +238,17 @@ func hasSync(data []byte) (bool, error) {
 	const syncTag = byte(opSync<<3 | protowire.BytesType)
 	for len(data) > 0 {
 		if data[0] != opsTag {
-			return false, errMalformed // a Batch has no other field
+			// Another field (none today): skipped, as eachOp does.
+			num, typ, n := protowire.ConsumeTag(data)
+			if n < 0 {
+				return false, errMalformed
+			}
+			m := protowire.ConsumeFieldValue(num, typ, data[n:])
+			if m < 0 {
+				return false, errMalformed
+			}
+			data = data[n+m:]
+			continue
 		}
 		l, n := uint64(0), 1
 		for shift := 0; ; shift += 7 {

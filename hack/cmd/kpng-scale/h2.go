@@ -60,6 +60,9 @@ func (b *backend) readRaw(ctx context.Context, socket string) error {
 	c := &rawConn{b: b, conn: conn, w: bufio.NewWriterSize(conn, 4096), buf: make([]byte, rawReadBuffer)}
 	c.fr = http2.NewFramer(c.w, nil)
 	if err := c.begin(); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("watch as %s: %w", b.name, err)
 	}
 	err = c.read()
@@ -200,7 +203,9 @@ func (c *rawConn) read() error {
 		id := binary.BigEndian.Uint32(h[5:]) & (1<<31 - 1)
 		if typ == http2.FrameData {
 			if flags.Has(http2.FlagDataPadded) {
-				return errors.New("a padded DATA frame") // grpc-go sends none
+				// HTTP/2 allows padding; grpc-go sends none, and this
+				// reader, which reads DATA in place, does not take it.
+				return errors.New("a padded DATA frame")
 			}
 			c.start += 9
 			c.dataLeft = length
@@ -268,7 +273,11 @@ func (c *rawConn) control(typ http2.FrameType, flags http2.Flags, id uint32, pay
 		if len(payload) < 8 {
 			return false, errors.New("the controller closed the connection (GOAWAY)")
 		}
-		return false, fmt.Errorf("the controller closed the connection (GOAWAY %v): %q", http2.ErrCode(binary.BigEndian.Uint32(payload[4:])), payload[8:])
+		last, code := binary.BigEndian.Uint32(payload)&(1<<31-1), http2.ErrCode(binary.BigEndian.Uint32(payload[4:]))
+		if code == http2.ErrCodeNo && last >= streamID {
+			return false, nil // graceful: the stream goes on until it ends
+		}
+		return false, fmt.Errorf("the controller closed the connection (GOAWAY %v): %q", code, payload[8:])
 	case http2.FrameRSTStream:
 		if id == streamID && len(payload) == 4 {
 			return false, fmt.Errorf("the controller reset the stream: %v", http2.ErrCode(binary.BigEndian.Uint32(payload)))
@@ -298,6 +307,9 @@ func (c *rawConn) control(typ http2.FrameType, flags http2.Flags, id uint32, pay
 			})
 		}
 		if _, err := c.dec.Write(c.headers); err != nil {
+			return false, fmt.Errorf("the controller's headers: %w", err)
+		}
+		if err := c.dec.Close(); err != nil {
 			return false, fmt.Errorf("the controller's headers: %w", err)
 		}
 		if c.headersEnd {

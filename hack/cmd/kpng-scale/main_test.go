@@ -197,7 +197,21 @@ func TestHasSync(t *testing.T) {
 			}
 		}
 	}
-	if _, err := hasSync([]byte{0x12, 0x00}); err == nil {
-		t.Error("a Batch with another field than ops: no error")
+	// Another field than ops (none today) is skipped, as eachOp does.
+	sync0, err := proto.Marshal(&kpngv1.Batch{Ops: []*kpngv1.Op{sync}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want bool
+	}{
+		{"another field alone", []byte{0x12, 0x00}, false},
+		{"another field, then a sync", append([]byte{0x12, 0x01, 0x07}, sync0...), true},
+	} {
+		if got, err := hasSync(tc.data); err != nil || got != tc.want {
+			t.Errorf("%s: hasSync = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
 	}
 }
