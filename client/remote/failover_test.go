@@ -476,15 +476,8 @@ func twoLoopbackControllers(t *testing.T) (a, b *controller, port string, bAccep
 // resolver, or without the period, B is not known until a connection
 // fails: B never gets a connection and the test fails after 30 s.
 func TestNameNewAddressConnectedBeforeFailover(t *testing.T) {
-	a, b, port, bAccepted := twoLoopbackControllers(t)
-	ans := &lookupAnswer{}
-	ans.set("127.0.0.1")
-	w := newWatched()
-	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
-	c := run(t, cfg)
-	w.next(t)
-	c.WaitSyncs(t, 1, 30*time.Second)
-	c.TakeCalls()
+	n := onName(t, time.Hour, 20*time.Millisecond)
+	a, b, bAccepted, ans, w, c := n.a, n.b, n.bAccepted, n.ans, n.w, n.c
 	if got := a.srv.Stats().Connected; got != 1 {
 		t.Fatalf("A has %d backends, want 1", got)
 	}
@@ -504,15 +497,8 @@ func TestNameNewAddressConnectedBeforeFailover(t *testing.T) {
 // resolver would wait 30 s since its last resolution; without ResolveNow,
 // B is never known and the test fails after 30 s.
 func TestNameResolvedAgainWhenConnectionFails(t *testing.T) {
-	a, b, port, _ := twoLoopbackControllers(t)
-	ans := &lookupAnswer{}
-	ans.set("127.0.0.1")
-	w := newWatched()
-	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: 50 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Watching: w.report}, ans.lookup, time.Hour)
-	c := run(t, cfg)
-	w.next(t)
-	c.WaitSyncs(t, 1, 30*time.Second)
-	c.TakeCalls()
+	n := onName(t, 50*time.Millisecond, time.Hour)
+	a, b, _, ans, w, c := n.a, n.b, n.bAccepted, n.ans, n.w, n.c
 	ans.set("127.0.0.2")
 	expectMovedToB(t, a, b, w, c)
 }
@@ -524,15 +510,8 @@ func TestNameResolvedAgainWhenConnectionFails(t *testing.T) {
 // and it never watches B: no flap. With gRPC's DNS resolver, B never gets
 // a connection and the test fails after 30 s.
 func TestNameAddressGoneKeepsStream(t *testing.T) {
-	a, _, port, bAccepted := twoLoopbackControllers(t)
-	ans := &lookupAnswer{}
-	ans.set("127.0.0.1")
-	w := newWatched()
-	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
-	c := run(t, cfg)
-	w.next(t)
-	c.WaitSyncs(t, 1, 30*time.Second)
-	c.TakeCalls()
+	n := onName(t, time.Hour, 20*time.Millisecond)
+	a, _, bAccepted, ans, w, c := n.a, n.b, n.bAccepted, n.ans, n.w, n.c
 	ans.set("127.0.0.2")
 	select {
 	case <-bAccepted:
@@ -561,15 +540,8 @@ func TestNameAddressGoneKeepsStream(t *testing.T) {
 // within milliseconds. Were it slower, the test would pass without the
 // mechanism, never fail with it.)
 func TestNameNewAddressEndsBackoff(t *testing.T) {
-	a, b, port, _ := twoLoopbackControllers(t)
-	ans := &lookupAnswer{}
-	ans.set("127.0.0.1")
-	w := newWatched()
-	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Watching: w.report}, ans.lookup, 20*time.Millisecond)
-	c := run(t, cfg)
-	w.next(t)
-	c.WaitSyncs(t, 1, 30*time.Second)
-	c.TakeCalls()
+	n := onName(t, time.Hour, 20*time.Millisecond)
+	a, b, _, ans, w, c := n.a, n.b, n.bAccepted, n.ans, n.w, n.c
 	a.stop()
 	time.Sleep(200 * time.Millisecond)
 	ans.set("127.0.0.2")
@@ -613,6 +585,34 @@ func TestRefusingControllerBacksOff(t *testing.T) {
 	if streams < 1 || streams > 20 {
 		t.Errorf("%d streams refused in a second, want a few (a backoff of 100 ms doubling)", streams)
 	}
+}
+
+// nameRun is a client watching two loopback controllers by name
+// (twoLoopbackControllers), holding its first state from A.
+type nameRun struct {
+	a, b      *controller
+	bAccepted chan struct{}
+	ans       *lookupAnswer
+	w         *watched
+	c         *sinktest.Checker
+}
+
+// onName starts a client on "localhost:PORT" of two loopback controllers,
+// the name resolving to A (127.0.0.1) alone, with backoff as its min and
+// max backoff and period as its resolution period, and waits for its
+// first state from A.
+func onName(t *testing.T, backoff, period time.Duration) nameRun {
+	t.Helper()
+	n := nameRun{ans: &lookupAnswer{}, w: newWatched()}
+	var port string
+	n.a, n.b, port, n.bAccepted = twoLoopbackControllers(t)
+	n.ans.set("127.0.0.1")
+	cfg := remote.WithLookup(remote.Config{Address: "localhost:" + port, NodeName: "node-a", Insecure: true, MinBackoff: backoff, MaxBackoff: backoff, Watching: n.w.report}, n.ans.lookup, period)
+	n.c = run(t, cfg)
+	n.w.next(t)
+	n.c.WaitSyncs(t, 1, 30*time.Second)
+	n.c.TakeCalls()
+	return n
 }
 
 // expectMovedToB stops controller a, which the client c watches, and
