@@ -387,7 +387,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	for _, lc := range lookupChains {
 		ch := t.addChain(lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)], clusterIPs[f], rs.ShardBits))
+			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
 		})
 	}
 	reject := t.addChain(chainReject)
@@ -443,9 +443,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	byMap := map[string][]mapElement{}
 	for _, e := range rs.Elements {
-		if !e.Verdict.Shard { // not programmed: the shard maps hold its port
-			byMap[e.Map] = append(byMap[e.Map], e)
-		}
+		byMap[e.Map] = append(byMap[e.Map], e)
 	}
 	for name, els := range byMap {
 		m := maps[name]
@@ -868,9 +866,6 @@ func (t *txn) elementGroups(items []diffstore.Item[string, mapElement], del bool
 	var order []string
 	for _, it := range items {
 		e := pick(it)
-		if e.Verdict.Shard {
-			continue // not programmed: the shard maps hold its port
-		}
 		if _, ok := byMap[e.Map]; !ok {
 			order = append(order, e.Map)
 		}

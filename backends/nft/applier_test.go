@@ -204,8 +204,8 @@ func TestApplierMessages(t *testing.T) {
 		t.Errorf("full write starts (-want +got):\n%s", diff)
 	}
 
-	// One endpoint added: elements only.
-	tr.Update(web.Key(), &model.ServiceEndpoints{Service: web, Endpoints: append(eps[:2:2], ep("10.1.0.3", false))})
+	// One endpoint replaced by another: elements only.
+	tr.Update(web.Key(), &model.ServiceEndpoints{Service: web, Endpoints: []*model.Endpoint{eps[0], ep("10.1.0.3", false)}})
 	d := tr.Done()
 	stats, err = a.Partial(d)
 	if err != nil {

@@ -139,41 +139,35 @@ func (bs *benchSink) sync() SyncResult {
 // wantFull checks the size of a full sync of n bench services.
 func wantFull(tb testing.TB, r SyncResult, n int) {
 	tb.Helper()
-	// Per service: 10 endpoint intervals in its shard's map, 10 hairpin
-	// addresses, its cluster IP; per shard in use: its chain, its rules
-	// and its jump element.
-	shards := map[uint32]bool{}
-	for i := range n {
-		shards[shardOf(netip.MustParseAddr(benchService(i).IPs.ClusterIPs.V4[0]), shardBitsFor(n))] = true
-	}
-	if !r.Full || r.Stats.ChainsAdded != len(shards) || r.Stats.ElementsAdded != n*elementsPerBenchService+len(shards) || r.Stats.Rules < 3*len(shards) {
-		tb.Fatalf("full sync of %d services: %+v (full %v), want %d chains (shards), %d elements, %d+ rules", n, r.Stats, r.Full, len(shards), n*elementsPerBenchService+len(shards), 3*len(shards))
+	// Per service: its element in the services map, 10 endpoints in its
+	// shard's map, 10 hairpin addresses, its cluster IP; one shard (of 10
+	// endpoints): its chain and rules.
+	if !r.Full || r.Stats.ChainsAdded != 1 || r.Stats.ElementsAdded != n*elementsPerBenchService || r.Stats.Rules < 3 {
+		tb.Fatalf("full sync of %d services: %+v (full %v), want 1 chain (the shard's), %d elements, 3+ rules", n, r.Stats, r.Full, n*elementsPerBenchService)
 	}
 }
 
 // elementsPerBenchService is the number of kernel elements of a bench
-// service (a plain one, in a shard map): each endpoint's interval in its
-// shard's map, each endpoint in the hairpin set, its cluster IP in the
-// cluster-ips set.
-const elementsPerBenchService = 2*benchEndpoints + 1
+// service (a plain one, in a shard map): its element in the services map,
+// each endpoint in its shard's map and in the hairpin set, its cluster IP
+// in the cluster-ips set.
+const elementsPerBenchService = 2*benchEndpoints + 2
 
 // shardStats checks that a change of n bench services added (or deleted,
 // del) their elements and, with each shard it brought into use (or
-// emptied), the shard's chain with its rules and its jump element, and
-// nothing else.
+// emptied), the shard's chain with its rules, and nothing else.
 func shardStats(st Stats, n int, del bool) bool {
 	chains, elements, other := st.ChainsAdded, st.ElementsAdded, st.ChainsDeleted+st.ElementsDeleted+st.ChainsFlushed
 	if del {
 		chains, elements, other = st.ChainsDeleted, st.ElementsDeleted, st.ChainsAdded+st.ElementsAdded+st.Rules
 	}
 	rulesOK := del || st.Rules >= 3*chains
-	return other == 0 && elements == n*elementsPerBenchService+chains && rulesOK
+	return other == 0 && elements == n*elementsPerBenchService && rulesOK
 }
 
 // kernelElements returns the number of IPv4 service ports the table in ns
 // serves, as nft lists them (google/nftables's GetSetElements reads only
-// the first part of a dump): the goto elements of the map service-ips-v4
-// and the keys (address . protocol . port) of the shard maps of IPv4.
+// the first part of a dump): nftlisting.ServicePortsV4.
 func kernelElements(tb testing.TB, ns *netns.NS, name string) int {
 	tb.Helper()
 	out, _, err := ns.Exec(nil, "nft", "list", "table", "inet", TableName(name))
@@ -430,9 +424,8 @@ func BenchmarkEndpointChange(b *testing.B) {
 
 // BenchmarkServiceAddDelete adds one service with 10 endpoints and syncs,
 // then deletes it and syncs, per iteration. It checks both transactions'
-// sizes (the same at 1,000, 10,000 and 50,000 services, but for a shard's
-// chain, map and jump element, added with its first service and deleted
-// with its last: at 1,000 services only) and the number of service ports
+// sizes (the same at 1,000, 10,000 and 50,000 services: the shard of 10
+// endpoints is in use before and after) and the number of service ports
 // in the kernel after the last one.
 func BenchmarkServiceAddDelete(b *testing.B) {
 	for _, n := range []int{1000, 10000, 50000} {
@@ -666,15 +659,11 @@ func TestKernelLargeFullSync(t *testing.T) {
 	items := manyServices(2000)
 	s.setAll(items...)
 	r := s.sync()
-	// Plain services: each shard's jump element, each service's one
-	// endpoint interval in its shard's map, the pod in the hairpin set,
-	// 2,000 cluster IPs.
-	shards := map[uint32]bool{}
-	for _, se := range items {
-		shards[shardOf(netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0]), shardBitsFor(len(items)))] = true
-	}
-	if !r.Full || r.Stats.ElementsAdded != len(shards)+2000+1+2000 {
-		t.Fatalf("full sync: %+v, want %d elements added (%d shards)", r.Stats, len(shards)+2000+1+2000, len(shards))
+	// Plain services of one endpoint: each service's element in the
+	// services map and its endpoint in shard 1's map, the pod in the
+	// hairpin set, 2,000 cluster IPs.
+	if !r.Full || r.Stats.ElementsAdded != 2000+2000+1+2000 {
+		t.Fatalf("full sync: %+v, want %d elements added", r.Stats, 2000+2000+1+2000)
 	}
 	if got := kernelElements(t, b.Node, "large"); got != 2000 {
 		t.Fatalf("%d elements in the kernel's service map, want 2000", got)

@@ -190,8 +190,9 @@ func (b *portBuilder) target(kind string, first []rule, eps []*model.Endpoint, v
 		// A plain service port: its endpoints in its shard's map, the
 		// masquerading rule in the shard's chain (shards.go).
 		id := kind + familySuffix(b.family) + "/" + portID(b.key, b.port)
-		b.objs.Blocks = append(b.objs.Blocks, &block{ID: id, Family: b.family, Service: b.key, Endpoints: tos, Shard: b.shard})
-		return verdict{Shard: true, Block: id}
+		n := uint32(len(tos))
+		b.objs.Blocks = append(b.objs.Blocks, &block{ID: id, Family: b.family, Service: b.key, Endpoints: tos, Shard: b.shard, ShardIdx: n})
+		return verdict{Goto: shardChainName(b.family, n), Shard: true, Block: id}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
 	rules := slices.Clip(first)

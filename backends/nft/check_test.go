@@ -15,7 +15,7 @@ import (
 // numbers of rules the tracker holds, and follows the tracker when
 // chains come and go.
 func TestCheckedChainsTakeTurns(t *testing.T) {
-	s := &Sink{tracker: newTracker(Options{})}
+	s := &Sink{tracker: newTracker(Options{NoShardMaps: true})}
 	update := func(n int) {
 		for i := range n {
 			key := model.ServiceKey{Namespace: "ns", Name: fmt.Sprintf("s%03d", i)}

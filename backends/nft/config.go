@@ -121,7 +121,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	nodeflags.Node{ClusterCIDRs: &o.ClusterCIDRs, NodePortAddresses: &o.NodePortAddresses, NodeIPs: &o.NodeIPs,
 		MasqueradeAll: &o.MasqueradeAll, MasqueradeBit: &o.MasqueradeBit}.Bind(fs)
 	fs.BoolVar(&o.IgnoreHeadless, "ignore-headless", o.IgnoreHeadless, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
-	fs.Var(nodeflags.Not(&o.NoShardMaps), "shard-maps", "serve plain service ports (a cluster IP only, no affinity, up to 64 endpoints) from shared shard maps, so that adding or deleting a service is set elements only (false: a chain per service port, cheaper endpoint changes but a walk of the table per service added)")
+	fs.Var(nodeflags.Not(&o.NoShardMaps), "shard-maps", "serve plain service ports (a cluster IP only, no affinity, up to 64 endpoints) from shared shard maps, one per number of endpoints, so that adding, changing or deleting a service is set elements only (false: a chain per service port and interval elements per endpoint, a dearer cold start and service added)")
 	fs.DurationVar(&c.CheckPeriod, "check-period", c.CheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
 	fs.Var(nodeflags.Not(&c.NoMonitor), "monitor", "listen for nftables' notifications of changes other programs make to the table, and rewrite it at once (false: only the periodic check repairs it)")
 }

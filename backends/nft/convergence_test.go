@@ -11,12 +11,10 @@ import (
 
 	"sigs.k8s.io/kpng/diffstore"
 	"sigs.k8s.io/kpng/internal/churn"
-	"sigs.k8s.io/kpng/model"
 )
 
-// churnPools draw few addresses and ports, so that services contend; the
-// cluster IPs share their last 4 bits and not their last 12, so that
-// they share a shard in some shard counts and not in others (reshardCycle).
+// churnPools draw few addresses and ports, so that services contend and
+// move between shards as their numbers of endpoints change.
 var churnPools = churn.Pools{
 	ClusterV4:   []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("10.96.0.17"), netip.MustParseAddr("10.96.1.1")},
 	ClusterV6:   []netip.Addr{netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::101")},
@@ -74,33 +72,12 @@ func canonicalize(rs *ruleset) canonical {
 	return c
 }
 
-// reshardCycle are the shard bits TestTrackerConvergence moves a tracker
-// to, in turn: down, up, between, and to 2 (fewer than reshard chooses:
-// shards of many ports).
-var reshardCycle = []uint8{minShardBits, maxShardBits, 7, minShardBits + 1, 2}
-
-// buildRulesetBits is buildRuleset with shardBits shard bits: what a
-// table written whole with that count and changed by partial syncs since
-// holds.
-func buildRulesetBits(opts Options, items []*model.ServiceEndpoints, shardBits uint8) *ruleset {
-	t := newTracker(opts)
-	t.shardBits = shardBits
-	for _, se := range items {
-		if se != nil && se.Service != nil {
-			t.Update(se.Service.Key(), se)
-		}
-	}
-	t.done(false)
-	return t.Ruleset("t")
-}
-
 // TestTrackerConvergence applies seeded random churn round by round to a
 // tracker (what the sink programs, as its deltas) and checks after every
 // round that its ruleset is the one a fresh start builds from the whole
 // state. The kernel side (that the applier programs exactly the deltas)
 // is what the kernel tests check. KPNG_CHURN_ROUNDS and KPNG_CHURN_SEED
-// change the length and the seed. Every 25 rounds, the tracker moves its
-// shard blocks to another shard count (reshardTo), as a full write does.
+// change the length and the seed.
 func TestTrackerConvergence(t *testing.T) {
 	rounds, seeds := churn.FromEnv(300, 1, 2, 3)
 	opts := Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}}
@@ -121,34 +98,15 @@ func TestTrackerConvergence(t *testing.T) {
 				}
 				d := tr.Done()
 				rs := tr.Ruleset("t")
-				same := func(when string, rs *ruleset) {
-					t.Helper()
-					fresh := buildRulesetBits(opts, gen.State(), rs.ShardBits)
-					if diff := cmp.Diff(canonicalize(fresh), canonicalize(rs), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
-						t.Fatalf("seed %d round %d%s: the tracker differs from a fresh build with its %d shard bits (-fresh +incremental):\n%s", seed, round, when, rs.ShardBits, diff)
-					}
+				fresh, _ := buildRuleset("t", opts, gen.State())
+				if diff := cmp.Diff(canonicalize(fresh), canonicalize(rs), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+					t.Fatalf("seed %d round %d: the tracker differs from a fresh build (-fresh +incremental):\n%s", seed, round, diff)
 				}
-				same("", rs)
 				for _, e := range rs.endpoints() {
 					elements.Set(e.ID(), e)
 				}
 				if diff := cmp.Diff(elements.Done(), d.Endpoints, cmpopts.EquateEmpty(), cmpopts.EquateComparable(netip.AddrPort{}, netip.Addr{})); diff != "" {
 					t.Fatalf("seed %d round %d: the endpoint elements changed (-as a store of them reports +the delta):\n%s", seed, round, diff)
-				}
-				if round%25 == 24 {
-					// A full write with another shard count: the
-					// shard blocks move, and the rounds after it
-					// start from there.
-					tr.reshardTo(reshardCycle[(round/25)%len(reshardCycle)])
-					rs := tr.Ruleset("t")
-					same(" after a reshard", rs)
-					if err := checkRuleset(rs, gen.State()); err != nil {
-						t.Fatalf("seed %d round %d after a reshard to %d bits: %v", seed, round, rs.ShardBits, err)
-					}
-					for _, e := range rs.endpoints() {
-						elements.Set(e.ID(), e)
-					}
-					elements.Done()
 				}
 			}
 		})

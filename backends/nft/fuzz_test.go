@@ -100,7 +100,7 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		if st.Name == "" || len(st.Name) >= 256 || sets[st.Name] != nil {
 			return fmt.Errorf("set %q: name empty, too long or taken", st.Name)
 		}
-		if !st.EndpointMap && !st.ShardMap && !services[st.Service] {
+		if !st.EndpointMap && st.Shard == 0 && !services[st.Service] {
 			return fmt.Errorf("set %s: owned by %s, not a service given", st.Name, st.Service)
 		}
 		sets[st.Name] = st
@@ -161,23 +161,12 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		}
 	}
 	// The shard blocks, each owned by an element of its key (unowned:
-	// those no element names yet), and the shard maps the shards map's
-	// elements jump to.
+	// those no element names yet).
 	blocks, unowned := map[string]*block{}, map[string]bool{}
 	for _, bl := range rs.Blocks {
 		blocks[bl.ID] = bl
 		if bl.sharded() {
 			unowned[bl.ID] = true
-		}
-	}
-	shardJumps := map[string]bool{}
-	for _, e := range rs.Elements {
-		if e.Map == mapShards(e.Family) {
-			s := shardOf(e.Key.Addr, rs.ShardBits)
-			if e.Key.Addr != shardKey(e.Family, s) || e.Verdict.Goto != shardChainName(e.Family, s) || !e.Verdict.Jump {
-				return fmt.Errorf("element %s: %s, want jump %s", e.ID(), e.Verdict, shardChainName(e.Family, s))
-			}
-			shardJumps[shardMapName(e.Family, s)] = true
 		}
 	}
 	ids := map[string]bool{}
@@ -186,23 +175,23 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 			return fmt.Errorf("element %s twice", e.ID())
 		}
 		ids[e.ID()] = true
-		if !services[e.Service] && !(e.Map == mapShards(e.Family) && e.Service == (model.ServiceKey{})) {
+		if !services[e.Service] {
 			return fmt.Errorf("element %s: of %s, not a service given", e.ID(), e.Service)
 		}
 		if e.Verdict.Shard {
 			// A key served by a shard map: its block is there, with
-			// this key, in a map of the table reached from the
-			// shards map.
+			// this key, in the shard of its number of endpoints, whose
+			// map is in the table and whose chain the element goes to.
 			bl := blocks[e.Verdict.Block]
 			switch {
 			case bl == nil || bl.Shard != e.Key || bl.Service != e.Service:
 				return fmt.Errorf("element %s: served by shard block %s, which is not there with its key", e.ID(), e.Verdict.Block)
-			case bl.ShardIdx != shardOf(e.Key.Addr, rs.ShardBits):
-				return fmt.Errorf("element %s: its shard block %s is in shard %d, want %d (%d bits)", e.ID(), bl.ID, bl.ShardIdx, shardOf(e.Key.Addr, rs.ShardBits), rs.ShardBits)
-			case sets[bl.Map()] == nil || !sets[bl.Map()].ShardMap:
+			case bl.ShardIdx != uint32(len(bl.Endpoints)) || bl.ShardIdx > maxShardEndpoints:
+				return fmt.Errorf("element %s: its shard block %s of %d endpoints is in shard %d", e.ID(), bl.ID, len(bl.Endpoints), bl.ShardIdx)
+			case sets[bl.Map()] == nil || sets[bl.Map()].Shard != bl.ShardIdx:
 				return fmt.Errorf("element %s: its shard map %s is not in the table", e.ID(), bl.Map())
-			case !shardJumps[bl.Map()]:
-				return fmt.Errorf("element %s: no jump to its shard", e.ID())
+			case e.Verdict.Goto != shardChainName(e.Family, bl.ShardIdx):
+				return fmt.Errorf("element %s: goes to %s, not to its shard's chain", e.ID(), e.Verdict)
 			}
 			delete(unowned, bl.ID)
 		}

@@ -336,13 +336,11 @@ func TestKernelClusterIP(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-cip")
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
-		// A plain service: its shard (the cluster IP's last 8 bits,
-		// in a table this small: shardBitsFor) and its endpoints in
-		// the shard's map.
-		"ip daddr & 0.0.0.255 vmap @shards-v4", "ip6 daddr & ::ff vmap @shards-v6",
-		"0.0.0.10 : jump shard4-10", "::10 : jump shard6-16",
-		"numgen random mod 4096 map @shard-endpoints-v4-10", "numgen random mod 4096 map @shard-endpoints-v6-16",
-		"10.96.0.10 . tcp . 80 . 0-1364 ", "fd00:10:96::10 . udp . 80 . 2730-4095 ",
+		// A plain service of 3 endpoints: its element goes to shard 3,
+		// whose map holds its endpoints, one draw each.
+		`10.96.0.10 . tcp . 80 comment "default/web" : goto shard4-3`, `fd00:10:96::10 . udp . 80 comment "default/web" : goto shard6-3`,
+		"numgen random mod 3 map @shard-endpoints-v4-3", "numgen random mod 3 map @shard-endpoints-v6-3",
+		"10.96.0.10 . tcp . 80 . 0 ", "fd00:10:96::10 . udp . 80 . 2 ",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",
 		`comment "svc4 default/web/tcp/80" : `, `comment "svc6 default/web/udp/80" : `,
 	} {
@@ -535,26 +533,26 @@ func TestKernelPartialSyncSize(t *testing.T) {
 		s.setAll(items...)
 		full := s.sync()
 		target := items[n/2]
-		e := podEndpoints(netns.Pod2ID)[0]
-		s.setEndpoint(target.Service.Key(), e)
+		replaced := *target
+		replaced.Endpoints = podEndpoints(netns.Pod2ID)[:1]
+		s.set(target.Service.Key(), &replaced)
 		r := s.sync()
-		t.Logf("%d services: full sync %+v in %v; one endpoint added: %+v in %v", n, full.Stats, full.Duration, r.Stats, r.Duration)
+		t.Logf("%d services: full sync %+v in %v; one endpoint replaced: %+v in %v", n, full.Stats, full.Duration, r.Stats, r.Duration)
 		if r.Full || len(r.Services) != 1 || r.Services[0] != target.Service.Key() {
 			t.Errorf("%d services: partial sync %+v, want one service", n, r)
 		}
-		// Only elements: the interval of the service's one endpoint deleted
-		// (one element of its shard's map), the two intervals of the two
-		// endpoints added, pod2 added to the hairpin set; no chain, rule
-		// or set.
-		want := Stats{Messages: 3, ElementsAdded: 3, ElementsDeleted: 1}
+		// Only elements: the service's one endpoint deleted from its
+		// shard's map and pod2 added in its place, pod2 added to the
+		// hairpin set; no chain, rule or set.
+		want := Stats{Messages: 3, ElementsAdded: 2, ElementsDeleted: 1}
 		if r.Stats != want {
 			t.Errorf("%d services: transaction %+v, want %+v", n, r.Stats, want)
 		}
 		sizes = append(sizes, r.Stats)
 		ip := netip.MustParseAddr(target.Service.IPs.ClusterIPs.V4[0])
 		counts := spread(t, b.Client, "tcp", netip.AddrPortFrom(ip, 80), 30, map[string]uint16{netns.PodID: 6000, netns.Pod2ID: 6000})
-		if counts[netns.Pod2ID] == 0 || counts[netns.PodID] == 0 {
-			t.Errorf("%d services: after adding pod2: %v", n, counts)
+		if counts[netns.Pod2ID] == 0 || counts[netns.PodID] != 0 {
+			t.Errorf("%d services: after replacing pod with pod2: %v", n, counts)
 		}
 	}
 	if sizes[0] != sizes[1] {

@@ -73,10 +73,6 @@ func mapNoEndpointNodePorts(f ipFamily) string { return "no-endpoint-nodeports-v
 // "firewall-ips-v4" or "firewall-ips-v6".
 func mapFirewall(f ipFamily) string { return "firewall-ips-v" + familySuffix(f) }
 
-// isShardsMap reports whether the map m is a shards map (keyed by an
-// address only).
-func isShardsMap(m string) bool { return strings.HasPrefix(m, "shards-v") }
-
 // isNodePortMap reports whether the map m is keyed by protocol and port
 // only (no address).
 func isNodePortMap(m string) bool {
@@ -194,17 +190,15 @@ var baseChains = []baseChain{
 type mapKind struct {
 	name     func(ipFamily) string
 	nodePort bool // keyed by protocol . port only
-	shards   bool // keyed by an address only: the shards maps
 }
 
 // mapKinds are the kinds of verdict maps of the table.
 var mapKinds = []mapKind{
-	{mapServices, false, false},
-	{mapNoEndpoints, false, false},
-	{mapNodePorts, true, false},
-	{mapNoEndpointNodePorts, true, false},
-	{mapFirewall, false, false},
-	{mapShards, false, true},
+	{mapServices, false},
+	{mapNoEndpoints, false},
+	{mapNodePorts, true},
+	{mapNoEndpointNodePorts, true},
+	{mapFirewall, false},
 }
 
 // loopbackV4 and loopbackV6 are excluded from node ports by default:

@@ -34,7 +34,7 @@ func familyOf(a netip.Addr) ipFamily {
 
 // mapKey is the key of a map element: destination address, protocol and
 // port of a service, or only protocol and port (Addr not valid) in the
-// node-port maps, or only an address (Proto unknown) in the shards maps.
+// node-port maps.
 type mapKey struct {
 	Addr  netip.Addr
 	Proto model.Protocol
@@ -47,37 +47,24 @@ func (k mapKey) String() string {
 	if !k.Addr.IsValid() {
 		return fmt.Sprintf("%s . %d", protoName(k.Proto), k.Port)
 	}
-	if k.Proto == model.ProtocolUnknown {
-		return k.Addr.String()
-	}
 	return fmt.Sprintf("%s . %s . %d", k.Addr, protoName(k.Proto), k.Port)
 }
 
 // verdict is the value of a map element: goto a chain, or drop.
 type verdict struct {
-	// Goto is the chain to go to; empty means drop. With Jump, the chain
-	// is jumped to (the shards maps': a packet its shard does not DNAT
-	// comes back to the services chain, as one no map element took).
+	// Goto is the chain to go to; empty means drop.
 	Goto string
-	Jump bool
 	// Shard says that the service port is served through the shard maps
-	// (shards.go): its element in the services map only holds the key
-	// for its service (the tracker's ownership of keys) and is not
-	// programmed. Block is the ID of the service port's block there.
+	// (shards.go): Goto is its shard's chain, and Block the ID of the
+	// service port's block there, which holds its endpoints.
 	Shard bool
 	Block string
 }
 
 // String returns the verdict in nft syntax.
 func (v verdict) String() string {
-	if v.Shard {
-		return "shard " + v.Block
-	}
-	switch {
-	case v.Goto == "":
+	if v.Goto == "" {
 		return "drop"
-	case v.Jump:
-		return "jump " + v.Goto
 	}
 	return "goto " + v.Goto
 }
@@ -102,7 +89,6 @@ func (e mapElement) ID() string { return e.Map + " " + e.Key.String() }
 // Comment returns the comment of the element in the kernel: the service
 // it belongs to ("default/web"), which its key and verdict do not always
 // say (a reject or drop element).
-// The elements of no service (the shards maps') have none.
 func (e mapElement) Comment() string {
 	if e.Service == (model.ServiceKey{}) {
 		return ""
@@ -192,9 +178,6 @@ type ruleset struct {
 	// ServiceCIDRs are the ranges of the service-cidrs sets (the
 	// cluster's service CIDRs, for the default proxier).
 	ServiceCIDRs []addrRange
-	// ShardBits is the number of a cluster IP's last bits that choose
-	// its shard (shards.go).
-	ShardBits uint8
 }
 
 // endpoints returns the elements of the endpoint maps, sorted. A full sync
@@ -302,8 +285,8 @@ type block struct {
 	// shards.go), its key there: cluster IP, protocol and port. Its
 	// Addr is not valid for a block of the endpoint maps.
 	Shard mapKey
-	// ShardIdx is the shard of a block of the shard maps, set by the
-	// tracker (shardOf its cluster IP with the table's shard bits).
+	// ShardIdx is the shard of a block of the shard maps: the number of
+	// its endpoints.
 	ShardIdx uint32
 }
 
@@ -361,12 +344,12 @@ func (bl *block) appendElements(els []endpointElement) []endpointElement {
 
 // element returns the interval of the i-th endpoint of the block, whose
 // owner (ownerOf its ID) is given: the i-th endpoint of N owns
-// [i·R/N, (i+1)·R/N) of the draw, R being blockRange (shardRange in a
-// shard map).
+// [i·R/N, (i+1)·R/N) of the draw, R being blockRange (N in a shard map:
+// the draw i alone).
 func (bl *block) element(i int, owner uint64) endpointElement {
 	n, r := uint64(len(bl.Endpoints)), uint64(blockRange)
 	if bl.sharded() {
-		r = shardRange
+		r = n
 	}
 	return endpointElement{
 		Family:   bl.Family,
@@ -399,7 +382,8 @@ func ownerOf(id string) uint64 {
 // cost the garbage collector little: its comment is its block's.
 type endpointElement struct {
 	Family ipFamily
-	// ShardIdx is the block's shard, in a shard map (maxShards fit).
+	// ShardIdx is the block's shard, in a shard map (maxShardEndpoints
+	// fit).
 	ShardIdx uint16
 	Slot     uint32
 	From, To uint32
@@ -440,8 +424,8 @@ func (e endpointElement) keys() (first, last uint32) {
 // comment of its block: slot 67's interval [0, 5000000) is
 // `30000000-34999999 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080`
 // (slot 67 is block 3 of map 1; an interval of one number is that number
-// alone); in a shard map, the key starts with the service port's:
-// `10.96.0.17 . tcp . 80 . 0-2047 comment "svc4 default/web/tcp/80" : …`.
+// alone); in a shard map, the key is the service port's and the draw:
+// `10.96.0.17 . tcp . 80 . 0 comment "svc4 default/web/tcp/80" : …`.
 func (e endpointElement) text(comment string) string {
 	first, last := e.keys()
 	key := fmt.Sprintf("%d-%d", first, last)

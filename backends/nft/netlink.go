@@ -12,8 +12,6 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
-
-	"sigs.k8s.io/kpng/model"
 )
 
 // Registers: the 16-byte register 1 and the 32-bit registers (NFT_REG32_xx)
@@ -149,7 +147,7 @@ func addrType(f ipFamily) nftables.SetDatatype { return f.nl().setType }
 
 // mapRef returns the set object of one of the table's verdict maps.
 func mapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
-	m := &nftables.Set{
+	return &nftables.Set{
 		Table:         t,
 		Name:          name,
 		IsMap:         true,
@@ -157,18 +155,11 @@ func mapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
 		KeyType:       mapKeyType(f, isNodePortMap(name)),
 		DataType:      nftables.TypeVerdict,
 	}
-	if isShardsMap(name) {
-		m.Concatenation, m.KeyType = false, addrType(f)
-	}
-	return m
 }
 
 // keyBytes encodes a map key as the kernel stores concatenations: each
 // field padded to 4 bytes, in network byte order.
 func keyBytes(k mapKey) ([]byte, error) {
-	if k.Addr.IsValid() && k.Proto == model.ProtocolUnknown {
-		return k.Addr.AsSlice(), nil // a shards map's key
-	}
 	proto, ok := l4proto(k.Proto)
 	if !ok {
 		return nil, fmt.Errorf("protocol %d not supported", k.Proto)
@@ -184,11 +175,8 @@ func keyBytes(k mapKey) ([]byte, error) {
 
 // verdictExpr returns the verdict of a map element.
 func verdictExpr(v verdict) *expr.Verdict {
-	switch {
-	case v.Goto == "":
+	if v.Goto == "" {
 		return &expr.Verdict{Kind: expr.VerdictDrop}
-	case v.Jump:
-		return &expr.Verdict{Kind: expr.VerdictJump, Chain: v.Goto}
 	}
 	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Goto}
 }
@@ -197,22 +185,10 @@ func verdictExpr(v verdict) *expr.Verdict {
 // "ip[6] daddr . meta l4proto . th dport vmap @m", or for a node-port map
 // "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
 // prefix] meta l4proto . th dport vmap @m".
-//
-// For the shards map: "ip daddr @cluster-ips-v4 ip daddr & 0.0.15.255 vmap
-// @shards-v4" with 12 shard bits (clusterIPs: the family's cluster-ips
-// set; the mask of shardBits bits).
-func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m, clusterIPs *nftables.Set, shardBits uint8) []expr.Any {
+func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport
 	exprs := nfprotoExprs(f)
-	if k.shards {
-		return append(exprs,
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
-			&expr.Lookup{SourceRegister: reg1, SetName: clusterIPs.Name, SetID: clusterIPs.ID},
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: shardMaskAddr(f, shardBits).AsSlice(), Xor: make([]byte, alen)},
-			&expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
-	}
 	if !k.nodePort {
 		exprs = append(exprs,
 			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
@@ -393,7 +369,7 @@ func setRef(t *nftables.Table, s *namedSet) *nftables.Set {
 	if s.EndpointMap {
 		return endpointMapRef(t, s.Family, s.Name)
 	}
-	if s.ShardMap {
+	if s.Shard > 0 {
 		return shardMapRef(t, s.Family, s.Name)
 	}
 	if len(s.Targets) > 0 {

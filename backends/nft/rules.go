@@ -68,10 +68,10 @@ type Options struct {
 	// way to hand addresses to a specialized proxier.
 	IgnoreHeadless bool
 	// NoShardMaps gives every service port a chain of its own, as before
-	// the shard maps (shards.go): a service added or deleted then makes
-	// the kernel validate the whole table (tens of ms at 50,000 services),
-	// but an endpoint change costs less (an endpoint map is an rbtree, a
-	// shard map a pipapo set, whose deletions cost in proportion to it).
+	// the shard maps (shards.go): a service added then makes the kernel
+	// validate a table of one chain per service (tens of ms at 50,000
+	// services, against a few for a shard's goto element), and the cold
+	// start programs a chain, a rule and interval elements per service.
 	NoShardMaps bool
 }
 
@@ -206,8 +206,8 @@ func (r affinityUpdateRule) String() string {
 //   - an endpoint map (EndpointMap): blocks of endpoints, shared by up to
 //     blocksPerMap service chains, its elements those of its blocks; the
 //     set is not owned by a service and lives as long as one of its blocks;
-//   - a shard map (ShardMap, shards.go): the endpoints of the plain
-//     service ports of one shard, keyed by cluster IP, protocol, port and
+//   - a shard map (Shard, shards.go): the endpoints of the plain service
+//     ports of Shard endpoints, keyed by cluster IP, protocol, port and
 //     draw; not owned by a service, it lives as long as one of its blocks;
 //   - an affinity set (Targets empty): the client addresses that used one
 //     endpoint of a service port with session affinity, each expiring after
@@ -225,15 +225,17 @@ type namedSet struct {
 	Name        string
 	Family      ipFamily
 	EndpointMap bool
-	ShardMap    bool
-	Timeout     time.Duration
-	Targets     []string
-	Service     model.ServiceKey
+	// Shard is the shard of a shard map: the number of endpoints of its
+	// service ports (0: not a shard map).
+	Shard   uint32
+	Timeout time.Duration
+	Targets []string
+	Service model.ServiceKey
 }
 
 // equalSets reports whether two sets are the same.
 func equalSets(a, b *namedSet) bool {
-	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.ShardMap == b.ShardMap && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
+	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Shard == b.Shard && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
 // userData returns the user data nft keeps in the set, for the sets
@@ -243,8 +245,8 @@ func (s *namedSet) userData() []byte {
 	switch {
 	case s.EndpointMap:
 		return endpointMapUserData(s.Family)
-	case s.ShardMap:
-		return shardMapUserData(s.Family)
+	case s.Shard > 0:
+		return shardMapUserData(s.Family, s.Shard)
 	case len(s.Targets) > 0:
 		return balanceMapUserData(len(s.Targets))
 	}
@@ -261,12 +263,11 @@ const affinitySetSize = 65535
 // comments. The maps keyed by a random number are declared with typeof
 // (setUserData): nft has no type name for an integer key.
 func (s *namedSet) Text(els []endpointElement, comments blockComments) string {
-	if s.EndpointMap || s.ShardMap {
-		typeof := numgenText(blockRange, 0) + " : " + endpointDataTypeof(s.Family)
-		if s.ShardMap {
-			typeof = shardMapTypeof(s.Family)
+	if s.EndpointMap || s.Shard > 0 {
+		text := fmt.Sprintf("map %s {\n\t\ttypeof %s : %s\n\t\tflags interval", s.Name, numgenText(blockRange, 0), endpointDataTypeof(s.Family))
+		if s.Shard > 0 {
+			text = fmt.Sprintf("map %s {\n\t\ttypeof %s", s.Name, shardMapTypeof(s.Family, s.Shard))
 		}
-		text := fmt.Sprintf("map %s {\n\t\ttypeof %s\n\t\tflags interval", s.Name, typeof)
 		var lines []string
 		for _, e := range els {
 			lines = append(lines, "\t\t\t"+e.text(comments.of(e)))

@@ -14,42 +14,66 @@ import (
 	"sigs.k8s.io/kpng/model"
 )
 
-// TestKernelReshard: a table written whole with 100 plain services has
-// 256 shards; growing to 1,000 by a partial sync keeps them; the round
-// that takes the cluster IPs over their set's capacity writes the table
-// whole with 512 shards (shardBitsFor 2,100). After each
-// round the kernel's listing is the tracker's Text (but for the sized
-// sets' capacities after a partial sync), and services of the first and
-// the last rounds answer.
-func TestKernelReshard(t *testing.T) {
+// TestKernelShardsFollowEndpointCounts: 300 plain services of one
+// endpoint are in shard 1, written whole; a partial sync giving 100 of
+// them a second endpoint moves those to shard 2 (its chain and map
+// created, their elements going to it), and both endpoints answer; a
+// partial sync deleting the other 200 and leaving the 100 with one
+// endpoint again empties shard 2, whose chain and map go. After each
+// round the kernel's listing is the tracker's Text, no transaction was
+// written whole after the first, and the services answer from the pods
+// their endpoints name.
+func TestKernelShardsFollowEndpointCounts(t *testing.T) {
 	b := kernelTopology(t)
-	s := newTestSink(t, b, "reshard")
-	items := manyServices(2100)
-	round := func(when string, full bool, mask string) {
-		t.Helper()
-		if r := s.sync(); r.Full != full {
-			t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
-		}
-		expectShardTable(t, b, s, when, mask, full, items, []int{0, 99, len(s.state) - 1})
+	s := newTestSink(t, b, "shards")
+	items := manyServices(300)
+	s.setAll(items...)
+	if r := s.sync(); !r.Full {
+		t.Fatalf("first sync not full")
 	}
-	s.setAll(items[:100]...)
-	round("100 services", true, "0.0.0.255")
-	for _, se := range items[100:1000] {
-		s.set(se.Service.Key(), se)
+	expectShardTable(t, b, s, "300 services of 1 endpoint", []string{"shard4-1"})
+	expectAnswers(t, b, "300 services of 1 endpoint", items[0], netns.PodID)
+	expectAnswers(t, b, "300 services of 1 endpoint", items[299], netns.PodID)
+
+	// withEndpoints sets service i's endpoints (a copy: the feeder
+	// holds what it was given).
+	withEndpoints := func(i int, eps ...*model.Endpoint) {
+		c := *items[i]
+		c.Endpoints = eps
+		items[i] = &c
+		s.set(c.Service.Key(), &c)
 	}
-	round("1,000 services", false, "0.0.0.255")
-	for _, se := range items[1000:] {
-		s.set(se.Service.Key(), se)
+	pod, pod2 := podEndpoints(netns.PodID)[0], podEndpoints(netns.Pod2ID)[0] // IPv4
+	for i := range 100 {
+		withEndpoints(i, pod, pod2)
 	}
-	round("2,100 services: over the cluster-ips capacity", true, "0.0.1.255")
+	if r := s.sync(); r.Full || r.Err != nil {
+		t.Fatalf("100 services with 2 endpoints: %+v, want a partial sync", r)
+	}
+	expectShardTable(t, b, s, "100 services with 2 endpoints", []string{"shard4-1", "shard4-2"})
+	expectAnswers(t, b, "100 services with 2 endpoints", items[0], netns.PodID, netns.Pod2ID)
+	expectAnswers(t, b, "100 services with 2 endpoints", items[99], netns.PodID, netns.Pod2ID)
+	expectAnswers(t, b, "100 services with 2 endpoints", items[100], netns.PodID)
+
+	for _, se := range items[100:] {
+		s.deleteService(se.Service.Key())
+	}
+	for i := range 100 {
+		withEndpoints(i, pod2)
+	}
+	if r := s.sync(); r.Full || r.Err != nil {
+		t.Fatalf("100 services back to 1 endpoint: %+v, want a partial sync", r)
+	}
+	expectShardTable(t, b, s, "100 services back to 1 endpoint", []string{"shard4-1"})
+	expectAnswers(t, b, "100 services back to 1 endpoint", items[0], netns.Pod2ID)
+	expectAnswers(t, b, "100 services back to 1 endpoint", items[99], netns.Pod2ID)
 }
 
 // expectShardTable checks the table of s: the kernel's listing is the
-// tracker's Text (but for the sized sets' capacities unless sizes: Text
-// gives those of a table written whole now, the kernel has those of the
-// last full write, capacity.go), its shards lookup masks with mask, and
-// the services items[i], i in answer, are answered by the pod.
-func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when, mask string, sizes bool, items []*model.ServiceEndpoints, answer []int) {
+// tracker's Text (but for the sized sets' capacities: Text gives those of
+// a table written whole now, the kernel has those of the last full write,
+// capacity.go), and its shard chains are shards.
+func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when string, shards []string) {
 	t.Helper()
 	s.nft.mu.Lock()
 	rs := s.nft.tracker.Ruleset(s.nft.table)
@@ -63,23 +87,46 @@ func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when, ma
 	if err != nil {
 		t.Fatalf("%s: nft list table: %v", when, err)
 	}
-	if !sizes {
-		for _, objs := range []map[string]*listedObject{want, got} {
-			for _, o := range objs {
-				o.Decl = slices.DeleteFunc(o.Decl, func(d string) bool { return strings.HasPrefix(d, "size ") })
-			}
+	for _, objs := range []map[string]*listedObject{want, got} {
+		for _, o := range objs {
+			o.Decl = slices.DeleteFunc(o.Decl, func(d string) bool { return strings.HasPrefix(d, "size ") })
 		}
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("%s: the kernel's listing differs from Text (-Text +kernel):\n%s", when, diff)
 	}
-	if !strings.Contains(listing, "ip daddr & "+mask+" vmap @shards-v4") {
-		t.Errorf("%s: the shards lookup does not mask with %s:\n%s", when, mask, got["chain services"])
-	}
-	for _, i := range answer {
-		ip := netip.MustParseAddr(items[i].Service.IPs.ClusterIPs.V4[0])
-		if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{}); err != nil || a.Server != netns.PodID {
-			t.Errorf("%s: service %d (%s): %v, %v; want the pod", when, i, ip, a, err)
+	var chains []string
+	for name := range got {
+		if c, ok := strings.CutPrefix(name, "chain shard"); ok {
+			chains = append(chains, "shard"+c)
 		}
+	}
+	slices.Sort(chains)
+	if !slices.Equal(chains, shards) {
+		t.Errorf("%s: shard chains %v, want %v", when, chains, shards)
+	}
+}
+
+// expectAnswers asks the service se's cluster IP 20 times from the
+// client and checks that exactly the pods servers answer.
+func expectAnswers(t *testing.T, b *netns.BlogTopology, when string, se *model.ServiceEndpoints, servers ...string) {
+	t.Helper()
+	ip := netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0])
+	seen := map[string]bool{}
+	for range 20 {
+		a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{})
+		if err != nil {
+			t.Errorf("%s: %s: %v", when, ip, err)
+			return
+		}
+		seen[a.Server] = true
+	}
+	var got []string
+	for id := range seen {
+		got = append(got, id)
+	}
+	slices.Sort(got)
+	if want := slices.Sorted(slices.Values(servers)); !slices.Equal(got, want) {
+		t.Errorf("%s: %s answered by %v, want %v", when, ip, got, want)
 	}
 }

@@ -178,10 +178,6 @@ func (s *Sink) sync(repair string) error {
 		s.logger.V(2).Info("A hairpin or cluster-ips set outgrows its capacity: writing the table whole", "table", s.table)
 		s.needFull = true
 	}
-	if !s.needFull && s.tracker.shardsOutgrown() {
-		s.logger.V(2).Info("The shard maps outgrow their count: writing the table whole", "table", s.table)
-		s.needFull = true
-	}
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)
 
 	res := SyncResult{Full: s.needFull, Repair: repair}
@@ -192,7 +188,6 @@ func (s *Sink) sync(repair string) error {
 	defer buildMu.Unlock()
 	if s.needFull {
 		res.Services = s.tracker.ServiceKeys()
-		s.tracker.reshard()
 		res.Stats, res.Err = s.applier.Full(s.tracker.Ruleset(s.table))
 	} else {
 		if delta.Len() == 0 {

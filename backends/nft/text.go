@@ -39,11 +39,8 @@ func daddrText(f ipFamily) string { return f.info().nft + " daddr" }
 // and family f (node-port maps: with the address match npm). The rule
 // starts with "meta nfproto ipvX" (lookupExprs), which nft writes as part
 // of the "ip daddr" match that follows it.
-func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch, shardBits uint8) string {
+func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch) string {
 	m := k.name(f)
-	if k.shards {
-		return shardLookupText(f, shardBits)
-	}
 	if !k.nodePort {
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
 	}
@@ -65,7 +62,7 @@ var lookupChains = []struct {
 	name  string
 	kinds []mapKind
 }{
-	{chainServices, []mapKind{mapKinds[0], mapKinds[5], mapKinds[2]}},
+	{chainServices, []mapKind{mapKinds[0], mapKinds[2]}},
 	{chainNoEndpoints, []mapKind{mapKinds[1], mapKinds[3]}},
 	{chainFirewallCheck, []mapKind{mapKinds[4]}},
 }
@@ -100,16 +97,13 @@ func (rs *ruleset) Text() string {
 		for _, k := range mapKinds {
 			m := k.name(f)
 			typ := f.info().addrType + " . inet_proto . inet_service"
-			switch {
-			case k.nodePort:
+			if k.nodePort {
 				typ = "inet_proto . inet_service"
-			case k.shards:
-				typ = f.info().addrType
 			}
 			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", m, typ)
 			var els []string
 			for _, e := range rs.Elements {
-				if e.Map == m && !e.Verdict.Shard {
+				if e.Map == m {
 					els = append(els, "\t\t\t"+e.text())
 				}
 			}
@@ -190,7 +184,7 @@ func (rs *ruleset) Text() string {
 	for _, lc := range lookupChains {
 		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
 		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm, rs.ShardBits))
+			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm))
 		})
 		b.WriteString("\t}\n\n")
 	}

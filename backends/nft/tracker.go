@@ -47,18 +47,13 @@ type tracker struct {
 	slotOf    map[string]uint32
 	free      [2]slots
 	mapBlocks map[string]int
-	// shardKeyOf is the key of each shard block placed, shardSlots the
-	// slots of each family's shard blocks (from shardSlotBase),
-	// shardBlocks the number of blocks of each shard (a shard's map,
-	// chain and jump element exist while it holds one) and shardPorts
-	// of each family; shardBits is the number of a cluster IP's bits
-	// that choose its shard, changed only for a table written whole
-	// (reshard).
-	shardKeyOf  map[string]mapKey
+	// shardAt is where each shard block placed is (its key and shard),
+	// shardSlots the slots of each family's shard blocks (from
+	// shardSlotBase), shardBlocks the number of blocks of each shard (a
+	// shard's map and chain exist while it holds one).
+	shardAt     map[string]shardPlace
 	shardSlots  [2]slots
-	shardBlocks [2][maxShards]int32
-	shardPorts  [2]int
-	shardBits   uint8
+	shardBlocks [2][maxShardEndpoints + 1]int32
 	// hairpin holds the endpoint addresses of the hairpin sets, and
 	// clusterIPs the cluster IPs of the cluster-ips sets, each while some
 	// service uses it.
@@ -87,8 +82,7 @@ func newTracker(opts Options) *tracker {
 		blocks:     diffstore.New[string](equalBlocks),
 		slotOf:     map[string]uint32{},
 		mapBlocks:  map[string]int{},
-		shardKeyOf: map[string]mapKey{},
-		shardBits:  maxShardBits,
+		shardAt:    map[string]shardPlace{},
 		hairpin:    newSharedAddrs(),
 		clusterIPs: newSharedAddrs(),
 	}
@@ -358,15 +352,25 @@ func (t *tracker) placeBlocks(objs *serviceObjects, old serviceObjects) {
 	replaceNamed(t.blocks, old.Blocks, objs.Blocks, func(bl *block) string { return bl.ID })
 }
 
+// shardPlace is where a block of the shard maps is: its key there and
+// its shard.
+type shardPlace struct {
+	Key   mapKey
+	Shard uint32
+}
+
 // place returns the slot of bl: the one its ID has, if it is in the same
-// map kind and shard, or a new one (counting the block in its endpoint
-// map or shard).
+// map kind and shard (a block of the shard maps whose number of endpoints
+// changed moves to another shard), or a new one (counting the block in
+// its endpoint map or shard).
 func (t *tracker) place(bl *block) uint32 {
+	var at shardPlace
 	if bl.sharded() {
-		bl.ShardIdx = shardOf(bl.Shard.Addr, t.shardBits)
+		bl.ShardIdx = uint32(len(bl.Endpoints))
+		at = shardPlace{Key: bl.Shard, Shard: bl.ShardIdx}
 	}
 	slot, ok := t.slotOf[bl.ID]
-	if ok && t.shardKeyOf[bl.ID] == bl.Shard {
+	if ok && t.shardAt[bl.ID] == at {
 		return slot
 	}
 	if ok {
@@ -374,7 +378,7 @@ func (t *tracker) place(bl *block) uint32 {
 	}
 	if bl.sharded() {
 		slot = shardSlotBase + t.shardSlots[bl.Family].get()
-		t.shardKeyOf[bl.ID] = bl.Shard
+		t.shardAt[bl.ID] = at
 		t.useShard(bl.Family, bl.ShardIdx, 1)
 	} else {
 		slot = t.free[bl.Family].get()
@@ -391,10 +395,10 @@ func (t *tracker) release(id string, f ipFamily) {
 		return
 	}
 	delete(t.slotOf, id)
-	if key, sharded := t.shardKeyOf[id]; sharded {
-		delete(t.shardKeyOf, id)
+	if at, sharded := t.shardAt[id]; sharded {
+		delete(t.shardAt, id)
 		t.shardSlots[f].put(slot - shardSlotBase)
-		t.useShard(f, shardOf(key.Addr, t.shardBits), -1)
+		t.useShard(f, at.Shard, -1)
 		return
 	}
 	t.free[f].put(slot)
@@ -416,77 +420,21 @@ func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
 	}
 }
 
-// useShard counts one block more (delta 1) or less (-1) in shard s of
-// family f, adding its map, chain and jump element when it gets its first
-// block and deleting them when it loses its last.
-func (t *tracker) useShard(f ipFamily, s uint32, delta int) {
-	t.shardBlocks[f][s] += int32(delta)
-	t.shardPorts[f] += delta
-	jump := shardJumpElement(f, s)
-	switch n := t.shardBlocks[f][s]; {
-	case n == 1 && delta > 0:
-		name := shardMapName(f, s)
-		t.sets.Set(name, &namedSet{Name: name, Family: f, ShardMap: true})
-		c := shardChain(f, s, t.opts)
-		t.chains.Set(c.Name, c)
-		t.elements.Set(jump.ID(), jump)
-	case n == 0:
-		t.sets.Delete(shardMapName(f, s))
-		t.chains.Delete(shardChainName(f, s))
-		t.elements.Delete(jump.ID())
+// useShard counts one block more (delta 1) or less (-1) in shard n of
+// family f, adding its map and chain when it gets its first block and
+// deleting them when it loses its last.
+func (t *tracker) useShard(f ipFamily, n uint32, delta int) {
+	t.shardBlocks[f][n] += int32(delta)
+	switch c := t.shardBlocks[f][n]; {
+	case c == 1 && delta > 0:
+		name := shardMapName(f, n)
+		t.sets.Set(name, &namedSet{Name: name, Family: f, Shard: n})
+		ch := shardChain(f, n, t.opts)
+		t.chains.Set(ch.Name, ch)
+	case c == 0:
+		t.sets.Delete(shardMapName(f, n))
+		t.chains.Delete(shardChainName(f, n))
 	}
-}
-
-// reshard sets the shard bits for a table about to be written whole
-// (Ruleset for a full sync): shardBitsFor the service ports the shard
-// maps hold. When they change, every shard's map, chain and jump element
-// goes, and each shard block moves to its new shard, which gets them. The
-// change ends a round of its own, in no delta: the table is written
-// whole from the tracker's state. The blocks keep their slots.
-func (t *tracker) reshard() {
-	t.reshardTo(shardBitsFor(max(t.shardPorts[ipv4], t.shardPorts[ipv6])))
-}
-
-// shardsOutgrown reports whether the shard maps of a family hold more than
-// 4·shardTarget service ports a shard while the table could have more
-// shards: a partial sync then writes the table whole (Sink.sync), so that
-// the bound holds whatever the cluster-ips capacity (ports becoming plain,
-// services gaining ports, with the same cluster IPs). Between two such
-// writes the ports at least quadruple.
-func (t *tracker) shardsOutgrown() bool {
-	return t.shardBits < maxShardBits && max(t.shardPorts[ipv4], t.shardPorts[ipv6]) > 4*shardTarget<<t.shardBits
-}
-
-// reshardTo is reshard to b bits.
-func (t *tracker) reshardTo(b uint8) {
-	if b == t.shardBits {
-		return
-	}
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		for s, n := range t.shardBlocks[f][:1<<t.shardBits] {
-			if n > 0 {
-				t.useShard(f, uint32(s), -int(n))
-			}
-		}
-	}
-	t.shardBits = b
-	for key, objs := range t.services {
-		for i, bl := range objs.Blocks {
-			if !bl.sharded() {
-				continue
-			}
-			moved := *bl
-			moved.ShardIdx = shardOf(bl.Shard.Addr, b)
-			objs.Blocks[i] = &moved
-			t.blocks.Set(moved.ID, &moved)
-			t.useShard(moved.Family, moved.ShardIdx, 1)
-		}
-		t.services[key] = objs
-	}
-	t.chains.DonePartial()
-	t.sets.DonePartial()
-	t.elements.DonePartial()
-	t.blocks.DonePartial()
 }
 
 // sharedAddrs are the addresses of a kernel set that several services
@@ -733,7 +681,6 @@ func (t *tracker) Ruleset(table string) *ruleset {
 	rs.Hairpin = t.hairpin.sorted()
 	rs.ClusterIPs = t.clusterIPs.sorted()
 	rs.ServiceCIDRs = t.cidrs
-	rs.ShardBits = t.shardBits
 	return rs
 }
 
@@ -755,6 +702,5 @@ func buildRulesetCluster(table string, opts Options, c *model.Cluster, items []*
 		problems = append(problems, t.Update(se.Service.Key(), se)...)
 	}
 	t.done(false)
-	t.reshard()
 	return t.Ruleset(table), problems
 }

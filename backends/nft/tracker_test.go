@@ -22,15 +22,15 @@ func nodePortSvc(ns, name, clusterIP string, np int32) *model.Service {
 }
 
 // TestTrackerDeltaIsProportionalToTheChange checks, without the kernel,
-// that one endpoint added to one of 100 plain services (all in one shard)
-// changes only elements (the block's intervals, the hairpin set), and
-// that deleting the service removes exactly its objects: no chain, no
-// set, no jump element while the shard holds others.
+// that an endpoint replaced in one of 100 plain services (all in one
+// shard) changes only elements (the endpoint's, the hairpin set), that an
+// endpoint added moves the service to the next shard (its chain and map
+// with it, the service's element and endpoints), and that deleting the
+// service removes exactly its objects.
 func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	tr := newTracker(Options{})
 	var items []*model.ServiceEndpoints
 	for i := range 100 {
-		// 10.96.0.1, 10.96.16.1, …: the same last 12 bits, shard 1.
 		se := &model.ServiceEndpoints{
 			Service:   svc("ns", fmt.Sprintf("s%03d", i), ipset(fmt.Sprintf("10.%d.%d.1", 96+i/16, i%16*16)), tcp(80, 8080)),
 			Endpoints: []*model.Endpoint{ep("10.1.0.2", false)},
@@ -38,38 +38,46 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 		items = append(items, se)
 		tr.Update(se.Service.Key(), se)
 	}
-	if d := tr.Done(); len(d.Chains.Created) != 1 || len(d.Elements.Created) != 101 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 1 {
-		t.Fatalf("first round: %d chains, %d elements, %d endpoint intervals, %d hairpin addresses, %d sets created; want 1 (the shard's), 101 (100 keys and the shard's jump), 100, 1, 1 (the shard's map)",
+	if d := tr.Done(); len(d.Chains.Created) != 1 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 1 {
+		t.Fatalf("first round: %d chains, %d elements, %d endpoint elements, %d hairpin addresses, %d sets created; want 1 (shard 1's), 100 (the keys), 100, 1, 1 (shard 1's map)",
 			len(d.Chains.Created), len(d.Elements.Created), len(d.Endpoints.Created), len(d.Hairpin.Created), len(d.Sets.Created))
 	}
 	se := items[42]
-	changed := &model.ServiceEndpoints{Service: se.Service, Endpoints: append(se.Endpoints, ep("10.1.0.3", false))}
-	tr.Update(se.Service.Key(), changed)
+	tr.Update(se.Service.Key(), &model.ServiceEndpoints{Service: se.Service, Endpoints: []*model.Endpoint{ep("10.1.0.3", false)}})
 	d := tr.Done()
-	if len(d.Endpoints.Updated) != 1 || len(d.Endpoints.Created) != 1 || len(d.Hairpin.Created) != 1 || d.Len() != 3 {
-		t.Errorf("one endpoint added: %d intervals updated, %d created, %d hairpin addresses created, %d in all; want 1, 1, 1, 3",
-			len(d.Endpoints.Updated), len(d.Endpoints.Created), len(d.Hairpin.Created), d.Len())
+	if len(d.Endpoints.Updated) != 1 || len(d.Hairpin.Created) != 1 || d.Len() != 2 {
+		t.Errorf("one endpoint replaced: %d endpoint elements updated, %d hairpin addresses created, %d in all; want 1, 1, 2",
+			len(d.Endpoints.Updated), len(d.Hairpin.Created), d.Len())
 	}
 	if got := d.Services(); len(got) != 1 || got[0] != se.Service.Key() {
 		t.Errorf("Services() = %v", got)
 	}
+	tr.Update(se.Service.Key(), &model.ServiceEndpoints{Service: se.Service, Endpoints: []*model.Endpoint{ep("10.1.0.3", false), ep("10.1.0.4", false)}})
+	d = tr.Done()
+	if !slices.Equal(keysOf(d.Chains.Created), []string{"shard4-2"}) || len(d.Sets.Created) != 1 || len(d.Elements.Updated) != 1 ||
+		len(d.Endpoints.Updated)+len(d.Endpoints.Created) != 2 || len(d.Hairpin.Created) != 1 || d.Len() != 6 {
+		t.Errorf("one endpoint added: chains created %v, %d sets created, %d elements updated, %d endpoint elements updated and %d created, %d hairpin addresses created, %d in all; want shard4-2, 1, 1, 2 in all, 1, 6",
+			keysOf(d.Chains.Created), len(d.Sets.Created), len(d.Elements.Updated), len(d.Endpoints.Updated), len(d.Endpoints.Created), len(d.Hairpin.Created), d.Len())
+	}
 	tr.Update(se.Service.Key(), nil)
 	d = tr.Done()
-	if d.Chains.Len() != 0 || d.Sets.Len() != 0 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 1 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 5 {
-		t.Errorf("service deleted: %d chains, %d sets changed, %d intervals, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 0, 0, 2, 1, 1, 1, 5",
+	if d.Chains.Len() != 1 || d.Sets.Len() != 1 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 2 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 8 {
+		t.Errorf("service deleted: %d chains, %d sets changed, %d endpoint elements, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 1, 1, 2, 1, 2, 1, 8",
 			d.Chains.Len(), d.Sets.Len(), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), len(d.ClusterIPs.Deleted), d.Len())
 	}
-	if rs := tr.Ruleset("t"); len(rs.Chains) != 1 || len(rs.Elements) != 100 || len(rs.endpoints()) != 99 || len(rs.Hairpin) != 1 {
-		t.Errorf("ruleset after deletion: %d chains, %d elements, %d intervals, %d hairpin addresses; want 1, 100 (99 keys, 1 jump), 99, 1", len(rs.Chains), len(rs.Elements), len(rs.endpoints()), len(rs.Hairpin))
+	if rs := tr.Ruleset("t"); len(rs.Chains) != 1 || len(rs.Elements) != 99 || len(rs.endpoints()) != 99 || len(rs.Hairpin) != 1 {
+		t.Errorf("ruleset after deletion: %d chains, %d elements, %d endpoint elements, %d hairpin addresses; want 1, 99, 99, 1", len(rs.Chains), len(rs.Elements), len(rs.endpoints()), len(rs.Hairpin))
 	}
 }
 
 // TestTrackerShards checks the life of a shard and of the services in it:
-// the first plain service port of a shard brings its chain, map and jump
-// element, the next only its elements; the last one gone takes them away;
-// a service port that stops being plain (a node port, more than
-// maxShardEndpoints endpoints, session affinity) leaves the shard for a
-// chain of its own, and comes back.
+// the first plain service port of N endpoints brings shard N's chain and
+// map, the next of N endpoints only its elements; a service port whose
+// number of endpoints changes moves to the shard of the new number; the
+// last one gone takes a shard's chain and map away; a service port that
+// stops being plain (a node port, more than maxShardEndpoints endpoints,
+// session affinity) leaves the shards for a chain of its own, and comes
+// back.
 func TestTrackerShards(t *testing.T) {
 	tr := newTracker(Options{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}})
 	eps := []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)}
@@ -77,68 +85,109 @@ func TestTrackerShards(t *testing.T) {
 	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.16.7"), udp(53, 53)), Endpoints: eps}
 	tr.Update(a.Service.Key(), a)
 	d := tr.Done()
-	if len(d.Chains.Created) != 1 || d.Chains.Created[0].Key != "shard4-7" || len(d.Sets.Created) != 1 || d.Sets.Created[0].Key != "shard-endpoints-v4-7" ||
-		len(d.Elements.Created) != 2 || len(d.Endpoints.Created) != 2 {
-		t.Fatalf("first service of shard 7: chains %v, sets %v, %d elements, %d intervals; want shard4-7, shard-endpoints-v4-7, 2 (a's key, the jump), 2",
+	if len(d.Chains.Created) != 1 || d.Chains.Created[0].Key != "shard4-2" || len(d.Sets.Created) != 1 || d.Sets.Created[0].Key != "shard-endpoints-v4-2" ||
+		len(d.Elements.Created) != 1 || len(d.Endpoints.Created) != 2 {
+		t.Fatalf("first service of 2 endpoints: chains %v, sets %v, %d elements, %d endpoints; want shard4-2, shard-endpoints-v4-2, 1 (a's key), 2",
 			keysOf(d.Chains.Created), keysOf(d.Sets.Created), len(d.Elements.Created), len(d.Endpoints.Created))
 	}
 	chain := d.Chains.Created[0].Value
-	if got, want := chain.Rules[0].String(), "ip saddr != 10.0.0.0/16 jump mark-for-masquerade"; got != want {
-		t.Errorf("shard chain's first rule %q, want %q", got, want)
-	}
-	for _, e := range tr.Ruleset("t").Elements {
-		if e.Map == mapShards(ipv4) && (e.Key.String() != "0.0.0.7" || e.Verdict.Goto != "shard4-7" || !e.Verdict.Jump) {
-			t.Errorf("jump element %s : %s, want 0.0.0.7 : jump shard4-7", e.Key, e.Verdict)
+	for i, want := range []string{"ip saddr != 10.0.0.0/16 jump mark-for-masquerade", "dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 2 map @shard-endpoints-v4-2"} {
+		if got := chain.Rules[i].String(); got != want {
+			t.Errorf("shard chain's rule %d %q, want %q", i, got, want)
 		}
+	}
+	if e := d.Elements.Created[0].Value; e.Key.String() != "10.96.0.7 . tcp . 80" || e.Verdict.String() != "goto shard4-2" || !e.Verdict.Shard {
+		t.Errorf("a's element %s : %s, want 10.96.0.7 . tcp . 80 : goto shard4-2", e.Key, e.Verdict)
+	}
+	var draws []uint32
+	for _, it := range d.Endpoints.Created {
+		first, last := it.Value.keys()
+		if first != last || it.Value.Map() != "shard-endpoints-v4-2" {
+			t.Errorf("endpoint element %+v: want one draw in shard-endpoints-v4-2", it.Value)
+		}
+		draws = append(draws, first)
+	}
+	if slices.Sort(draws); !slices.Equal(draws, []uint32{0, 1}) {
+		t.Errorf("draws %v, want 0 and 1", draws)
 	}
 	tr.Update(b.Service.Key(), b)
 	if d := tr.Done(); d.Chains.Len() != 0 || d.Sets.Len() != 0 || len(d.Elements.Created) != 1 || len(d.Endpoints.Created) != 2 {
-		t.Errorf("second service of shard 7: %d chains, %d sets, %d elements, %d intervals changed; want 0, 0, 1 (b's key), 2", d.Chains.Len(), d.Sets.Len(), len(d.Elements.Created), len(d.Endpoints.Created))
+		t.Errorf("second service of 2 endpoints: %d chains, %d sets, %d elements, %d endpoints changed; want 0, 0, 1 (b's key), 2", d.Chains.Len(), d.Sets.Len(), len(d.Elements.Created), len(d.Endpoints.Created))
 	}
-	// a gets a node port: a chain of its own, its intervals go from the
+	// An endpoint replaced: one element's target, nothing else.
+	moved := []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.9", false)}
+	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: b.Service, Endpoints: moved})
+	if d := tr.Done(); d.Chains.Len() != 0 || d.Sets.Len() != 0 || d.Elements.Len() != 0 || len(d.Endpoints.Updated) != 1 || len(d.Endpoints.Created)+len(d.Endpoints.Deleted) != 0 {
+		t.Errorf("an endpoint of b replaced: %d chains, %d sets, %d elements, endpoints %d updated, %d created, %d deleted; want only 1 updated",
+			d.Chains.Len(), d.Sets.Len(), d.Elements.Len(), len(d.Endpoints.Updated), len(d.Endpoints.Created), len(d.Endpoints.Deleted))
+	}
+	// a gets a node port: a chain of its own, its endpoints go from the
 	// shard's map to an endpoint map; the shard keeps b.
 	np := svc("ns", "a", ipset("10.96.0.7"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30080})
 	np.Type = "NodePort"
 	tr.Update(a.Service.Key(), &model.ServiceEndpoints{Service: np, Endpoints: eps})
 	d = tr.Done()
-	var moved bool
+	var toChain bool
 	for _, it := range d.Elements.Updated {
-		moved = moved || (it.Prev.Verdict.Shard && strings.HasPrefix(it.Value.Verdict.Goto, "svc4-"))
+		toChain = toChain || (it.Prev.Verdict.Shard && strings.HasPrefix(it.Value.Verdict.Goto, "svc4-"))
 	}
-	if !moved || len(d.Endpoints.Deleted)+len(d.Endpoints.Updated) != 2 || len(d.Endpoints.Created)+len(d.Endpoints.Updated) != 2 || slices.Contains(keysOf(d.Chains.Deleted), "shard4-7") {
-		t.Errorf("a with a node port: elements %+v, intervals %d created, %d updated, %d deleted, chains deleted %v; want a's key to go to its chain, its 2 intervals moved, shard4-7 kept",
+	if !toChain || len(d.Endpoints.Deleted)+len(d.Endpoints.Updated) != 2 || len(d.Endpoints.Created)+len(d.Endpoints.Updated) != 2 || slices.Contains(keysOf(d.Chains.Deleted), "shard4-2") {
+		t.Errorf("a with a node port: elements %+v, endpoints %d created, %d updated, %d deleted, chains deleted %v; want a's key to go to its chain, its 2 endpoints moved, shard4-2 kept",
 			d.Elements, len(d.Endpoints.Created), len(d.Endpoints.Updated), len(d.Endpoints.Deleted), keysOf(d.Chains.Deleted))
 	}
 	for _, e := range tr.Ruleset("t").endpoints() {
 		if e.Shard.Addr.IsValid() != (e.Shard.Port == 53) {
-			t.Errorf("interval %+v: only b's are in the shard map", e)
+			t.Errorf("endpoint element %+v: only b's are in a shard map", e)
 		}
 	}
-	// b gets more endpoints than a shard takes: the shard empties.
+	// b gets a third endpoint: it moves to shard 3, shard 2 empties.
+	three := append(slices.Clip(eps), ep("10.1.0.4", false))
+	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: b.Service, Endpoints: three})
+	d = tr.Done()
+	if !slices.Equal(keysOf(d.Chains.Created), []string{"shard4-3"}) || !slices.Equal(keysOf(d.Chains.Deleted), []string{"shard4-2"}) ||
+		!slices.Equal(keysOf(d.Sets.Created), []string{"shard-endpoints-v4-3"}) || !slices.Equal(keysOf(d.Sets.Deleted), []string{"shard-endpoints-v4-2"}) {
+		t.Errorf("b with 3 endpoints: chains created %v, deleted %v, sets created %v, deleted %v; want shard 3 for shard 2",
+			keysOf(d.Chains.Created), keysOf(d.Chains.Deleted), keysOf(d.Sets.Created), keysOf(d.Sets.Deleted))
+	}
+	if len(d.Elements.Updated) != 1 || d.Elements.Updated[0].Value.Verdict.Goto != "shard4-3" {
+		t.Errorf("b with 3 endpoints: elements %+v; want b's key updated to goto shard4-3", d.Elements)
+	}
+	var inThree int
+	for _, e := range tr.Ruleset("t").endpoints() {
+		if e.Map() == "shard-endpoints-v4-3" {
+			inThree++
+		} else if e.Shard.Addr.IsValid() {
+			t.Errorf("endpoint element %+v left in %s", e, e.Map())
+		}
+	}
+	if inThree != 3 {
+		t.Errorf("%d endpoint elements in shard-endpoints-v4-3, want 3", inThree)
+	}
+	// b gets more endpoints than a shard takes: no shard is left.
 	var many []*model.Endpoint
 	for i := range maxShardEndpoints + 1 {
 		many = append(many, ep(fmt.Sprintf("10.2.%d.%d", i/200, 1+i%200), false))
 	}
 	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: b.Service, Endpoints: many})
 	d = tr.Done()
-	if !slices.Contains(keysOf(d.Chains.Deleted), "shard4-7") || !slices.Contains(keysOf(d.Sets.Deleted), "shard-endpoints-v4-7") {
-		t.Errorf("shard 7 empty: chains deleted %v, sets deleted %v; want its chain and map gone", keysOf(d.Chains.Deleted), keysOf(d.Sets.Deleted))
+	if !slices.Contains(keysOf(d.Chains.Deleted), "shard4-3") || !slices.Contains(keysOf(d.Sets.Deleted), "shard-endpoints-v4-3") {
+		t.Errorf("shard 3 empty: chains deleted %v, sets deleted %v; want its chain and map gone", keysOf(d.Chains.Deleted), keysOf(d.Sets.Deleted))
 	}
 	for _, e := range tr.Ruleset("t").Elements {
-		if e.Map == mapShards(ipv4) || e.Verdict.Shard {
-			t.Errorf("element %s in %s left with the shard empty", e.Key, e.Map)
+		if e.Verdict.Shard {
+			t.Errorf("element %s in %s still goes to a shard", e.Key, e.Map)
 		}
 	}
 	// Back to two endpoints, with session affinity: still a chain.
 	sticky := svc("ns", "b", ipset("10.96.16.7"), udp(53, 53))
 	sticky.ClientIPAffinity = &model.ClientIPAffinity{TimeoutSeconds: 60}
 	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: sticky, Endpoints: eps})
-	if d := tr.Done(); d.Sets.Len() == 0 || slices.Contains(keysOf(d.Chains.Created), "shard4-7") {
+	if d := tr.Done(); d.Sets.Len() == 0 || slices.Contains(keysOf(d.Chains.Created), "shard4-2") {
 		t.Errorf("b with affinity: chains created %v; want no shard", keysOf(d.Chains.Created))
 	}
 	tr.Update(b.Service.Key(), b)
-	if d := tr.Done(); !slices.Contains(keysOf(d.Chains.Created), "shard4-7") {
-		t.Errorf("b plain again: chains created %v; want shard4-7 back", keysOf(d.Chains.Created))
+	if d := tr.Done(); !slices.Contains(keysOf(d.Chains.Created), "shard4-2") {
+		t.Errorf("b plain again: chains created %v; want shard4-2 back", keysOf(d.Chains.Created))
 	}
 }
 
@@ -151,14 +200,11 @@ func keysOf[V any](items []diffstore.Item[string, V]) []string {
 	return out
 }
 
-// serviceElements returns the elements of its that belong to a service
-// (not the shards maps' jumps), as created or updated.
+// serviceElements returns the elements of its, as created or updated.
 func serviceElements(its []diffstore.Item[string, mapElement]) []mapElement {
 	var out []mapElement
 	for _, it := range its {
-		if it.Value.Map != mapShards(it.Value.Family) {
-			out = append(out, it.Value)
-		}
+		out = append(out, it.Value)
 	}
 	return out
 }
@@ -196,8 +242,8 @@ func TestTrackerConflictOwnership(t *testing.T) {
 		t.Errorf("a let the key go: elements created %+v, blocks %+v, want b's", d.Elements.Created, d.Blocks.Created)
 	}
 	rs := tr.Ruleset("t")
-	if els := rs.Elements; len(els) != 2 || els[0].Service != b.Service.Key() || els[1].Map != mapShards(ipv4) {
-		t.Errorf("elements %+v, want b's and its shard's jump only", rs.Elements)
+	if els := rs.Elements; len(els) != 1 || els[0].Service != b.Service.Key() || els[0].Verdict.Goto != "shard4-1" {
+		t.Errorf("elements %+v, want b's only, to shard4-1", rs.Elements)
 	}
 }
 
@@ -494,7 +540,7 @@ func TestNoShardMaps(t *testing.T) {
 			chains = append(chains, c.Name)
 		}
 		sharded := len(rs.Blocks) == 1 && rs.Blocks[0].sharded()
-		if want := "shard4-7"; noShards == slices.Contains(chains, want) || noShards == sharded {
+		if want := "shard4-1"; noShards == slices.Contains(chains, want) || noShards == sharded {
 			t.Errorf("NoShardMaps %v: chains %v, block sharded %v", noShards, chains, sharded)
 		}
 		if noShards && (len(chains) != 1 || !strings.HasPrefix(chains[0], "svc4-") || rs.Elements[0].Verdict.Goto != chains[0]) {

@@ -115,15 +115,16 @@ func endpointDataUserData(f ipFamily) []byte {
 	return concatUserData(daddrUserData(f), payloadUserData(protoDescTH, thHdrDport))
 }
 
-// shardMapUserData is the user data of a shard map of family f: `typeof
-// ip daddr . meta l4proto . th dport . numgen random mod 4096 : ip daddr .
-// th dport`.
-func shardMapUserData(f ipFamily) []byte {
+// shardMapUserData is the user data of the map of shard n of family f:
+// `typeof ip daddr . meta l4proto . th dport . numgen random mod n : ip
+// daddr . th dport` (nft writes the same for an interval map but for its
+// flags, which are not user data).
+func shardMapUserData(f ipFamily, n uint32) []byte {
 	key := concatOf(
 		subExpr{exprPayload, daddrUserData(f)},
 		subExpr{exprMeta, appendU32(nil, udataMetaKey, metaL4proto)},
 		subExpr{exprPayload, payloadUserData(protoDescTH, thHdrDport)},
-		subExpr{exprNumgen, numgenData(shardRange)})
+		subExpr{exprNumgen, numgenData(n)})
 	b := appendU32(nil, udataSetKeyByteorder, byteorderInvalid)
 	b = appendU32(b, udataSetDataByteorder, byteorderInvalid)
 	b = userdata.Append(b, udataSetKeyTypeof, typeofUserData(exprConcat, key))

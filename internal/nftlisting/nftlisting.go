@@ -6,9 +6,11 @@ package nftlisting
 import "strings"
 
 // ServicePortsV4 returns the number of IPv4 service ports the listing of a
-// kpng table serves: the goto elements of the map service-ips-v4 (the
-// ports with a chain of their own) and the distinct keys (address .
-// protocol . port) of the shard maps of IPv4 (the plain ones).
+// kpng table serves: the goto elements of the map service-ips-v4 to
+// chains other than the shards' (the ports with a chain of their own) and
+// the distinct keys (address . protocol . port) of the shard maps of IPv4
+// (the plain ones, which since the shards by endpoint count also have a
+// goto element to their shard's chain, not counted twice).
 func ServicePortsV4(listing string) int {
 	n, keys, inMap := 0, map[string]bool{}, ""
 	for _, line := range strings.Split(listing, "\n") {
@@ -18,7 +20,7 @@ func ServicePortsV4(listing string) int {
 		}
 		switch {
 		case inMap == "service-ips-v4":
-			n += strings.Count(line, " : goto ")
+			n += strings.Count(line, " : goto ") - strings.Count(line, " : goto shard4-")
 		case strings.HasPrefix(inMap, "shard-endpoints-v4-"):
 			line = strings.TrimSpace(line)
 			if strings.HasPrefix(line, "typeof ") {

@@ -2,9 +2,11 @@ package nftlisting
 
 import "testing"
 
-// TestServicePortsV4 counts the ports of both layouts in a listing as nft
+// TestServicePortsV4 counts the ports of the layouts in a listing as nft
 // prints it (several elements a line, the typeof line, IPv6 maps left
-// out), each port once however many intervals it has.
+// out), each port once however many intervals it has: chains of their
+// own, shards by cluster IP (interval maps, no element in service-ips),
+// shards by endpoint count (hash maps and a goto element to the shard).
 func TestServicePortsV4(t *testing.T) {
 	listing := `table inet kpng-x {
 	map service-ips-v4 {
@@ -35,5 +37,28 @@ func TestServicePortsV4(t *testing.T) {
 `
 	if got := ServicePortsV4(listing); got != 4 {
 		t.Errorf("ServicePortsV4 = %d, want 4 (2 with chains, 2 in a shard map)", got)
+	}
+	byCount := `table inet kpng-x {
+	map service-ips-v4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 10.96.0.20 . tcp . 80 comment "default/lb" : goto svc4-AAAA-default/lb/tcp/80,
+			     10.96.0.10 . tcp . 80 comment "default/web" : goto shard4-2,
+			     10.96.0.10 . udp . 80 comment "default/web" : goto shard4-1 }
+	}
+
+	map shard-endpoints-v4-1 {
+		typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport
+		elements = { 10.96.0.10 . udp . 80 . 0 comment "svc4 default/web/udp/80" : 10.1.0.2 . 8080 }
+	}
+
+	map shard-endpoints-v4-2 {
+		typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . th dport
+		elements = { 10.96.0.10 . tcp . 80 . 0 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080,
+			     10.96.0.10 . tcp . 80 . 1 comment "svc4 default/web/tcp/80" : 10.1.0.3 . 8080 }
+	}
+}
+`
+	if got := ServicePortsV4(byCount); got != 3 {
+		t.Errorf("ServicePortsV4 = %d, want 3 (1 with a chain, 2 in shard maps)", got)
 	}
 }
