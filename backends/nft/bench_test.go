@@ -197,6 +197,9 @@ func liveHeap() uint64 {
 }
 
 func durationsMs(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	i := int(q * float64(len(s)-1))
@@ -346,13 +349,19 @@ func programmed(b *testing.B, n int) (*benchSink, *netns.NS) {
 	return s, node
 }
 
-// BenchmarkEndpointChange removes one endpoint of one service, or adds it
-// back, per iteration, and syncs: one partial transaction each. It fails
-// unless each transaction touches only that service's elements (the
-// intervals of its block, its endpoint in the hairpin set: no chain, no
-// rule, no set), every transaction of a kind has the same size, and that
-// size is the same at 1,000, 10,000 and 50,000 services. median-ms and p99-ms are
-// over the iterations' Sync calls.
+// BenchmarkEndpointChange changes one endpoint of one service per
+// iteration, and syncs: one partial transaction each. In turn it removes
+// an endpoint (the service moves from shard 10 to shard 9, which one
+// service of 9 endpoints keeps in use), adds it back, replaces the last
+// endpoint by another address (the same number: the shard keeps the
+// service) and puts it back. It fails unless each transaction touches
+// only that service's elements (its endpoints' in its shard's map, its
+// element in the services map, its endpoint in the hairpin set: no
+// chain, no rule, no set), every transaction of a kind has the same size,
+// and that size is the same at 1,000, 10,000 and 50,000 services.
+// median-ms and p99-ms are over the iterations' Sync calls, count-ms
+// and replace-ms the medians of the removals and additions, and of the
+// replacements.
 func BenchmarkEndpointChange(b *testing.B) {
 	for _, n := range []int{1000, 10000, 50000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
@@ -372,32 +381,52 @@ func BenchmarkEndpointChange(b *testing.B) {
 			before = liveHeap()
 			s, _ := programmed(b, n)
 			heap := liveHeap() - before
-			var ds []time.Duration
+			// Service n-1 keeps 9 endpoints: shard 9 stays in use.
+			s.deleteEndpoint(benchService(n-1).Key(), benchEndpoint(n-1, 3).Key())
+			s.sync()
+			var ds, counts, replaces []time.Duration
 			sizes := map[string]Stats{}
 			i := 0
 			for b.Loop() {
-				svcIdx := (i / 2 * 7919) % n // visit services in a scattered order
+				svcIdx := (i / 4 * 7919) % (n - 1) // visit services in a scattered order
 				sv := benchService(svcIdx)
-				e := benchEndpoint(svcIdx, 3)
-				if i%2 == 0 {
-					s.deleteEndpoint(sv.Key(), e.Key())
-				} else {
-					s.setEndpoint(sv.Key(), e)
+				// alt sorts after the service's endpoints: it takes
+				// the last one's draw.
+				last, alt := benchEndpoint(svcIdx, benchEndpoints-1), ep(netip.AddrFrom4([4]byte{10, 200, byte(svcIdx >> 8), byte(svcIdx)}).String(), false)
+				var kind string
+				switch i % 4 {
+				case 0:
+					kind = "endpoint removed"
+					s.deleteEndpoint(sv.Key(), benchEndpoint(svcIdx, 3).Key())
+				case 1:
+					kind = "endpoint added"
+					s.setEndpoint(sv.Key(), benchEndpoint(svcIdx, 3))
+				case 2:
+					kind = "endpoint replaced"
+					s.deleteEndpoint(sv.Key(), last.Key())
+					s.setEndpoint(sv.Key(), alt)
+				case 3:
+					kind = "endpoint put back"
+					s.deleteEndpoint(sv.Key(), alt.Key())
+					s.setEndpoint(sv.Key(), last)
 				}
 				start := time.Now()
 				r := s.sync()
-				ds = append(ds, time.Since(start))
-				kind := "endpoint added"
-				if i%2 == 0 {
-					kind = "endpoint removed"
+				d := time.Since(start)
+				ds = append(ds, d)
+				if i%4 < 2 {
+					counts = append(counts, d)
+				} else {
+					replaces = append(replaces, d)
 				}
-				// Elements of the service only: at most the start and
-				// end of its 10 intervals deleted and of its 9 or 10
-				// added, its endpoint in the hairpin set; every change
-				// of a kind the same size, at every number of services.
+				// Elements of the service only: at most its 10
+				// endpoints deleted and 9 or 10 added, its element in
+				// the services map deleted and added, its endpoint in
+				// the hairpin set; every change of a kind the same size,
+				// at every number of services.
 				st := r.Stats
 				if r.Full || st.ChainsAdded+st.ChainsFlushed+st.ChainsDeleted+st.Rules+st.SetsAdded+st.SetsDeleted != 0 ||
-					st.ElementsAdded+st.ElementsDeleted > 4*benchEndpoints+1 || len(r.Services) != 1 || r.Services[0] != sv.Key() {
+					st.ElementsAdded+st.ElementsDeleted > 2*benchEndpoints+3 || len(r.Services) != 1 || r.Services[0] != sv.Key() {
 					b.Fatalf("change %d (%s): %+v (full %v, services %v), want elements of %s only", i, kind, r.Stats, r.Full, r.Services, sv.Key())
 				}
 				if first, ok := sizes[kind]; !ok {
@@ -410,8 +439,11 @@ func BenchmarkEndpointChange(b *testing.B) {
 			}
 			b.ReportMetric(durationsMs(ds, 0.5), "median-ms")
 			b.ReportMetric(durationsMs(ds, 0.99), "p99-ms")
+			b.ReportMetric(durationsMs(counts, 0.5), "count-ms")
+			b.ReportMetric(durationsMs(replaces, 0.5), "replace-ms")
 			b.ReportMetric(float64(sizes["endpoint added"].Messages), "add-messages")
 			b.ReportMetric(float64(sizes["endpoint removed"].Messages), "remove-messages")
+			b.ReportMetric(float64(sizes["endpoint replaced"].Messages), "replace-messages")
 			// The sink holding n services: tracker, the model objects
 			// (only the sink and the benchmark's map of the values given,
 			// which stands for the source's, reference them) and the
