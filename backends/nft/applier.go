@@ -656,7 +656,8 @@ func (t *txn) intervalMap(f ipFamily, name string) *nftables.Set {
 
 // elementsPerInterval is the number of kernel elements of an interval of
 // the map name: 2 in an endpoint map (its start, and its end flagged as
-// such), 1 in a shard map (a key and a key end).
+// such), 1 in a shard map (a hash: its key and draw; the "interval" of
+// the maps' shared code is one draw there).
 func elementsPerInterval(name string) int {
 	if isShardEndpointMap(name) {
 		return 1

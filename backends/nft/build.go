@@ -326,7 +326,7 @@ func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
 // nodePort.
 func (b *portBuilder) elements(forward, blocked, field string, addrs []string, nodePort uint16, target verdict, v endpoints.Verdict) {
 	m := forward
-	if v != endpoints.Forward || target.Goto == chainReject || (target.Goto == "" && !target.Shard) {
+	if v != endpoints.Forward || target.Goto == chainReject || target.Goto == "" {
 		m = blocked
 	}
 	for _, a := range addrs {

@@ -84,7 +84,10 @@ func compareStaleFlows(a, b staleFlow) int {
 // through rules implementing chainReferrer (balanceRule does); and the
 // DNAT of a service port to an endpoint is a dnatRule or a dnatMapRule (the
 // endpoints of its block), whatever other rules (masquerade, affinity) share
-// its chain.
+// its chain. A plain service port's element goes to its shard's chain,
+// shared by every port of its shard, whose shardDnatRule is not followed:
+// its endpoints are its shard block's (verdict.Shard and Block,
+// endpointsByKey).
 func (t *tracker) StaleFlows(d delta) []staleFlow {
 	return staleFlows(d, func(key model.ServiceKey) serviceObjects { return t.services[key] })
 }

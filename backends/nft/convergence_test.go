@@ -32,6 +32,10 @@ type canonical struct {
 	Chains   map[string][]string
 	Elements []string
 	Hairpin  []netip.Addr
+	// Shards are the shard blocks with their map, key and elements;
+	// Sets the names of the sets.
+	Shards []string
+	Sets   []string
 }
 
 func canonicalize(rs *ruleset) canonical {
@@ -51,7 +55,11 @@ func canonicalize(rs *ruleset) canonical {
 				owner = "another block's element"
 			}
 		}
-		bySlot[k] = append(bySlot[k], fmt.Sprintf("[%d,%d)→%s (%s)", e.From, e.To, e.Target, owner))
+		where := ""
+		if e.Shard.Addr.IsValid() {
+			where = e.Map() + " " // a shard map's name says the shard, not the slot
+		}
+		bySlot[k] = append(bySlot[k], fmt.Sprintf("%s[%d,%d)→%s (%s)", where, e.From, e.To, e.Target, owner))
 	}
 	c := canonical{Chains: map[string][]string{}, Hairpin: rs.Hairpin}
 	for _, ch := range rs.Chains {
@@ -69,6 +77,16 @@ func canonicalize(rs *ruleset) canonical {
 		c.Elements = append(c.Elements, fmt.Sprintf("%s %s: %s (%s)", e.Map, e.Key, e.Verdict, e.Service))
 	}
 	slices.Sort(c.Elements)
+	for _, bl := range rs.Blocks {
+		if bl.sharded() {
+			c.Shards = append(c.Shards, fmt.Sprintf("%s %s: %v", bl.Map(), bl.Shard, bySlot[[2]uint32{uint32(bl.Family), bl.Slot}]))
+		}
+	}
+	slices.Sort(c.Shards)
+	for _, st := range rs.Sets {
+		c.Sets = append(c.Sets, st.Name)
+	}
+	slices.Sort(c.Sets)
 	return c
 }
 

@@ -48,7 +48,8 @@ const (
 )
 
 // mapServices returns the name of the verdict map of a family that sends
-// (daddr . l4proto . dport) to the chain of a service port:
+// (daddr . l4proto . dport) to the chain of a service port (or of its
+// shard, for a plain one: shards.go):
 // "service-ips-v4" or "service-ips-v6".
 func mapServices(f ipFamily) string { return "service-ips-v" + familySuffix(f) }
 

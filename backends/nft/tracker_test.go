@@ -2,12 +2,15 @@ package nft
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
 
 	"sigs.k8s.io/kpng/diffstore"
 	"sigs.k8s.io/kpng/model"
@@ -188,6 +191,65 @@ func TestTrackerShards(t *testing.T) {
 	tr.Update(b.Service.Key(), b)
 	if d := tr.Done(); !slices.Contains(keysOf(d.Chains.Created), "shard4-2") {
 		t.Errorf("b plain again: chains created %v; want shard4-2 back", keysOf(d.Chains.Created))
+	}
+}
+
+// TestTrackerShardSwaps checks rounds in which service ports cross between
+// shards: p (2 endpoints) and q (3) swapping their numbers leave both
+// shards in place, only their elements and endpoints moving; p leaving
+// shard 2 for 3 while r comes from 1 to 2 keeps shard 2 (no chain or set
+// change for it) and empties shard 1.
+func TestTrackerShardSwaps(t *testing.T) {
+	tr := newTracker(Options{})
+	eps := func(n int) []*model.Endpoint {
+		var out []*model.Endpoint
+		for i := range n {
+			out = append(out, ep(fmt.Sprintf("10.1.0.%d", 2+i), false))
+		}
+		return out
+	}
+	state := map[model.ServiceKey]*model.ServiceEndpoints{}
+	set := func(name, ip string, n int) {
+		se := &model.ServiceEndpoints{Service: svc("ns", name, ipset(ip), tcp(80, 8080)), Endpoints: eps(n)}
+		tr.Update(se.Service.Key(), se)
+		state[se.Service.Key()] = se
+	}
+	set("p", "10.96.0.1", 2)
+	set("q", "10.96.0.2", 3)
+	tr.Done()
+	set("p", "10.96.0.1", 3)
+	set("q", "10.96.0.2", 2)
+	d := tr.Done()
+	if d.Chains.Len() != 0 || d.Sets.Len() != 0 || len(d.Elements.Updated) != 2 {
+		t.Errorf("p and q swap shards: chains %+v, sets %+v, %d elements updated; want no chain or set change, 2 elements updated", d.Chains, d.Sets, len(d.Elements.Updated))
+	}
+	shardOfPort := func(rs *ruleset, port string) map[string]int {
+		out := map[string]int{}
+		for _, e := range rs.endpoints() {
+			if e.Shard.Addr.String() == port {
+				out[e.Map()]++
+			}
+		}
+		return out
+	}
+	rs := tr.Ruleset("t")
+	if got := shardOfPort(rs, "10.96.0.1"); len(got) != 1 || got["shard-endpoints-v4-3"] != 3 {
+		t.Errorf("p's endpoint elements by map %v, want 3 in shard-endpoints-v4-3", got)
+	}
+	if got := shardOfPort(rs, "10.96.0.2"); len(got) != 1 || got["shard-endpoints-v4-2"] != 2 {
+		t.Errorf("q's endpoint elements by map %v, want 2 in shard-endpoints-v4-2", got)
+	}
+	set("r", "10.96.0.3", 1)
+	tr.Done()
+	set("q", "10.96.0.2", 3) // leaves shard 2 for 3
+	set("r", "10.96.0.3", 2) // leaves shard 1 (emptied) for 2
+	d = tr.Done()
+	if !slices.Equal(keysOf(d.Chains.Deleted), []string{"shard4-1"}) || len(d.Chains.Created) != 0 || !slices.Equal(keysOf(d.Sets.Deleted), []string{"shard-endpoints-v4-1"}) || len(d.Sets.Created) != 0 {
+		t.Errorf("q out of shard 2 as r comes in: chains %+v, sets %+v; want only shard 1's chain and map deleted", d.Chains, d.Sets)
+	}
+	fresh, _ := buildRuleset("t", Options{}, slices.Collect(maps.Values(state)))
+	if diff := cmp.Diff(canonicalize(fresh), canonicalize(tr.Ruleset("t")), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("the tracker differs from a fresh build (-fresh +incremental):\n%s", diff)
 	}
 }
 
