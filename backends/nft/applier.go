@@ -313,7 +313,7 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 		return Stats{}, err
 	}
 	defer func() { a.end(t, err) }()
-	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs)
+	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs, rs.Elements)
 	if err := t.full(rs, caps); err != nil {
 		return t.stats, err
 	}
@@ -340,6 +340,9 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 		for _, k := range mapKinds {
 			name := k.name(f)
 			m := mapRef(t.table, f, name)
+			if name == mapServices(f) {
+				m.Size = caps[sizedSet{services: true, family: f}].capacity
+			}
 			if err := c.AddSet(m, nil); err != nil {
 				return fmt.Errorf("map %s: %w", name, err)
 			}
@@ -501,8 +504,8 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 
 // Fits reports whether the round d can be applied by Partial: its sized
 // sets stay within their capacities (a table was written whole, and d
-// does not take a hairpin or cluster-ips set over the capacity it was
-// given then). Otherwise the table must be written whole (Full), with
+// does not take a hairpin, cluster-ips or services set over the capacity
+// it was given then). Otherwise the table must be written whole (Full), with
 // capacities for its new counts.
 func (a *applier) Fits(d delta) bool {
 	_, ok := a.caps.after(d)

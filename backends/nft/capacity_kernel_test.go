@@ -53,3 +53,37 @@ func TestKernelSetCapacity(t *testing.T) {
 		t.Errorf("cluster-ips-v4 (151 addresses): %v\n%s", err, out)
 	}
 }
+
+// TestKernelServicesMapCapacity: a full write gives the services map the
+// capacity of its elements (600: 2,048), a round within it is partial, the
+// round taking it over writes the table whole with a larger one, and
+// every service port is in the kernel.
+func TestKernelServicesMapCapacity(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "svccap")
+	items := manyServices(2049)
+	expect := func(when string, full bool, size, n int) {
+		t.Helper()
+		if r := s.sync(); r.Full != full {
+			t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
+		}
+		out, _, err := b.Node.Exec(nil, "nft", "list", "map", "inet", TableName("svccap"), "service-ips-v4")
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if !strings.Contains(out, fmt.Sprintf("\tsize %d\n", size)) {
+			t.Errorf("%s: service-ips-v4 is not of size %d:\n%.300s", when, size, out)
+		}
+		if got := strings.Count(out, " : goto "); got != n {
+			t.Errorf("%s: %d elements in service-ips-v4, want %d", when, got, n)
+		}
+	}
+	s.setAll(items[:600]...)
+	expect("600 services", true, 2048, 600)
+	for _, se := range items[600:2048] {
+		s.set(se.Service.Key(), se)
+	}
+	expect("2,048 services", false, 2048, 2048)
+	s.set(items[2048].Service.Key(), items[2048])
+	expect("2,049 services: over the capacity", true, 8192, 2049)
+}

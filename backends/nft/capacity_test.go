@@ -3,6 +3,9 @@ package nft
 import (
 	"net/netip"
 	"testing"
+
+	"sigs.k8s.io/kpng/diffstore"
+	"sigs.k8s.io/kpng/model"
 )
 
 func TestSetCapacity(t *testing.T) {
@@ -31,7 +34,7 @@ func TestCapacitiesAfter(t *testing.T) {
 	if _, ok := capacities(nil).after(delta{}); ok {
 		t.Error("no table written: the round fits")
 	}
-	c := wholeCapacities(addrs("10.1.0.0", 500), addrs("10.96.0.0", 10))
+	c := wholeCapacities(addrs("10.1.0.0", 500), addrs("10.96.0.0", 10), nil)
 	if got := c[sizedSet{family: ipv4}]; got != (setFill{1024, 500}) {
 		t.Fatalf("hairpin-v4 %+v, want capacity 1024, 500 elements", got)
 	}
@@ -48,5 +51,48 @@ func TestCapacitiesAfter(t *testing.T) {
 	d = delta{Hairpin: addrChanges{Created: addrs("fd00::", 1024)}, ClusterIPs: addrChanges{Created: addrs("10.97.0.0", 1014)}}
 	if _, ok := c.after(d); !ok {
 		t.Error("1,024 IPv6 hairpin addresses and 1,024 IPv4 cluster IPs do not fit capacities of 1,024")
+	}
+}
+
+// TestServicesMapCapacity: the services map of a family is sized by its
+// elements (not the other maps'), and a round fits while they stay within
+// its capacity.
+func TestServicesMapCapacity(t *testing.T) {
+	elements := func(m func(ipFamily) string, f ipFamily, from, n int) []mapElement {
+		var out []mapElement
+		for i := range n {
+			a := netip.AddrFrom4([4]byte{10, 96, byte((from + i) >> 8), byte(from + i)})
+			if f == ipv6 {
+				a = netip.AddrFrom16([16]byte{0xfd, 0, 14: byte((from + i) >> 8), 15: byte(from + i)})
+			}
+			out = append(out, mapElement{Map: m(f), Family: f, Key: mapKey{Addr: a, Proto: model.TCP, Port: 80}})
+		}
+		return out
+	}
+	items := func(els []mapElement) []diffstore.Item[string, mapElement] {
+		var out []diffstore.Item[string, mapElement]
+		for _, e := range els {
+			out = append(out, diffstore.Item[string, mapElement]{Key: e.ID(), Value: e, Prev: e})
+		}
+		return out
+	}
+	c := wholeCapacities(nil, nil, append(elements(mapServices, ipv4, 0, 600), elements(mapNoEndpoints, ipv4, 600, 900)...))
+	if got := c[sizedSet{services: true, family: ipv4}]; got != (setFill{2048, 600}) {
+		t.Fatalf("service-ips-v4 %+v, want capacity 2,048, 600 elements", got)
+	}
+	var d delta
+	d.Elements.Created = items(append(elements(mapServices, ipv4, 600, 1449), elements(mapNoEndpoints, ipv4, 3000, 5000)...))
+	d.Elements.Deleted = items(elements(mapServices, ipv4, 0, 1))
+	if next, ok := c.after(d); !ok || next[sizedSet{services: true, family: ipv4}].count != 2048 {
+		t.Errorf("600 + 1,449 - 1 services elements: fits %v, %+v", ok, next[sizedSet{services: true, family: ipv4}])
+	}
+	d.Elements.Deleted = nil
+	if _, ok := c.after(d); ok {
+		t.Error("2,049 services elements fit a capacity of 2,048")
+	}
+	d = delta{}
+	d.Elements.Created = items(elements(mapServices, ipv6, 0, 1024))
+	if _, ok := c.after(d); !ok {
+		t.Error("1,024 IPv6 services elements do not fit a capacity of 1,024")
 	}
 }

@@ -93,6 +93,7 @@ func lookupRules(opts Options, kinds []mapKind, fn func(ipFamily, mapKind, nodeP
 func (rs *ruleset) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", rs.Table)
+	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs, rs.Elements)
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		for _, k := range mapKinds {
 			m := k.name(f)
@@ -101,6 +102,9 @@ func (rs *ruleset) Text() string {
 				typ = "inet_proto . inet_service"
 			}
 			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", m, typ)
+			if m == mapServices(f) {
+				fmt.Fprintf(&b, "\t\tsize %d\n", caps[sizedSet{services: true, family: f}].capacity)
+			}
 			var els []string
 			for _, e := range rs.Elements {
 				if e.Map == m {
@@ -113,7 +117,6 @@ func (rs *ruleset) Text() string {
 			b.WriteString("\t}\n\n")
 		}
 	}
-	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs)
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		typ := f.info().addrType + " . " + f.info().addrType
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n", mapHairpin(f), typ, caps[sizedSet{family: f}].capacity)
