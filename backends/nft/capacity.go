@@ -103,7 +103,16 @@ func (c capacities) after(d delta) (capacities, bool) {
 	for s, v := range c {
 		switch {
 		case s.services:
-			v.count += serviceElementCounts(items(d.Elements.Created, false))[s.family] - serviceElementCounts(items(d.Elements.Deleted, true))[s.family]
+			for _, it := range d.Elements.Created {
+				if it.Value.Map == mapServices(s.family) {
+					v.count++
+				}
+			}
+			for _, it := range d.Elements.Deleted {
+				if it.Prev.Map == mapServices(s.family) {
+					v.count--
+				}
+			}
 		case s.clusterIPs:
 			v.count += familyCounts(d.ClusterIPs.Created)[s.family] - familyCounts(d.ClusterIPs.Deleted)[s.family]
 		default:
