@@ -396,30 +396,24 @@ func BenchmarkEndpointChange(b *testing.B) {
 				// alt sorts after the service's endpoints: it takes
 				// the last draw.
 				first, last, alt := benchEndpoint(svcIdx, 0), benchEndpoint(svcIdx, benchEndpoints-1), ep(netip.AddrFrom4([4]byte{10, 200, byte(svcIdx >> 8), byte(svcIdx)}).String(), false)
-				var kind string
-				switch i % 6 {
-				case 0:
-					kind = "endpoint removed"
-					s.deleteEndpoint(sv.Key(), benchEndpoint(svcIdx, 3).Key())
-				case 1:
-					kind = "endpoint added"
-					s.setEndpoint(sv.Key(), benchEndpoint(svcIdx, 3))
-				case 2:
-					kind = "endpoint replaced"
-					s.deleteEndpoint(sv.Key(), last.Key())
-					s.setEndpoint(sv.Key(), alt)
-				case 3:
-					kind = "endpoint put back"
-					s.deleteEndpoint(sv.Key(), alt.Key())
-					s.setEndpoint(sv.Key(), last)
-				case 4:
-					kind = "first endpoint replaced"
-					s.deleteEndpoint(sv.Key(), first.Key())
-					s.setEndpoint(sv.Key(), alt)
-				case 5:
-					kind = "first endpoint put back"
-					s.deleteEndpoint(sv.Key(), alt.Key())
-					s.setEndpoint(sv.Key(), first)
+				ep3 := benchEndpoint(svcIdx, 3)
+				step := [...]struct {
+					kind    string
+					out, in *model.Endpoint
+				}{
+					{"endpoint removed", ep3, nil},
+					{"endpoint added", nil, ep3},
+					{"endpoint replaced", last, alt},
+					{"endpoint put back", alt, last},
+					{"first endpoint replaced", first, alt},
+					{"first endpoint put back", alt, first},
+				}[i%6]
+				kind := step.kind
+				if step.out != nil {
+					s.deleteEndpoint(sv.Key(), step.out.Key())
+				}
+				if step.in != nil {
+					s.setEndpoint(sv.Key(), step.in)
 				}
 				start := time.Now()
 				r := s.sync()

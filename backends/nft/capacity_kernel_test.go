@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/kpng/internal/netns"
 )
 
 // TestKernelSetCapacity: a full write gives the hairpin and cluster-ips
@@ -24,17 +26,7 @@ func TestKernelSetCapacity(t *testing.T) {
 	}
 	expect := func(when string, full bool, size, hairpin int) {
 		t.Helper()
-		r := s.sync()
-		if r.Full != full {
-			t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
-		}
-		out, _, err := b.Node.Exec(nil, "nft", "list", "set", "inet", TableName("capacity"), "hairpin-v4")
-		if err != nil {
-			t.Fatalf("%s: %v", when, err)
-		}
-		if !strings.Contains(out, fmt.Sprintf("\tsize %d\n", size)) {
-			t.Errorf("%s: hairpin-v4 is not of size %d:\n%s", when, size, out)
-		}
+		out := syncSized(t, b, s, when, full, "set", "hairpin-v4", size)
 		// One " . " an element, and the set's type.
 		if got := strings.Count(out, " . ") - 1; got != hairpin {
 			t.Errorf("%s: %d hairpin addresses in the kernel, want %d", when, got, hairpin)
@@ -64,16 +56,7 @@ func TestKernelServicesMapCapacity(t *testing.T) {
 	items := manyServices(2049)
 	expect := func(when string, full bool, size, n int) {
 		t.Helper()
-		if r := s.sync(); r.Full != full {
-			t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
-		}
-		out, _, err := b.Node.Exec(nil, "nft", "list", "map", "inet", TableName("svccap"), "service-ips-v4")
-		if err != nil {
-			t.Fatalf("%s: %v", when, err)
-		}
-		if !strings.Contains(out, fmt.Sprintf("\tsize %d\n", size)) {
-			t.Errorf("%s: service-ips-v4 is not of size %d:\n%.300s", when, size, out)
-		}
+		out := syncSized(t, b, s, when, full, "map", "service-ips-v4", size)
 		if got := strings.Count(out, " : goto "); got != n {
 			t.Errorf("%s: %d elements in service-ips-v4, want %d", when, got, n)
 		}
@@ -86,4 +69,22 @@ func TestKernelServicesMapCapacity(t *testing.T) {
 	expect("2,048 services", false, 2048, 2048)
 	s.set(items[2048].Service.Key(), items[2048])
 	expect("2,049 services: over the capacity", true, 8192, 2049)
+}
+
+// syncSized syncs s, checks that the transaction was full or not, and that
+// the set (kind "set") or map ("map") name of its table has the given size
+// in the kernel; it returns the kernel's listing of it.
+func syncSized(t *testing.T, b *netns.BlogTopology, s *testSink, when string, full bool, kind, name string, size int) string {
+	t.Helper()
+	if r := s.sync(); r.Full != full {
+		t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
+	}
+	out, _, err := b.Node.Exec(nil, "nft", "list", kind, "inet", s.nft.table, name)
+	if err != nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+	if !strings.Contains(out, fmt.Sprintf("\tsize %d\n", size)) {
+		t.Errorf("%s: %s is not of size %d:\n%.300s", when, name, size, out)
+	}
+	return out
 }
