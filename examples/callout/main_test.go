@@ -193,13 +193,20 @@ echo "callout stderr" >&2`)
 	waitForFile(t, state, func(s string) bool { return s == "" })
 
 	// Three runs (empty, web, empty again), each counted once it ended.
+	// A run's duration and its outcome are two metrics, updated one after
+	// the other: a scrape between them (a fourth run ending) sees one more
+	// duration than outcomes, so the scrape is taken again until they
+	// agree (a CI run failed on 4 durations for 3 successes).
 	var m map[string]float64
+	ok := func() bool {
+		return m["kpng_callout_runs_total/success"] >= 3 && m["kpng_callout_duration_seconds"] == m["kpng_callout_runs_total/success"] && m["kpng_callout_runs_total/failure"] == 0
+	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if m = scrapeCallout(t, metricsAddr); m["kpng_callout_runs_total/success"] >= 3 {
+		if m = scrapeCallout(t, metricsAddr); ok() {
 			break
 		}
 	}
-	if m["kpng_callout_runs_total/success"] < 3 || m["kpng_callout_duration_seconds"] != m["kpng_callout_runs_total/success"] || m["kpng_callout_runs_total/failure"] != 0 {
+	if !ok() {
 		t.Errorf("callout metrics: %v, want at least 3 successful runs, each timed, no failure", m)
 	}
 
