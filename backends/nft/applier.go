@@ -398,11 +398,9 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 		t.addRule(reject, r)
 	}
 	masq := t.addChain(chainMasquerading)
+	t.addRule(masq, masqueradeMarkedExprs(rs.Options.mark()))
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		t.addRule(masq, hairpinExprs(f, rs.Options.mark(), hairpin[f]))
-	}
-	for _, r := range masqueradingRules(rs.Options.mark()) {
-		t.addRule(masq, r)
+		t.addRule(masq, hairpinExprs(f, hairpin[f]))
 	}
 	t.addRule(t.addChain(chainMarkForMasquerade), markExprs(rs.Options.mark(), false))
 	check := t.addChain(chainClusterIPsCheck)

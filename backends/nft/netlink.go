@@ -91,9 +91,9 @@ func endpointMapElements(e endpointElement, comment string, del bool) [2]nftable
 }
 
 // hairpinExprs returns, for the masquerading chain, "meta nfproto ipvX ct
-// status dnat ip saddr . ip daddr @hairpin-vX meta mark set meta mark |
-// bit".
-func hairpinExprs(f ipFamily, bit uint32, set *nftables.Set) []expr.Any {
+// status dnat ip saddr . ip daddr @hairpin-vX masquerade fully-random": a
+// pod that reached itself through a service.
+func hairpinExprs(f ipFamily, set *nftables.Set) []expr.Any {
 	fi := f.info()
 	src, dst, alen, rdst := fi.saddr, fi.daddr, fi.addrLen, f.nl().regHairpinDst
 	exprs := append(nfprotoExprs(f),
@@ -102,8 +102,9 @@ func hairpinExprs(f ipFamily, bit uint32, set *nftables.Set) []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: src, Len: alen},
 		&expr.Payload{DestRegister: rdst, Base: expr.PayloadBaseNetworkHeader, Offset: dst, Len: alen},
-		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
-	return append(exprs, markExprs(bit, false)...)
+		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
+		&expr.Masq{FullyRandom: true})
+	return exprs
 }
 
 // ipsDstNAT is the conntrack status bit of a DNATed connection
@@ -254,20 +255,17 @@ func markExprs(bit uint32, flip bool) []expr.Any {
 	}
 }
 
-// masqueradingRules returns the rules of the masquerading chain:
-// "meta mark & bit == 0 return", "meta mark set meta mark ^ bit",
-// "masquerade fully-random".
-func masqueradingRules(bit uint32) [][]expr.Any {
-	return [][]expr.Any{
-		{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 4)},
-			&expr.Verdict{Kind: expr.VerdictReturn},
-		},
-		markExprs(bit, true),
-		{&expr.Masq{FullyRandom: true}},
-	}
+// masqueradeMarkedExprs returns the first rule of the masquerading chain,
+// "meta mark & bit != 0 meta mark set meta mark ^ bit masquerade
+// fully-random": a connection marked for masquerading is masqueraded
+// before anything else is looked at (the hairpin sets' lookups come
+// after it, as in kube-proxy's chain).
+func masqueradeMarkedExprs(bit uint32) []expr.Any {
+	return append([]expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+	}, append(markExprs(bit, true), &expr.Masq{FullyRandom: true})...)
 }
 
 // markVerdict is "jump mark-for-masquerade".

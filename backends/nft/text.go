@@ -196,10 +196,11 @@ func (rs *ruleset) Text() string {
 	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject\n\t}\n\n", chainReject)
 	mark := rs.Options.mark()
 	fmt.Fprintf(&b, "\tchain %s {\n", chainMasquerading)
+	fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x != 0x00000000 meta mark set meta mark ^ 0x%08x masquerade fully-random\n", mark, mark)
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		fmt.Fprintf(&b, "\t\tct status dnat %s . %s @%s meta mark set meta mark | 0x%08x\n", saddrText(f), daddrText(f), mapHairpin(f), mark)
+		fmt.Fprintf(&b, "\t\tct status dnat %s . %s @%s masquerade fully-random\n", saddrText(f), daddrText(f), mapHairpin(f))
 	}
-	fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x == 0x00000000 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n\n", mark, mark)
+	b.WriteString("\t}\n\n")
 	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta mark set meta mark | 0x%08x\n\t}\n", chainMarkForMasquerade, mark)
 	for _, c := range rs.Chains {
 		fmt.Fprintf(&b, "\n\tchain %s {\n", c.Name)
