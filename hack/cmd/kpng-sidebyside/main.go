@@ -420,16 +420,27 @@ func (b *bench) firstPacket(n *node, p *proc) (time.Duration, error) {
 			b.mu.Lock()
 			ip := b.clusterIPs[probes[k%len(probes)]]
 			b.mu.Unlock()
-			start := time.Now()
-			conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, 80).String(), 2*time.Second)
+			d, err := connectTime(ip)
 			if err != nil {
-				return 0, fmt.Errorf("connect to %s: %w", ip, err)
+				return 0, err
 			}
-			times = append(times, time.Since(start))
-			conn.Close()
+			times = append(times, d)
 		}
 		return median(times), nil
 	})
+}
+
+// connectTime returns how long a TCP connect to ip:80 took, from the
+// calling goroutine's network namespace (the connection is closed).
+func connectTime(ip netip.Addr) (time.Duration, error) {
+	start := time.Now()
+	conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, 80).String(), 2*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("connect to %s: %w", ip, err)
+	}
+	d := time.Since(start)
+	conn.Close()
+	return d, nil
 }
 
 // waitIdle waits until the machine is quiet: its CPUs busy under 10% of

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -122,18 +121,9 @@ func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 		b.mu.Unlock()
 		for j := range kept {
 			i := (j + k) % len(kept)
-			d, err := netns.RunIn(kept[i].node.path, func() (time.Duration, error) {
-				start := time.Now()
-				conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, 80).String(), 2*time.Second)
-				if err != nil {
-					return 0, err
-				}
-				d := time.Since(start)
-				conn.Close()
-				return d, nil
-			})
+			d, err := netns.RunIn(kept[i].node.path, func() (time.Duration, error) { return connectTime(ip) })
 			if err != nil {
-				return fmt.Errorf("%s: connect to %s: %w", kept[i].proxier, ip, err)
+				return fmt.Errorf("%s: %w", kept[i].proxier, err)
 			}
 			times[i] = append(times[i], d)
 		}
