@@ -27,9 +27,11 @@
 # the one before it in the same interleaving (BEFORE=a12c194: the
 # per-service chains before the shard maps).
 #
-# VARIANTS and LAYOUTS rewrite the per-service chains of kpng's table:
-# since the shard maps (0d1ab17), plain services have none, so they apply
-# to the BEFORE table (and need BEFORE). The variants are listed below;
+# VARIANTS and LAYOUTS rewrite kpng's table: the BEFORE table if given,
+# else the current one. The changes of the per-service chains (pick-map,
+# pick-vmap, no-masq-jump) and the layouts find none in the current table
+# (plain services have no chain since the shard maps, 0d1ab17): they
+# need BEFORE (a12c194). The variants are listed below;
 # the candidate layouts of hack/nft-layout-cost.sh ("sharded pool";
 # "shared" takes minutes to load at 10,000: kpng-firstpacket variant
 # --layout) run in the same interleaving.
@@ -50,8 +52,8 @@ from=${FROM:-pod}
 variants=${VARIANTS:-}
 layouts=${LAYOUTS:-}
 before=${BEFORE:-}
-if [ -z "${before}" ] && [ -n "${variants}${layouts}" ]; then
-  echo "first-packet-nft: VARIANTS and LAYOUTS rewrite the per-service chains of the BEFORE table: set BEFORE (a12c194)" >&2
+if [ -z "${before}" ] && [ -n "${layouts}" ]; then
+  echo "first-packet-nft: LAYOUTS rewrite the per-service chains of the BEFORE table: set BEFORE (a12c194)" >&2
   exit 2
 fi
 work="${KEEP:-$(mktemp -d)}"
@@ -99,8 +101,8 @@ for n in "${sizes[@]}"; do
     args+=("kube-proxy-epchains=${dir}/kube-proxy-epchains.nft")
   fi
   for v in ${variants}; do
-    name="kpng@${before}+${v//,/+}"
-    [ "${v}" = "pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6" ] && name="kpng@${before}+all"
+    name="kpng${before:+@${before}}+${v//,/+}"
+    [ "${v}" = "pick-map,no-nodeport-fib,no-filter,no-hairpin,no-masq-jump,no-v6" ] && name="kpng${before:+@${before}}+all"
     "${work}/kpng-firstpacket" variant --in="${base}" --endpoints="${endpoints}" --change="${v}" >"${dir}/${v}.nft"
     args+=("${name}=${dir}/${v}.nft")
   done

@@ -14,6 +14,7 @@
 //	kpng-firstpacket variant --in=kpng.nft --endpoints=E --change=pick-map,no-hairpin >v.nft
 //	kpng-firstpacket probe --services=N --endpoints=E --probes=1000 kpng=kpng.nft kube-proxy=kp.nft …
 //	kpng-firstpacket load --netns=NAME FILE
+//	kpng-firstpacket replay --targets-from=kube-proxy.nft --probes=1000 kube-proxy=kube-proxy.nft kpng=kpng.nft …
 //
 // kube-proxy writes the table of kube-proxy v1.36.3's nftables mode for
 // those services (its base chains and rules, and per service a chain with
@@ -21,6 +22,9 @@
 // from reading its proxier, not copied from it. --endpoint-chains writes
 // the layout of earlier kube-proxy versions instead: a numgen verdict map
 // to one chain per endpoint (the hairpin mark and the DNAT).
+//
+// replay probes rulesets saved from real proxiers by kpng-sidebyside
+// --swap-rules, in kpng-sidebyside's topology (replay.go).
 //
 // load loads a ruleset file as probe does: the table in one transaction,
 // then each of its `add element` lines in one (nft 1.0.6 fails with
@@ -81,6 +85,8 @@ func main() {
 		err = probeCmd(os.Args[2:])
 	case "load":
 		err = loadCmd(os.Args[2:])
+	case "replay":
+		err = replayCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -91,7 +97,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: kpng-firstpacket kube-proxy|variant|probe [flags] (see the package comment)")
+	fmt.Fprintln(os.Stderr, "usage: kpng-firstpacket kube-proxy|variant|probe|load|replay [flags] (see the package comment)")
 	os.Exit(2)
 }
 
@@ -114,17 +120,19 @@ func kubeProxyCmd(args []string) error {
 	endpoints := fs.Int("endpoints", 10, "endpoints per service")
 	clusterCIDR := fs.String("cluster-cidr", "10.0.0.0/16", "the pods' CIDR (traffic from elsewhere to a cluster IP is masqueraded)")
 	epChains := fs.Bool("endpoint-chains", false, "a numgen verdict map to per-endpoint chains (earlier kube-proxy) instead of the DNAT through an anonymous numgen map")
+	local := fs.Bool("local", false, "the endpoints run on this node: their addresses in the hairpin set (kube-proxy holds only local endpoints there; kpng-genstate's run on other nodes unless --nodes=0)")
 	_ = fs.Parse(args)
 	w := bufio.NewWriterSize(os.Stdout, 1<<20)
-	writeKubeProxy(w, *services, *endpoints, *clusterCIDR, *epChains)
+	writeKubeProxy(w, *services, *endpoints, *clusterCIDR, *epChains, *local)
 	return w.Flush()
 }
 
 // writeKubeProxy writes the table `ip kube-proxy` as kube-proxy v1.36.3
 // programs it for n services of e endpoints (ClusterIP, no node ports, no
 // session affinity, --nodeport-addresses unset, a local detector on
-// clusterCIDR).
-func writeKubeProxy(w io.Writer, n, e int, clusterCIDR string, epChains bool) {
+// clusterCIDR); the endpoints' addresses go in the hairpin set when they
+// are local.
+func writeKubeProxy(w io.Writer, n, e int, clusterCIDR string, epChains, local bool) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
 	p("table ip kube-proxy {")
 	p("\tset cluster-ips { type ipv4_addr; }")
@@ -184,13 +192,17 @@ func writeKubeProxy(w io.Writer, n, e int, clusterCIDR string, epChains bool) {
 			cips = append(cips, cip.String())
 			sips = append(sips, fmt.Sprintf("%s . tcp . 80 : goto service-%08d-bench/svc-%05d/tcp/p80", cip, i, i))
 			for k := range e {
-				ep := endpointIP(i, k, e)
-				hp = append(hp, fmt.Sprintf("%s . %s . tcp . 8080", ep, ep))
+				if local {
+					ep := endpointIP(i, k, e)
+					hp = append(hp, fmt.Sprintf("%s . %s . tcp . 8080", ep, ep))
+				}
 			}
 		}
 		p("add element ip kube-proxy cluster-ips { %s }", strings.Join(cips, ", "))
 		p("add element ip kube-proxy service-ips { %s }", strings.Join(sips, ", "))
-		p("add element ip kube-proxy hairpin-connections { %s }", strings.Join(hp, ", "))
+		if len(hp) > 0 {
+			p("add element ip kube-proxy hairpin-connections { %s }", strings.Join(hp, ", "))
+		}
 	}
 }
 

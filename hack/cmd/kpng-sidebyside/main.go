@@ -76,6 +76,9 @@ type config struct {
 	quiet         time.Duration
 	changeTimeout time.Duration
 	kpngV         int
+	// swapRules: after the interleaved first packet, probe again with the
+	// two proxiers' rulesets swapped between their namespaces.
+	swapRules bool
 }
 
 func main() {
@@ -88,6 +91,7 @@ func main() {
 	flag.StringVar(&proxiers, "proxiers", "kpng,kube-proxy", "the proxiers, in order (nftables mode)")
 	flag.DurationVar(&cfg.quiet, "quiet", 1500*time.Millisecond, "the time without changes before each endpoint change, once the previous one is in the kernel and synced (nftables mode; kube-proxy's minimum sync period is 1 s)")
 	flag.DurationVar(&cfg.changeTimeout, "change-timeout", 2*time.Minute, "how long to wait for one endpoint change to reach the kernel (nftables mode)")
+	flag.BoolVar(&cfg.swapRules, "swap-rules", false, "after the interleaved first packet, save both proxiers' rulesets to --log-dir, load each into the other's namespace and probe in turn again (nftables mode, two proxiers): whether a difference follows the rules or the namespace")
 	flag.IntVar(&cfg.kpngV, "kpng-v", 2, "kpng's log verbosity (nftables mode; its breakdown needs 2 or more)")
 	flag.IntVar(&cfg.services, "services", 10000, "services in the full state")
 	flag.IntVar(&cfg.small, "small", 100, "services in the small state (first-packet latency)")

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -101,6 +102,10 @@ func runNFTables(b *bench) error {
 // after the other, and the machine's state from one moment to the next
 // differed more than the rules (76–179 µs for kpng, 95–159 µs for
 // kube-proxy over five sittings, docs/benchmarks.md).
+//
+// With --swap-rules and two proxiers, it then saves each namespace's
+// ruleset to the log directory, loads each into the other namespace and
+// probes again: whether a difference follows the rules or the namespace.
 func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 	var kept []*nftResult
 	for _, r := range results {
@@ -113,6 +118,44 @@ func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 	}
 	waited, _ := waitIdle(0, time.Minute)
 	logf("interleaved first packet: the machine quiet after %s; probing %d proxiers in turn", waited.Round(10*time.Millisecond), len(kept))
+	meds, err := b.probeInTurn(kept)
+	if err != nil {
+		return err
+	}
+	for i, r := range kept {
+		r.firstPacketMixed = meds[i]
+	}
+	if !b.cfg.swapRules || len(kept) != 2 {
+		return nil
+	}
+	files := make([]string, len(kept))
+	for i, r := range kept {
+		files[i] = filepath.Join(b.cfg.logDir, r.node.name+".nft")
+		if err := dumpRules(r.node.name, files[i]); err != nil {
+			return err
+		}
+	}
+	for i, r := range kept {
+		if err := loadRules(r.node.name, files[1-i]); err != nil {
+			return err
+		}
+	}
+	waited, _ = waitIdle(0, time.Minute)
+	logf("interleaved first packet, rules swapped: the machine quiet after %s", waited.Round(10*time.Millisecond))
+	swapped, err := b.probeInTurn(kept)
+	if err != nil {
+		return err
+	}
+	for i, r := range kept {
+		logf("first packet, interleaved: %s's namespace with its own rules %s, with %s's rules %s",
+			r.proxier, meds[i].Round(100*time.Nanosecond), kept[1-i].proxier, swapped[i].Round(100*time.Nanosecond))
+	}
+	return nil
+}
+
+// probeInTurn times cfg.probes connects from each namespace of kept in
+// turn (the order rotated each round) and returns each one's median.
+func (b *bench) probeInTurn(kept []*nftResult) ([]time.Duration, error) {
 	probes := b.probeServices()
 	times := make([][]time.Duration, len(kept))
 	for k := range b.cfg.probes {
@@ -123,13 +166,41 @@ func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 			i := (j + k) % len(kept)
 			d, err := netns.RunIn(kept[i].node.path, func() (time.Duration, error) { return connectTime(ip) })
 			if err != nil {
-				return fmt.Errorf("%s: %w", kept[i].proxier, err)
+				return nil, fmt.Errorf("%s: %w", kept[i].proxier, err)
 			}
 			times[i] = append(times[i], d)
 		}
 	}
-	for i, r := range kept {
-		r.firstPacketMixed = median(times[i])
+	meds := make([]time.Duration, len(kept))
+	for i := range kept {
+		meds[i] = median(times[i])
+	}
+	return meds, nil
+}
+
+// dumpRules writes the ruleset of the network namespace ns to file.
+func dumpRules(ns, file string) error {
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "ruleset").Output()
+	if err != nil {
+		return fmt.Errorf("nft list ruleset in %s: %w", ns, err)
+	}
+	if err := os.WriteFile(file, out, 0o644); err != nil {
+		return fmt.Errorf("ruleset of %s: %w", ns, err)
+	}
+	return nil
+}
+
+// loadRules replaces the ruleset of the network namespace ns with the
+// one in file, in one transaction.
+func loadRules(ns, file string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("ruleset for %s: %w", ns, err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader("flush ruleset\n" + string(data))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft -f %s in %s: %w: %s", file, ns, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
