@@ -20,8 +20,9 @@ type serviceObjects struct {
 	// elements are theirs: block.appendElements, once the tracker has
 	// placed them).
 	Blocks []*block
-	// Hairpin are the addresses of the service's endpoints (a pod may
-	// reach itself through the service), without repeats.
+	// Hairpin are the addresses of the service's endpoints that may run
+	// on this node (a pod may reach itself through the service; see
+	// hairsPin), without repeats.
 	Hairpin []netip.Addr
 	// ClusterIPs are the service's cluster IPs, without repeats: traffic
 	// to them on a port no service defines is rejected, never routed out.
@@ -276,7 +277,8 @@ func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Ve
 
 // endpointAddr returns the address (of the builder's family) and target
 // port of ep for the service port, reporting a bad address or port, and
-// records the address for hairpin masquerading.
+// records the address for hairpin masquerading if the endpoint may run on
+// this node (hairsPin).
 func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 	text := ep.Key()
 	if as := familyAddrs(ep.IPs, b.family); len(as) > 0 {
@@ -295,9 +297,21 @@ func (b *portBuilder) endpointAddr(ep *model.Endpoint) (netip.AddrPort, bool) {
 			"service %s port %q: endpoint %s: target port %d out of range", b.key, b.port.Name, addr, port))
 		return netip.AddrPort{}, false
 	}
-	b.objs.Hairpin = append(b.objs.Hairpin, addr)
+	if hairsPin(ep) {
+		b.objs.Hairpin = append(b.objs.Hairpin, addr)
+	}
 	return netip.AddrPortFrom(addr, uint16(port)), true
 }
+
+// hairsPin reports whether ep's address goes in the hairpin sets: a pod
+// reaching itself through a service sends from the endpoint's address to
+// the endpoint's address, and only the node it runs on sees that packet.
+// So a local endpoint does, and one whose node is not known (a state
+// without node names); an endpoint of another node does not, as
+// kube-proxy leaves it out of its hairpin set. At 10,000 services of 10
+// endpoints spread over the nodes, that keeps 100,000 addresses out of a
+// set every new connection's packets look up (and out of the cold start).
+func hairsPin(ep *model.Endpoint) bool { return ep.Local || ep.NodeName == "" }
 
 // endpointChain adds (once) the chain DNATing to an endpoint of a service
 // with session affinity, and its affinity set, and returns their names.

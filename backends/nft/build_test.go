@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -258,5 +259,39 @@ func TestBuildOddInput(t *testing.T) {
 		if !found {
 			t.Errorf("no problem mentions %q: %v", want, problems)
 		}
+	}
+}
+
+// TestHairpinOnlyLocalEndpoints checks that the hairpin sets hold the
+// addresses of the endpoints that may run on this node: local ones and
+// those whose node is not known, not another node's (as kube-proxy), and
+// that an endpoint moving to this node brings its address in.
+func TestHairpinOnlyLocalEndpoints(t *testing.T) {
+	remote := ep("10.1.0.3", false)
+	remote.NodeName = "node-b"
+	unknown := ep("10.1.0.4", false)
+	local := ep("10.1.0.2", true)
+	local.NodeName = "node-a"
+	remote6 := ep("fd00:1::3", false)
+	remote6.NodeName = "node-b"
+	web := svc("default", "web", ipset("10.96.0.1", "fd00:10:96::1"), tcp(80, 8080))
+	items := []*model.ServiceEndpoints{{Service: web, Endpoints: []*model.Endpoint{local, remote, unknown, remote6}}}
+	rs, problems := buildRuleset("t", Options{}, items)
+	if len(problems) != 0 {
+		t.Fatalf("problems: %v", problems)
+	}
+	want := []netip.Addr{netip.MustParseAddr("10.1.0.2"), netip.MustParseAddr("10.1.0.4")}
+	if diff := cmp.Diff(want, rs.Hairpin, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("hairpin addresses (-want +got):\n%s", diff)
+	}
+	if n := len(rs.endpoints()); n != 4 {
+		t.Errorf("%d endpoint elements, want 4 (a remote endpoint is still balanced to)", n)
+	}
+	moved := *remote
+	moved.Local, moved.NodeName = true, "node-a"
+	items[0].Endpoints[1] = &moved
+	rs, _ = buildRuleset("t", Options{}, items)
+	if !slices.Contains(rs.Hairpin, netip.MustParseAddr("10.1.0.3")) {
+		t.Errorf("hairpin addresses %v: the endpoint now local is missing", rs.Hairpin)
 	}
 }

@@ -60,7 +60,7 @@
 // usable endpoints, to reject (TCP reset or ICMP port unreachable) or drop;
 // filter chains before DNAT enforce loadBalancerSourceRanges; a NAT
 // postrouting chain masquerades the packets marked for it (hairpin: a
-// DNATed packet from an endpoint to itself, found in a set of pairs;
+// DNATed packet from a local endpoint to itself, found in a set of pairs;
 // external traffic with the Cluster policy, cluster-IP traffic from outside
 // the cluster CIDRs).
 package nft

@@ -128,6 +128,13 @@ func TestKernelNodePortAndMasquerade(t *testing.T) {
 	if _, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, 30080), netns.AskOptions{Timeout: time.Second}); err == nil || !isRefused(err) {
 		t.Errorf("node port without endpoints: %v, want refused", err)
 	}
+	// From the node itself too, to its own address (the output hook, then
+	// the input hook through the loopback, where the node-port check is):
+	// refused by the rules even with a server of the node on the port.
+	b.Node.Serve("node", []netip.Addr{netns.NodeV4}, []uint16{30080})
+	if a, err := b.Node.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, 30080), netns.AskOptions{Timeout: time.Second}); err == nil || !isRefused(err) {
+		t.Errorf("node port without endpoints, from the node: %v, %v; want refused by the rules", a, err)
+	}
 
 	// NodePortAddresses: node ports only on the addresses of
 	// 10.0.0.0/24 and fd00:1::/64 (which does not hold the node's).

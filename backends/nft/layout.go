@@ -31,9 +31,17 @@ const (
 	chainFilterInput   = "filter-input"
 	chainFilterForward = "filter-forward"
 	chainFilterOutput  = "filter-output"
-	// chainNoEndpoints looks up the no-endpoint maps; the filter base
-	// chains jump to it.
+	// chainNoEndpoints looks up the no-endpoint maps of service
+	// addresses; the filter base chains jump to it.
 	chainNoEndpoints = "no-endpoint-services"
+	// chainNoEndpointNodePorts looks up the no-endpoint maps of node
+	// ports, for packets to a local address; only filter-input jumps to
+	// it (as kube-proxy's nodeport-endpoints-check): a packet to a node
+	// port that was not DNATed reaches the node's input hook, whether it
+	// came in or the node sent it, and forward never sees a local
+	// destination. So the new connections crossing forward or output do
+	// no route lookup (fib) for it.
+	chainNoEndpointNodePorts = "nodeport-endpoints-check"
 	// chainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
 	// otherwise. Not "reject", a keyword of nft's syntax: a listing
 	// naming a chain so cannot be loaded back (nft -f).
@@ -181,7 +189,7 @@ var baseChains = []baseChain{
 	{chainFilterOutputPreDNAT, "filter", "output", priorityFirewall, []baseJump{newOnly(chainFirewallCheck)}},
 	{chainNATPrerouting, "nat", "prerouting", priorityDstNAT, []baseJump{every(chainServices)}},
 	{chainNATOutput, "nat", "output", priorityDstNAT, []baseJump{every(chainServices)}},
-	{chainFilterInput, "filter", "input", priorityFilter, []baseJump{newOnly(chainNoEndpoints)}},
+	{chainFilterInput, "filter", "input", priorityFilter, []baseJump{newOnly(chainNoEndpoints), newOnly(chainNoEndpointNodePorts)}},
 	{chainFilterForward, "filter", "forward", priorityFilter, []baseJump{newOnly(chainNoEndpoints), newOnly(chainClusterIPsCheck)}},
 	{chainFilterOutput, "filter", "output", priorityFilter, []baseJump{newOnly(chainNoEndpoints), newOnly(chainClusterIPsCheck)}},
 	{chainNATPostrouting, "nat", "postrouting", prioritySrcNAT, []baseJump{every(chainMasquerading)}},

@@ -63,7 +63,8 @@ var lookupChains = []struct {
 	kinds []mapKind
 }{
 	{chainServices, []mapKind{mapKinds[0], mapKinds[2]}},
-	{chainNoEndpoints, []mapKind{mapKinds[1], mapKinds[3]}},
+	{chainNoEndpoints, []mapKind{mapKinds[1]}},
+	{chainNoEndpointNodePorts, []mapKind{mapKinds[3]}},
 	{chainFirewallCheck, []mapKind{mapKinds[4]}},
 }
 
