@@ -297,11 +297,11 @@ func (a *applier) end(t *txn, err error) {
 // none. On error nothing changed.
 func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	// Each set: its declaration and a message of its elements at least.
-	messages := 100 + 2*len(rs.Sets)
+	messages := 100 + 2*len(rs.Sets) + len(rs.ServiceCIDRs)
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
-	elements := len(rs.Elements) + len(rs.Hairpin) + len(rs.ClusterIPs) + 2*len(rs.ServiceCIDRs)
+	elements := len(rs.Elements) + len(rs.Hairpin) + len(rs.ClusterIPs)
 	for _, bl := range rs.Blocks {
 		elements += 2 * len(bl.Endpoints)
 	}
@@ -374,17 +374,6 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	if err := t.clusterIPElements(rs.ClusterIPs, false); err != nil {
 		return err
 	}
-	var serviceCIDRs [2]*nftables.Set
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		serviceCIDRs[f] = serviceCIDRsSetRef(t.table, f)
-		if err := c.AddSet(serviceCIDRs[f], nil); err != nil {
-			return fmt.Errorf("set %s: %w", serviceCIDRs[f].Name, err)
-		}
-		t.stats.Messages++
-	}
-	if err := t.rangeElements(rs.ServiceCIDRs, false); err != nil {
-		return err
-	}
 
 	// Fixed regular chains first: base chains jump to them.
 	for _, lc := range lookupChains {
@@ -404,11 +393,8 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	t.addRule(t.addChain(chainMarkForMasquerade), markExprs(rs.Options.mark(), false))
 	check := t.addChain(chainClusterIPsCheck)
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		t.addRule(check, daddrInSetExprs(f, clusterIPs[f], &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}))
-	}
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		t.addRule(check, daddrInSetExprs(f, serviceCIDRs[f], &expr.Verdict{Kind: expr.VerdictDrop}))
+	for _, r := range clusterIPsCheckRules(clusterIPs, rs.ServiceCIDRs) {
+		t.addRule(check, r)
 	}
 	for _, bc := range baseChains {
 		ch := t.addBaseChain(bc)
@@ -481,7 +467,10 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		}
 	}
 	messages += 2 * len(touched)
-	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len() + 2*d.ServiceCIDRs.Len()
+	if d.ServiceCIDRs.Len() > 0 {
+		messages += 3 + len(d.ServiceCIDRs.Now)
+	}
+	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len()
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
@@ -546,11 +535,16 @@ func (t *txn) partial(d delta) error {
 	if err := t.clusterIPElements(d.ClusterIPs.Created, false); err != nil {
 		return err
 	}
-	if err := t.rangeElements(d.ServiceCIDRs.Deleted, true); err != nil {
-		return err
-	}
-	if err := t.rangeElements(d.ServiceCIDRs.Created, false); err != nil {
-		return err
+	if d.ServiceCIDRs.Len() > 0 {
+		// The service CIDRs changed: cluster-ips-check written again.
+		check := t.chainRef(chainClusterIPsCheck)
+		c.FlushChain(check)
+		t.stats.Messages++
+		t.stats.ChainsFlushed++
+		refs := [2]*nftables.Set{clusterIPsSetRef(t.table, ipv4), clusterIPsSetRef(t.table, ipv6)}
+		for _, r := range clusterIPsCheckRules(refs, d.ServiceCIDRs.Now) {
+			t.addRule(check, r)
+		}
 	}
 	for _, it := range d.Chains.Updated {
 		c.FlushChain(t.chainRef(it.Key))
@@ -773,23 +767,6 @@ func byFamily(addrs []netip.Addr) [2][]netip.Addr {
 		out[familyOf(a)] = append(out[familyOf(a)], a)
 	}
 	return out
-}
-
-// rangeElements adds (or deletes) the ranges rs in the service-cidrs
-// sets.
-func (t *txn) rangeElements(rs []addrRange, del bool) error {
-	var byFamily [2][]nftables.SetElement
-	for _, r := range rs {
-		byFamily[r.family()] = append(byFamily[r.family()], rangeElements(r)...)
-	}
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		els := byFamily[f]
-		elem := func(i int) (nftables.SetElement, error) { return els[i], nil }
-		if err := t.sendElements(serviceCIDRsSetRef(t.table, f), len(els), elem, func(int) int { return elementBytes(16, "", "") }, del); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // sendElements adds (or deletes) the n elements elem(0) to elem(n-1) in

@@ -188,8 +188,7 @@ var goldenOptions = map[string]Options{
 
 // goldenClusters are the cluster-level facts of the golden cases that
 // have some: service CIDRs merged where they overlap or touch, one range
-// that is not a prefix, one up to the family's last address (an interval
-// without an end element).
+// that is not a prefix, one up to the family's last address.
 var goldenClusters = map[string]*model.Cluster{
 	"every-rule-kind": {ServiceCIDRs: []netip.Prefix{
 		netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.96.1.0/24"),

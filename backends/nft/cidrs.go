@@ -6,7 +6,8 @@ import (
 )
 
 // addrRange is an interval of addresses of one family, From to Last
-// included: an element of an interval set (the service-cidrs sets).
+// included: a service CIDR, or several that overlap or touch, merged
+// (one drop rule of cluster-ips-check each).
 type addrRange struct {
 	From, Last netip.Addr
 }
@@ -14,9 +15,9 @@ type addrRange struct {
 // family returns the range's family.
 func (r addrRange) family() ipFamily { return familyOf(r.From) }
 
-// String returns the range as nft lists an interval set's element: a
-// prefix when the range is one ("10.96.0.0/16", an address alone for a
-// single address), else "from-last".
+// String returns the range as nft lists a match on it: a prefix when
+// the range is one ("10.96.0.0/16", an address alone for a single
+// address), else "from-last".
 func (r addrRange) String() string {
 	if p, ok := r.prefix(); ok {
 		return prefixText(p)
@@ -49,8 +50,8 @@ func lastOf(p netip.Prefix) netip.Addr {
 }
 
 // mergedRanges returns the ranges covering prefixes (in canonical form:
-// model.CanonicalCIDRs), merged where they overlap or touch (an interval
-// set refuses overlapping elements), sorted by family and address.
+// model.CanonicalCIDRs), merged where they overlap or touch (one rule
+// each, no address matched twice), sorted by family and address.
 func mergedRanges(prefixes []netip.Prefix) []addrRange {
 	var rs []addrRange
 	for _, p := range prefixes {
@@ -74,10 +75,12 @@ func mergedRanges(prefixes []netip.Prefix) []addrRange {
 	return out
 }
 
-// rangeChanges are the ranges of the service-cidrs sets deleted and
-// added in a round.
+// rangeChanges are the service CIDR ranges deleted and added in a
+// round, and Now all of them after it (when any changed: the rules of
+// cluster-ips-check are written again from it).
 type rangeChanges struct {
 	Created, Deleted []addrRange
+	Now              []addrRange
 }
 
 // Len returns the number of ranges changed.

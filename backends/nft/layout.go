@@ -101,12 +101,6 @@ func endpointMapName(f ipFamily, shard uint32) string {
 // masqueraded. "hairpin-v4" or "hairpin-v6".
 func mapHairpin(f ipFamily) string { return "hairpin-v" + familySuffix(f) }
 
-// setServiceCIDRs returns the name of the interval set of a family
-// holding the cluster's service CIDRs (the cluster facts the default
-// proxier gets): the addresses in them that no service took are dropped.
-// "service-cidrs-v4" or "service-cidrs-v6".
-func setServiceCIDRs(f ipFamily) string { return "service-cidrs-v" + familySuffix(f) }
-
 // setClusterIPs returns the name of the set of a family holding every
 // cluster IP of the services held: "cluster-ips-v4" or "cluster-ips-v6".
 func setClusterIPs(f ipFamily) string { return "cluster-ips-v" + familySuffix(f) }

@@ -152,7 +152,7 @@ func splitElements(s string) []string {
 // family, every rule kind (every type of the package with an exprs
 // method), every kind of named set (endpoint map, balance map, affinity
 // set), the three kinds of verdicts of the lookup maps (a chain, reject,
-// drop), hairpin, cluster IP and service CIDR elements.
+// drop), hairpin and cluster IP elements, and service CIDR rules.
 func checkCoverage(t *testing.T) {
 	t.Helper()
 	kinds, err := ruleKinds(".")
@@ -167,7 +167,7 @@ func checkCoverage(t *testing.T) {
 		for _, k := range kinds {
 			want = append(want, k+" in family "+f)
 		}
-		for _, k := range []string{"endpoint map", "balance map", "affinity set", "verdict goto chain", "verdict goto reject", "verdict drop", "hairpin element", "cluster IP element", "service CIDR element"} {
+		for _, k := range []string{"endpoint map", "balance map", "affinity set", "verdict goto chain", "verdict goto reject", "verdict drop", "hairpin element", "cluster IP element", "service CIDR rule"} {
 			want = append(want, k+" in family "+f)
 		}
 	}
@@ -208,7 +208,7 @@ func checkCoverage(t *testing.T) {
 			have["cluster IP element in family "+familySuffix(familyOf(a))] = true
 		}
 		for _, r := range rs.ServiceCIDRs {
-			have["service CIDR element in family "+familySuffix(r.family())] = true
+			have["service CIDR rule in family "+familySuffix(r.family())] = true
 		}
 	}
 	for _, w := range want {

@@ -175,7 +175,7 @@ type ruleset struct {
 	// ClusterIPs are the addresses of the cluster-ips sets: every
 	// cluster IP of the services held.
 	ClusterIPs []netip.Addr
-	// ServiceCIDRs are the ranges of the service-cidrs sets (the
+	// ServiceCIDRs are the ranges of cluster-ips-check's drop rules (the
 	// cluster's service CIDRs, for the default proxier).
 	ServiceCIDRs []addrRange
 }

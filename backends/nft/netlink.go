@@ -478,21 +478,34 @@ func daddrInSetExprs(f ipFamily, set *nftables.Set, v *expr.Verdict) []expr.Any 
 		v)
 }
 
-// serviceCIDRsSetRef returns the set object of the service-cidrs
-// interval set of family f.
-func serviceCIDRsSetRef(t *nftables.Table, f ipFamily) *nftables.Set {
-	return &nftables.Set{Table: t, Name: setServiceCIDRs(f), KeyType: addrType(f), Interval: true}
-}
-
-// rangeElements returns the kernel elements of a range of an interval
-// set: its start and the address after it, flagged as the end (none when
-// the range reaches the family's last address: the interval is then open).
-func rangeElements(r addrRange) []nftables.SetElement {
-	els := []nftables.SetElement{{Key: r.From.AsSlice()}}
-	if end := r.Last.Next(); end.IsValid() {
-		els = append(els, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+// clusterIPsCheckRules returns the rules of cluster-ips-check: new
+// connections to a cluster IP (in the cluster-ips sets clusterIPs) that
+// were not DNATed go to reject-chain, then those to the other addresses
+// of the service CIDRs are dropped, one rule per range: "ip[6] daddr
+// PREFIX drop", or "ip[6] daddr FROM-LAST drop" for a range that is no
+// prefix. A constant match, as kube-proxy's, and not a lookup in an
+// interval set (kpng's until 2026-12-02): every new connection crossing
+// forward or output is checked, and the interval set's lookup (the
+// kernel's rbtree) was about 1% of its first packet. A change of the
+// service CIDRs rewrites the chain (rare: ServiceCIDR objects).
+func clusterIPsCheckRules(clusterIPs [2]*nftables.Set, cidrs []addrRange) [][]expr.Any {
+	var out [][]expr.Any
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		out = append(out, daddrInSetExprs(f, clusterIPs[f], &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}))
 	}
-	return els
+	for _, r := range cidrs {
+		f := r.family()
+		exprs := nfprotoExprs(f)
+		if p, ok := r.prefix(); ok {
+			exprs = append(exprs, addrMatchExprs(f, false, p, expr.CmpOpEq)...)
+		} else {
+			exprs = append(exprs,
+				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: f.info().daddr, Len: f.info().addrLen},
+				&expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: r.From.AsSlice(), ToData: r.Last.AsSlice()})
+		}
+		out = append(out, append(exprs, &expr.Verdict{Kind: expr.VerdictDrop}))
+	}
+	return out
 }
 
 // netlinkFamily is what differs between the two families in netlink

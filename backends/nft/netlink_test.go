@@ -5,22 +5,47 @@ package nft
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 )
 
-// TestRangeElements checks the kernel elements of the service CIDRs'
-// ranges: a range up to the family's last address has no end element.
-func TestRangeElements(t *testing.T) {
-	pfx := func(s ...string) []netip.Prefix {
-		var out []netip.Prefix
-		for _, p := range s {
-			out = append(out, netip.MustParsePrefix(p))
+// TestClusterIPsCheckRules checks the rules of cluster-ips-check: the two
+// cluster-ips lookups, then one drop per service CIDR range, a masked
+// compare for a prefix (none for a single address) and a range compare
+// for a range that is no prefix, each after its family's check.
+func TestClusterIPsCheckRules(t *testing.T) {
+	var pfx []netip.Prefix
+	for _, p := range []string{"10.96.0.0/16", "10.98.0.0/24", "10.98.1.0/25", "10.99.0.1/32", "fd00:10:96::/108"} {
+		pfx = append(pfx, netip.MustParsePrefix(p))
+	}
+	sets := [2]*nftables.Set{{Name: setClusterIPs(ipv4)}, {Name: setClusterIPs(ipv6)}}
+	rules := clusterIPsCheckRules(sets, mergedRanges(pfx))
+	if len(rules) != 6 {
+		t.Fatalf("%d rules, want 2 lookups and 4 ranges", len(rules))
+	}
+	kinds := func(r []expr.Any) (lookups, masks, ranges int, drop bool) {
+		for _, e := range r {
+			switch e := e.(type) {
+			case *expr.Lookup:
+				lookups++
+			case *expr.Bitwise:
+				masks++
+			case *expr.Range:
+				ranges++
+			case *expr.Verdict:
+				drop = e.Kind == expr.VerdictDrop
+			}
 		}
-		return out
+		return
 	}
-	if els := rangeElements(mergedRanges(pfx("255.255.255.0/24"))[0]); len(els) != 1 {
-		t.Errorf("open range: %d elements, want its start only", len(els))
-	}
-	if els := rangeElements(mergedRanges(pfx("10.96.0.0/16"))[0]); len(els) != 2 || !els[1].IntervalEnd || netip.AddrFrom4([4]byte(els[1].Key)) != netip.MustParseAddr("10.97.0.0") {
-		t.Errorf("range 10.96.0.0/16: elements %+v, want its start and 10.97.0.0 as the end", els)
+	for i, want := range []struct {
+		lookups, masks, ranges int
+		drop                   bool
+	}{{1, 0, 0, false}, {1, 0, 0, false}, {0, 1, 0, true}, {0, 0, 1, true}, {0, 0, 0, true}, {0, 1, 0, true}} {
+		l, m, r, d := kinds(rules[i])
+		if l != want.lookups || m != want.masks || r != want.ranges || d != want.drop {
+			t.Errorf("rule %d: %d lookups, %d masks, %d ranges, drop %v; want %+v", i, l, m, r, d, want)
+		}
 	}
 }

@@ -70,10 +70,27 @@ func TestKernelShardsFollowEndpointCounts(t *testing.T) {
 }
 
 // expectShardTable checks the table of s: the kernel's listing is the
-// tracker's Text (but for the sized sets' capacities: Text gives those of
-// a table written whole now, the kernel has those of the last full write,
-// capacity.go), and its shard chains are shards.
+// tracker's Text (expectListingIsText), and its shard chains are shards.
 func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when string, shards []string) {
+	t.Helper()
+	got := expectListingIsText(t, b, s, when)
+	var chains []string
+	for name := range got {
+		if c, ok := strings.CutPrefix(name, "chain shard"); ok {
+			chains = append(chains, "shard"+c)
+		}
+	}
+	slices.Sort(chains)
+	if !slices.Equal(chains, shards) {
+		t.Errorf("%s: shard chains %v, want %v", when, chains, shards)
+	}
+}
+
+// expectListingIsText checks that the kernel's listing of s's table is
+// the tracker's Text (but for the sized sets' capacities: Text gives
+// those of a table written whole now, the kernel has those of the last
+// full write, capacity.go), and returns the listing's objects.
+func expectListingIsText(t *testing.T, b *netns.BlogTopology, s *testSink, when string) map[string]*listedObject {
 	t.Helper()
 	s.nft.mu.Lock()
 	rs := s.nft.tracker.Ruleset(s.nft.table)
@@ -95,16 +112,7 @@ func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when str
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("%s: the kernel's listing differs from Text (-Text +kernel):\n%s", when, diff)
 	}
-	var chains []string
-	for name := range got {
-		if c, ok := strings.CutPrefix(name, "chain shard"); ok {
-			chains = append(chains, "shard"+c)
-		}
-	}
-	slices.Sort(chains)
-	if !slices.Equal(chains, shards) {
-		t.Errorf("%s: shard chains %v, want %v", when, chains, shards)
-	}
+	return got
 }
 
 // expectAnswers asks the service se's cluster IP 20 times from the

@@ -124,8 +124,8 @@ func (s *Sink) Reset() {
 var _ localsink.ClusterSink = (*Sink)(nil)
 
 // SetCluster implements localsink.ClusterSink: the service CIDRs (given
-// only to the cluster's default proxier) fill the service-cidrs sets, and
-// the traffic to their addresses that no service took is dropped.
+// only to the cluster's default proxier): the traffic to their addresses
+// that no service took is dropped (cluster-ips-check).
 func (s *Sink) SetCluster(c *model.Cluster) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

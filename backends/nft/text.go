@@ -145,19 +145,6 @@ func (rs *ruleset) Text() string {
 		}
 		b.WriteString("\t}\n\n")
 	}
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tflags interval\n", setServiceCIDRs(f), f.info().addrType)
-		var els []string
-		for _, r := range rs.ServiceCIDRs {
-			if r.family() == f {
-				els = append(els, "\t\t\t"+r.String())
-			}
-		}
-		if len(els) > 0 {
-			fmt.Fprintf(&b, "\t\telements = {\n%s\n\t\t}\n", strings.Join(els, ",\n"))
-		}
-		b.WriteString("\t}\n\n")
-	}
 	comments := commentsOf(rs.Blocks)
 	byMap := map[string][]endpointElement{}
 	for _, e := range rs.endpoints() {
@@ -181,8 +168,8 @@ func (rs *ruleset) Text() string {
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		fmt.Fprintf(&b, "\t\t%s @%s goto %s\n", daddrText(f), setClusterIPs(f), chainReject)
 	}
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		fmt.Fprintf(&b, "\t\t%s @%s drop\n", daddrText(f), setServiceCIDRs(f))
+	for _, r := range rs.ServiceCIDRs {
+		fmt.Fprintf(&b, "\t\t%s %s drop\n", daddrText(r.family()), r)
 	}
 	b.WriteString("\t}\n\n")
 	for _, lc := range lookupChains {

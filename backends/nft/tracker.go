@@ -59,8 +59,7 @@ type tracker struct {
 	// service uses it.
 	hairpin    sharedAddrs
 	clusterIPs sharedAddrs
-	// cidrs are the ranges of the service-cidrs sets as of the last
-	// Done; stagedCIDRs those of the round in progress (when
+	// cidrs are the service CIDR ranges as of the last Done; stagedCIDRs those of the round in progress (when
 	// cidrsStaged).
 	cidrs, stagedCIDRs []addrRange
 	cidrsStaged        bool
@@ -102,8 +101,8 @@ type delta struct {
 	// ClusterIPs are the addresses added to and deleted from the
 	// cluster-ips sets.
 	ClusterIPs addrChanges
-	// ServiceCIDRs are the ranges added to and deleted from the
-	// service-cidrs sets.
+	// ServiceCIDRs are the service CIDR ranges added and deleted (the
+	// rules of cluster-ips-check).
 	ServiceCIDRs rangeChanges
 	// Blocks are the endpoint blocks changed (their elements are in
 	// Endpoints): what the conntrack cleanup compares.
@@ -266,8 +265,8 @@ func (t *tracker) SetCluster(c *model.Cluster) []error {
 	return problems
 }
 
-// cidrsDone ends a round of the service-cidrs sets: the ranges deleted
-// and added.
+// cidrsDone ends a round of the service CIDRs: the ranges deleted and
+// added, and all of them when any changed.
 func (t *tracker) cidrsDone() rangeChanges {
 	var ch rangeChanges
 	if !t.cidrsStaged {
@@ -284,6 +283,9 @@ func (t *tracker) cidrsDone() rangeChanges {
 		if !slices.Contains(old, r) {
 			ch.Created = append(ch.Created, r)
 		}
+	}
+	if ch.Len() > 0 {
+		ch.Now = slices.Clone(cur)
 	}
 	return ch
 }
