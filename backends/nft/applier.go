@@ -486,6 +486,10 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		return t.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, t.stats.Objects(), err)
 	}
 	a.caps, _ = a.caps.after(d)
+	if n, ok := t.rules[chainClusterIPsCheck]; ok {
+		// Rewritten for new service CIDRs: Check expects its new rules.
+		a.fixed[chainClusterIPsCheck] = n
+	}
 	return t.stats, nil
 }
 

@@ -67,10 +67,17 @@ func TestKernelServiceCIDRChanges(t *testing.T) {
 }
 
 // checkCheckChain checks that the kernel's listing of s's table is its
-// Text and that cluster-ips-check's rules after the two cluster-ips
-// lookups are drops.
+// Text, that cluster-ips-check's rules after the two cluster-ips lookups
+// are drops, and that the sink's check of the table finds it as it left
+// it (the rewritten chain's rules counted).
 func checkCheckChain(t *testing.T, b *netns.BlogTopology, s *testSink, when string, drops []string) {
 	t.Helper()
+	s.nft.mu.Lock()
+	drift, err := s.nft.applier.Check(nil)
+	s.nft.mu.Unlock()
+	if err != nil || drift != "" {
+		t.Errorf("%s: the sink's check: %q, %v; want nothing changed", when, drift, err)
+	}
 	got := expectListingIsText(t, b, s, when)
 	c := got["chain "+chainClusterIPsCheck]
 	if c == nil || len(c.Rules) < 2 {
