@@ -386,6 +386,17 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	for _, r := range rejectRules() {
 		t.addRule(reject, r)
 	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		for _, c := range []struct {
+			name string
+			v    *expr.Verdict
+		}{{chainNodePortReject(f), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}}, {chainNodePortDrop(f), &expr.Verdict{Kind: expr.VerdictDrop}}} {
+			ch := t.addChain(c.name)
+			for _, npm := range nodePortMatches(rs.Options, f) {
+				t.addRule(ch, append(nodePortMatchExprs(f, npm), c.v))
+			}
+		}
+	}
 	masq := t.addChain(chainMasquerading)
 	t.addRule(masq, masqueradeMarkedExprs(rs.Options.mark()))
 	for _, f := range []ipFamily{ipv4, ipv6} {

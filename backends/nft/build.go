@@ -343,6 +343,15 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 	if v != endpoints.Forward || target.Goto == chainReject || target.Goto == "" {
 		m = blocked
 	}
+	if m == mapNoEndpointNodePorts(b.family) {
+		// The address check is in the chain the element goes to.
+		switch target.Goto {
+		case "":
+			target = verdict{Goto: chainNodePortDrop(b.family)}
+		case chainReject:
+			target = verdict{Goto: chainNodePortReject(b.family)}
+		}
+	}
 	for _, a := range addrs {
 		k := mapKey{Proto: b.port.Protocol, Port: uint16(b.port.Port)}
 		if a == "" {

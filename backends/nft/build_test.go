@@ -159,6 +159,10 @@ func everyRuleKind() []*model.ServiceEndpoints {
 	remote := svc("default", "remote-only", ipset("10.96.3.3", "fd00:10:96::3:3"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 8080, NodePort: 30083})
 	remote.Type = "NodePort"
 	remote.ExternalTrafficToLocal = true
+	// External IPs of both families, Local policy, no local endpoint:
+	// drop elements in the no-endpoint-services maps (those of its node
+	// port go to the nodeport-drop chains).
+	remote.IPs.ExternalIPs = ipset("192.0.2.93", "2001:db8::93")
 	return []*model.ServiceEndpoints{
 		{Service: sticky, Endpoints: []*model.Endpoint{ep("10.1.0.2", true), ep("10.1.0.3", false), ep("fd00:1::2", true), ep("fd00:1::3", false)}},
 		{Service: plain, Endpoints: []*model.Endpoint{ep("10.1.0.4", false), ep("fd00:1::4", false)}},

@@ -147,6 +147,18 @@ func TestKernelNodePortAndMasquerade(t *testing.T) {
 	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV6, 30090), netns.AskOptions{Timeout: 400 * time.Millisecond}); err == nil {
 		t.Errorf("node port on %s, outside NodePortAddresses: answered %v", netns.NodeV6, a)
 	}
+	// Without endpoints, the node port is rejected on the addresses of
+	// NodePortAddresses only: a server of the node on the port answers on
+	// the others.
+	for _, e := range localEndpoints(netns.Pod2ID) {
+		limited.deleteEndpoint(web2.Key(), e.Key())
+	}
+	limited.sync()
+	b.Node.Serve("node", []netip.Addr{netns.NodeV4, netns.NodeV6}, []uint16{30090})
+	if a, err := b.Client.Ask("tcp", netip.AddrPortFrom(netns.NodeV4, 30090), netns.AskOptions{Timeout: time.Second}); err == nil || !isRefused(err) {
+		t.Errorf("node port without endpoints on %s, inside NodePortAddresses: %v, %v; want refused by the rules", netns.NodeV4, a, err)
+	}
+	ask(t, b.Client, "tcp", netip.AddrPortFrom(netns.NodeV6, 30090), "node")
 	// As kube-proxy: a family without a prefix is not restricted.
 	v4Only := newOptionsSink(t, b, "np3", Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}})
 	web3 := svc("default", "web3", ipset("10.96.0.13", "fd00:10:96::13"), &model.PortMapping{Protocol: model.TCP, Port: 80, TargetPort: 6000, NodePort: 30091})

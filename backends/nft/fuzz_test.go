@@ -106,7 +106,8 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		sets[st.Name] = st
 	}
 	jump := func(from, to string) error {
-		if to == chainReject { // fixed (Text)
+		switch to {
+		case chainReject, chainNodePortReject(ipv4), chainNodePortReject(ipv6), chainNodePortDrop(ipv4), chainNodePortDrop(ipv6): // fixed (Text)
 			return nil
 		}
 		if !chains[to] {

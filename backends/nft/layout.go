@@ -35,12 +35,14 @@ const (
 	// addresses; the filter base chains jump to it.
 	chainNoEndpoints = "no-endpoint-services"
 	// chainNoEndpointNodePorts looks up the no-endpoint maps of node
-	// ports, for packets to a local address; only filter-input jumps to
-	// it (as kube-proxy's nodeport-endpoints-check): a packet to a node
-	// port that was not DNATed reaches the node's input hook, whether it
-	// came in or the node sent it, and forward never sees a local
-	// destination. So the new connections crossing forward or output do
-	// no route lookup (fib) for it.
+	// ports; only filter-input jumps to it (as kube-proxy's
+	// nodeport-endpoints-check): a packet to a node port that was not
+	// DNATed reaches the node's input hook, whether it came in or the
+	// node sent it, and forward never sees a local destination. The
+	// lookup is on (protocol . port) alone; its elements go to the chains
+	// nodeport-reject-vX or nodeport-drop-vX (chainNodePortReject), which
+	// check the destination address. So a new connection costs a route
+	// lookup (fib) only when its port is a node port without endpoints.
 	chainNoEndpointNodePorts = "nodeport-endpoints-check"
 	// chainReject rejects: TCP reset for TCP, ICMP(v6) port unreachable
 	// otherwise. Not "reject", a keyword of nft's syntax: a listing
@@ -54,6 +56,15 @@ const (
 	// virtual: their traffic must never leave the node.
 	chainClusterIPsCheck = "cluster-ips-check"
 )
+
+// chainNodePortReject and chainNodePortDrop return the names of the
+// chains the elements of a family's no-endpoint-nodeports map go to:
+// "nodeport-reject-v4" rejects (goto reject-chain), "nodeport-drop-v4"
+// drops (Local policy, no local endpoint), a packet whose destination is
+// a node-port address (a local one, loopback excluded, or one inside
+// NodePortAddresses: nodePortMatches); other packets go on.
+func chainNodePortReject(f ipFamily) string { return "nodeport-reject-v" + familySuffix(f) }
+func chainNodePortDrop(f ipFamily) string   { return "nodeport-drop-v" + familySuffix(f) }
 
 // mapServices returns the name of the verdict map of a family that sends
 // (daddr . l4proto . dport) to the chain of a service port (or of its
@@ -193,15 +204,18 @@ var baseChains = []baseChain{
 type mapKind struct {
 	name     func(ipFamily) string
 	nodePort bool // keyed by protocol . port only
+	// checkedAfter: the node-port address match is in the chains the
+	// elements go to (chainNodePortReject), not in the lookup rule.
+	checkedAfter bool
 }
 
 // mapKinds are the kinds of verdict maps of the table.
 var mapKinds = []mapKind{
-	{mapServices, false},
-	{mapNoEndpoints, false},
-	{mapNodePorts, true},
-	{mapNoEndpointNodePorts, true},
-	{mapFirewall, false},
+	{mapServices, false, false},
+	{mapNoEndpoints, false, false},
+	{mapNodePorts, true, false},
+	{mapNoEndpointNodePorts, true, true},
+	{mapFirewall, false, false},
 }
 
 // loopbackV4 and loopbackV6 are excluded from node ports by default:

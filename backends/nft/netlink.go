@@ -189,27 +189,41 @@ func verdictExpr(v verdict) *expr.Verdict {
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport
-	exprs := nfprotoExprs(f)
-	if !k.nodePort {
-		exprs = append(exprs,
+	var exprs []expr.Any
+	switch {
+	case !k.nodePort:
+		exprs = append(nfprotoExprs(f),
 			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: rl4},
 			&expr.Payload{DestRegister: rdp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-	} else {
-		if npm.Prefix.IsValid() {
-			exprs = append(exprs, addrMatchExprs(f, false, npm.Prefix, expr.CmpOpEq)...)
-		}
-		exprs = append(exprs,
-			&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
-		if npm.NotPrefix.IsValid() {
-			exprs = append(exprs, addrMatchExprs(f, false, npm.NotPrefix, expr.CmpOpNeq)...)
-		}
+	case k.checkedAfter:
+		exprs = nfprotoExprs(f)
+	default:
+		exprs = nodePortMatchExprs(f, npm)
+	}
+	if k.nodePort {
 		exprs = append(exprs,
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			&expr.Payload{DestRegister: reg32NodePortDp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 	}
 	return append(exprs, &expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
+}
+
+// nodePortMatchExprs returns the expressions of the address match npm of
+// family f: "meta nfproto ipvX [daddr in prefix] fib daddr type local
+// [daddr not in prefix]" (nodePortMatchText).
+func nodePortMatchExprs(f ipFamily, npm nodePortMatch) []expr.Any {
+	exprs := nfprotoExprs(f)
+	if npm.Prefix.IsValid() {
+		exprs = append(exprs, addrMatchExprs(f, false, npm.Prefix, expr.CmpOpEq)...)
+	}
+	exprs = append(exprs,
+		&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)})
+	if npm.NotPrefix.IsValid() {
+		exprs = append(exprs, addrMatchExprs(f, false, npm.NotPrefix, expr.CmpOpNeq)...)
+	}
+	return exprs
 }
 
 // nfprotoExprs returns "meta nfproto ipvX": the check of the family that

@@ -41,18 +41,26 @@ func daddrText(f ipFamily) string { return f.info().nft + " daddr" }
 // of the "ip daddr" match that follows it.
 func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch) string {
 	m := k.name(f)
-	if !k.nodePort {
+	switch {
+	case !k.nodePort:
 		return fmt.Sprintf("%s . meta l4proto . th dport vmap @%s", daddrText(f), m)
+	case k.checkedAfter:
+		return fmt.Sprintf("meta nfproto %s meta l4proto . th dport vmap @%s", f, m)
 	}
+	return fmt.Sprintf("%s meta l4proto . th dport vmap @%s", nodePortMatchText(f, npm), m)
+}
+
+// nodePortMatchText is the text of the address match npm of family f:
+// "[ip daddr PREFIX] fib daddr type local [ip daddr != PREFIX]".
+func nodePortMatchText(f ipFamily, npm nodePortMatch) string {
 	var b strings.Builder
 	if npm.Prefix.IsValid() {
 		fmt.Fprintf(&b, "%s %s ", daddrText(f), prefixText(npm.Prefix))
 	}
-	b.WriteString("fib daddr type local ")
+	b.WriteString("fib daddr type local")
 	if npm.NotPrefix.IsValid() {
-		fmt.Fprintf(&b, "%s != %s ", daddrText(f), prefixText(npm.NotPrefix))
+		fmt.Fprintf(&b, " %s != %s", daddrText(f), prefixText(npm.NotPrefix))
 	}
-	fmt.Fprintf(&b, "meta l4proto . th dport vmap @%s", m)
 	return b.String()
 }
 
@@ -74,7 +82,7 @@ var lookupChains = []struct {
 func lookupRules(opts Options, kinds []mapKind, fn func(ipFamily, mapKind, nodePortMatch)) {
 	for _, k := range kinds {
 		for _, f := range []ipFamily{ipv4, ipv6} {
-			if !k.nodePort {
+			if !k.nodePort || k.checkedAfter {
 				fn(f, k, nodePortMatch{})
 				continue
 			}
@@ -182,6 +190,15 @@ func (rs *ruleset) Text() string {
 	// "reject" alone is ICMP(v6) port unreachable, what nft prints for
 	// "reject with icmpx port-unreachable" in an inet table.
 	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject\n\t}\n\n", chainReject)
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		for _, c := range []struct{ name, verdict string }{{chainNodePortReject(f), "goto " + chainReject}, {chainNodePortDrop(f), "drop"}} {
+			fmt.Fprintf(&b, "\tchain %s {\n", c.name)
+			for _, npm := range nodePortMatches(rs.Options, f) {
+				fmt.Fprintf(&b, "\t\t%s %s\n", nodePortMatchText(f, npm), c.verdict)
+			}
+			b.WriteString("\t}\n\n")
+		}
+	}
 	mark := rs.Options.mark()
 	fmt.Fprintf(&b, "\tchain %s {\n", chainMasquerading)
 	fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x != 0x00000000 meta mark set meta mark ^ 0x%08x masquerade fully-random\n", mark, mark)
