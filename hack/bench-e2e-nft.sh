@@ -20,6 +20,14 @@
 # about an hour): pass --kube-proxy-changes=300 for as many as kpng's, or
 # e.g. --changes=50 for a quicker look at kpng. The proxiers' logs and each
 # change's points (CSV) go to --log-dir (default $TMPDIR/kpng-sidebyside).
+#
+# With --swap-rules the proxiers' rulesets are saved to the log directory
+# and probed swapped between their namespaces; REPLAY_COPIES=N (with
+# --swap-rules and the default log directory) then probes the two saved
+# rulesets again, each in N fresh namespaces of the same topology,
+# interleaved and pooled (kpng-firstpacket replay, 1,500 rounds): one
+# namespace differs from another with the same rules by up to 2% here,
+# which the copies average out.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
@@ -29,6 +37,14 @@ bin="$(mktemp -d)"
 trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
 go build -o "${bin}/kpng-sidebyside" ./hack/cmd/kpng-sidebyside
+go build -o "${bin}/kpng-firstpacket" ./hack/cmd/kpng-firstpacket
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(nft --version), $(go version | cut -d' ' -f3), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "${bin}/kpng-sidebyside" --kube-proxy="${dir}/kube-proxy" --kpng="${bin}/kpng" --mode=nftables --changes=300 --kube-proxy-changes=30 "$@"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+logs="${TMPDIR:-/tmp}/kpng-sidebyside"
+if [ "${REPLAY_COPIES:-0}" -gt 0 ] && [ -f "${logs}/kpngsbs-kube-proxy-nft.nft" ] && [ -f "${logs}/kpngsbs-kpng-nft.nft" ]; then
+  echo "the saved rulesets replayed, ${REPLAY_COPIES} namespaces each (kpng-firstpacket replay):" >&2
+  "${bin}/kpng-firstpacket" replay --targets-from="${logs}/kpngsbs-kube-proxy-nft.nft" --probes=1500 \
+    --copies="${REPLAY_COPIES}" \
+    "kube-proxy=${logs}/kpngsbs-kube-proxy-nft.nft" "kpng=${logs}/kpngsbs-kpng-nft.nft" "kube-proxy-again=${logs}/kpngsbs-kube-proxy-nft.nft"
+fi
