@@ -391,13 +391,11 @@ func probeCmd(args []string) error {
 			return fmt.Errorf("ruleset %s: %w", name, err)
 		}
 	}
-	if *lock != "" {
-		unlock, err := flockFile(*lock)
-		if err != nil {
-			return err
-		}
-		defer unlock()
+	unlock, err := lockIf(*lock)
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	svcs := probeServices(cfg)
 	round := func(k int, record bool) error {
 		// Rotate who goes first, so that no ruleset always follows the same one.
@@ -435,6 +433,15 @@ func probeCmd(args []string) error {
 			float64(m)/float64(ref), us(c), float64(c)/float64(refc))
 	}
 	return nil
+}
+
+// lockIf takes the measurement lock at path (flockFile) when path is
+// set; the function returned releases it.
+func lockIf(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	return flockFile(path)
 }
 
 // flockFile waits for an exclusive flock(2) on path (as flock(1) takes

@@ -73,13 +73,11 @@ func replayCmd(args []string) error {
 			}
 		}
 	}
-	if *lock != "" {
-		unlock, err := flockFile(*lock)
-		if err != nil {
-			return err
-		}
-		defer unlock()
+	unlock, err := lockIf(*lock)
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	times := make([][]time.Duration, len(names))
 	for k := range *warmup + *probes {
 		t := targets[k%len(targets)]
