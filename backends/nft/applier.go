@@ -111,9 +111,11 @@ type applier struct {
 	// reader reads the table for Check; nil until needed.
 	reader *nftables.Conn
 	table  *nftables.Table
-	// fixed are the table's fixed chains (base, lookup, reject and
-	// masquerading chains) with the number of rules the last successful
-	// Full gave each: what Check expects of them.
+	// fixed are the table's fixed chains (base, lookup, reject,
+	// nodeport-reject/-drop, masquerading and cluster-ips-check chains)
+	// with the number of rules the last successful Full gave each, or the
+	// last Partial for cluster-ips-check (rewritten when the service
+	// CIDRs change): what Check expects of them.
 	fixed map[string]int
 	// caps are the capacities of the sized sets as the last successful
 	// transaction left them (capacity.go); nil until a full write.
@@ -457,7 +459,8 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 
 // Partial applies d in one transaction: new chains are created, then new
 // sets (balance maps go to chains), then the endpoint maps' and hairpin
-// sets' elements are deleted and added, changed chains flushed, then their
+// sets' elements are deleted and added (and cluster-ips-check written
+// again when the service CIDRs changed), changed chains flushed, then their
 // rules added; verdict map elements are deleted and added; deleted chains are
 // flushed, then deleted sets deleted, then deleted chains deleted (each
 // after everything that referenced it is gone). On error nothing changed.

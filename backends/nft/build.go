@@ -344,12 +344,13 @@ func (b *portBuilder) elements(forward, blocked, field string, addrs []string, n
 		m = blocked
 	}
 	if m == mapNoEndpointNodePorts(b.family) {
-		// The address check is in the chain the element goes to.
-		switch target.Goto {
-		case "":
-			target = verdict{Goto: chainNodePortDrop(b.family)}
-		case chainReject:
+		// The address check is in the chain the element goes to. A
+		// blocked element rejects or drops (target, externalTarget):
+		// anything else would skip the check, so it drops too.
+		if target.Goto == chainReject {
 			target = verdict{Goto: chainNodePortReject(b.family)}
+		} else {
+			target = verdict{Goto: chainNodePortDrop(b.family)}
 		}
 	}
 	for _, a := range addrs {

@@ -24,8 +24,9 @@ const checkChains = 64
 
 // Check looks for changes made to the table behind the applier's back,
 // since its last transaction: the table gone (nft delete table, nft flush
-// ruleset), a fixed chain (base, lookup, reject, masquerading) gone or
-// with another number of rules than the last full transaction gave it
+// ruleset), a fixed chain (base, lookup, reject, masquerading, …: the
+// applier's fixed) gone or with another number of rules than the last
+// transaction writing it gave it
 // (nft flush table empties them all), or one of the regular chains given
 // gone or with another number of rules than want. It returns what it
 // found changed ("" when nothing), and an error when it could not look.

@@ -80,7 +80,8 @@ func mergedRanges(prefixes []netip.Prefix) []addrRange {
 // cluster-ips-check are written again from it).
 type rangeChanges struct {
 	Created, Deleted []addrRange
-	Now              []addrRange
+	// Now are all the ranges after the round, set only when some changed.
+	Now []addrRange
 }
 
 // Len returns the number of ranges changed.

@@ -42,9 +42,9 @@ func TestMergedRanges(t *testing.T) {
 	}
 }
 
-// TestTrackerServiceCIDRs: a change of the service CIDRs changes only the
-// service-cidrs sets' elements, the ranges that differ; none when they
-// are the same.
+// TestTrackerServiceCIDRs: a change of the service CIDRs gives the ranges
+// that differ, and all of them (Now, from which cluster-ips-check is
+// written again); none when they are the same.
 func TestTrackerServiceCIDRs(t *testing.T) {
 	tr := newTracker(Options{})
 	facts := func(texts ...string) *model.Cluster {
@@ -59,16 +59,23 @@ func TestTrackerServiceCIDRs(t *testing.T) {
 		t.Errorf("first round: %+v, %d changes; want the two ranges created", d.ServiceCIDRs, d.Len())
 	}
 	tr.SetCluster(facts("10.96.0.0/16", "fd00:10:96::/108"))
-	if d := tr.Done(); d.Len() != 0 {
-		t.Errorf("same facts: %d changes, want none", d.Len())
+	if d := tr.Done(); d.Len() != 0 || d.ServiceCIDRs.Now != nil {
+		t.Errorf("same facts: %d changes, Now %v; want none", d.Len(), d.ServiceCIDRs.Now)
 	}
 	tr.SetCluster(facts("10.96.0.0/15", "fd00:10:96::/108"))
 	d := tr.Done()
 	if d.Len() != 2 || d.ServiceCIDRs.Deleted[0].String() != "10.96.0.0/16" || d.ServiceCIDRs.Created[0].String() != "10.96.0.0/15" {
 		t.Errorf("one range changed: %+v", d.ServiceCIDRs)
 	}
+	var now []string
+	for _, r := range d.ServiceCIDRs.Now {
+		now = append(now, r.String())
+	}
+	if diff := cmp.Diff([]string{"10.96.0.0/15", "fd00:10:96::/108"}, now); diff != "" {
+		t.Errorf("one range changed: Now (-want +got):\n%s", diff)
+	}
 	tr.SetCluster(nil)
-	if d := tr.Done(); len(d.ServiceCIDRs.Deleted) != 2 || len(tr.Ruleset("t").ServiceCIDRs) != 0 {
+	if d := tr.Done(); len(d.ServiceCIDRs.Deleted) != 2 || len(d.ServiceCIDRs.Now) != 0 || len(tr.Ruleset("t").ServiceCIDRs) != 0 {
 		t.Errorf("facts gone: %+v", d.ServiceCIDRs)
 	}
 }

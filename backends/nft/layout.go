@@ -57,14 +57,17 @@ const (
 	chainClusterIPsCheck = "cluster-ips-check"
 )
 
-// chainNodePortReject and chainNodePortDrop return the names of the
-// chains the elements of a family's no-endpoint-nodeports map go to:
-// "nodeport-reject-v4" rejects (goto reject-chain), "nodeport-drop-v4"
-// drops (Local policy, no local endpoint), a packet whose destination is
-// a node-port address (a local one, loopback excluded, or one inside
+// chainNodePortReject returns the name of the chain the reject elements
+// of a family's no-endpoint-nodeports map go to, "nodeport-reject-v4":
+// it rejects (goto reject-chain) a packet whose destination is a
+// node-port address (a local one, loopback excluded, or one inside
 // NodePortAddresses: nodePortMatches); other packets go on.
 func chainNodePortReject(f ipFamily) string { return "nodeport-reject-v" + familySuffix(f) }
-func chainNodePortDrop(f ipFamily) string   { return "nodeport-drop-v" + familySuffix(f) }
+
+// chainNodePortDrop returns the name of the chain the drop elements of a
+// family's no-endpoint-nodeports map go to (Local policy, no local
+// endpoint), "nodeport-drop-v4": as chainNodePortReject, but it drops.
+func chainNodePortDrop(f ipFamily) string { return "nodeport-drop-v" + familySuffix(f) }
 
 // mapServices returns the name of the verdict map of a family that sends
 // (daddr . l4proto . dport) to the chain of a service port (or of its

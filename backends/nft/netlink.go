@@ -183,9 +183,11 @@ func verdictExpr(v verdict) *expr.Verdict {
 }
 
 // lookupExprs returns the expressions of
-// "ip[6] daddr . meta l4proto . th dport vmap @m", or for a node-port map
+// "ip[6] daddr . meta l4proto . th dport vmap @m", for a node-port map
 // "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
-// prefix] meta l4proto . th dport vmap @m".
+// prefix] meta l4proto . th dport vmap @m" (nodePortMatchExprs), or for
+// one whose address match is in the chains its elements go to
+// (checkedAfter) "meta nfproto ipvX meta l4proto . th dport vmap @m".
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	fi := f.info()
 	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport

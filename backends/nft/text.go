@@ -6,14 +6,15 @@ import (
 	"strings"
 )
 
-// nodePortMatch is the address match of one node-port lookup rule: the
-// destination is local and, if set, inside Prefix, or not inside
-// NotPrefix.
+// nodePortMatch is the address match of one node-port rule (a lookup of
+// service-nodeports, a rule of nodeport-reject/-drop): the destination is
+// local and, if set, inside Prefix, or not inside NotPrefix.
 type nodePortMatch struct {
 	Prefix, NotPrefix netip.Prefix
 }
 
-// nodePortMatches returns the node-port lookup rules of a family: one per
+// nodePortMatches returns the address matches of a family's node-port
+// rules: one per
 // node-port address prefix of the family, or, as kube-proxy, one for every
 // local address (loopback excluded) when opts gives no prefix of the
 // family (whatever it gives for the other) or a /0 one.
@@ -36,9 +37,10 @@ func nodePortMatches(opts Options, f ipFamily) []nodePortMatch {
 func daddrText(f ipFamily) string { return f.info().nft + " daddr" }
 
 // lookupRuleText is the text of the rule looking up the map m of kind k
-// and family f (node-port maps: with the address match npm). The rule
-// starts with "meta nfproto ipvX" (lookupExprs), which nft writes as part
-// of the "ip daddr" match that follows it.
+// and family f (node-port maps: with the address match npm, but for
+// checkedAfter kinds). The rule starts with "meta nfproto ipvX"
+// (lookupExprs), which nft writes as part of the "ip daddr" match that
+// follows it, and writes out where none follows (checkedAfter).
 func lookupRuleText(f ipFamily, k mapKind, npm nodePortMatch) string {
 	m := k.name(f)
 	switch {

@@ -59,8 +59,8 @@ type tracker struct {
 	// service uses it.
 	hairpin    sharedAddrs
 	clusterIPs sharedAddrs
-	// cidrs are the service CIDR ranges as of the last Done; stagedCIDRs those of the round in progress (when
-	// cidrsStaged).
+	// cidrs are the service CIDR ranges as of the last Done;
+	// stagedCIDRs those of the round in progress (when cidrsStaged).
 	cidrs, stagedCIDRs []addrRange
 	cidrsStaged        bool
 }

@@ -57,8 +57,8 @@ func TestKubeToLocalNFT(t *testing.T) {
 	e2e.WaitAnswer(t, b, netns.PodID)
 	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
 	// A proxier of a service-proxy-name gets no service CIDRs.
-	if out := b.Node.MustExec("nft", "list", "set", "inet", "kpng-"+name, "service-cidrs-v4"); strings.Contains(out, "elements") {
-		t.Errorf("the proxier of %s has service CIDRs:\n%s", name, out)
+	if out := b.Node.MustExec("nft", "list", "chain", "inet", "kpng-"+name, "cluster-ips-check"); strings.Contains(out, " drop") {
+		t.Errorf("the proxier of %s drops service CIDRs:\n%s", name, out)
 	}
 	checkLoadBalancerLocal(t, b, kc, ns, name, true)
 	// The endpoints move to the second pod: one UDP flow per family follows.
@@ -165,9 +165,9 @@ func TestKubeToLocalNFTDefaultProxier(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	out := b.Node.MustExec("nft", "list", "set", "inet", "kpng", "service-cidrs-v4")
-	if !strings.Contains(out, "10.96.0.0/16") {
-		t.Errorf("set service-cidrs-v4:\n%s\nwant 10.96.0.0/16", out)
+	out := b.Node.MustExec("nft", "list", "chain", "inet", "kpng", "cluster-ips-check")
+	if !strings.Contains(out, "ip daddr 10.96.0.0/16 drop") {
+		t.Errorf("chain cluster-ips-check:\n%s\nwant ip daddr 10.96.0.0/16 drop", out)
 	}
 }
 

@@ -210,8 +210,8 @@ func writeKubeProxy(w io.Writer, n, e int, clusterCIDR string, epChains, local b
 var changes = map[string]string{
 	"pick-map":        "the endpoint drawn with a DNAT through an anonymous numgen map (no intervals, no shared map), as kube-proxy v1.36",
 	"pick-vmap":       "the endpoint drawn through a numgen verdict map to one chain per endpoint (DNAT there), as earlier kube-proxy",
-	"no-nodeport-fib": "without the `fib daddr type local` node-port lookups (services, no-endpoint-services)",
-	"no-filter":       "without the filter chains' jumps (no-endpoint-services, cluster-ips-check, firewall-check)",
+	"no-nodeport-fib": "without the `fib daddr type local` node-port rules (services, nodeport-reject/-drop: node ports without endpoints are then not rejected; no-endpoint-services before ace8996)",
+	"no-filter":       "without the filter chains' jumps to no-endpoint-services, cluster-ips-check and firewall-check (not nodeport-endpoints-check)",
 	"no-noendpoints":  "without the jumps to no-endpoint-services",
 	"no-clusterips":   "without the jumps to cluster-ips-check",
 	"no-firewall":     "without the jumps to firewall-check",
