@@ -104,8 +104,9 @@ func runNFTables(b *bench) error {
 // kube-proxy over five sittings, docs/benchmarks.md).
 //
 // With --swap-rules and two proxiers, it then saves each namespace's
-// ruleset to the log directory, loads each into the other namespace and
-// probes again: whether a difference follows the rules or the namespace.
+// ruleset (and, NAME.state, its sysctls, sockets and conntrack count) to
+// the log directory, loads each into the other namespace and probes
+// again: whether a difference follows the rules or the namespace.
 func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 	var kept []*nftResult
 	for _, r := range results {
@@ -134,6 +135,7 @@ func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 		if err := dumpRules(r.node.name, files[i]); err != nil {
 			return err
 		}
+		dumpState(r.node.name, filepath.Join(b.cfg.logDir, r.node.name+".state"))
 	}
 	for i, r := range kept {
 		if err := loadRules(r.node.name, files[1-i]); err != nil {
@@ -188,6 +190,20 @@ func dumpRules(ns, file string) error {
 		return fmt.Errorf("ruleset of %s: %w", ns, err)
 	}
 	return nil
+}
+
+// dumpState writes what else than the rules may tell two namespaces
+// apart to file: their sysctls, socket summary and conntrack count (each
+// as far as it can be read; a failure is written in its place).
+func dumpState(ns, file string) {
+	var b strings.Builder
+	for _, c := range [][]string{{"sysctl", "-a"}, {"ss", "-s"}, {"cat", "/proc/sys/net/netfilter/nf_conntrack_count"}} {
+		out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, c...)...).CombinedOutput()
+		fmt.Fprintf(&b, "## %s (err %v)\n%s\n", strings.Join(c, " "), err, out)
+	}
+	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+		logf("state of %s: %v", ns, err)
+	}
 }
 
 // loadRules replaces the ruleset of the network namespace ns with the
