@@ -10,7 +10,10 @@
 # duration from the nftables sink's log line and the time from the
 # replacement to that line (which includes kpng noticing the change, up to
 # its --interval of 1 s and 100 ms to see that the file settled, and
-# reading and parsing the whole file again). Prints one markdown table row per number of services.
+# reading and parsing the whole file again). The service is added and
+# deleted SAMPLES times (default 1); with more, the add and delete columns
+# give the sync's median and its range. Prints one markdown table row per
+# number of services.
 # Needs root (network namespaces, nftables). docs/benchmarks.md records
 # the results.
 #
@@ -50,6 +53,15 @@ synced() {
   done
   grep '"nftables table synced"' "${work}/log" | sed -n "${n}p" | sed -E 's/.*messages=([0-9]+).*duration="([^"]+)".*/\1 \2/'
 }
+# spread DURATION...: the median and range of Go durations (1.2ms, 800µs)
+# in ms, as "median X ms (min–max, N samples)".
+spread() {
+  printf '%s\n' "$@" | awk '
+    /ms$/ {v = $1 + 0} /µs$/ {v = ($1 + 0) / 1000} /[0-9]s$/ && !/ms$/ && !/µs$/ {v = ($1 + 0) * 1000}
+    {print v}' | sort -g | awk '{a[NR] = $1} END {
+      m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+      printf "median %.2f ms (%.2f–%.2f, %d samples)", m, a[1], a[NR], NR}'
+}
 gen() { "${work}/kpng-genstate" --services="$1" --endpoints="${endpoints}" --format="${format}" --out="$2" ${3:+--without-first-endpoint=$3}; }
 
 echo "| services | state file | first sync | messages | peak RSS | RSS after | heap after | CPU to first sync | endpoint removed: messages, sync, file → synced | service added | service deleted |"
@@ -78,15 +90,32 @@ for n1 in "${sizes[@]}"; do
     heap=$(curl -s "http://${metrics}/metrics" | awk '$1 == "go_memstats_heap_alloc_bytes" {printf "%d", $2 / 1048576}')
     row=()
     k=2
-    for variant in change add base; do
-      cp "${work}/${variant}" "${state}.new"
+    # replace VARIANT: replaces the state file with VARIANT's and sets
+    # msgs_, dur_ and took_: the sync's messages and duration and the time
+    # from the replacement to it.
+    replace() {
+      cp "${work}/$1" "${state}.new"
+      local t0
       t0=$(now)
       mv "${state}.new" "${state}"
-      read -r m d < <(synced "${k}")
-      row+=("${m} msgs, ${d}, $(ms "${t0}" "$(now)") ms")
+      read -r msgs_ dur_ < <(synced "${k}")
+      took_=$(ms "${t0}" "$(now)")
       k=$((k + 1))
       sleep 2
+    }
+    replace change
+    row+=("${msgs_} msgs, ${dur_}, ${took_} ms")
+    adds=() dels=() add_row="" del_row=""
+    for _ in $(seq "${SAMPLES:-1}"); do
+      replace add
+      adds+=("${dur_}") add_row="${msgs_} msgs, ${dur_}, ${took_} ms"
+      replace base
+      dels+=("${dur_}") del_row="${msgs_} msgs, ${dur_}, ${took_} ms"
     done
+    if [ "${#adds[@]}" -gt 1 ]; then
+      add_row="${add_row%%,*}, $(spread "${adds[@]}")" del_row="${del_row%%,*}, $(spread "${dels[@]}")"
+    fi
+    row+=("${add_row}" "${del_row}")
     size=$(du -m "${work}/base" | cut -f1)
     echo "| ${n1} | ${size} MB ${format} | $(echo "scale=2; ${first} / 1000" | bc) s | ${msgs} | ${peak} MiB | ${rss} MiB | ${heap} MiB | ${cpu_first} s | ${row[0]} | ${row[1]} | ${row[2]} |"
     kill "${pid}"; wait "${pid}" 2>/dev/null || true; pid=""
