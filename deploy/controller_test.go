@@ -262,6 +262,9 @@ func TestControllerManifestsAreConsistent(t *testing.T) {
 	if proxyName == "" {
 		t.Error("no --service-proxy-name: the controller would serve the services kube-proxy handles")
 	}
+	if want := ctl.svc.Namespace + "/" + ctl.svc.Name; cmd.flags["peers-service"] != want {
+		t.Errorf("--peers-service=%s, want the controller's Service %s: its backends would learn a new replica only from the DNS", cmd.flags["peers-service"], want)
+	}
 	_, listenPort, err := net.SplitHostPort(cmd.flags["listen"])
 	if err != nil || !strings.HasPrefix(cmd.flags["listen"], ":") {
 		t.Errorf("--listen=%s: want :PORT (every address of the pod)", cmd.flags["listen"])

@@ -78,6 +78,91 @@ func (Protocol) EnumDescriptor() ([]byte, []int) {
 	return file_kpng_proto_rawDescGZIP(), []int{0}
 }
 
+// PeersRequest opens a Peers stream.
+type PeersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeersRequest) Reset() {
+	*x = PeersRequest{}
+	mi := &file_kpng_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeersRequest) ProtoMessage() {}
+
+func (x *PeersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kpng_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeersRequest.ProtoReflect.Descriptor instead.
+func (*PeersRequest) Descriptor() ([]byte, []int) {
+	return file_kpng_proto_rawDescGZIP(), []int{0}
+}
+
+// PeerAddresses are the controller replicas' addresses.
+type PeerAddresses struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ips are the replicas' IP addresses (IPv4 or IPv6, sorted, without
+	// duplicates); a backend reaches them on the port it reaches the
+	// controller's name on. Empty: none is ready.
+	Ips           []string `protobuf:"bytes,1,rep,name=ips,proto3" json:"ips,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerAddresses) Reset() {
+	*x = PeerAddresses{}
+	mi := &file_kpng_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerAddresses) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerAddresses) ProtoMessage() {}
+
+func (x *PeerAddresses) ProtoReflect() protoreflect.Message {
+	mi := &file_kpng_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerAddresses.ProtoReflect.Descriptor instead.
+func (*PeerAddresses) Descriptor() ([]byte, []int) {
+	return file_kpng_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PeerAddresses) GetIps() []string {
+	if x != nil {
+		return x.Ips
+	}
+	return nil
+}
+
 // WatchRequest opens a watch.
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -104,7 +189,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kpng_proto_msgTypes[0]
+	mi := &file_kpng_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -116,7 +201,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[0]
+	mi := &file_kpng_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -129,7 +214,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{0}
+	return file_kpng_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *WatchRequest) GetNodeName() string {
@@ -163,7 +248,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_kpng_proto_msgTypes[1]
+	mi := &file_kpng_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -175,7 +260,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[1]
+	mi := &file_kpng_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -188,7 +273,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{1}
+	return file_kpng_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Batch) GetOps() []*Op {
@@ -217,7 +302,7 @@ type Op struct {
 
 func (x *Op) Reset() {
 	*x = Op{}
-	mi := &file_kpng_proto_msgTypes[2]
+	mi := &file_kpng_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -229,7 +314,7 @@ func (x *Op) String() string {
 func (*Op) ProtoMessage() {}
 
 func (x *Op) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[2]
+	mi := &file_kpng_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -242,7 +327,7 @@ func (x *Op) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Op.ProtoReflect.Descriptor instead.
 func (*Op) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{2}
+	return file_kpng_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Op) GetOp() isOp_Op {
@@ -384,7 +469,7 @@ type Reset struct {
 
 func (x *Reset) Reset() {
 	*x = Reset{}
-	mi := &file_kpng_proto_msgTypes[3]
+	mi := &file_kpng_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +481,7 @@ func (x *Reset) String() string {
 func (*Reset) ProtoMessage() {}
 
 func (x *Reset) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[3]
+	mi := &file_kpng_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +494,7 @@ func (x *Reset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reset.ProtoReflect.Descriptor instead.
 func (*Reset) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{3}
+	return file_kpng_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Reset) GetNode() *NodeFacts {
@@ -433,7 +518,7 @@ type NodeFacts struct {
 
 func (x *NodeFacts) Reset() {
 	*x = NodeFacts{}
-	mi := &file_kpng_proto_msgTypes[4]
+	mi := &file_kpng_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +530,7 @@ func (x *NodeFacts) String() string {
 func (*NodeFacts) ProtoMessage() {}
 
 func (x *NodeFacts) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[4]
+	mi := &file_kpng_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +543,7 @@ func (x *NodeFacts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeFacts.ProtoReflect.Descriptor instead.
 func (*NodeFacts) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{4}
+	return file_kpng_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NodeFacts) GetZone() string {
@@ -503,7 +588,7 @@ type Sync struct {
 
 func (x *Sync) Reset() {
 	*x = Sync{}
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +600,7 @@ func (x *Sync) String() string {
 func (*Sync) ProtoMessage() {}
 
 func (x *Sync) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[5]
+	mi := &file_kpng_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +613,7 @@ func (x *Sync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sync.ProtoReflect.Descriptor instead.
 func (*Sync) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{5}
+	return file_kpng_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Sync) GetCluster() *Cluster {
@@ -564,7 +649,7 @@ type Triggers struct {
 
 func (x *Triggers) Reset() {
 	*x = Triggers{}
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +661,7 @@ func (x *Triggers) String() string {
 func (*Triggers) ProtoMessage() {}
 
 func (x *Triggers) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[6]
+	mi := &file_kpng_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +674,7 @@ func (x *Triggers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Triggers.ProtoReflect.Descriptor instead.
 func (*Triggers) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{6}
+	return file_kpng_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Triggers) GetService() *ServiceKey {
@@ -619,7 +704,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +716,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[7]
+	mi := &file_kpng_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +729,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{7}
+	return file_kpng_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Cluster) GetServiceCidrs() []string {
@@ -665,7 +750,7 @@ type ServiceKey struct {
 
 func (x *ServiceKey) Reset() {
 	*x = ServiceKey{}
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +762,7 @@ func (x *ServiceKey) String() string {
 func (*ServiceKey) ProtoMessage() {}
 
 func (x *ServiceKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[8]
+	mi := &file_kpng_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +775,7 @@ func (x *ServiceKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceKey.ProtoReflect.Descriptor instead.
 func (*ServiceKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{8}
+	return file_kpng_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ServiceKey) GetNamespace() string {
@@ -720,7 +805,7 @@ type SetEndpoint struct {
 
 func (x *SetEndpoint) Reset() {
 	*x = SetEndpoint{}
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +817,7 @@ func (x *SetEndpoint) String() string {
 func (*SetEndpoint) ProtoMessage() {}
 
 func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[9]
+	mi := &file_kpng_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +830,7 @@ func (x *SetEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEndpoint.ProtoReflect.Descriptor instead.
 func (*SetEndpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{9}
+	return file_kpng_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetEndpoint) GetService() *ServiceKey {
@@ -780,7 +865,7 @@ type EndpointKey struct {
 
 func (x *EndpointKey) Reset() {
 	*x = EndpointKey{}
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +877,7 @@ func (x *EndpointKey) String() string {
 func (*EndpointKey) ProtoMessage() {}
 
 func (x *EndpointKey) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[10]
+	mi := &file_kpng_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +890,7 @@ func (x *EndpointKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointKey.ProtoReflect.Descriptor instead.
 func (*EndpointKey) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{10}
+	return file_kpng_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EndpointKey) GetService() *ServiceKey {
@@ -833,7 +918,7 @@ type IPSet struct {
 
 func (x *IPSet) Reset() {
 	*x = IPSet{}
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +930,7 @@ func (x *IPSet) String() string {
 func (*IPSet) ProtoMessage() {}
 
 func (x *IPSet) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[11]
+	mi := &file_kpng_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +943,7 @@ func (x *IPSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IPSet.ProtoReflect.Descriptor instead.
 func (*IPSet) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{11}
+	return file_kpng_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *IPSet) GetV4() []string {
@@ -889,7 +974,7 @@ type ServiceIPs struct {
 
 func (x *ServiceIPs) Reset() {
 	*x = ServiceIPs{}
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +986,7 @@ func (x *ServiceIPs) String() string {
 func (*ServiceIPs) ProtoMessage() {}
 
 func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[12]
+	mi := &file_kpng_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +999,7 @@ func (x *ServiceIPs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceIPs.ProtoReflect.Descriptor instead.
 func (*ServiceIPs) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{12}
+	return file_kpng_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServiceIPs) GetClusterIps() *IPSet {
@@ -961,7 +1046,7 @@ type PortMapping struct {
 
 func (x *PortMapping) Reset() {
 	*x = PortMapping{}
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1058,7 @@ func (x *PortMapping) String() string {
 func (*PortMapping) ProtoMessage() {}
 
 func (x *PortMapping) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[13]
+	mi := &file_kpng_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1071,7 @@ func (x *PortMapping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortMapping.ProtoReflect.Descriptor instead.
 func (*PortMapping) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{13}
+	return file_kpng_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PortMapping) GetName() string {
@@ -1041,7 +1126,7 @@ type ClientIPAffinity struct {
 
 func (x *ClientIPAffinity) Reset() {
 	*x = ClientIPAffinity{}
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1138,7 @@ func (x *ClientIPAffinity) String() string {
 func (*ClientIPAffinity) ProtoMessage() {}
 
 func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[14]
+	mi := &file_kpng_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1151,7 @@ func (x *ClientIPAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientIPAffinity.ProtoReflect.Descriptor instead.
 func (*ClientIPAffinity) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{14}
+	return file_kpng_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ClientIPAffinity) GetTimeoutSeconds() int32 {
@@ -1100,7 +1185,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_kpng_proto_msgTypes[15]
+	mi := &file_kpng_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1197,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[15]
+	mi := &file_kpng_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1210,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{15}
+	return file_kpng_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Service) GetNamespace() string {
@@ -1227,7 +1312,7 @@ type Hints struct {
 
 func (x *Hints) Reset() {
 	*x = Hints{}
-	mi := &file_kpng_proto_msgTypes[16]
+	mi := &file_kpng_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1324,7 @@ func (x *Hints) String() string {
 func (*Hints) ProtoMessage() {}
 
 func (x *Hints) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[16]
+	mi := &file_kpng_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1337,7 @@ func (x *Hints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hints.ProtoReflect.Descriptor instead.
 func (*Hints) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{16}
+	return file_kpng_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Hints) GetZones() []string {
@@ -1304,7 +1389,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_kpng_proto_msgTypes[17]
+	mi := &file_kpng_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1401,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_kpng_proto_msgTypes[17]
+	mi := &file_kpng_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1414,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_kpng_proto_rawDescGZIP(), []int{17}
+	return file_kpng_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Endpoint) GetIps() *IPSet {
@@ -1400,7 +1485,10 @@ var File_kpng_proto protoreflect.FileDescriptor
 const file_kpng_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"kpng.proto\x12\akpng.v1\"u\n" +
+	"kpng.proto\x12\akpng.v1\"\x0e\n" +
+	"\fPeersRequest\"!\n" +
+	"\rPeerAddresses\x12\x10\n" +
+	"\x03ips\x18\x01 \x03(\tR\x03ips\"u\n" +
 	"\fWatchRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12)\n" +
 	"\x10node_independent\x18\x02 \x01(\bR\x0fnodeIndependent\x12\x1d\n" +
@@ -1504,10 +1592,11 @@ const file_kpng_proto_rawDesc = "" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03TCP\x10\x01\x12\a\n" +
 	"\x03UDP\x10\x02\x12\b\n" +
-	"\x04SCTP\x10\x032>\n" +
+	"\x04SCTP\x10\x032x\n" +
 	"\n" +
 	"Controller\x120\n" +
-	"\x05Watch\x12\x15.kpng.v1.WatchRequest\x1a\x0e.kpng.v1.Batch0\x01B\x1dZ\x1bsigs.k8s.io/kpng/api/kpngv1b\x06proto3"
+	"\x05Watch\x12\x15.kpng.v1.WatchRequest\x1a\x0e.kpng.v1.Batch0\x01\x128\n" +
+	"\x05Peers\x12\x15.kpng.v1.PeersRequest\x1a\x16.kpng.v1.PeerAddresses0\x01B\x1dZ\x1bsigs.k8s.io/kpng/api/kpngv1b\x06proto3"
 
 var (
 	file_kpng_proto_rawDescOnce sync.Once
@@ -1522,61 +1611,65 @@ func file_kpng_proto_rawDescGZIP() []byte {
 }
 
 var file_kpng_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_kpng_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kpng_proto_goTypes = []any{
 	(Protocol)(0),            // 0: kpng.v1.Protocol
-	(*WatchRequest)(nil),     // 1: kpng.v1.WatchRequest
-	(*Batch)(nil),            // 2: kpng.v1.Batch
-	(*Op)(nil),               // 3: kpng.v1.Op
-	(*Reset)(nil),            // 4: kpng.v1.Reset
-	(*NodeFacts)(nil),        // 5: kpng.v1.NodeFacts
-	(*Sync)(nil),             // 6: kpng.v1.Sync
-	(*Triggers)(nil),         // 7: kpng.v1.Triggers
-	(*Cluster)(nil),          // 8: kpng.v1.Cluster
-	(*ServiceKey)(nil),       // 9: kpng.v1.ServiceKey
-	(*SetEndpoint)(nil),      // 10: kpng.v1.SetEndpoint
-	(*EndpointKey)(nil),      // 11: kpng.v1.EndpointKey
-	(*IPSet)(nil),            // 12: kpng.v1.IPSet
-	(*ServiceIPs)(nil),       // 13: kpng.v1.ServiceIPs
-	(*PortMapping)(nil),      // 14: kpng.v1.PortMapping
-	(*ClientIPAffinity)(nil), // 15: kpng.v1.ClientIPAffinity
-	(*Service)(nil),          // 16: kpng.v1.Service
-	(*Hints)(nil),            // 17: kpng.v1.Hints
-	(*Endpoint)(nil),         // 18: kpng.v1.Endpoint
-	nil,                      // 19: kpng.v1.Service.LabelsEntry
-	nil,                      // 20: kpng.v1.Endpoint.PortOverridesEntry
+	(*PeersRequest)(nil),     // 1: kpng.v1.PeersRequest
+	(*PeerAddresses)(nil),    // 2: kpng.v1.PeerAddresses
+	(*WatchRequest)(nil),     // 3: kpng.v1.WatchRequest
+	(*Batch)(nil),            // 4: kpng.v1.Batch
+	(*Op)(nil),               // 5: kpng.v1.Op
+	(*Reset)(nil),            // 6: kpng.v1.Reset
+	(*NodeFacts)(nil),        // 7: kpng.v1.NodeFacts
+	(*Sync)(nil),             // 8: kpng.v1.Sync
+	(*Triggers)(nil),         // 9: kpng.v1.Triggers
+	(*Cluster)(nil),          // 10: kpng.v1.Cluster
+	(*ServiceKey)(nil),       // 11: kpng.v1.ServiceKey
+	(*SetEndpoint)(nil),      // 12: kpng.v1.SetEndpoint
+	(*EndpointKey)(nil),      // 13: kpng.v1.EndpointKey
+	(*IPSet)(nil),            // 14: kpng.v1.IPSet
+	(*ServiceIPs)(nil),       // 15: kpng.v1.ServiceIPs
+	(*PortMapping)(nil),      // 16: kpng.v1.PortMapping
+	(*ClientIPAffinity)(nil), // 17: kpng.v1.ClientIPAffinity
+	(*Service)(nil),          // 18: kpng.v1.Service
+	(*Hints)(nil),            // 19: kpng.v1.Hints
+	(*Endpoint)(nil),         // 20: kpng.v1.Endpoint
+	nil,                      // 21: kpng.v1.Service.LabelsEntry
+	nil,                      // 22: kpng.v1.Endpoint.PortOverridesEntry
 }
 var file_kpng_proto_depIdxs = []int32{
-	3,  // 0: kpng.v1.Batch.ops:type_name -> kpng.v1.Op
-	4,  // 1: kpng.v1.Op.reset:type_name -> kpng.v1.Reset
-	16, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
-	9,  // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
-	10, // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
-	11, // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
-	6,  // 6: kpng.v1.Op.sync:type_name -> kpng.v1.Sync
-	5,  // 7: kpng.v1.Op.set_node:type_name -> kpng.v1.NodeFacts
-	5,  // 8: kpng.v1.Reset.node:type_name -> kpng.v1.NodeFacts
-	8,  // 9: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
-	7,  // 10: kpng.v1.Sync.triggers:type_name -> kpng.v1.Triggers
-	9,  // 11: kpng.v1.Triggers.service:type_name -> kpng.v1.ServiceKey
-	9,  // 12: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
-	18, // 13: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
-	9,  // 14: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
-	12, // 15: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
-	12, // 16: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
-	12, // 17: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
+	5,  // 0: kpng.v1.Batch.ops:type_name -> kpng.v1.Op
+	6,  // 1: kpng.v1.Op.reset:type_name -> kpng.v1.Reset
+	18, // 2: kpng.v1.Op.set_service:type_name -> kpng.v1.Service
+	11, // 3: kpng.v1.Op.delete_service:type_name -> kpng.v1.ServiceKey
+	12, // 4: kpng.v1.Op.set_endpoint:type_name -> kpng.v1.SetEndpoint
+	13, // 5: kpng.v1.Op.delete_endpoint:type_name -> kpng.v1.EndpointKey
+	8,  // 6: kpng.v1.Op.sync:type_name -> kpng.v1.Sync
+	7,  // 7: kpng.v1.Op.set_node:type_name -> kpng.v1.NodeFacts
+	7,  // 8: kpng.v1.Reset.node:type_name -> kpng.v1.NodeFacts
+	10, // 9: kpng.v1.Sync.cluster:type_name -> kpng.v1.Cluster
+	9,  // 10: kpng.v1.Sync.triggers:type_name -> kpng.v1.Triggers
+	11, // 11: kpng.v1.Triggers.service:type_name -> kpng.v1.ServiceKey
+	11, // 12: kpng.v1.SetEndpoint.service:type_name -> kpng.v1.ServiceKey
+	20, // 13: kpng.v1.SetEndpoint.endpoint:type_name -> kpng.v1.Endpoint
+	11, // 14: kpng.v1.EndpointKey.service:type_name -> kpng.v1.ServiceKey
+	14, // 15: kpng.v1.ServiceIPs.cluster_ips:type_name -> kpng.v1.IPSet
+	14, // 16: kpng.v1.ServiceIPs.external_ips:type_name -> kpng.v1.IPSet
+	14, // 17: kpng.v1.ServiceIPs.load_balancer_ips:type_name -> kpng.v1.IPSet
 	0,  // 18: kpng.v1.PortMapping.protocol:type_name -> kpng.v1.Protocol
-	19, // 19: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
-	13, // 20: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
-	14, // 21: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
-	15, // 22: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
-	12, // 23: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
-	17, // 24: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
-	20, // 25: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
-	1,  // 26: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
-	2,  // 27: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
-	27, // [27:28] is the sub-list for method output_type
-	26, // [26:27] is the sub-list for method input_type
+	21, // 19: kpng.v1.Service.labels:type_name -> kpng.v1.Service.LabelsEntry
+	15, // 20: kpng.v1.Service.ips:type_name -> kpng.v1.ServiceIPs
+	16, // 21: kpng.v1.Service.ports:type_name -> kpng.v1.PortMapping
+	17, // 22: kpng.v1.Service.client_ip_affinity:type_name -> kpng.v1.ClientIPAffinity
+	14, // 23: kpng.v1.Endpoint.ips:type_name -> kpng.v1.IPSet
+	19, // 24: kpng.v1.Endpoint.hints:type_name -> kpng.v1.Hints
+	22, // 25: kpng.v1.Endpoint.port_overrides:type_name -> kpng.v1.Endpoint.PortOverridesEntry
+	3,  // 26: kpng.v1.Controller.Watch:input_type -> kpng.v1.WatchRequest
+	1,  // 27: kpng.v1.Controller.Peers:input_type -> kpng.v1.PeersRequest
+	4,  // 28: kpng.v1.Controller.Watch:output_type -> kpng.v1.Batch
+	2,  // 29: kpng.v1.Controller.Peers:output_type -> kpng.v1.PeerAddresses
+	28, // [28:30] is the sub-list for method output_type
+	26, // [26:28] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -1587,7 +1680,7 @@ func file_kpng_proto_init() {
 	if File_kpng_proto != nil {
 		return
 	}
-	file_kpng_proto_msgTypes[2].OneofWrappers = []any{
+	file_kpng_proto_msgTypes[4].OneofWrappers = []any{
 		(*Op_Reset_)(nil),
 		(*Op_SetService)(nil),
 		(*Op_DeleteService)(nil),
@@ -1602,7 +1695,7 @@ func file_kpng_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kpng_proto_rawDesc), len(file_kpng_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

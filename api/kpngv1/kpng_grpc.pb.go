@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Controller_Watch_FullMethodName = "/kpng.v1.Controller/Watch"
+	Controller_Peers_FullMethodName = "/kpng.v1.Controller/Peers"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -49,6 +50,16 @@ type ControllerClient interface {
 	// The cluster-level facts (Cluster) ride on the Sync of the round where
 	// they change, and of the first round when there are any.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Batch], error)
+	// Peers streams the addresses of the controller's replicas: the ready
+	// addresses of the Service the controller was told is its own (`to-api
+	// --peers-service`), first as soon as it knows them, then whenever they
+	// change, each message the whole list. A backend that reaches the
+	// controllers by a name adds them to the addresses the name resolves
+	// to, so that it is connected to a new replica as soon as the replica is
+	// ready, whatever a DNS cache still answers, and moves to it at once
+	// when its controller goes. A controller without --peers-service answers
+	// FailedPrecondition; one built before this call, Unimplemented.
+	Peers(ctx context.Context, in *PeersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PeerAddresses], error)
 }
 
 type controllerClient struct {
@@ -78,6 +89,25 @@ func (c *controllerClient) Watch(ctx context.Context, in *WatchRequest, opts ...
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_WatchClient = grpc.ServerStreamingClient[Batch]
 
+func (c *controllerClient) Peers(ctx context.Context, in *PeersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PeerAddresses], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[1], Controller_Peers_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PeersRequest, PeerAddresses]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_PeersClient = grpc.ServerStreamingClient[PeerAddresses]
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -101,6 +131,16 @@ type ControllerServer interface {
 	// The cluster-level facts (Cluster) ride on the Sync of the round where
 	// they change, and of the first round when there are any.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[Batch]) error
+	// Peers streams the addresses of the controller's replicas: the ready
+	// addresses of the Service the controller was told is its own (`to-api
+	// --peers-service`), first as soon as it knows them, then whenever they
+	// change, each message the whole list. A backend that reaches the
+	// controllers by a name adds them to the addresses the name resolves
+	// to, so that it is connected to a new replica as soon as the replica is
+	// ready, whatever a DNS cache still answers, and moves to it at once
+	// when its controller goes. A controller without --peers-service answers
+	// FailedPrecondition; one built before this call, Unimplemented.
+	Peers(*PeersRequest, grpc.ServerStreamingServer[PeerAddresses]) error
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -113,6 +153,9 @@ type UnimplementedControllerServer struct{}
 
 func (UnimplementedControllerServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Batch]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedControllerServer) Peers(*PeersRequest, grpc.ServerStreamingServer[PeerAddresses]) error {
+	return status.Error(codes.Unimplemented, "method Peers not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -146,6 +189,17 @@ func _Controller_Watch_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_WatchServer = grpc.ServerStreamingServer[Batch]
 
+func _Controller_Peers_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PeersRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).Peers(m, &grpc.GenericServerStream[PeersRequest, PeerAddresses]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_PeersServer = grpc.ServerStreamingServer[PeerAddresses]
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -157,6 +211,11 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _Controller_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Peers",
+			Handler:       _Controller_Peers_Handler,
 			ServerStreams: true,
 		},
 	},

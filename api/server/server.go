@@ -65,6 +65,9 @@ type Server struct {
 	byNode     map[string]int
 	// watchdog drops the streams whose backend stopped reading.
 	watchdog *watchdog
+	// peers are the replicas' addresses the Peers call streams (nil:
+	// the controller was not given them).
+	peers *Peers
 	// stopping is closed by Stop.
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -97,6 +100,9 @@ type Options struct {
 	// certificates without a node identity are refused. A certificate
 	// with one may only watch its node's view.
 	AnyNodeCommonNames []string
+	// Peers, if set, are the replicas' addresses the Peers call streams
+	// to backends; without, that call answers FailedPrecondition.
+	Peers *Peers
 }
 
 // Stats are a Server's counters since it was made, for its metrics.
@@ -154,11 +160,11 @@ func New(hub *Hub, opts Options) *Server {
 		hub: hub, batchOps: DefaultBatchOps, sendTimeout: opts.SendTimeout,
 		anyNode: slices.Clone(opts.AnyNodeCommonNames), firstStates: make(chan struct{}, opts.MaxConcurrentFirstStates),
 		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{}, stopping: make(chan struct{}),
-		watchdog: newWatchdog(opts.SendTimeout),
+		watchdog: newWatchdog(opts.SendTimeout), peers: opts.Peers,
 	}
 }
 
-// Stop ends every Watch stream at once, and refuses new ones, with
+// Stop ends every Watch and Peers stream at once, and refuses new ones, with
 // Unavailable ("the controller is stopping"): its backends move to another
 // controller without waiting. A stream never ends by itself, so a
 // grpc.Server's GracefulStop would otherwise wait for its connections to
@@ -200,10 +206,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 		return errStopping
 	default:
 	}
-	who := "unknown"
-	if p, ok := peer.FromContext(ctx); ok {
-		who = p.Addr.String()
-	}
+	who := peerAddr(ctx)
 	// The node name is the client's (up to the request's 64 KiB, any
 	// bytes): logged bounded, on one line.
 	node, err := authorize(ctx, req.GetNodeName(), s.anyNode)
@@ -262,6 +265,14 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 		s.dropped.Add(1)
 		return status.Errorf(codes.DeadlineExceeded, "backend did not read its stream for %v", s.sendTimeout)
 	}
+}
+
+// peerAddr returns the address of the client behind ctx, for the logs.
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		return p.Addr.String()
+	}
+	return "unknown"
 }
 
 // takeNodeSlot counts a stream watching node's view, or refuses it past

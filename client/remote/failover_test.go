@@ -31,8 +31,11 @@ type controller struct {
 	addr string
 	hub  *server.Hub
 	srv  *server.Server
-	g    *grpc.Server
-	done chan struct{}
+	// peers are the replicas' addresses its Peers call tells: none
+	// until the test sets them.
+	peers *server.Peers
+	g     *grpc.Server
+	done  chan struct{}
 }
 
 // startController serves state on addr (a unix socket, or a TCP listener
@@ -52,9 +55,10 @@ func startController(t *testing.T, addr string, lis net.Listener, state []*model
 	hub := server.NewHub(true)
 	localsink.FromFullState(hub)(state)
 	g := grpc.NewServer(opts...)
-	srv := server.New(hub, server.Options{SendTimeout: 10 * time.Second})
+	peers := server.NewPeers()
+	srv := server.New(hub, server.Options{SendTimeout: 10 * time.Second, Peers: peers})
 	srv.Register(g)
-	c := &controller{addr: addr, hub: hub, srv: srv, g: g, done: make(chan struct{})}
+	c := &controller{addr: addr, hub: hub, srv: srv, peers: peers, g: g, done: make(chan struct{})}
 	go func() { defer close(c.done); _ = g.Serve(lis) }()
 	t.Cleanup(c.stop)
 	return c
@@ -486,6 +490,28 @@ func TestNameNewAddressConnectedBeforeFailover(t *testing.T) {
 	case <-bAccepted:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the client made no connection to B, the name's new address, within 30 s")
+	}
+	expectMovedToB(t, a, b, w, c)
+}
+
+// TestNamePeersToldBeforeFailover: the name resolves to A alone for good
+// (a DNS cache that has not seen B yet: the period is an hour, and a
+// resolution after a failure answers A again); A's controller tells its
+// replicas, A and B (its Peers call: B became ready in its Service). The
+// client must connect to B without any connection failing, keep B when A
+// stops (and its Peers stream with it), and watch B at once (a backoff of
+// an hour), its sink seeing nothing. Without the replicas told, B is never
+// known and the test fails after 30 s.
+func TestNamePeersToldBeforeFailover(t *testing.T) {
+	n := onName(t, time.Hour, time.Hour)
+	a, b, bAccepted, w, c := n.a, n.b, n.bAccepted, n.w, n.c
+	if err := a.peers.Set([]string{"127.0.0.2", "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-bAccepted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client made no connection to B, the replica A's controller told, within 30 s")
 	}
 	expectMovedToB(t, a, b, w, c)
 }

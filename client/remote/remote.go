@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -105,6 +106,10 @@ type Target struct {
 	// Target is the gRPC dial target, Options its dial options.
 	Target  string
 	Options []grpc.DialOption
+
+	// names is the resolver of a name (nil for an IP address or a
+	// socket): Run gives it the replicas the controllers tell.
+	names *resolverBuilder
 }
 
 // Targets returns, for each controller address of c in order, the gRPC
@@ -116,11 +121,11 @@ func (c Config) Targets() ([]Target, error) {
 		if a == "" && strings.Contains(c.Address, ",") {
 			return nil, fmt.Errorf("API addresses %q: empty address in the list", c.Address)
 		}
-		target, opts, err := c.dialOptions(a)
+		t, err := c.dialOptions(a)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Target{Address: a, Target: target, Options: opts})
+		out = append(out, t)
 	}
 	return out, nil
 }
@@ -139,10 +144,10 @@ func (c Config) DialOptions() (string, []grpc.DialOption, error) {
 }
 
 // dialOptions returns the gRPC dial target and options for one address.
-func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
+func (c Config) dialOptions(a string) (Target, error) {
 	addr, err := address.Parse(a)
 	if err != nil {
-		return "", nil, err
+		return Target{}, err
 	}
 	opts := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(kpngv1.MaxBatchSize)),
@@ -152,20 +157,20 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 	tlsSet := c.TLSCA != "" || c.TLSCert != "" || c.TLSKey != ""
 	if addr.Network == "unix" {
 		if tlsSet || c.Insecure {
-			return "", nil, fmt.Errorf("API %s: TLS and --api-insecure apply to TCP addresses only", addr)
+			return Target{}, fmt.Errorf("API %s: TLS and --api-insecure apply to TCP addresses only", addr)
 		}
 		path := addr.Addr
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, "unix", path)
 			}))
-		return "passthrough:///unix", opts, nil
+		return Target{Address: a, Target: "passthrough:///unix", Options: opts}, nil
 	}
 	switch {
 	case c.Insecure && tlsSet:
-		return "", nil, fmt.Errorf("API %s: --api-insecure and TLS flags are exclusive", addr)
+		return Target{}, fmt.Errorf("API %s: --api-insecure and TLS flags are exclusive", addr)
 	case c.Insecure && !addr.IsLoopback():
-		return "", nil, fmt.Errorf("API %s: refusing --api-insecure to a non-loopback address; use TLS", addr)
+		return Target{}, fmt.Errorf("API %s: refusing --api-insecure to a non-loopback address; use TLS", addr)
 	case c.Insecure:
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	default:
@@ -173,14 +178,14 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 		if c.TLSCA != "" {
 			pool, err := certs.LoadPool(c.TLSCA)
 			if err != nil {
-				return "", nil, err
+				return Target{}, err
 			}
 			cfg.RootCAs = pool
 		}
 		if c.TLSCert != "" || c.TLSKey != "" {
 			cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
 			if err != nil {
-				return "", nil, fmt.Errorf("load client certificate: %w", err)
+				return Target{}, fmt.Errorf("load client certificate: %w", err)
 			}
 			cfg.Certificates = []tls.Certificate{cert}
 		}
@@ -191,11 +196,12 @@ func (c Config) dialOptions(a string) (string, []grpc.DialOption, error) {
 		// A name: every address it resolves to, a connection to each,
 		// streams on one that is up; the addresses kept fresh by the
 		// client's own resolver, given to this connection only.
-		opts = append(opts, grpc.WithResolvers(&resolverBuilder{cfg: c.resolve}),
+		names := &resolverBuilder{cfg: c.resolve}
+		opts = append(opts, grpc.WithResolvers(names),
 			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
-		return ResolveScheme + ":///" + addr.Addr, opts, nil
+		return Target{Address: a, Target: ResolveScheme + ":///" + addr.Addr, Options: opts, names: names}, nil
 	}
-	return "passthrough:///" + addr.Addr, opts, nil
+	return Target{Address: a, Target: "passthrough:///" + addr.Addr, Options: opts}, nil
 }
 
 // Run watches the controller until ctx ends, feeding sink. It returns nil
@@ -228,6 +234,17 @@ func Run(ctx context.Context, cfg Config, sink localsink.Sink) error {
 		}
 		defer conn.Close()
 		conns[i], clients[i] = conn, kpngv1.NewControllerClient(conn)
+	}
+	// The replicas the controllers of a name tell, added to the name's
+	// addresses; stopped before the connections close.
+	ctx, cancel := context.WithCancel(ctx)
+	var peers sync.WaitGroup
+	defer peers.Wait()
+	defer cancel()
+	for i, t := range targets {
+		if t.names != nil {
+			peers.Go(func() { followPeers(ctx, clients[i], t.names, t.Address) })
+		}
 	}
 
 	minB, maxB := cfg.MinBackoff, cfg.MaxBackoff

@@ -61,9 +61,48 @@ type resolveConfig struct {
 }
 
 // resolverBuilder builds a nameResolver for each ClientConn given it with
-// grpc.WithResolvers.
+// grpc.WithResolvers. It also holds the controller's replicas' addresses
+// the controllers told (their Peers call), which its resolvers add to the
+// name's.
 type resolverBuilder struct {
 	cfg resolveConfig
+
+	mu    sync.Mutex
+	peers []string
+	// live are the resolvers built and not closed (one, but gRPC builds a
+	// new one when a connection leaves idleness).
+	live map[*nameResolver]struct{}
+}
+
+// setPeers replaces the replicas' IP addresses the resolvers add to the
+// name's, and has them tell their ClientConn at once.
+func (b *resolverBuilder) setPeers(ips []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.peers = slices.Clone(ips)
+	for r := range b.live {
+		select {
+		case r.peersChanged <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// peerAddrs returns the replicas' addresses with port.
+func (b *resolverBuilder) peerAddrs(port string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]string, 0, len(b.peers))
+	for _, ip := range b.peers {
+		out = append(out, net.JoinHostPort(ip, port))
+	}
+	return out
+}
+
+func (b *resolverBuilder) forget(r *nameResolver) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.live, r)
 }
 
 // Scheme implements resolver.Builder.
@@ -81,9 +120,9 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 		return nil, fmt.Errorf("resolve controller address %q: no host name", hostport)
 	}
 	r := &nameResolver{
-		cc: cc, host: host, port: port,
+		cc: cc, host: host, port: port, builder: b,
 		lookup: b.cfg.lookup, period: b.cfg.period, gap: b.cfg.gap,
-		now: make(chan struct{}, 1), done: make(chan struct{}),
+		now: make(chan struct{}, 1), peersChanged: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	if r.lookup == nil {
 		r.lookup = net.DefaultResolver.LookupHost
@@ -101,24 +140,34 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 	logger = logger.WithValues("controllerName", hostport)
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	r.cancel = cancel
+	b.mu.Lock()
+	if b.live == nil {
+		b.live = map[*nameResolver]struct{}{}
+	}
+	b.live[r] = struct{}{}
+	b.mu.Unlock()
 	go r.run(ctx)
 	return r, nil
 }
 
-// nameResolver keeps a ClientConn's addresses those of a host name: it
-// resolves the name at once, every period, and when gRPC asks (at most
-// every gap), and gives the ClientConn the addresses only when they
-// change. An error is reported to the ClientConn, which keeps the
-// addresses it has: the connection up keeps its stream.
+// nameResolver keeps a ClientConn's addresses those of a host name, and of
+// the replicas the controllers told (the builder's peers): it resolves the
+// name at once, every period, and when gRPC asks (at most every gap), and
+// gives the ClientConn the addresses only when they change. An error is
+// reported to the ClientConn, which keeps the addresses it has: the
+// connection up keeps its stream.
 type nameResolver struct {
 	cc          resolver.ClientConn
 	host, port  string
+	builder     *resolverBuilder
 	lookup      lookupFunc
 	period, gap time.Duration
 	now         chan struct{}
-	cancel      context.CancelFunc
-	done        chan struct{}
-	closeOnce   sync.Once
+	// peersChanged wakes run when the builder's peers change.
+	peersChanged chan struct{}
+	cancel       context.CancelFunc
+	done         chan struct{}
+	closeOnce    sync.Once
 }
 
 // ResolveNow implements resolver.Resolver: a resolution as soon as the
@@ -135,6 +184,7 @@ func (r *nameResolver) ResolveNow(resolver.ResolveNowOptions) {
 func (r *nameResolver) Close() {
 	r.closeOnce.Do(r.cancel)
 	<-r.done
+	r.builder.forget(r)
 }
 
 // run resolves until ctx ends.
@@ -142,6 +192,7 @@ func (r *nameResolver) run(ctx context.Context) {
 	defer close(r.done)
 	var (
 		known []string // the addresses the ClientConn was last given
+		dns   []string // the name's addresses, from the last lookup that found any
 		last  time.Time
 		// next is when the next resolution is due: now, at first.
 		next  = time.Now()
@@ -150,6 +201,25 @@ func (r *nameResolver) run(ctx context.Context) {
 	)
 	defer timer.Stop()
 	logger := klog.FromContext(ctx)
+	// update gives the ClientConn the name's and the peers' addresses
+	// when they changed.
+	update := func() {
+		addrs := slices.Concat(dns, r.builder.peerAddrs(r.port))
+		slices.Sort(addrs)
+		addrs = slices.Compact(addrs)
+		if len(addrs) == 0 || slices.Equal(addrs, known) {
+			return
+		}
+		logger.V(2).Info("The kpng controller's name resolves to new addresses", "addresses", addrs, "before", known, "resolved", dns)
+		known = addrs
+		state := resolver.State{Addresses: make([]resolver.Address, len(addrs))}
+		for i, a := range addrs {
+			state.Addresses[i] = resolver.Address{Addr: a}
+		}
+		if err := r.cc.UpdateState(state); err != nil {
+			logger.V(2).Info("gRPC refused the controller's addresses", "addresses", addrs, "err", err)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -159,6 +229,9 @@ func (r *nameResolver) run(ctx context.Context) {
 				next = at
 				timer.Reset(time.Until(next))
 			}
+			continue
+		case <-r.peersChanged:
+			update()
 			continue
 		case <-timer.C:
 		}
@@ -181,18 +254,8 @@ func (r *nameResolver) run(ctx context.Context) {
 			logger.Info("Resolving the kpng controller's name again", "addresses", addrs)
 			fail = ""
 		}
-		if slices.Equal(addrs, known) {
-			continue
-		}
-		logger.V(2).Info("The kpng controller's name resolves to new addresses", "addresses", addrs, "before", known)
-		known = addrs
-		state := resolver.State{Addresses: make([]resolver.Address, len(addrs))}
-		for i, a := range addrs {
-			state.Addresses[i] = resolver.Address{Addr: a}
-		}
-		if err := r.cc.UpdateState(state); err != nil {
-			logger.V(2).Info("gRPC refused the controller's addresses", "addresses", addrs, "err", err)
-		}
+		dns = addrs
+		update()
 	}
 }
 

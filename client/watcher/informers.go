@@ -38,7 +38,13 @@ func (s *informers) services(tweak func(*metav1.ListOptions), transform cache.Tr
 // endpointSlices returns an informer of the EndpointSlices of every
 // namespace.
 func (s *informers) endpointSlices(tweak func(*metav1.ListOptions), transform cache.TransformFunc) cache.SharedIndexInformer {
-	return s.add(discoveryinformers.NewEndpointSliceInformerWithOptions(s.client, metav1.NamespaceAll, options(tweak)), transform)
+	return s.endpointSlicesIn(metav1.NamespaceAll, tweak, transform)
+}
+
+// endpointSlicesIn returns an informer of the EndpointSlices of one
+// namespace.
+func (s *informers) endpointSlicesIn(namespace string, tweak func(*metav1.ListOptions), transform cache.TransformFunc) cache.SharedIndexInformer {
+	return s.add(discoveryinformers.NewEndpointSliceInformerWithOptions(s.client, namespace, options(tweak)), transform)
 }
 
 // nodes returns an informer of nodes.

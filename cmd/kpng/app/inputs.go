@@ -3,7 +3,12 @@ package app
 import (
 	"context"
 	"flag"
+	"strings"
 	"time"
+
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/api/server"
 
 	"sigs.k8s.io/kpng/client"
 	"sigs.k8s.io/kpng/client/metrics"
@@ -62,9 +67,24 @@ func bindKube(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 				// Backends on other nodes need their zone for topology hints.
 				go func() { _ = watcher.WatchNodeZones(ctx, cs, out.hub.SetNodeZone) }()
 			}
+			if out.peers != nil {
+				ns, name, _ := strings.Cut(out.peersService, "/")
+				go func() { _ = watcher.WatchReadyAddresses(ctx, cs, ns, name, setPeers(out.peers)) }()
+			}
 			return w.Run(ctx, sink)
 		})
 	}, env
+}
+
+// setPeers returns the function that gives peers the ready addresses of the
+// controller's Service; an address that does not parse is logged, the
+// last good list kept.
+func setPeers(peers *server.Peers) func([]string) {
+	return func(addrs []string) {
+		if err := peers.Set(addrs); err != nil {
+			klog.ErrorS(err, "Keeping the controller's last known replica addresses")
+		}
+	}
 }
 
 const fileHelp = `kpng file: read the state from a file (a YAML or JSON list of services with
@@ -91,6 +111,9 @@ func bindFile(fs *flag.FlagSet) (func(context.Context, *output) error, func() Ba
 		}
 		if *maxMiB <= 0 || *maxMiB > 1<<20 {
 			return usagef("kpng file: --max-size-mib=%d: must be between 1 and 1048576", *maxMiB)
+		}
+		if out.peersService != "" {
+			return usagef("kpng file: to-api --peers-service needs the kube input")
 		}
 		var err error
 		if rec, err = f.StartMetrics(ctx); err != nil {
@@ -123,6 +146,9 @@ func bindAPI(fs *flag.FlagSet) (func(context.Context, *output) error, func() Bac
 		}
 		if _, err := f.RemoteConfig(); err != nil {
 			return usagef("%v", err)
+		}
+		if out.peersService != "" {
+			return usagef("kpng api: to-api --peers-service needs the kube input")
 		}
 		var err error
 		if rec, err = f.StartMetrics(ctx); err != nil {

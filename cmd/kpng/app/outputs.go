@@ -28,6 +28,10 @@ type output struct {
 	sink localsink.Sink
 	// hub is to-api's hub: the kube input feeds it node zones.
 	hub *server.Hub
+	// peersService is to-api's --peers-service (namespace/name), whose
+	// ready addresses the kube input sets in peers.
+	peersService string
+	peers        *server.Peers
 	// serve, when set, runs beside the input until ctx ends.
 	serve func(ctx context.Context) error
 	// build, when set, makes the sink once everything is parsed.
@@ -130,7 +134,15 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 	sendTimeout := fs.Duration("send-timeout", server.DefaultSendTimeout, "drop a backend that does not read its stream for this long")
 	hub := server.NewHub(nodeViews)
 	out := &output{sink: hub, hub: hub}
+	fs.StringVar(&out.peersService, "peers-service", "", "NAMESPACE/NAME of the Service whose ready endpoints are this controller's replicas (kube input only): backends that reach the controllers by a name learn a new replica from them as soon as it is ready, not when a DNS cache expires")
 	return out, func() error {
+		if out.peersService != "" {
+			ns, name, ok := strings.Cut(out.peersService, "/")
+			if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+				return usagef("to-api: --peers-service=%q: want NAMESPACE/NAME", out.peersService)
+			}
+			out.peers = server.NewPeers()
+		}
 		if _, _, err := cfg.Options(); err != nil {
 			return usagef("to-api: %v", err)
 		}
@@ -155,7 +167,7 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 				return err
 			}
 			g := grpc.NewServer(opts...)
-			srv := server.New(hub, server.Options{SendTimeout: *sendTimeout, MaxConcurrentFirstStates: *maxFirstStates, MaxStreamsPerNode: *maxPerNode, AnyNodeCommonNames: anyNodeCNs})
+			srv := server.New(hub, server.Options{SendTimeout: *sendTimeout, MaxConcurrentFirstStates: *maxFirstStates, MaxStreamsPerNode: *maxPerNode, AnyNodeCommonNames: anyNodeCNs, Peers: out.peers})
 			srv.Register(g)
 			if out.metrics != nil {
 				if err := registerAPIMetrics(out.metrics, srv); err != nil {

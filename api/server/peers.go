@@ -1,0 +1,98 @@
+package server
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
+)
+
+// Peers holds the addresses of a controller's replicas that its Peers call
+// streams to backends. The controller sets them from the EndpointSlices of
+// its own Service (to-api --peers-service); the zero value is not usable:
+// call NewPeers.
+type Peers struct {
+	mu    sync.Mutex
+	ips   []string
+	known bool
+	// changed is closed, and replaced, when ips change.
+	changed chan struct{}
+}
+
+// NewPeers returns a Peers that knows no address yet: a Peers stream
+// sends its first list once Set is called.
+func NewPeers() *Peers { return &Peers{changed: make(chan struct{})} }
+
+// Set replaces the replicas' addresses, IP addresses (sorted and
+// deduplicated here; an address that does not parse is an error, and
+// nothing is replaced). The streams are sent the list when it differs from
+// the last.
+func (p *Peers) Set(ips []string) error {
+	list := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return fmt.Errorf("controller peer address %q: %w", ip, err)
+		}
+		list = append(list, a.Unmap().String())
+	}
+	slices.Sort(list)
+	list = slices.Compact(list)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known && slices.Equal(p.ips, list) {
+		return nil
+	}
+	p.ips, p.known = list, true
+	close(p.changed)
+	p.changed = make(chan struct{})
+	return nil
+}
+
+// current returns the addresses, whether Set was called yet, and a channel
+// closed at the next change.
+func (p *Peers) current() ([]string, bool, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ips, p.known, p.changed
+}
+
+// Peers implements kpngv1.ControllerServer: the replicas' addresses as soon
+// as they are known, then each change, until the backend goes or the
+// controller stops. A client that may not watch any view is refused, as by
+// Watch.
+func (s *Server) Peers(_ *kpngv1.PeersRequest, stream grpc.ServerStreamingServer[kpngv1.PeerAddresses]) error {
+	if s.peers == nil {
+		return status.Error(codes.FailedPrecondition, "this controller was not given its replicas' Service (to-api --peers-service)")
+	}
+	ctx := stream.Context()
+	if _, err := authorize(ctx, "", s.anyNode); err != nil {
+		klog.ErrorS(err, "Refusing a backend's Peers call", "peer", peerAddr(ctx))
+		return err
+	}
+	var sent []string
+	first := true
+	for {
+		ips, known, changed := s.peers.current()
+		if known && (first || !slices.Equal(ips, sent)) {
+			if err := stream.Send(&kpngv1.PeerAddresses{Ips: ips}); err != nil {
+				return err
+			}
+			sent, first = ips, false
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.stopping:
+			return errStopping
+		case <-changed:
+		}
+	}
+}
