@@ -389,13 +389,14 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 		t.addRule(reject, r)
 	}
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		for _, c := range []struct {
-			name string
-			v    *expr.Verdict
-		}{{chainNodePortReject(f), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}}, {chainNodePortDrop(f), &expr.Verdict{Kind: expr.VerdictDrop}}} {
+		for _, c := range nodePortChecks(f) {
+			verdict := &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}
+			if c.drop {
+				verdict = &expr.Verdict{Kind: expr.VerdictDrop}
+			}
 			ch := t.addChain(c.name)
 			for _, npm := range nodePortMatches(rs.Options, f) {
-				t.addRule(ch, append(nodePortMatchExprs(f, npm), c.v))
+				t.addRule(ch, append(nodePortMatchExprs(f, npm), verdict))
 			}
 		}
 	}

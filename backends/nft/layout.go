@@ -69,6 +69,19 @@ func chainNodePortReject(f ipFamily) string { return "nodeport-reject-v" + famil
 // endpoint), "nodeport-drop-v4": as chainNodePortReject, but it drops.
 func chainNodePortDrop(f ipFamily) string { return "nodeport-drop-v" + familySuffix(f) }
 
+// nodePortCheck is one of a family's chains that a no-endpoint-nodeports
+// element goes to: its name, and whether it drops (else it rejects).
+type nodePortCheck struct {
+	name string
+	drop bool
+}
+
+// nodePortChecks returns a family's nodeport-reject and nodeport-drop
+// chains, in the table's order: the one list Text and the applier write.
+func nodePortChecks(f ipFamily) []nodePortCheck {
+	return []nodePortCheck{{chainNodePortReject(f), false}, {chainNodePortDrop(f), true}}
+}
+
 // mapServices returns the name of the verdict map of a family that sends
 // (daddr . l4proto . dport) to the chain of a service port (or of its
 // shard, for a plain one: shards.go):

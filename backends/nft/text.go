@@ -193,10 +193,14 @@ func (rs *ruleset) Text() string {
 	// "reject with icmpx port-unreachable" in an inet table.
 	fmt.Fprintf(&b, "\tchain %s {\n\t\tmeta l4proto tcp reject with tcp reset\n\t\treject\n\t}\n\n", chainReject)
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		for _, c := range []struct{ name, verdict string }{{chainNodePortReject(f), "goto " + chainReject}, {chainNodePortDrop(f), "drop"}} {
+		for _, c := range nodePortChecks(f) {
+			verdict := "goto " + chainReject
+			if c.drop {
+				verdict = "drop"
+			}
 			fmt.Fprintf(&b, "\tchain %s {\n", c.name)
 			for _, npm := range nodePortMatches(rs.Options, f) {
-				fmt.Fprintf(&b, "\t\t%s %s\n", nodePortMatchText(f, npm), c.verdict)
+				fmt.Fprintf(&b, "\t\t%s %s\n", nodePortMatchText(f, npm), verdict)
 			}
 			b.WriteString("\t}\n\n")
 		}
