@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"sigs.k8s.io/kpng/hack/internal/benchnode"
 	"sigs.k8s.io/kpng/internal/netns"
 )
 
@@ -182,56 +183,30 @@ func readTargets(file string) ([]target, error) {
 // loopback.
 type localNode struct {
 	name, ns string
-	listener net.Listener
+	node     *benchnode.Node
 }
 
-// setup makes the namespace as kpng-sidebyside's node (10.255.0.1/24 on a
-// veth, the default route through it, the endpoints on lo) and loads the
-// ruleset in file with nft -f.
+// setup makes the namespace as kpng-sidebyside's node (benchnode) and loads
+// the ruleset in file with nft -f.
 func (l *localNode) setup(targets []target, file string) error {
-	cmds := [][]string{
-		{"ip", "netns", "add", l.ns},
-		{"ip", "-n", l.ns, "link", "set", "lo", "up"},
-		{"ip", "-n", l.ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
-		{"ip", "-n", l.ns, "link", "set", "eth0", "up"},
-		{"ip", "-n", l.ns, "link", "set", "eth1", "up"},
-		{"ip", "-n", l.ns, "addr", "add", "10.255.0.1/24", "dev", "eth0"},
-		{"ip", "-n", l.ns, "route", "add", "default", "via", "10.255.0.254", "dev", "eth0"},
-	}
+	var eps []netip.Addr
 	for _, t := range targets {
-		for _, ep := range t.endpoints {
-			cmds = append(cmds, []string{"ip", "-n", l.ns, "addr", "add", ep.String() + "/32", "dev", "lo"})
-		}
+		eps = append(eps, t.endpoints...)
 	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, strings.TrimSpace(string(out)))
-		}
+	var err error
+	if l.node, err = benchnode.Make(l.ns, eps); err != nil {
+		return err
 	}
 	cmd := exec.Command("ip", "netns", "exec", l.ns, "nft", "-f", file)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("nft -f %s: %w: %s", file, err, strings.TrimSpace(string(out)))
 	}
-	var err error
-	if l.listener, err = netns.RunIn("/run/netns/"+l.ns, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
-		return err
-	}
-	go func() {
-		for {
-			c, err := l.listener.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
 	return nil
 }
 
 // close removes the namespace.
 func (l *localNode) close() {
-	if l.listener != nil {
-		l.listener.Close()
+	if l.node != nil {
+		l.node.Close()
 	}
-	_ = exec.Command("ip", "netns", "del", l.ns).Run()
 }

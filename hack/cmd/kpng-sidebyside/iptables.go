@@ -203,7 +203,7 @@ func (b *bench) bigPhase(r *result) error {
 // its input and when it ran in $KPNG_SHIM_LOG before running the real
 // one.
 func (b *bench) shims(variant string, n *node) (string, error) {
-	dir := filepath.Join(b.cfg.shimDir, n.name)
+	dir := filepath.Join(b.cfg.shimDir, n.Name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -257,7 +257,7 @@ func (n *node) restoreBytes(from, to time.Time) int64 {
 // countRules returns the number of rules in the namespace's IPv4 nat
 // table.
 func (n *node) countRules(variant string) int {
-	out, err := exec.Command("ip", "netns", "exec", n.name, "iptables-"+variant+"-save", "-t", "nat").Output()
+	out, err := exec.Command("ip", "netns", "exec", n.Name, "iptables-"+variant+"-save", "-t", "nat").Output()
 	if err != nil {
 		return 0
 	}

@@ -51,6 +51,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"sigs.k8s.io/kpng/hack/internal/benchnode"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/netns"
 	procfs "sigs.k8s.io/kpng/internal/proc"
@@ -122,7 +123,7 @@ func logf(format string, args ...any) {
 // nodeName and nodeIP are the Node both proxiers run as.
 const nodeName = "node-a"
 
-var nodeIP = netip.MustParseAddr("10.255.0.1")
+var nodeIP = benchnode.NodeIP
 
 // ns is the namespace of the benchmark's objects.
 const ns = "bench"
@@ -333,61 +334,34 @@ func memory(pid int) (rss, hwm int64) {
 	return rss, hwm
 }
 
-// node is a network namespace standing for the node: lo up, a veth pair
-// carrying the node IP and the default route, the probe services'
-// endpoint addresses on lo, and a TCP server on :8080.
+// node is a network namespace standing for the node (benchnode: the node
+// IP, the probe services' endpoint addresses on lo, a TCP server on
+// :8080), with a forwarder to the API server.
 type node struct {
-	name     string
-	path     string
-	listener net.Listener
-	apiFwd   net.Listener
-	shimLog  string
+	*benchnode.Node
+	apiFwd  net.Listener
+	shimLog string
 }
 
 // newNode makes the namespace.
 func (b *bench) newNode(label string) (*node, error) {
 	name := "kpngsbs-" + label
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	n := &node{name: name, path: "/run/netns/" + name, shimLog: filepath.Join(b.cfg.shimDir, name+".log")}
-	cmds := [][]string{
-		{"ip", "netns", "add", name},
-		{"ip", "-n", name, "link", "set", "lo", "up"},
-		{"ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
-		{"ip", "-n", name, "link", "set", "eth0", "up"},
-		{"ip", "-n", name, "link", "set", "eth1", "up"},
-		{"ip", "-n", name, "addr", "add", nodeIP.String() + "/24", "dev", "eth0"},
-		{"ip", "-n", name, "route", "add", "default", "via", "10.255.0.254", "dev", "eth0"},
-	}
+	var eps []netip.Addr
 	for _, i := range b.probeServices() {
 		for e := range b.cfg.endpoints {
-			cmds = append(cmds, []string{"ip", "-n", name, "addr", "add", endpointIP(i, e).String() + "/32", "dev", "lo"})
+			eps = append(eps, endpointIP(i, e))
 		}
 	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			n.close()
-			return nil, fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, out)
-		}
-	}
-	var err error
-	if n.listener, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
-		n.close()
+	bn, err := benchnode.Make(name, eps)
+	if err != nil {
 		return nil, err
 	}
-	go func() {
-		for {
-			conn, err := n.listener.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}()
+	n := &node{Node: bn, shimLog: filepath.Join(b.cfg.shimDir, name+".log")}
 	// The API server, reached from the namespace at the address of the
 	// kubeconfig (127.0.0.1:port): a forwarder listening in the
 	// namespace and dialling from here.
 	host := strings.TrimPrefix(b.cp.Host(), "https://")
-	if n.apiFwd, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", host) }); err != nil {
+	if n.apiFwd, err = netns.RunIn(n.Path, func() (net.Listener, error) { return net.Listen("tcp", host) }); err != nil {
 		n.close()
 		return nil, err
 	}
@@ -397,13 +371,10 @@ func (b *bench) newNode(label string) (*node, error) {
 
 // close removes the namespace.
 func (n *node) close() {
-	if n.listener != nil {
-		n.listener.Close()
-	}
 	if n.apiFwd != nil {
 		n.apiFwd.Close()
 	}
-	_ = exec.Command("ip", "netns", "del", n.name).Run()
+	n.Node.Close()
 }
 
 // firstPacket returns the median time of a TCP connect from the node
@@ -416,9 +387,9 @@ func (n *node) close() {
 // kube-proxy, whichever went first.)
 func (b *bench) firstPacket(n *node, p *proc) (time.Duration, error) {
 	waited, used := waitIdle(p.cmd.Process.Pid, time.Minute)
-	logf("%s: the machine quiet %s after the sync (the proxier used %.2f s of CPU meanwhile); probing", n.name, waited.Round(10*time.Millisecond), used)
+	logf("%s: the machine quiet %s after the sync (the proxier used %.2f s of CPU meanwhile); probing", n.Name, waited.Round(10*time.Millisecond), used)
 	probes := b.probeServices()
-	return netns.RunIn(n.path, func() (time.Duration, error) {
+	return netns.RunIn(n.Path, func() (time.Duration, error) {
 		var times []time.Duration
 		for k := range b.cfg.probes {
 			b.mu.Lock()
@@ -547,7 +518,7 @@ func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
 	var syncRE, roundRE *regexp.Regexp
 	switch {
 	case proxier == "kube-proxy":
-		args := []string{"netns", "exec", n.name, b.cfg.kubeProxy, "--kubeconfig=" + b.cp.KubeconfigPath(),
+		args := []string{"netns", "exec", n.Name, b.cfg.kubeProxy, "--kubeconfig=" + b.cp.KubeconfigPath(),
 			"--hostname-override=" + nodeName, "--proxy-mode=" + b.cfg.mode, "-v=2",
 			"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
 			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"}
@@ -555,11 +526,11 @@ func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
 		syncRE = kubeProxySync
 	case proxier == "kpng" && b.cfg.mode == "iptables":
 		cmd = exec.Command(b.cfg.kpng, "-v=2", "kube", "--kubeconfig="+b.cp.KubeconfigPath(), "--node-name="+nodeName,
-			"to-local", "to-iptables", "--iptables="+variant, "--netns="+n.path)
+			"to-local", "to-iptables", "--iptables="+variant, "--netns="+n.Path)
 		syncRE = kpngIPTablesSync
 	case proxier == "kpng" && b.cfg.mode == "nftables":
 		cmd = exec.Command(b.cfg.kpng, "-v="+strconv.Itoa(b.cfg.kpngV), "kube", "--kubeconfig="+b.cp.KubeconfigPath(), "--node-name="+nodeName,
-			"to-local", "to-nft", "--netns="+n.path)
+			"to-local", "to-nft", "--netns="+n.Path)
 		syncRE, roundRE = kpngNFTSync, kpngRound
 	default:
 		return nil, fmt.Errorf("unknown proxier %q", proxier)
@@ -584,7 +555,7 @@ func (b *bench) start(proxier, variant string, n *node) (*proc, error) {
 	if err := os.MkdirAll(b.cfg.logDir, 0o755); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(filepath.Join(b.cfg.logDir, n.name+".log"))
+	logFile, err := os.Create(filepath.Join(b.cfg.logDir, n.Name+".log"))
 	if err != nil {
 		return nil, err
 	}

@@ -131,14 +131,14 @@ func (b *bench) interleavedFirstPacket(results []*nftResult) error {
 	}
 	files := make([]string, len(kept))
 	for i, r := range kept {
-		files[i] = filepath.Join(b.cfg.logDir, r.node.name+".nft")
-		if err := dumpRules(r.node.name, files[i]); err != nil {
+		files[i] = filepath.Join(b.cfg.logDir, r.node.Name+".nft")
+		if err := dumpRules(r.node.Name, files[i]); err != nil {
 			return err
 		}
-		dumpState(r.node.name, filepath.Join(b.cfg.logDir, r.node.name+".state"))
+		dumpState(r.node.Name, filepath.Join(b.cfg.logDir, r.node.Name+".state"))
 	}
 	for i, r := range kept {
-		if err := loadRules(r.node.name, files[1-i]); err != nil {
+		if err := loadRules(r.node.Name, files[1-i]); err != nil {
 			return err
 		}
 	}
@@ -166,7 +166,7 @@ func (b *bench) probeInTurn(kept []*nftResult) ([]time.Duration, error) {
 		b.mu.Unlock()
 		for j := range kept {
 			i := (j + k) % len(kept)
-			d, err := netns.RunIn(kept[i].node.path, func() (time.Duration, error) { return connectTime(ip) })
+			d, err := netns.RunIn(kept[i].node.Path, func() (time.Duration, error) { return connectTime(ip) })
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", kept[i].proxier, err)
 			}
@@ -252,7 +252,7 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 	if r.firstPacket, err = b.firstPacket(n, p); err != nil {
 		return nil, err
 	}
-	mon, err := newElementMonitor(n.path)
+	mon, err := newElementMonitor(n.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -297,7 +297,7 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 			logf("%s: endpoint change %d (%s/%s → %s) not seen: %v", proxier, i, ns, svcName(svc), addr, err)
 			r.lost++
 			mon.close()
-			if mon, err = newElementMonitor(n.path); err != nil {
+			if mon, err = newElementMonitor(n.Path); err != nil {
 				return nil, err
 			}
 			continue
@@ -331,7 +331,7 @@ func (b *bench) nftPhase(proxier string) (*nftResult, error) {
 		}
 	}
 	r.rssKiB, r.hwmKiB = memory(p.cmd.Process.Pid)
-	if err := writeChanges(filepath.Join(cfg.logDir, n.name+"-changes.csv"), r.changes); err != nil {
+	if err := writeChanges(filepath.Join(cfg.logDir, n.Name+"-changes.csv"), r.changes); err != nil {
 		logf("%s: %v", proxier, err)
 	}
 	logf("%s: cold start %s, change median %s p99 %s (%d lost), RSS %d MiB (peak %d MiB)", proxier,
