@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/kpng/hack/internal/benchnode"
+	"sigs.k8s.io/kpng/internal/benchnode"
 	"sigs.k8s.io/kpng/internal/netns"
 )
 

@@ -51,7 +51,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"sigs.k8s.io/kpng/hack/internal/benchnode"
+	"sigs.k8s.io/kpng/internal/benchnode"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/netns"
 	procfs "sigs.k8s.io/kpng/internal/proc"
