@@ -12,4 +12,7 @@ const (
 	// connections, on both sides: large enough that a first state of
 	// megabytes is not paced by window updates.
 	WindowSize = 4 << 20
+	// MaxPeers bounds the replica addresses of a Peers message: a
+	// controller sends at most this many, a backend refuses a longer list.
+	MaxPeers = 256
 )

@@ -78,6 +78,27 @@ func authorize(ctx context.Context, requested string, anyNode []string) (string,
 		model.Quote(cn), NodeUserPrefix, NodesGroup, model.Quote(requested))
 }
 
+// authorizePeers checks that the client behind ctx may learn the
+// controller's replicas (the Peers call): any client that may watch a view,
+// that is, without a verified client certificate (the listener decided),
+// or with a node's, or one whose common name may watch any node's view.
+func authorizePeers(ctx context.Context, anyNode []string) error {
+	cert := verifiedClientCert(ctx)
+	if cert == nil {
+		return nil
+	}
+	if _, ok := NodeOfCertificate(cert); ok {
+		return nil
+	}
+	cn := cert.Subject.CommonName
+	if slices.Contains(anyNode, cn) || slices.Contains(anyNode, AnyCertificate) {
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied,
+		"client certificate %s has no node identity (CN=%sNAME, O=%s) and is not allowed to watch any node's view (the controller's --tls-any-node-cn): it may not learn the controller's replicas",
+		model.Quote(cn), NodeUserPrefix, NodesGroup)
+}
+
 // verifiedClientCert returns the client certificate of the connection
 // behind ctx when the server verified it against its client CA, else nil.
 func verifiedClientCert(ctx context.Context) *x509.Certificate {

@@ -14,8 +14,13 @@ import (
 // Defaults of Limits.
 const (
 	// DefaultMaxStreamsPerConnection is the number of streams a
-	// connection may have open at once: a backend watches with one.
+	// connection may have open at once: a backend watches with one and
+	// learns the controller's replicas with another (its Peers call).
 	DefaultMaxStreamsPerConnection = 8
+	// MinStreamsPerConnection is the least MaxStreamsPerConnection a
+	// listener takes (0 aside, the default): with one, a backend's Peers
+	// stream, which never ends, would hold its Watch back for good.
+	MinStreamsPerConnection = 2
 	// DefaultMaxConnections is the number of TCP connections served at
 	// once: two backends on each of 5,000 nodes.
 	DefaultMaxConnections = 10000

@@ -67,6 +67,9 @@ func (c ListenConfig) Options() (address.Address, []grpc.ServerOption, error) {
 	if err != nil {
 		return addr, nil, err
 	}
+	if n := c.Limits.MaxStreamsPerConnection; n > 0 && n < MinStreamsPerConnection {
+		return addr, nil, fmt.Errorf("listen %s: %d streams per connection: a backend needs %d (its Watch and its Peers streams)", addr, n, MinStreamsPerConnection)
+	}
 	opts := append(ServerOptions(), c.Limits.serverOptions()...)
 	tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.NoClientAuth
 	switch {

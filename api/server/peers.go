@@ -31,9 +31,9 @@ type Peers struct {
 func NewPeers() *Peers { return &Peers{changed: make(chan struct{})} }
 
 // Set replaces the replicas' addresses, IP addresses (sorted and
-// deduplicated here; an address that does not parse is an error, and
-// nothing is replaced). The streams are sent the list when it differs from
-// the last.
+// deduplicated here; an address that does not parse, or more than
+// kpngv1.MaxPeers, is an error, and nothing is replaced). The streams are
+// sent the list when it differs from the last.
 func (p *Peers) Set(ips []string) error {
 	list := make([]string, 0, len(ips))
 	for _, ip := range ips {
@@ -45,6 +45,9 @@ func (p *Peers) Set(ips []string) error {
 	}
 	slices.Sort(list)
 	list = slices.Compact(list)
+	if len(list) > kpngv1.MaxPeers {
+		return fmt.Errorf("%d controller peer addresses, more than a backend takes (%d)", len(list), kpngv1.MaxPeers)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.known && slices.Equal(p.ips, list) {
@@ -67,15 +70,23 @@ func (p *Peers) current() ([]string, bool, <-chan struct{}) {
 // Peers implements kpngv1.ControllerServer: the replicas' addresses as soon
 // as they are known, then each change, until the backend goes or the
 // controller stops. A client that may not watch any view is refused, as by
-// Watch.
+// Watch, and counted with the refused Watch calls. (A backend that stops
+// reading blocks its Peers stream's send: a list is a few hundred bytes,
+// sent when the replicas change, and the stream ends with its connection.)
 func (s *Server) Peers(_ *kpngv1.PeersRequest, stream grpc.ServerStreamingServer[kpngv1.PeerAddresses]) error {
-	if s.peers == nil {
-		return status.Error(codes.FailedPrecondition, "this controller was not given its replicas' Service (to-api --peers-service)")
-	}
 	ctx := stream.Context()
-	if _, err := authorize(ctx, "", s.anyNode); err != nil {
+	select {
+	case <-s.stopping:
+		return errStopping
+	default:
+	}
+	if err := authorizePeers(ctx, s.anyNode); err != nil {
+		s.refused.Add(1)
 		klog.ErrorS(err, "Refusing a backend's Peers call", "peer", peerAddr(ctx))
 		return err
+	}
+	if s.peers == nil {
+		return status.Error(codes.FailedPrecondition, "this controller was not given its replicas' Service (to-api --peers-service)")
 	}
 	var sent []string
 	first := true

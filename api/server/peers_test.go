@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,6 +66,13 @@ func TestPeersStream(t *testing.T) {
 	if err := peers.Set([]string{"10.0.0.1", "not-an-ip"}); err == nil {
 		t.Error("Set took an address that is not an IP address")
 	}
+	var many []string
+	for i := range kpngv1.MaxPeers + 1 {
+		many = append(many, fmt.Sprintf("10.1.%d.%d", i/256, i%256))
+	}
+	if err := peers.Set(many); err == nil {
+		t.Errorf("Set took %d addresses, more than MaxPeers", len(many))
+	}
 	// The same list again is not sent: the next message is the change.
 	if err := peers.Set([]string{"fd00::1", "10.0.0.2", "10.0.0.1"}); err != nil {
 		t.Fatal(err)
@@ -90,7 +99,9 @@ func TestPeersStream(t *testing.T) {
 
 // TestPeersWithoutService: a controller not given its replicas answers
 // FailedPrecondition naming the flag; with client certificates, one
-// without a node identity is refused as by Watch.
+// without a node identity is refused as by Watch (and counted), unless its
+// common name may watch any node's view; a stopping controller answers
+// Unavailable.
 func TestPeersWithoutService(t *testing.T) {
 	s := startServerWith(t, server.ListenConfig{Address: socketAddr(t)}, server.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -108,8 +119,9 @@ func TestPeersWithoutService(t *testing.T) {
 	if err := peers.Set([]string{"10.0.0.1"}); err != nil {
 		t.Fatal(err)
 	}
-	ts := tlsServer(t, certs, server.Options{Peers: peers})
+	ts := tlsServer(t, certs, server.Options{Peers: peers, AnyNodeCommonNames: []string{"kpng-any"}})
 	readerCert, readerKey := certs.client("kpng-reader")
+	anyCert, anyKey := certs.client("kpng-any")
 	for _, c := range []struct {
 		name       string
 		cert, key  string
@@ -118,6 +130,7 @@ func TestPeersWithoutService(t *testing.T) {
 	}{
 		{"node-a", certs.clientCert, certs.clientKey, codes.OK, true},
 		{"no node identity", readerCert, readerKey, codes.PermissionDenied, false},
+		{"any node's view", anyCert, anyKey, codes.OK, true},
 	} {
 		conn := dial(t, remote.Config{Address: ts.addr, TLSCA: certs.ca, TLSCert: c.cert, TLSKey: c.key})
 		stream, err := kpngv1.NewControllerClient(conn).Peers(ctx, &kpngv1.PeersRequest{})
@@ -128,6 +141,22 @@ func TestPeersWithoutService(t *testing.T) {
 		if status.Code(err) != c.want || (m != nil) != c.wantListed {
 			t.Errorf("%s: %v, %v; want %v", c.name, m, err, c.want)
 		}
+		if c.want == codes.PermissionDenied && !strings.Contains(status.Convert(err).Message(), `client certificate "kpng-reader" has no node identity`) {
+			t.Errorf("%s: refused with %q, want the certificate named", c.name, status.Convert(err).Message())
+		}
 		conn.Close()
+	}
+	if n := ts.srv.Stats().Refused; n != 1 {
+		t.Errorf("%d refusals counted, want 1", n)
+	}
+	ts.srv.Stop()
+	conn := dial(t, remote.Config{Address: ts.addr, TLSCA: certs.ca, TLSCert: certs.clientCert, TLSKey: certs.clientKey})
+	defer conn.Close()
+	stream, err = kpngv1.NewControllerClient(conn).Peers(ctx, &kpngv1.PeersRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("Peers on a stopping controller: %v, want Unavailable", err)
 	}
 }

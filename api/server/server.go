@@ -115,8 +115,8 @@ type Stats struct {
 	// did not read its stream for the send timeout, or a send that
 	// failed while the backend was still there.
 	Dropped uint64
-	// Refused is the number of Watch requests refused: another node's
-	// view than its certificate's, a certificate without a node
+	// Refused is the number of Watch and Peers requests refused: another
+	// node's view than its certificate's, a certificate without a node
 	// identity, a node name too long, a node with too many streams.
 	Refused uint64
 	// SentBytes and SentBatches are what was sent: the Batch messages

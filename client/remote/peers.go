@@ -27,18 +27,19 @@ import (
 // without telling anything; the next stream goes to whichever replica is
 // up). PeersRetryUnsupported is the wait after a controller said it does
 // not tell its replicas (not given its Service, or built before the call):
-// it may be replaced by one that does. MaxPeers bounds the addresses kept.
+// it may be replaced by one that does.
 const (
 	PeersRetryMin         = 250 * time.Millisecond
 	PeersRetryMax         = 30 * time.Second
 	PeersRetryUnsupported = 5 * time.Minute
-	MaxPeers              = 256
 )
 
 // followPeers gives names the controller replicas' addresses that the
 // controllers behind client tell, until ctx ends: one stream at a time,
 // opened again when it ends. The last addresses told are kept when a
-// stream ends (its controller gone): they are where the backend goes next.
+// stream ends (its controller gone): they are where the backend goes next;
+// they are dropped when a controller says it does not tell its replicas
+// (the deployment changed: the name's own addresses are all there is).
 func followPeers(ctx context.Context, client kpngv1.ControllerClient, names *resolverBuilder, address string) {
 	logger := klog.FromContext(ctx).WithValues("address", address)
 	newBackoff := func() wait.Backoff {
@@ -62,6 +63,10 @@ func followPeers(ctx context.Context, client kpngv1.ControllerClient, names *res
 		}
 		delay := backoff.Step()
 		if c := status.Code(err); c == codes.Unimplemented || c == codes.FailedPrecondition {
+			if last != nil {
+				last = nil
+				names.setPeers(nil)
+			}
 			logger.V(2).Info("The kpng controller does not tell its replicas' addresses; asking again later", "err", err, "retryIn", PeersRetryUnsupported)
 			delay = PeersRetryUnsupported
 		} else {
@@ -105,10 +110,10 @@ func peersOnce(ctx context.Context, client kpngv1.ControllerClient, set func([]s
 }
 
 // peerIPs checks a controller's list of replica addresses: IP addresses,
-// at most MaxPeers. It returns them sorted, without duplicates.
+// at most kpngv1.MaxPeers. It returns them sorted, without duplicates.
 func peerIPs(ips []string) ([]string, error) {
-	if len(ips) > MaxPeers {
-		return nil, fmt.Errorf("%d replica addresses, more than %d", len(ips), MaxPeers)
+	if len(ips) > kpngv1.MaxPeers {
+		return nil, fmt.Errorf("%d replica addresses, more than %d", len(ips), kpngv1.MaxPeers)
 	}
 	out := make([]string, 0, len(ips))
 	for _, ip := range ips {

@@ -145,6 +145,11 @@ func (b *resolverBuilder) Build(target resolver.Target, cc resolver.ClientConn, 
 		b.live = map[*nameResolver]struct{}{}
 	}
 	b.live[r] = struct{}{}
+	if len(b.peers) > 0 {
+		// A resolver built again (gRPC leaving idleness) gives the
+		// replicas known at once, whatever the name's lookup does.
+		r.peersChanged <- struct{}{}
+	}
 	b.mu.Unlock()
 	go r.run(ctx)
 	return r, nil

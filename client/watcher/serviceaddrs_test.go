@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	discovery "k8s.io/api/discovery/v1"
 
 	"sigs.k8s.io/kpng/client/watcher"
 	"sigs.k8s.io/kpng/internal/kubetest"
@@ -13,10 +14,11 @@ import (
 
 // TestWatchReadyAddresses: the ready addresses of one service's
 // EndpointSlices (IPv4 and IPv6 slices, an address in two slices once, a
-// not-ready endpoint left out), against the real API server, then each
-// change: an endpoint becoming ready, a slice deleted. Another service's
-// slices in the same namespace are not counted, and the function returns
-// when its context ends.
+// not-ready endpoint left out, one without a ready condition kept, an FQDN
+// slice left out), against the real API server, told whole the first time
+// (not slice by slice), then each change: an endpoint becoming ready, a
+// slice deleted. Another service's slices in the same namespace are not
+// counted, and the function returns when its context ends.
 func TestWatchReadyAddresses(t *testing.T) {
 	cp.Require(t)
 	kc := kubetest.Client{T: t, C: cp.Client()}
@@ -26,6 +28,12 @@ func TestWatchReadyAddresses(t *testing.T) {
 	kc.CreateSlice(kubetest.Slice(ctl, "ctl-a", kubetest.EP{IP: "10.4.0.1"}, kubetest.EP{IP: "10.4.0.2", NotReady: true}))
 	kc.CreateSlice(kubetest.Slice(ctl, "ctl-b", kubetest.EP{IP: "fd00::4"}))
 	kc.CreateSlice(kubetest.Slice(ctl, "ctl-c", kubetest.EP{IP: "10.4.0.1"}))
+	unknown := kubetest.Slice(ctl, "ctl-d", kubetest.EP{IP: "10.4.0.5"})
+	unknown.Endpoints[0].Conditions.Ready = nil
+	kc.CreateSlice(unknown)
+	fqdn := kubetest.Slice(ctl, "ctl-e", kubetest.EP{IP: "ctl.example.com"})
+	fqdn.AddressType = discovery.AddressTypeFQDN
+	kc.CreateSlice(fqdn)
 	kc.CreateSlice(kubetest.Slice(other, "other-a", kubetest.EP{IP: "10.4.0.9"}))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -67,11 +75,18 @@ func TestWatchReadyAddresses(t *testing.T) {
 			}
 		}
 	}
-	await("first", "10.4.0.1", "fd00::4")
+	select {
+	case first := <-lists:
+		if diff := cmp.Diff([]string{"10.4.0.1", "10.4.0.5", "fd00::4"}, first); diff != "" {
+			t.Errorf("the first list, not the whole first state (-want +got):\n%s", diff)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no list within 30 s")
+	}
 	kc.UpdateSlice(kubetest.Slice(ctl, "ctl-a", kubetest.EP{IP: "10.4.0.1"}, kubetest.EP{IP: "10.4.0.2"}))
-	await("10.4.0.2 ready", "10.4.0.1", "10.4.0.2", "fd00::4")
+	await("10.4.0.2 ready", "10.4.0.1", "10.4.0.2", "10.4.0.5", "fd00::4")
 	kc.DeleteSlice(ns, "ctl-b")
-	await("the IPv6 slice deleted", "10.4.0.1", "10.4.0.2")
+	await("the IPv6 slice deleted", "10.4.0.1", "10.4.0.2", "10.4.0.5")
 
 	if err := watcher.WatchReadyAddresses(ctx, cp.Client(), "", "ctl", func([]string) {}); err == nil {
 		t.Error("no error without a namespace")

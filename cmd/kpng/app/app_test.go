@@ -379,6 +379,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"kube", "to-api", "--tls-any-node-cn=reader"}, "--tls-any-node-cn needs --tls-client-ca"},
 		{[]string{"kube", "to-api", "--max-concurrent-first-states=0"}, "--max-concurrent-first-states must be at least 1"},
 		{[]string{"kube", "to-api", "--max-streams-per-node=0"}, "--max-streams-per-node must be at least 1"},
+		{[]string{"kube", "to-api", "--http2-max-streams-per-connection=1"}, "1 streams per connection: a backend needs 2"},
 		{[]string{"kube", "to-api", "--peers-service=kpng-controller"}, `--peers-service="kpng-controller": want NAMESPACE/NAME`},
 		{[]string{"kube", "to-api", "--peers-service=a/b/c"}, "want NAMESPACE/NAME"},
 		{[]string{"file", "--input=/tmp/x", "to-api", "--peers-service=kube-system/kpng-controller"}, "to-api --peers-service needs the kube input"},

@@ -124,7 +124,7 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 	fs.BoolVar(&cfg.NoClientAuth, "insecure-no-client-auth", false, "serve TLS on TCP without client certificates: anyone who reaches the address can watch any node's view")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "plain TCP, only allowed on a loopback address")
 	anyNode := fs.String("tls-any-node-cn", "", "comma-separated common names of client certificates without a node identity that may watch any node's view (\"*\": every certificate the CA signed)")
-	fs.IntVar(&cfg.Limits.MaxStreamsPerConnection, "http2-max-streams-per-connection", server.DefaultMaxStreamsPerConnection, "streams a client connection may have open at once (-1: no limit)")
+	fs.IntVar(&cfg.Limits.MaxStreamsPerConnection, "http2-max-streams-per-connection", server.DefaultMaxStreamsPerConnection, "streams a client connection may have open at once, at least 2: a backend's Watch and Peers (-1: no limit)")
 	fs.IntVar(&cfg.Limits.MaxConnections, "max-connections", server.DefaultMaxConnections, "TCP connections served at once (-1: no limit)")
 	fs.IntVar(&cfg.Limits.MaxConnectionsPerClient, "max-connections-per-client", server.DefaultMaxConnectionsPerClient, "TCP connections served at once from one client IP address (-1: no limit)")
 	fs.DurationVar(&cfg.Limits.ConnectionIdleTimeout, "connection-idle-timeout", server.DefaultConnectionIdleTimeout, "close a connection without a stream after this long (-1s: never)")
