@@ -424,14 +424,17 @@ fresh_stop() {
   [[ "$(grep -c '^ok' <<<"${out}")" -gt 10 ]]
 }
 
-# klog_between LINE1 LINE2: the seconds from klog line LINE1 to LINE2 (their
-# time of day; one machine, one clock), nothing if either is empty.
-klog_between() {
-  [[ -n "$1" && -n "$2" ]] || return 0
-  awk -v a="$1" -v b="$2" 'BEGIN {
-    split(a, x, " "); split(b, y, " "); split(x[2], p, ":"); split(y[2], q, ":")
-    d = (q[1] * 3600 + q[2] * 60 + q[3]) - (p[1] * 3600 + p[2] * 60 + p[3]); if (d < -43200) d += 86400
-    printf "%.3f", d }'
+# klog_after START PATTERN: the time of day (seconds) of the first klog line
+# read from stdin that matches PATTERN and is not before the epoch time
+# START (one machine, one clock); nothing if there is none.
+klog_after() {
+  awk -v start="$1" -v pat="$2" '
+    BEGIN { from = start - 86400 * int(start / 86400) }
+    index($0, pat) {
+      split($2, t, ":"); s = t[1] * 3600 + t[2] * 60 + t[3]
+      if (s - from < -43200) s += 86400
+      if (s >= from) { printf "%.6f", s; exit }
+    }'
 }
 
 # controller_failover: the replica that node-a's backend watches is deleted,
@@ -443,7 +446,7 @@ klog_between() {
 # backends are not restarted. Then a rolling update of the Deployment, the
 # same traffic still answered.
 controller_failover() {
-  local round old new start monitor rc=0 deletes took moved
+  local round old new start monitor rc=0 deletes took move_s lost connected
   # nsenter execs nft: $! is nft's pid, to stop it with.
   nsenter --net="/run/netns/$(kpngc_netns node-a)" -- nft monitor >"${KPNGC_DIR}/logs/controller-failover-nft-monitor.log" 2>&1 &
   monitor=$!
@@ -462,22 +465,23 @@ controller_failover() {
     new="$(watching node-a)"
     # The time from the deletion to the new replica's log of node-a's
     # backend connected (one clock: one machine; klog's time of day), and
-    # the move itself: from node-a's backend's log of its controller lost
-    # to that connection.
+    # the move itself: from node-a's backend's first log of its controller
+    # lost since the deletion to that connection.
     took="$(k -n kube-system logs "${new}" |
       grep "\"Backend connected\" node=\"node-a\"" | tail -n 1 | awk -v start="${start}" '{
         split($2, t, ":"); s = t[1] * 3600 + t[2] * 60 + t[3]
         d = s - (start - 86400 * int(start / 86400)); if (d < -43200) d += 86400
         printf "%.1f", d }')"
-    moved="$(klog_between \
-      "$(k -n kube-system logs "$(k -n kube-system get pods -l app.kubernetes.io/name=kpng-nft-node --field-selector spec.nodeName=node-a \
-        -o jsonpath='{.items[0].metadata.name}')" | grep '"Lost the kpng controller' | tail -n 1)" \
-      "$(k -n kube-system logs "${new}" | grep "\"Backend connected\" node=\"node-a\"" | tail -n 1)")"
-    kpngc_log "failover ${round}: ${old} deleted; node-a's backend connected to ${new} ${took} s after, ${moved:-an unknown time} s after it lost ${old}"
+    lost="$(k -n kube-system logs "$(k -n kube-system get pods -l app.kubernetes.io/name=kpng-nft-node --field-selector spec.nodeName=node-a \
+      -o jsonpath='{.items[0].metadata.name}')" | klog_after "${start}" '"Lost the kpng controller')"
+    connected="$(k -n kube-system logs "${new}" | klog_after "${start}" "\"Backend connected\" node=\"node-a\"")"
+    move_s=""
+    [[ -z "${lost}" || -z "${connected}" ]] || move_s="$(awk -v a="${lost}" -v b="${connected}" 'BEGIN { printf "%.3f", b - a }')"
+    kpngc_log "failover ${round}: ${old} deleted; node-a's backend connected to ${new} ${took} s after, ${move_s:-an unknown time} s after it lost ${old}"
     # Within a second (issue 24): the backend knew the other replica
     # before (the DNS name's answer, or the replicas its controller told).
-    if ! awk -v d="${moved}" 'BEGIN { exit !(d != "" && d <= 1.0) }'; then
-      kpngc_log "failover ${round}: node-a's backend moved in ${moved:-an unknown time} s, more than 1 s"
+    if ! awk -v d="${move_s}" 'BEGIN { exit !(d != "" && d <= 1.0) }'; then
+      kpngc_log "failover ${round}: node-a's backend moved in ${move_s:-an unknown time} s, more than 1 s"
       rc=1
     fi
     # The Deployment's new replica ready (on the node the deleted one left:
