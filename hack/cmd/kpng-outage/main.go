@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
+	"sigs.k8s.io/kpng/internal/benchnode"
 	"sigs.k8s.io/kpng/internal/controlplane"
 	"sigs.k8s.io/kpng/internal/netns"
 )
@@ -44,7 +45,7 @@ const (
 )
 
 // nodeIP is the node namespace's address.
-var nodeIP = netip.MustParseAddr("10.255.0.1")
+var nodeIP = benchnode.NodeIP
 
 // config is the command line.
 type config struct {
@@ -321,53 +322,27 @@ func endpointIP(i, e int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, byte(1 + i/250), byte(i % 250), byte(1 + e)})
 }
 
-// node is a network namespace a proxier programs: the endpoints of the
-// probe service are its own addresses, served on 8080.
+// node is a network namespace a proxier programs (benchnode: the
+// endpoints of the probe service are its own addresses, served on 8080),
+// with a forwarder to the API server.
 type node struct {
-	name, path string
-	listener   net.Listener
-	apiFwd     net.Listener
+	*benchnode.Node
+	apiFwd net.Listener
 }
 
 // newNode makes the namespace.
 func newNode(label, apiHost string) (*node, error) {
-	name := "kpngout-" + label
-	_ = exec.Command("ip", "netns", "del", name).Run()
-	n := &node{name: name, path: "/run/netns/" + name}
-	cmds := [][]string{
-		{"ip", "netns", "add", name},
-		{"ip", "-n", name, "link", "set", "lo", "up"},
-		{"ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
-		{"ip", "-n", name, "link", "set", "eth0", "up"},
-		{"ip", "-n", name, "link", "set", "eth1", "up"},
-		{"ip", "-n", name, "addr", "add", nodeIP.String() + "/24", "dev", "eth0"},
-		{"ip", "-n", name, "route", "add", "default", "via", "10.255.0.254", "dev", "eth0"},
-	}
+	var eps []netip.Addr
 	for e := range endpoints {
-		cmds = append(cmds, []string{"ip", "-n", name, "addr", "add", endpointIP(0, e).String() + "/32", "dev", "lo"})
+		eps = append(eps, endpointIP(0, e))
 	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			n.close()
-			return nil, fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, out)
-		}
-	}
-	var err error
-	if n.listener, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", "0.0.0.0:8080") }); err != nil {
-		n.close()
+	bn, err := benchnode.Make("kpngout-"+label, eps)
+	if err != nil {
 		return nil, err
 	}
-	go func() {
-		for {
-			conn, err := n.listener.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}()
+	n := &node{Node: bn}
 	// The API server, at the kubeconfig's 127.0.0.1:port, from inside.
-	if n.apiFwd, err = netns.RunIn(n.path, func() (net.Listener, error) { return net.Listen("tcp", apiHost) }); err != nil {
+	if n.apiFwd, err = netns.RunIn(n.Path, func() (net.Listener, error) { return net.Listen("tcp", apiHost) }); err != nil {
 		n.close()
 		return nil, err
 	}
@@ -377,7 +352,7 @@ func newNode(label, apiHost string) (*node, error) {
 
 // exec runs a command in the namespace and returns its output.
 func (n *node) exec(name string, args ...string) (string, error) {
-	out, err := exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...).CombinedOutput()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
 	}
@@ -386,13 +361,10 @@ func (n *node) exec(name string, args ...string) (string, error) {
 
 // close removes the namespace.
 func (n *node) close() {
-	if n.listener != nil {
-		n.listener.Close()
-	}
 	if n.apiFwd != nil {
 		n.apiFwd.Close()
 	}
-	_ = exec.Command("ip", "netns", "del", n.name).Run()
+	n.Node.Close()
 }
 
 // measure runs the proxier p in a namespace of its own and each action
@@ -491,11 +463,11 @@ func measure(cfg config, cp *controlplane.ControlPlane, p proxier, probe netip.A
 func proxierCommand(cfg config, cp *controlplane.ControlPlane, p proxier, n *node) (*exec.Cmd, error) {
 	switch {
 	case p.kpng && p.mode == "nftables":
-		return exec.Command(cfg.kpng, "-v=1", "kube", "--kubeconfig="+cp.KubeconfigPath(), "--node-name="+nodeName, "to-local", "to-nft", "--netns="+n.path), nil
+		return exec.Command(cfg.kpng, "-v=1", "kube", "--kubeconfig="+cp.KubeconfigPath(), "--node-name="+nodeName, "to-local", "to-nft", "--netns="+n.Path), nil
 	case p.kpng:
-		return exec.Command(cfg.kpng, "-v=1", "kube", "--kubeconfig="+cp.KubeconfigPath(), "--node-name="+nodeName, "to-local", "to-iptables", "--iptables="+p.variant, "--netns="+n.path), nil
+		return exec.Command(cfg.kpng, "-v=1", "kube", "--kubeconfig="+cp.KubeconfigPath(), "--node-name="+nodeName, "to-local", "to-iptables", "--iptables="+p.variant, "--netns="+n.Path), nil
 	}
-	cmd := exec.Command("ip", "netns", "exec", n.name, cfg.kubeProxy, "--kubeconfig="+cp.KubeconfigPath(),
+	cmd := exec.Command("ip", "netns", "exec", n.Name, cfg.kubeProxy, "--kubeconfig="+cp.KubeconfigPath(),
 		"--hostname-override="+nodeName, "--proxy-mode="+p.mode, "-v=2",
 		"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
 		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0")
@@ -519,7 +491,7 @@ func proxierCommand(cfg config, cp *controlplane.ControlPlane, p proxier, n *nod
 // interval until the endpoint answers, and returns how long it took; an
 // error after limit.
 func untilServed(n *node, probe netip.Addr, limit, interval time.Duration) (time.Duration, error) {
-	return netns.RunIn(n.path, func() (time.Duration, error) {
+	return netns.RunIn(n.Path, func() (time.Duration, error) {
 		start := time.Now()
 		dst := netip.AddrPortFrom(probe, 80).String()
 		for time.Since(start) < limit {
