@@ -63,7 +63,8 @@ type Config struct {
 	// counts as one controller address served by all of them (round_robin:
 	// a connection to each, a new stream on one that is up); the name is
 	// resolved again every ResolvePeriod and at once (ResolveNowGap at
-	// most) when a connection fails.
+	// most) when a connection fails, and the replicas its controllers
+	// tell (their Peers call) are added to its addresses.
 	Address string
 	// NodeName is this backend's node.
 	NodeName string
