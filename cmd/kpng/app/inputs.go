@@ -9,7 +9,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/api/server"
-
 	"sigs.k8s.io/kpng/client"
 	"sigs.k8s.io/kpng/client/metrics"
 	"sigs.k8s.io/kpng/client/watcher"
