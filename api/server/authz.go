@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -69,13 +70,27 @@ func authorize(ctx context.Context, requested string, anyNode []string) (string,
 		}
 		return node, nil
 	}
-	cn := cert.Subject.CommonName
-	if slices.Contains(anyNode, cn) || slices.Contains(anyNode, AnyCertificate) {
+	if anyViewAllowed(cert, anyNode) {
 		return requested, nil
 	}
-	return "", status.Errorf(codes.PermissionDenied,
-		"client certificate %s has no node identity (CN=%sNAME, O=%s) and is not allowed to watch any node's view (the controller's --tls-any-node-cn); it may not watch node %s's view",
-		model.Quote(cn), NodeUserPrefix, NodesGroup, model.Quote(requested))
+	return "", noNodeIdentity(cert, fmt.Sprintf("; it may not watch node %s's view", model.Quote(requested)))
+}
+
+// anyViewAllowed reports whether a certificate without a node identity
+// may watch any node's view: its common name is one of anyNode, or
+// anyNode holds AnyCertificate.
+func anyViewAllowed(cert *x509.Certificate, anyNode []string) bool {
+	cn := cert.Subject.CommonName
+	return slices.Contains(anyNode, cn) || slices.Contains(anyNode, AnyCertificate)
+}
+
+// noNodeIdentity is the refusal (PermissionDenied) of a certificate
+// without a node identity that may not watch any node's view; what ends
+// the message with what it may not do.
+func noNodeIdentity(cert *x509.Certificate, what string) error {
+	return status.Errorf(codes.PermissionDenied,
+		"client certificate %s has no node identity (CN=%sNAME, O=%s) and is not allowed to watch any node's view (the controller's --tls-any-node-cn)%s",
+		model.Quote(cert.Subject.CommonName), NodeUserPrefix, NodesGroup, what)
 }
 
 // authorizePeers checks that the client behind ctx may learn the
@@ -87,16 +102,10 @@ func authorizePeers(ctx context.Context, anyNode []string) error {
 	if cert == nil {
 		return nil
 	}
-	if _, ok := NodeOfCertificate(cert); ok {
+	if _, ok := NodeOfCertificate(cert); ok || anyViewAllowed(cert, anyNode) {
 		return nil
 	}
-	cn := cert.Subject.CommonName
-	if slices.Contains(anyNode, cn) || slices.Contains(anyNode, AnyCertificate) {
-		return nil
-	}
-	return status.Errorf(codes.PermissionDenied,
-		"client certificate %s has no node identity (CN=%sNAME, O=%s) and is not allowed to watch any node's view (the controller's --tls-any-node-cn): it may not learn the controller's replicas",
-		model.Quote(cn), NodeUserPrefix, NodesGroup)
+	return noNodeIdentity(cert, ": it may not learn the controller's replicas")
 }
 
 // verifiedClientCert returns the client certificate of the connection

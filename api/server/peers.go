@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"sync"
 
@@ -30,23 +29,14 @@ type Peers struct {
 // sends its first list once Set is called.
 func NewPeers() *Peers { return &Peers{changed: make(chan struct{})} }
 
-// Set replaces the replicas' addresses, IP addresses (sorted and
-// deduplicated here; an address that does not parse, or more than
-// kpngv1.MaxPeers, is an error, and nothing is replaced). The streams are
-// sent the list when it differs from the last.
+// Set replaces the replicas' addresses, IP addresses (checked and put in
+// order by kpngv1.PeerIPs, as backends check them: a list it refuses is an
+// error, and nothing is replaced). The streams are sent the list when it
+// differs from the last.
 func (p *Peers) Set(ips []string) error {
-	list := make([]string, 0, len(ips))
-	for _, ip := range ips {
-		a, err := netip.ParseAddr(ip)
-		if err != nil {
-			return fmt.Errorf("controller peer address %q: %w", ip, err)
-		}
-		list = append(list, a.Unmap().String())
-	}
-	slices.Sort(list)
-	list = slices.Compact(list)
-	if len(list) > kpngv1.MaxPeers {
-		return fmt.Errorf("%d controller peer addresses, more than a backend takes (%d)", len(list), kpngv1.MaxPeers)
+	list, err := kpngv1.PeerIPs(ips)
+	if err != nil {
+		return fmt.Errorf("the controller's replicas: %w", err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -3,9 +3,7 @@ package remote
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -16,7 +14,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
-	"sigs.k8s.io/kpng/model"
 )
 
 // Timing and bounds of the replicas' addresses a backend asks its
@@ -99,7 +96,7 @@ func peersOnce(ctx context.Context, client kpngv1.ControllerClient, set func([]s
 		if err != nil {
 			return told, err
 		}
-		ips, err := peerIPs(msg.GetIps())
+		ips, err := kpngv1.PeerIPs(msg.GetIps())
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Ignoring the kpng controller's list of its replicas")
 			continue
@@ -107,22 +104,4 @@ func peersOnce(ctx context.Context, client kpngv1.ControllerClient, set func([]s
 		told = true
 		set(ips)
 	}
-}
-
-// peerIPs checks a controller's list of replica addresses: IP addresses,
-// at most kpngv1.MaxPeers. It returns them sorted, without duplicates.
-func peerIPs(ips []string) ([]string, error) {
-	if len(ips) > kpngv1.MaxPeers {
-		return nil, fmt.Errorf("%d replica addresses, more than %d", len(ips), kpngv1.MaxPeers)
-	}
-	out := make([]string, 0, len(ips))
-	for _, ip := range ips {
-		a, err := netip.ParseAddr(ip)
-		if err != nil || a.Zone() != "" {
-			return nil, fmt.Errorf("replica address %s is not an IP address", model.Quote(ip))
-		}
-		out = append(out, a.Unmap().String())
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
 }

@@ -1,4 +1,4 @@
-package remote
+package kpngv1_test
 
 import (
 	"fmt"
@@ -10,17 +10,17 @@ import (
 	"sigs.k8s.io/kpng/api/kpngv1"
 )
 
-// TestPeerIPs: a controller's list of replicas is taken sorted, without
+// TestPeerIPs: a list of controller replicas is taken sorted, without
 // duplicates, IPv4-mapped addresses as IPv4; a list with anything but IP
 // addresses (a name, an address with a zone), or longer than MaxPeers, is
 // refused whole, the bad value quoted and cut in the error.
 func TestPeerIPs(t *testing.T) {
-	got, err := peerIPs([]string{"10.0.0.2", "::ffff:10.0.0.1", "fd00::1", "10.0.0.2"})
+	got, err := kpngv1.PeerIPs([]string{"10.0.0.2", "::ffff:10.0.0.1", "fd00::1", "10.0.0.2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{"10.0.0.1", "10.0.0.2", "fd00::1"}, got); diff != "" {
-		t.Errorf("peerIPs (-want +got):\n%s", diff)
+		t.Errorf("PeerIPs (-want +got):\n%s", diff)
 	}
 	long := strings.Repeat("x", 1000)
 	var many []string
@@ -36,8 +36,8 @@ func TestPeerIPs(t *testing.T) {
 		{[]string{long}, `(1000 bytes) is not an IP address`},
 		{many, fmt.Sprintf("%d replica addresses, more than %d", kpngv1.MaxPeers+1, kpngv1.MaxPeers)},
 	} {
-		if _, err := peerIPs(c.ips); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("peerIPs(%.40q): %v, want an error with %q", c.ips, err, c.want)
+		if _, err := kpngv1.PeerIPs(c.ips); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("kpngv1.PeerIPs(%.40q): %v, want an error with %q", c.ips, err, c.want)
 		}
 	}
 }
