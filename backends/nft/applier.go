@@ -117,6 +117,12 @@ type applier struct {
 	// last Partial for cluster-ips-check (rewritten when the service
 	// CIDRs change): what Check expects of them.
 	fixed map[string]int
+	// opts are the options of the last successful Full, and shards the
+	// shards present as of the last successful transaction: what the
+	// services chain's rules are written from when a partial round adds
+	// or deletes a shard.
+	opts   Options
+	shards shards
 	// caps are the capacities of the sized sets as the last successful
 	// transaction left them (capacity.go); nil until a full write.
 	caps capacities
@@ -327,7 +333,31 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	for _, ch := range rs.Chains {
 		delete(a.fixed, ch.Name)
 	}
+	a.opts, a.shards = rs.Options, shardsOf(rs.Sets)
 	return t.stats, nil
+}
+
+// lookupChainRules adds the rules of a lookup chain ch of the given map
+// kinds, with the shards sh (the services chain's rules of the shards
+// present), looking up maps (the fixed verdict maps; by name when nil)
+// and the shard sets (those added in the transaction, else by name).
+func (t *txn) lookupChainRules(ch *nftables.Chain, opts Options, sh shards, kinds []mapKind, maps map[string]*nftables.Set) {
+	lookupRules(opts, sh, kinds, func(r lookupRule) {
+		if r.shard > 0 {
+			name := shardSetName(r.f, r.shard)
+			set := t.sets[name]
+			if set == nil {
+				set = shardSetRef(t.table, r.f, name)
+			}
+			t.addRule(ch, shardRuleExprs(r.f, r.shard, set))
+			return
+		}
+		m := maps[r.k.name(r.f)]
+		if m == nil {
+			m = mapRef(t.table, r.f, r.k.name(r.f))
+		}
+		t.addRule(ch, lookupExprs(r.f, r.k, r.npm, m))
+	})
 }
 
 func (t *txn) full(rs *ruleset, caps capacities) error {
@@ -377,12 +407,22 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 		return err
 	}
 
-	// Fixed regular chains first: base chains jump to them.
+	// The regular chains and named sets before the fixed chains' rules,
+	// which go to the shards' chains and look up their sets; sets after
+	// the chains their elements go to.
+	for _, ch := range rs.Chains {
+		t.addChain(ch.Name)
+		t.stats.ChainsAdded++
+	}
+	for _, st := range rs.Sets {
+		if err := t.addSet(st); err != nil {
+			return err
+		}
+	}
+	// Fixed regular chains before the base chains, which jump to them.
+	sh := shardsOf(rs.Sets)
 	for _, lc := range lookupChains {
-		ch := t.addChain(lc.name)
-		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			t.addRule(ch, lookupExprs(f, k, npm, maps[k.name(f)]))
-		})
+		t.lookupChainRules(t.addChain(lc.name), rs.Options, sh, lc.kinds, maps)
 	}
 	reject := t.addChain(chainReject)
 	for _, r := range rejectRules() {
@@ -421,19 +461,10 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 		}
 	}
 
-	for _, ch := range rs.Chains {
-		t.addChain(ch.Name)
-		t.stats.ChainsAdded++
-	}
-	// Sets after the chains their elements go to, before the rules that
-	// use them; endpoint map elements after the rules: the kernel checks
-	// a new element against each rule using its map (a short list), a new
-	// rule against each element of the map (a walk of its tree).
-	for _, st := range rs.Sets {
-		if err := t.addSet(st); err != nil {
-			return err
-		}
-	}
+	// Endpoint map and shard set elements after the rules: the kernel
+	// checks a new element against each rule using its set (a short
+	// list), a new rule against each element of the set (a walk of its
+	// tree).
 	for _, ch := range rs.Chains {
 		if err := t.addRules(ch); err != nil {
 			return err
@@ -444,10 +475,13 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	byMap := map[string][]mapElement{}
 	for _, e := range rs.Elements {
-		byMap[e.Map] = append(byMap[e.Map], e)
+		byMap[e.set()] = append(byMap[e.set()], e)
 	}
 	for name, els := range byMap {
 		m := maps[name]
+		if m == nil {
+			m = t.sets[name] // a shard set
+		}
 		if m == nil {
 			return fmt.Errorf("element %s: no map %s", els[0].Key, name)
 		}
@@ -494,16 +528,25 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		return Stats{}, err
 	}
 	defer func() { a.end(t, err) }()
-	if err := t.partial(d); err != nil {
+	sh := a.shards.after(d)
+	var services *servicesRules
+	if sh != a.shards {
+		services = &servicesRules{a.opts, sh}
+	}
+	if err := t.partial(d, services); err != nil {
 		return t.stats, err
 	}
 	if err := a.flush(t); err != nil {
 		return t.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, t.stats.Objects(), err)
 	}
 	a.caps, _ = a.caps.after(d)
-	if n, ok := t.rules[chainClusterIPsCheck]; ok {
-		// Rewritten for new service CIDRs: Check expects its new rules.
-		a.fixed[chainClusterIPsCheck] = n
+	a.shards = sh
+	for _, name := range []string{chainClusterIPsCheck, chainServices} {
+		if n, ok := t.rules[name]; ok {
+			// Rewritten (new service CIDRs, shards): Check expects its
+			// new rules.
+			a.fixed[name] = n
+		}
 	}
 	return t.stats, nil
 }
@@ -518,7 +561,15 @@ func (a *applier) Fits(d delta) bool {
 	return ok
 }
 
-func (t *txn) partial(d delta) error {
+// servicesRules are what the services chain's rules are written from
+// when a round adds or deletes a shard: the options of the last full
+// write and the shards present after the round.
+type servicesRules struct {
+	opts   Options
+	shards shards
+}
+
+func (t *txn) partial(d delta, services *servicesRules) error {
 	c := t.conn
 	for _, it := range d.Chains.Created {
 		t.addChain(it.Key)
@@ -563,6 +614,20 @@ func (t *txn) partial(d delta) error {
 		refs := [2]*nftables.Set{clusterIPsSetRef(t.table, ipv4), clusterIPsSetRef(t.table, ipv6)}
 		for _, r := range clusterIPsCheckRules(refs, d.ServiceCIDRs.Now) {
 			t.addRule(check, r)
+		}
+	}
+	if services != nil {
+		// A shard came or went: the services chain written again with
+		// the rules of the shards present, after the new shards' sets
+		// and chains are added, before the deleted ones go.
+		ch := t.chainRef(chainServices)
+		c.FlushChain(ch)
+		t.stats.Messages++
+		t.stats.ChainsFlushed++
+		for _, lc := range lookupChains {
+			if lc.name == chainServices {
+				t.lookupChainRules(ch, services.opts, services.shards, lc.kinds, nil)
+			}
 		}
 	}
 	for _, it := range d.Chains.Updated {
@@ -858,20 +923,28 @@ func (t *txn) addSet(st *namedSet) error {
 	return nil
 }
 
-// elementGroups adds or deletes the elements of items, one message per map.
+// elementGroups adds or deletes the elements of items, one message per
+// map or shard set (mapElement.set).
 func (t *txn) elementGroups(items []diffstore.Item[string, mapElement], del bool, pick func(diffstore.Item[string, mapElement]) mapElement) error {
 	byMap := map[string][]mapElement{}
 	var order []string
 	for _, it := range items {
 		e := pick(it)
-		if _, ok := byMap[e.Map]; !ok {
-			order = append(order, e.Map)
+		name := e.set()
+		if _, ok := byMap[name]; !ok {
+			order = append(order, name)
 		}
-		byMap[e.Map] = append(byMap[e.Map], e)
+		byMap[name] = append(byMap[name], e)
 	}
 	for _, name := range order {
 		els := byMap[name]
-		if err := t.setElements(mapRef(t.table, els[0].Family, name), els, del); err != nil {
+		m := mapRef(t.table, els[0].Family, name)
+		if els[0].Verdict.Shard > 0 {
+			if m = t.sets[name]; m == nil {
+				m = shardSetRef(t.table, els[0].Family, name)
+			}
+		}
+		if err := t.setElements(m, els, del); err != nil {
 			return err
 		}
 	}
@@ -889,7 +962,9 @@ func (t *txn) setElements(m *nftables.Set, els []mapElement, del bool) error {
 		}
 		el := nftables.SetElement{Key: k}
 		if !del {
-			el.VerdictData = verdictExpr(e.Verdict)
+			if e.Verdict.Shard == 0 { // a shard set's element has no verdict
+				el.VerdictData = verdictExpr(e.Verdict)
+			}
 			el.Comment = e.Comment()
 		}
 		return el, nil

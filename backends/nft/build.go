@@ -193,7 +193,7 @@ func (b *portBuilder) target(kind string, first []rule, eps []*model.Endpoint, v
 		id := kind + familySuffix(b.family) + "/" + portID(b.key, b.port)
 		n := uint32(len(tos))
 		b.objs.Blocks = append(b.objs.Blocks, &block{ID: id, Family: b.family, Service: b.key, Endpoints: tos, Shard: b.shard, ShardIdx: n})
-		return verdict{Goto: shardChainName(b.family, n), Shard: true, Block: id}
+		return verdict{Goto: shardChainName(b.family, n), Shard: n, Block: id}
 	}
 	name := serviceChainName(kind, b.family, b.key, b.port)
 	rules := slices.Clip(first)

@@ -84,11 +84,20 @@ func wholeCapacities(hairpin, clusterIPs []netip.Addr, elements []mapElement) ca
 func serviceElementCounts(els []mapElement) [2]int {
 	var n [2]int
 	for _, e := range els {
-		if e.Map == mapServices(e.Family) {
+		if e.inServicesMap() {
 			n[e.Family]++
 		}
 	}
 	return n
+}
+
+// servicesMapCount is 1 when e is an element of the kernel's services map
+// of family f, else 0.
+func servicesMapCount(e mapElement, f ipFamily) int {
+	if e.Family == f && e.inServicesMap() {
+		return 1
+	}
+	return 0
 }
 
 // after returns the capacities after the round d (its additions and
@@ -103,15 +112,17 @@ func (c capacities) after(d delta) (capacities, bool) {
 	for s, v := range c {
 		switch {
 		case s.services:
+			// An update may move an element between the services
+			// map and a shard set (a port becoming plain, or no
+			// longer).
 			for _, it := range d.Elements.Created {
-				if it.Value.Map == mapServices(s.family) {
-					v.count++
-				}
+				v.count += servicesMapCount(it.Value, s.family)
+			}
+			for _, it := range d.Elements.Updated {
+				v.count += servicesMapCount(it.Value, s.family) - servicesMapCount(it.Prev, s.family)
 			}
 			for _, it := range d.Elements.Deleted {
-				if it.Prev.Map == mapServices(s.family) {
-					v.count--
-				}
+				v.count -= servicesMapCount(it.Prev, s.family)
 			}
 		case s.clusterIPs:
 			v.count += familyCounts(d.ClusterIPs.Created)[s.family] - familyCounts(d.ClusterIPs.Deleted)[s.family]

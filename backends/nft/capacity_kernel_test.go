@@ -49,11 +49,12 @@ func TestKernelSetCapacity(t *testing.T) {
 // TestKernelServicesMapCapacity: a full write gives the services map the
 // capacity of its elements (600: 2,048), a round within it is partial, the
 // round taking it over writes the table whole with a larger one, and
-// every service port is in the kernel.
+// every service port is in the kernel. The services have node ports: a
+// plain one's key is in a shard's set instead (shards.go).
 func TestKernelServicesMapCapacity(t *testing.T) {
 	b := kernelTopology(t)
 	s := newTestSink(t, b, "svccap")
-	items := manyServices(2049)
+	items := manyChainServices(2049)
 	expect := func(when string, full bool, size, n int) {
 		t.Helper()
 		out := syncSized(t, b, s, when, full, "map", "service-ips-v4", size)

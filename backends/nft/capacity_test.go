@@ -95,4 +95,31 @@ func TestServicesMapCapacity(t *testing.T) {
 	if _, ok := c.after(d); !ok {
 		t.Error("1,024 IPv6 services elements do not fit a capacity of 1,024")
 	}
+
+	// A plain port's element is in its shard's set, not in the kernel's
+	// services map: not counted, and an update moving it between the
+	// two counts.
+	shard := func(els []mapElement) []mapElement {
+		for i := range els {
+			els[i].Verdict = verdict{Goto: shardChainName(els[i].Family, 2), Shard: 2}
+		}
+		return els
+	}
+	c = wholeCapacities(nil, nil, append(elements(mapServices, ipv4, 0, 600), shard(elements(mapServices, ipv4, 600, 5000))...))
+	if got := c[sizedSet{services: true, family: ipv4}]; got != (setFill{2048, 600}) {
+		t.Fatalf("service-ips-v4 with 5,000 plain ports beside: %+v, want capacity 2,048, 600 elements", got)
+	}
+	d = delta{}
+	d.Elements.Created = items(append(elements(mapServices, ipv4, 10000, 1447), shard(elements(mapServices, ipv4, 20000, 100))...))
+	plain := shard(elements(mapServices, ipv4, 600, 2))
+	for i, e := range elements(mapServices, ipv4, 600, 2) { // two plain ports given node ports
+		d.Elements.Updated = append(d.Elements.Updated, diffstore.Item[string, mapElement]{Key: e.ID(), Value: e, Prev: plain[i]})
+	}
+	if _, ok := c.after(d); ok {
+		t.Error("600 + 1,447 new + 2 that left their shard: 2,049 services elements fit a capacity of 2,048")
+	}
+	d.Elements.Updated[0].Value, d.Elements.Updated[0].Prev = d.Elements.Updated[0].Prev, d.Elements.Updated[0].Value // one port became plain
+	if next, ok := c.after(d); !ok || next[sizedSet{services: true, family: ipv4}].count != 2047 {
+		t.Errorf("600 + 1,447 new + 1 that left its shard - 1 that went to one: fits %v, %+v, want 2,047 elements", ok, next[sizedSet{services: true, family: ipv4}])
+	}
 }

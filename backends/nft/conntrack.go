@@ -231,7 +231,7 @@ func endpointsByKey(elems map[string]mapElement, chains map[string]*regularChain
 			eps = map[netip.AddrPort]bool{}
 			out[fk] = eps
 		}
-		if e.Verdict.Shard {
+		if e.Verdict.Shard > 0 {
 			if bl := blocks[e.Verdict.Block]; bl != nil {
 				for _, ep := range bl.Endpoints {
 					eps[ep] = true

@@ -365,12 +365,13 @@ func TestKernelSessionAffinity(t *testing.T) {
 	web = &short
 
 	// Affinity off: the sets go away in a partial sync (the affinity sets
-	// and the balance maps among endpoint chains), the endpoint maps come.
+	// and the balance maps among endpoint chains); the service, plain now,
+	// goes to shard 3 of each family, whose maps and sets come.
 	web2 := *web
 	web2.ClientIPAffinity = nil
 	s.setService(&web2)
-	if r := s.sync(); r.Full || r.Stats.SetsDeleted != 16 || r.Stats.SetsAdded != 2 {
-		t.Errorf("affinity removed: %+v, want a partial sync deleting 16 sets (12 affinity sets: 3 endpoints, 2 families, 2 ports; 4 balance maps) and adding the 2 endpoint maps", r)
+	if r := s.sync(); r.Full || r.Stats.SetsDeleted != 16 || r.Stats.SetsAdded != 4 {
+		t.Errorf("affinity removed: %+v, want a partial sync deleting 16 sets (12 affinity sets: 3 endpoints, 2 families, 2 ports; 4 balance maps) and adding shard 3's map and set of each family", r)
 	}
 	if listing := nftList(t, b.Node, "kpng-aff"); strings.Contains(listing, "aff4-") || strings.Contains(listing, "aff6-") {
 		t.Errorf("affinity sets left:\n%s", listing)

@@ -100,7 +100,7 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		if st.Name == "" || len(st.Name) >= 256 || sets[st.Name] != nil {
 			return fmt.Errorf("set %q: name empty, too long or taken", st.Name)
 		}
-		if !st.EndpointMap && st.Shard == 0 && !services[st.Service] {
+		if !st.EndpointMap && st.Shard == 0 && st.ShardSet == 0 && !services[st.Service] {
 			return fmt.Errorf("set %s: owned by %s, not a service given", st.Name, st.Service)
 		}
 		sets[st.Name] = st
@@ -179,10 +179,11 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		if !services[e.Service] {
 			return fmt.Errorf("element %s: of %s, not a service given", e.ID(), e.Service)
 		}
-		if e.Verdict.Shard {
+		if e.Verdict.Shard > 0 {
 			// A key served by a shard map: its block is there, with
 			// this key, in the shard of its number of endpoints, whose
-			// map is in the table and whose chain the element goes to.
+			// map and set are in the table, its set the element's, and
+			// whose chain the element goes to.
 			bl := blocks[e.Verdict.Block]
 			switch {
 			case bl == nil || bl.Shard != e.Key || bl.Service != e.Service:
@@ -191,6 +192,8 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 				return fmt.Errorf("element %s: its shard block %s of %d endpoints is in shard %d", e.ID(), bl.ID, len(bl.Endpoints), bl.ShardIdx)
 			case sets[bl.Map()] == nil || sets[bl.Map()].Shard != bl.ShardIdx:
 				return fmt.Errorf("element %s: its shard map %s is not in the table", e.ID(), bl.Map())
+			case sets[e.set()] == nil || sets[e.set()].ShardSet != bl.ShardIdx || e.Verdict.Shard != bl.ShardIdx:
+				return fmt.Errorf("element %s: its shard set %s is not in the table, or not its shard's", e.ID(), e.set())
 			case e.Verdict.Goto != shardChainName(e.Family, bl.ShardIdx):
 				return fmt.Errorf("element %s: goes to %s, not to its shard's chain", e.ID(), e.Verdict)
 			}

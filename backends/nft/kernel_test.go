@@ -336,9 +336,11 @@ func TestKernelClusterIP(t *testing.T) {
 	listing := nftList(t, b.Node, "kpng-cip")
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat", "type filter hook forward priority filter - 10",
-		// A plain service of 3 endpoints: its element goes to shard 3,
-		// whose map holds its endpoints, one draw each.
-		`10.96.0.10 . tcp . 80 comment "default/web" : goto shard4-3`, `fd00:10:96::10 . udp . 80 comment "default/web" : goto shard6-3`,
+		// A plain service of 3 endpoints: its key is in shard 3's set,
+		// whose rule goes to the shard's chain, and whose map holds its
+		// endpoints, one draw each.
+		"set shard-ips-v4-3 {", `10.96.0.10 . tcp . 80 comment "default/web"`, `fd00:10:96::10 . udp . 80 comment "default/web"`,
+		"ip daddr . meta l4proto . th dport @shard-ips-v4-3 goto shard4-3", "ip6 daddr . meta l4proto . th dport @shard-ips-v6-3 goto shard6-3",
 		"numgen random mod 3 map @shard-endpoints-v4-3", "numgen random mod 3 map @shard-endpoints-v6-3",
 		"10.96.0.10 . tcp . 80 . 0 ", "fd00:10:96::10 . udp . 80 . 2 ",
 		": 11.0.2.4 . 6000", ": 1100::203 . 6000", ": 11.0.2.2 . 7000", ": 11.0.2.3 . 8080",

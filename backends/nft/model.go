@@ -54,10 +54,13 @@ func (k mapKey) String() string {
 type verdict struct {
 	// Goto is the chain to go to; empty means drop.
 	Goto string
-	// Shard says that the service port is served through the shard maps
-	// (shards.go): Goto is its shard's chain, and Block the ID of the
-	// service port's block there, which holds its endpoints.
-	Shard bool
+	// Shard, when not 0, says that the service port is served through
+	// the shard maps (shards.go) and is in shard Shard (its number of
+	// endpoints): Goto is that shard's chain, Block the ID of the service
+	// port's block there, which holds its endpoints. The element is then
+	// not in the services map but in the shard's set (mapElement.set),
+	// whose rule in the services chain goes to Goto.
+	Shard uint32
 	Block string
 }
 
@@ -83,8 +86,26 @@ type mapElement struct {
 	Field   string
 }
 
-// ID returns the element's identity in the table: its map and key.
+// ID returns the element's identity in the table: its map and key. A
+// plain service port's element (Verdict.Shard) has the services map's
+// identity, although the kernel holds it in its shard's set: the key is
+// owned by one service port, whichever of the two holds it.
 func (e mapElement) ID() string { return e.Map + " " + e.Key.String() }
+
+// set returns the name of the kernel set or map holding the element: its
+// shard's set (shardSetName) for a plain service port, else Map.
+func (e mapElement) set() string {
+	if e.Verdict.Shard > 0 {
+		return shardSetName(e.Family, e.Verdict.Shard)
+	}
+	return e.Map
+}
+
+// inServicesMap reports whether the element is one of the kernel's
+// services map of its family (not a shard set's).
+func (e mapElement) inServicesMap() bool {
+	return e.Map == mapServices(e.Family) && e.Verdict.Shard == 0
+}
 
 // Comment returns the comment of the element in the kernel: the service
 // it belongs to ("default/web"), which its key and verdict do not always
@@ -97,8 +118,13 @@ func (e mapElement) Comment() string {
 }
 
 // text returns the element in nft syntax, as nft lists it:
-// `10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-…`.
+// `10.96.0.10 . tcp . 80 comment "default/web" : goto svc4-…`, without
+// the verdict in a shard's set (`10.96.0.10 . tcp . 80 comment
+// "default/web"`).
 func (e mapElement) text() string {
+	if e.Verdict.Shard > 0 {
+		return fmt.Sprintf("%s comment %q", e.Key, e.Comment())
+	}
 	if e.Comment() == "" {
 		return fmt.Sprintf("%s : %s", e.Key, e.Verdict)
 	}

@@ -189,15 +189,10 @@ func verdictExpr(v verdict) *expr.Verdict {
 // one whose address match is in the chains its elements go to
 // (checkedAfter) "meta nfproto ipvX meta l4proto . th dport vmap @m".
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
-	fi := f.info()
-	off, alen, rl4, rdp := fi.daddr, fi.addrLen, f.nl().regL4, f.nl().regDport
 	var exprs []expr.Any
 	switch {
 	case !k.nodePort:
-		exprs = append(nfprotoExprs(f),
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: rl4},
-			&expr.Payload{DestRegister: rdp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		exprs = lookupKeyExprs(f)
 	case k.checkedAfter:
 		exprs = nfprotoExprs(f)
 	default:
@@ -209,6 +204,17 @@ func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []ex
 			&expr.Payload{DestRegister: reg32NodePortDp, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 	}
 	return append(exprs, &expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
+}
+
+// lookupKeyExprs returns "meta nfproto ipvX" and the loading of the key
+// (daddr . l4proto . dport) of the services maps and shard sets, from
+// register 1.
+func lookupKeyExprs(f ipFamily) []expr.Any {
+	fi := f.info()
+	return append(nfprotoExprs(f),
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: fi.daddr, Len: fi.addrLen},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: f.nl().regL4},
+		&expr.Payload{DestRegister: f.nl().regDport, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
 }
 
 // nodePortMatchExprs returns the expressions of the address match npm of
@@ -385,6 +391,9 @@ func setRef(t *nftables.Table, s *namedSet) *nftables.Set {
 	}
 	if s.Shard > 0 {
 		return shardMapRef(t, s.Family, s.Name)
+	}
+	if s.ShardSet > 0 {
+		return shardSetRef(t, s.Family, s.Name)
 	}
 	if len(s.Targets) > 0 {
 		return &nftables.Set{Table: t, Name: s.Name, IsMap: true, Constant: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}

@@ -62,8 +62,10 @@ func TestKernelRejectedTransactionAtomic(t *testing.T) {
 	}
 	next = append(next, added)
 
-	// By hand: a rule jumping to the chain the round deletes.
-	if _, stderr, err := r.ns.Exec(nil, "nft", "add", "rule", "inet", r.table, chainServices, "jump", deletedChain); err != nil {
+	// By hand: a rule jumping to the chain the round deletes (in a base
+	// chain: the round may write the services chain again, for a shard
+	// it adds or deletes).
+	if _, stderr, err := r.ns.Exec(nil, "nft", "add", "rule", "inet", r.table, chainNATPrerouting, "jump", deletedChain); err != nil {
 		t.Fatalf("nft add rule: %v: %s", err, stderr)
 	}
 	before := r.read(t)

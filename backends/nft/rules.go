@@ -201,7 +201,7 @@ func (r affinityUpdateRule) String() string {
 	return fmt.Sprintf("update @%s { %s }", r.Set, saddrText(r.Family))
 }
 
-// namedSet is a named set or map of the table, of one of three kinds:
+// namedSet is a named set or map of the table, of one of these kinds:
 //
 //   - an endpoint map (EndpointMap): blocks of endpoints, shared by up to
 //     blocksPerMap service chains, its elements those of its blocks; the
@@ -209,6 +209,10 @@ func (r affinityUpdateRule) String() string {
 //   - a shard map (Shard, shards.go): the endpoints of the plain service
 //     ports of Shard endpoints, keyed by cluster IP, protocol, port and
 //     draw; not owned by a service, it lives as long as one of its blocks;
+//   - a shard set (ShardSet, shards.go): the keys (cluster IP . protocol .
+//     port) of the service ports of shard ShardSet, elements of the
+//     verdict maps' kind (mapElement with Verdict.Shard) without a
+//     verdict; it lives as long as its shard map;
 //   - an affinity set (Targets empty): the client addresses that used one
 //     endpoint of a service port with session affinity, each expiring after
 //     Timeout without traffic;
@@ -227,15 +231,17 @@ type namedSet struct {
 	EndpointMap bool
 	// Shard is the shard of a shard map: the number of endpoints of its
 	// service ports (0: not a shard map).
-	Shard   uint32
-	Timeout time.Duration
-	Targets []string
-	Service model.ServiceKey
+	Shard uint32
+	// ShardSet is the shard of a shard set (0: not a shard set).
+	ShardSet uint32
+	Timeout  time.Duration
+	Targets  []string
+	Service  model.ServiceKey
 }
 
 // equalSets reports whether two sets are the same.
 func equalSets(a, b *namedSet) bool {
-	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Shard == b.Shard && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
+	return a.Name == b.Name && a.Family == b.Family && a.EndpointMap == b.EndpointMap && a.Shard == b.Shard && a.ShardSet == b.ShardSet && a.Timeout == b.Timeout && a.Service == b.Service && slices.Equal(a.Targets, b.Targets)
 }
 
 // userData returns the user data nft keeps in the set, for the sets
@@ -260,9 +266,20 @@ const affinitySetSize = 65535
 
 // Text returns the set's declaration in nft syntax, as nft lists it, with
 // the elements of an endpoint or shard map given in els (its own) and their comments in
-// comments. The maps keyed by a random number are declared with typeof
+// comments, or those of a shard set in keys. The maps keyed by a random number are declared with typeof
 // (setUserData): nft has no type name for an integer key.
-func (s *namedSet) Text(els []endpointElement, comments blockComments) string {
+func (s *namedSet) Text(els []endpointElement, comments blockComments, keys []mapElement) string {
+	if s.ShardSet > 0 {
+		text := fmt.Sprintf("set %s {\n\t\ttype %s . inet_proto . inet_service", s.Name, s.Family.info().addrType)
+		var lines []string
+		for _, e := range keys {
+			lines = append(lines, "\t\t\t"+e.text())
+		}
+		if len(lines) > 0 {
+			text += "\n\t\telements = {\n" + strings.Join(lines, ",\n") + "\n\t\t}"
+		}
+		return text + "\n\t}"
+	}
 	if s.EndpointMap || s.Shard > 0 {
 		text := fmt.Sprintf("map %s {\n\t\ttypeof %s : %s\n\t\tflags interval", s.Name, numgenText(blockRange, 0), endpointDataTypeof(s.Family))
 		if s.Shard > 0 {

@@ -16,14 +16,26 @@ import (
 //
 // A plain service port (ClusterIP only, no session affinity, one cluster
 // IP in the family, 1 to maxShardEndpoints usable endpoints) has no chain
-// of its own: with N endpoints in the family, it is in shard N, whose
-// chain draws one of N at random and DNATs through the shard's map, a
-// hash keyed by (cluster IP . protocol . port . draw):
+// of its own: with N endpoints in the family, it is in shard N. Its key is
+// an element of the shard's set, which a rule of the services chain looks
+// up to go to the shard's chain; that chain draws one of N at random and
+// DNATs through the shard's map, a hash keyed by (cluster IP . protocol .
+// port . draw):
+//
+//	set shard-ips-v4-2 {
+//		type ipv4_addr . inet_proto . inet_service
+//		elements = { 10.96.0.17 . tcp . 80 comment "default/web", … }
+//	}
 //
 //	map shard-endpoints-v4-2 {
 //		typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . th dport
 //		elements = { 10.96.0.17 . tcp . 80 . 0 : 10.1.0.1 . 8080,
 //			     10.96.0.17 . tcp . 80 . 1 : 10.1.0.2 . 8080, … }
+//	}
+//
+//	chain services {
+//		ip daddr . meta l4proto . th dport @shard-ips-v4-2 goto shard4-2
+//		…the other shards of the family, then its services map
 //	}
 //
 //	chain shard4-2 {
@@ -32,23 +44,26 @@ import (
 //		…udp, sctp
 //	}
 //
-// The service port's element in the services map sends it to its shard's
-// chain (`10.96.0.17 . tcp . 80 : goto shard4-2`), as kube-proxy's
-// sends it to the service's own chain: the first packet crosses the same
-// lookups as through kube-proxy's table (a verdict map, a chain, a hash
-// lookup of the endpoint). Each endpoint is one hash element, as
-// fair a draw as kube-proxy's (`numgen random mod N`).
+// The first packet of a plain service port crosses the same lookups as
+// through kube-proxy's table (a set lookup in place of its verdict map's,
+// a chain, a hash lookup of the endpoint); a packet to another service
+// (or to no service) crosses one set lookup more per shard of its family
+// before the services map. Each endpoint is one hash element, as fair a
+// draw as kube-proxy's (`numgen random mod N`).
 //
-// What it costs: a `goto` element makes the kernel validate the table at
-// commit, walking every element of the verdict maps (a service added took
-// 4.7–8.5 ms at 50,000 services, BenchmarkServiceAddDelete, two sittings):
-// when a service port is added, or its number of endpoints changes (it
-// moves to another shard). An endpoint replaced by another (the same
-// number) changes the elements whose draw's endpoint shifts (endpoints
-// are in address order: from one to all N), with no walk. A shard's chain
-// and map exist while it holds a service port; there are at most
-// maxShardEndpoints a family. Other services keep a chain per service port
-// (docs/backends/nft.md).
+// What it saves: a service port added, deleted or moved to another shard
+// (its number of endpoints changed) is set elements without a verdict:
+// the kernel does not validate the table at commit, which a `goto`
+// element makes it do, walking every element of the verdict maps (9 ms
+// for a service added at 50,000 services, 13 ms with cold caches, when
+// plain ports were `goto` elements of the services map;
+// docs/benchmarks.md). A shard appearing or going rewrites the services
+// chain (a walk, of the verdict maps' other elements only). An endpoint
+// replaced by another (the same number) changes the elements whose
+// draw's endpoint shifts (endpoints are in address order: from one to all
+// N). A shard's set, chain and map exist while it holds a service port;
+// there are at most maxShardEndpoints a family. Other services keep a
+// chain per service port (docs/backends/nft.md).
 
 // maxShardEndpoints is the most endpoints a service port of the shard
 // maps has in a family, so the most shards a family has; one with more
@@ -70,6 +85,69 @@ func shardChainName(f ipFamily, n uint32) string {
 // "shard-endpoints-v4-2".
 func shardMapName(f ipFamily, n uint32) string {
 	return "shard-endpoints-v" + familySuffix(f) + "-" + strconv.Itoa(int(n))
+}
+
+// shardSetName names the set of the service ports of shard n of family
+// f: "shard-ips-v4-2".
+func shardSetName(f ipFamily, n uint32) string {
+	return "shard-ips-v" + familySuffix(f) + "-" + strconv.Itoa(int(n))
+}
+
+// shards are the shards holding a service port, in each family: bit n-1
+// of shards[f] for shard n of f.
+type shards [2]uint64
+
+// set records shard n of f (1 to maxShardEndpoints) present, or absent
+// when !present.
+func (s *shards) set(f ipFamily, n uint32, present bool) {
+	if present {
+		s[f] |= 1 << (n - 1)
+	} else {
+		s[f] &^= 1 << (n - 1)
+	}
+}
+
+// each calls fn with each shard of f present, in increasing order.
+func (s shards) each(f ipFamily, fn func(n uint32)) {
+	for n := uint32(1); n <= maxShardEndpoints; n++ {
+		if s[f]&(1<<(n-1)) != 0 {
+			fn(n)
+		}
+	}
+}
+
+// shardsOf returns the shards whose sets are among sets.
+func shardsOf(sets []*namedSet) shards {
+	var s shards
+	for _, st := range sets {
+		if st.ShardSet > 0 {
+			s.set(st.Family, st.ShardSet, true)
+		}
+	}
+	return s
+}
+
+// after returns the shards present after the round d, which creates and
+// deletes the shards' sets with their shards.
+func (s shards) after(d delta) shards {
+	for _, it := range d.Sets.Created {
+		if it.Value.ShardSet > 0 {
+			s.set(it.Value.Family, it.Value.ShardSet, true)
+		}
+	}
+	for _, it := range d.Sets.Deleted {
+		if it.Prev.ShardSet > 0 {
+			s.set(it.Prev.Family, it.Prev.ShardSet, false)
+		}
+	}
+	return s
+}
+
+// shardRuleText is the text of the services chain's rule of shard n of
+// family f, as nft lists it: "ip daddr . meta l4proto . th dport
+// @shard-ips-v4-2 goto shard4-2".
+func shardRuleText(f ipFamily, n uint32) string {
+	return fmt.Sprintf("%s . meta l4proto . th dport @%s goto %s", daddrText(f), shardSetName(f, n), shardChainName(f, n))
 }
 
 // isShardEndpointMap reports whether the set name is a shard map.

@@ -16,10 +16,12 @@ import (
 
 // TestKernelShardsFollowEndpointCounts: 300 plain services of one
 // endpoint are in shard 1, written whole; a partial sync giving 100 of
-// them a second endpoint moves those to shard 2 (its chain and map
-// created, their elements going to it), and both endpoints answer; a
+// them a second endpoint moves those to shard 2 (its chain, map and set
+// created, the services chain written again with its rule, their keys
+// going to its set), and both endpoints answer; with both shards there, a
+// service added, one moved and one deleted are set elements only; a
 // partial sync deleting the other 200 and leaving the 100 with one
-// endpoint again empties shard 2, whose chain and map go. After each
+// endpoint again empties shard 2, whose chain, map, set and rule go. After each
 // round the kernel's listing is the tracker's Text, no transaction was
 // written whole after the first, and the services answer from the pods
 // their endpoints name.
@@ -55,6 +57,23 @@ func TestKernelShardsFollowEndpointCounts(t *testing.T) {
 	expectAnswers(t, b, "100 services with 2 endpoints", items[99], netns.PodID, netns.Pod2ID)
 	expectAnswers(t, b, "100 services with 2 endpoints", items[100], netns.PodID)
 
+	// Both shards there: a service added to one, another moved from
+	// shard 1 to shard 2 and one deleted are elements without a verdict
+	// only (no rule, chain or set: the kernel does not walk the table).
+	added := &model.ServiceEndpoints{Service: svc("default", "svc-added", ipset("10.96.9.9"), tcp(80, 6000)), Endpoints: []*model.Endpoint{pod2}}
+	s.set(added.Service.Key(), added)
+	withEndpoints(100, pod, pod2)
+	s.deleteService(items[299].Service.Key())
+	r := s.sync()
+	if st := r.Stats; r.Full || r.Err != nil || st.Rules != 0 || st.ChainsAdded+st.ChainsFlushed+st.ChainsDeleted != 0 || st.SetsAdded+st.SetsDeleted != 0 || st.ElementsAdded == 0 {
+		t.Fatalf("a service added, one moved to shard 2, one deleted: %+v, want a partial sync of elements only", r)
+	}
+	expectShardTable(t, b, s, "a service added, one moved, one deleted", []string{"shard4-1", "shard4-2"})
+	expectAnswers(t, b, "a service added", added, netns.Pod2ID)
+	expectAnswers(t, b, "a service moved to shard 2", items[100], netns.PodID, netns.Pod2ID)
+	s.deleteService(added.Service.Key())
+	items = slices.Delete(items, 299, 300)
+
 	for _, se := range items[100:] {
 		s.deleteService(se.Service.Key())
 	}
@@ -65,6 +84,14 @@ func TestKernelShardsFollowEndpointCounts(t *testing.T) {
 		t.Fatalf("100 services back to 1 endpoint: %+v, want a partial sync", r)
 	}
 	expectShardTable(t, b, s, "100 services back to 1 endpoint", []string{"shard4-1"})
+	// The services chain was written again without shard 2's rule: the
+	// sink's check finds the table as it left it.
+	s.nft.mu.Lock()
+	drift, err := s.nft.applier.Check(nil)
+	s.nft.mu.Unlock()
+	if err != nil || drift != "" {
+		t.Errorf("100 services back to 1 endpoint: the sink's check: %q, %v; want nothing changed", drift, err)
+	}
 	expectAnswers(t, b, "100 services back to 1 endpoint", items[0], netns.Pod2ID)
 	expectAnswers(t, b, "100 services back to 1 endpoint", items[99], netns.Pod2ID)
 }

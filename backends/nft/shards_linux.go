@@ -27,6 +27,22 @@ func shardMapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
 	return m
 }
 
+// shardSetRef returns the set object of a shard set of family f: the
+// services map's key (address . protocol . port), without data.
+func shardSetRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: name, Concatenation: true, KeyType: mapKeyType(f, false)}
+}
+
+// shardRuleExprs returns the expressions nft generates for the services
+// chain's rule of a shard (shardRuleText): the family's match, the
+// lookup of daddr . l4proto . dport in the shard's set, and the goto to
+// its chain.
+func shardRuleExprs(f ipFamily, n uint32, set *nftables.Set) []expr.Any {
+	return append(lookupKeyExprs(f),
+		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
+		&expr.Verdict{Kind: expr.VerdictGoto, Chain: shardChainName(f, n)})
+}
+
 // intervalMapRef returns the set object of the endpoint or shard map name
 // of family f.
 func intervalMapRef(t *nftables.Table, f ipFamily, name string) *nftables.Set {

@@ -78,21 +78,44 @@ var lookupChains = []struct {
 	{chainFirewallCheck, []mapKind{mapKinds[4]}},
 }
 
-// lookupRules calls fn for each lookup rule of a lookup chain's kinds, in
-// order: for each kind, IPv4 then IPv6, and for node-port kinds one rule
-// per address match.
-func lookupRules(opts Options, kinds []mapKind, fn func(ipFamily, mapKind, nodePortMatch)) {
+// lookupRule is one rule of a lookup chain: the lookup of the map of
+// kind k and family f (with the address match npm, for a node-port kind),
+// or, when shard is not 0, the services chain's rule of shard shard of f
+// (shardRuleText).
+type lookupRule struct {
+	f     ipFamily
+	k     mapKind
+	npm   nodePortMatch
+	shard uint32
+}
+
+// lookupRules calls fn for each rule of a lookup chain's kinds, in order:
+// for each kind, IPv4 then IPv6; for the services kind, the rules of the
+// family's shards sh first (their sets hold none of the map's keys), for
+// node-port kinds one rule per address match.
+func lookupRules(opts Options, sh shards, kinds []mapKind, fn func(lookupRule)) {
 	for _, k := range kinds {
 		for _, f := range []ipFamily{ipv4, ipv6} {
+			if k.name(f) == mapServices(f) {
+				sh.each(f, func(n uint32) { fn(lookupRule{f: f, k: k, shard: n}) })
+			}
 			if !k.nodePort || k.checkedAfter {
-				fn(f, k, nodePortMatch{})
+				fn(lookupRule{f: f, k: k})
 				continue
 			}
 			for _, npm := range nodePortMatches(opts, f) {
-				fn(f, k, npm)
+				fn(lookupRule{f: f, k: k, npm: npm})
 			}
 		}
 	}
+}
+
+// text returns the rule in nft syntax.
+func (r lookupRule) text() string {
+	if r.shard > 0 {
+		return shardRuleText(r.f, r.shard)
+	}
+	return lookupRuleText(r.f, r.k, r.npm)
 }
 
 // Text renders the ruleset in nft's syntax, for reading and golden files:
@@ -118,7 +141,7 @@ func (rs *ruleset) Text() string {
 			}
 			var els []string
 			for _, e := range rs.Elements {
-				if e.Map == m {
+				if e.set() == m {
 					els = append(els, "\t\t\t"+e.text())
 				}
 			}
@@ -160,8 +183,14 @@ func (rs *ruleset) Text() string {
 	for _, e := range rs.endpoints() {
 		byMap[e.Map()] = append(byMap[e.Map()], e)
 	}
+	keys := map[string][]mapElement{}
+	for _, e := range rs.Elements {
+		if e.Verdict.Shard > 0 {
+			keys[e.set()] = append(keys[e.set()], e)
+		}
+	}
 	for _, s := range rs.Sets {
-		fmt.Fprintf(&b, "\t%s\n\n", s.Text(byMap[s.Name], comments))
+		fmt.Fprintf(&b, "\t%s\n\n", s.Text(byMap[s.Name], comments, keys[s.Name]))
 	}
 	for _, c := range baseChains {
 		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %s; policy accept;\n", c.name, c.typ, c.hook, priorityText(c.priority, c.hook))
@@ -182,10 +211,11 @@ func (rs *ruleset) Text() string {
 		fmt.Fprintf(&b, "\t\t%s %s drop\n", daddrText(r.family()), r)
 	}
 	b.WriteString("\t}\n\n")
+	sh := shardsOf(rs.Sets)
 	for _, lc := range lookupChains {
 		fmt.Fprintf(&b, "\tchain %s {\n", lc.name)
-		lookupRules(rs.Options, lc.kinds, func(f ipFamily, k mapKind, npm nodePortMatch) {
-			fmt.Fprintf(&b, "\t\t%s\n", lookupRuleText(f, k, npm))
+		lookupRules(rs.Options, sh, lc.kinds, func(r lookupRule) {
+			fmt.Fprintf(&b, "\t\t%s\n", r.text())
 		})
 		b.WriteString("\t}\n\n")
 	}

@@ -423,18 +423,21 @@ func (t *tracker) useMap(f ipFamily, slot uint32, delta int) {
 }
 
 // useShard counts one block more (delta 1) or less (-1) in shard n of
-// family f, adding its map and chain when it gets its first block and
-// deleting them when it loses its last.
+// family f, adding its map, set and chain when it gets its first block
+// and deleting them when it loses its last.
 func (t *tracker) useShard(f ipFamily, n uint32, delta int) {
 	t.shardBlocks[f][n] += int32(delta)
 	switch c := t.shardBlocks[f][n]; {
 	case c == 1 && delta > 0:
 		name := shardMapName(f, n)
 		t.sets.Set(name, &namedSet{Name: name, Family: f, Shard: n})
+		name = shardSetName(f, n)
+		t.sets.Set(name, &namedSet{Name: name, Family: f, ShardSet: n})
 		ch := shardChain(f, n, t.opts)
 		t.chains.Set(ch.Name, ch)
 	case c == 0:
 		t.sets.Delete(shardMapName(f, n))
+		t.sets.Delete(shardSetName(f, n))
 		t.chains.Delete(shardChainName(f, n))
 	}
 }

@@ -41,8 +41,8 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 		items = append(items, se)
 		tr.Update(se.Service.Key(), se)
 	}
-	if d := tr.Done(); len(d.Chains.Created) != 1 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 1 {
-		t.Fatalf("first round: %d chains, %d elements, %d endpoint elements, %d hairpin addresses, %d sets created; want 1 (shard 1's), 100 (the keys), 100, 1, 1 (shard 1's map)",
+	if d := tr.Done(); len(d.Chains.Created) != 1 || len(d.Elements.Created) != 100 || len(d.Endpoints.Created) != 100 || len(d.Hairpin.Created) != 1 || len(d.Sets.Created) != 2 {
+		t.Fatalf("first round: %d chains, %d elements, %d endpoint elements, %d hairpin addresses, %d sets created; want 1 (shard 1's), 100 (the keys), 100, 1, 2 (shard 1's map and set)",
 			len(d.Chains.Created), len(d.Elements.Created), len(d.Endpoints.Created), len(d.Hairpin.Created), len(d.Sets.Created))
 	}
 	se := items[42]
@@ -57,15 +57,15 @@ func TestTrackerDeltaIsProportionalToTheChange(t *testing.T) {
 	}
 	tr.Update(se.Service.Key(), &model.ServiceEndpoints{Service: se.Service, Endpoints: []*model.Endpoint{ep("10.1.0.3", false), ep("10.1.0.4", false)}})
 	d = tr.Done()
-	if !slices.Equal(keysOf(d.Chains.Created), []string{"shard4-2"}) || len(d.Sets.Created) != 1 || len(d.Elements.Updated) != 1 ||
-		len(d.Endpoints.Updated)+len(d.Endpoints.Created) != 2 || len(d.Hairpin.Created) != 1 || d.Len() != 6 {
-		t.Errorf("one endpoint added: chains created %v, %d sets created, %d elements updated, %d endpoint elements updated and %d created, %d hairpin addresses created, %d in all; want shard4-2, 1, 1, 2 in all, 1, 6",
+	if !slices.Equal(keysOf(d.Chains.Created), []string{"shard4-2"}) || len(d.Sets.Created) != 2 || len(d.Elements.Updated) != 1 ||
+		len(d.Endpoints.Updated)+len(d.Endpoints.Created) != 2 || len(d.Hairpin.Created) != 1 || d.Len() != 7 {
+		t.Errorf("one endpoint added: chains created %v, %d sets created, %d elements updated, %d endpoint elements updated and %d created, %d hairpin addresses created, %d in all; want shard4-2, 2 (its map and set), 1, 2 in all, 1, 7",
 			keysOf(d.Chains.Created), len(d.Sets.Created), len(d.Elements.Updated), len(d.Endpoints.Updated), len(d.Endpoints.Created), len(d.Hairpin.Created), d.Len())
 	}
 	tr.Update(se.Service.Key(), nil)
 	d = tr.Done()
-	if d.Chains.Len() != 1 || d.Sets.Len() != 1 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 2 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 8 {
-		t.Errorf("service deleted: %d chains, %d sets changed, %d endpoint elements, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 1, 1, 2, 1, 2, 1, 8",
+	if d.Chains.Len() != 1 || d.Sets.Len() != 2 || len(d.Endpoints.Deleted) != 2 || len(d.Elements.Deleted) != 1 || len(d.Hairpin.Deleted) != 2 || len(d.ClusterIPs.Deleted) != 1 || d.Len() != 9 {
+		t.Errorf("service deleted: %d chains, %d sets changed, %d endpoint elements, %d elements, %d hairpin addresses, %d cluster IPs deleted, %d in all; want 1, 2, 2, 1, 2, 1, 9",
 			d.Chains.Len(), d.Sets.Len(), len(d.Endpoints.Deleted), len(d.Elements.Deleted), len(d.Hairpin.Deleted), len(d.ClusterIPs.Deleted), d.Len())
 	}
 	if rs := tr.Ruleset("t"); len(rs.Chains) != 1 || len(rs.Elements) != 99 || len(rs.endpoints()) != 99 || len(rs.Hairpin) != 1 {
@@ -88,9 +88,9 @@ func TestTrackerShards(t *testing.T) {
 	b := &model.ServiceEndpoints{Service: svc("ns", "b", ipset("10.96.16.7"), udp(53, 53)), Endpoints: eps}
 	tr.Update(a.Service.Key(), a)
 	d := tr.Done()
-	if len(d.Chains.Created) != 1 || d.Chains.Created[0].Key != "shard4-2" || len(d.Sets.Created) != 1 || d.Sets.Created[0].Key != "shard-endpoints-v4-2" ||
+	if len(d.Chains.Created) != 1 || d.Chains.Created[0].Key != "shard4-2" || !slices.Equal(keysOf(d.Sets.Created), []string{"shard-endpoints-v4-2", "shard-ips-v4-2"}) ||
 		len(d.Elements.Created) != 1 || len(d.Endpoints.Created) != 2 {
-		t.Fatalf("first service of 2 endpoints: chains %v, sets %v, %d elements, %d endpoints; want shard4-2, shard-endpoints-v4-2, 1 (a's key), 2",
+		t.Fatalf("first service of 2 endpoints: chains %v, sets %v, %d elements, %d endpoints; want shard4-2, shard-endpoints-v4-2 and shard-ips-v4-2, 1 (a's key), 2",
 			keysOf(d.Chains.Created), keysOf(d.Sets.Created), len(d.Elements.Created), len(d.Endpoints.Created))
 	}
 	chain := d.Chains.Created[0].Value
@@ -99,7 +99,7 @@ func TestTrackerShards(t *testing.T) {
 			t.Errorf("shard chain's rule %d %q, want %q", i, got, want)
 		}
 	}
-	if e := d.Elements.Created[0].Value; e.Key.String() != "10.96.0.7 . tcp . 80" || e.Verdict.String() != "goto shard4-2" || !e.Verdict.Shard {
+	if e := d.Elements.Created[0].Value; e.Key.String() != "10.96.0.7 . tcp . 80" || e.Verdict.String() != "goto shard4-2" || e.Verdict.Shard != 2 {
 		t.Errorf("a's element %s : %s, want 10.96.0.7 . tcp . 80 : goto shard4-2", e.Key, e.Verdict)
 	}
 	var draws []uint32
@@ -132,7 +132,7 @@ func TestTrackerShards(t *testing.T) {
 	d = tr.Done()
 	var toChain bool
 	for _, it := range d.Elements.Updated {
-		toChain = toChain || (it.Prev.Verdict.Shard && strings.HasPrefix(it.Value.Verdict.Goto, "svc4-"))
+		toChain = toChain || (it.Prev.Verdict.Shard > 0 && strings.HasPrefix(it.Value.Verdict.Goto, "svc4-"))
 	}
 	if !toChain || len(d.Endpoints.Deleted)+len(d.Endpoints.Updated) != 2 || len(d.Endpoints.Created)+len(d.Endpoints.Updated) != 2 || slices.Contains(keysOf(d.Chains.Deleted), "shard4-2") {
 		t.Errorf("a with a node port: elements %+v, endpoints %d created, %d updated, %d deleted, chains deleted %v; want a's key to go to its chain, its 2 endpoints moved, shard4-2 kept",
@@ -148,7 +148,7 @@ func TestTrackerShards(t *testing.T) {
 	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: b.Service, Endpoints: three})
 	d = tr.Done()
 	if !slices.Equal(keysOf(d.Chains.Created), []string{"shard4-3"}) || !slices.Equal(keysOf(d.Chains.Deleted), []string{"shard4-2"}) ||
-		!slices.Equal(keysOf(d.Sets.Created), []string{"shard-endpoints-v4-3"}) || !slices.Equal(keysOf(d.Sets.Deleted), []string{"shard-endpoints-v4-2"}) {
+		!slices.Equal(keysOf(d.Sets.Created), []string{"shard-endpoints-v4-3", "shard-ips-v4-3"}) || !slices.Equal(keysOf(d.Sets.Deleted), []string{"shard-endpoints-v4-2", "shard-ips-v4-2"}) {
 		t.Errorf("b with 3 endpoints: chains created %v, deleted %v, sets created %v, deleted %v; want shard 3 for shard 2",
 			keysOf(d.Chains.Created), keysOf(d.Chains.Deleted), keysOf(d.Sets.Created), keysOf(d.Sets.Deleted))
 	}
@@ -177,7 +177,7 @@ func TestTrackerShards(t *testing.T) {
 		t.Errorf("shard 3 empty: chains deleted %v, sets deleted %v; want its chain and map gone", keysOf(d.Chains.Deleted), keysOf(d.Sets.Deleted))
 	}
 	for _, e := range tr.Ruleset("t").Elements {
-		if e.Verdict.Shard {
+		if e.Verdict.Shard > 0 {
 			t.Errorf("element %s in %s still goes to a shard", e.Key, e.Map)
 		}
 	}
@@ -244,8 +244,8 @@ func TestTrackerShardSwaps(t *testing.T) {
 	set("q", "10.96.0.2", 3) // leaves shard 2 for 3
 	set("r", "10.96.0.3", 2) // leaves shard 1 (emptied) for 2
 	d = tr.Done()
-	if !slices.Equal(keysOf(d.Chains.Deleted), []string{"shard4-1"}) || len(d.Chains.Created) != 0 || !slices.Equal(keysOf(d.Sets.Deleted), []string{"shard-endpoints-v4-1"}) || len(d.Sets.Created) != 0 {
-		t.Errorf("q out of shard 2 as r comes in: chains %+v, sets %+v; want only shard 1's chain and map deleted", d.Chains, d.Sets)
+	if !slices.Equal(keysOf(d.Chains.Deleted), []string{"shard4-1"}) || len(d.Chains.Created) != 0 || !slices.Equal(keysOf(d.Sets.Deleted), []string{"shard-endpoints-v4-1", "shard-ips-v4-1"}) || len(d.Sets.Created) != 0 {
+		t.Errorf("q out of shard 2 as r comes in: chains %+v, sets %+v; want only shard 1's chain, map and set deleted", d.Chains, d.Sets)
 	}
 	fresh, _ := buildRuleset("t", Options{}, slices.Collect(maps.Values(state)))
 	if diff := cmp.Diff(canonicalize(fresh), canonicalize(tr.Ruleset("t")), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {

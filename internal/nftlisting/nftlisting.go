@@ -9,13 +9,18 @@ import "strings"
 // kpng table serves: the goto elements of the map service-ips-v4 to
 // chains other than the shards' (the ports with a chain of their own) and
 // the distinct keys (address . protocol . port) of the shard maps of IPv4
-// (the plain ones, which since the shards by endpoint count also have a
-// goto element to their shard's chain, not counted twice).
+// (the plain ones; in the layouts that had them, their goto elements to
+// their shard's chain are not counted twice; their keys in the shards'
+// sets, since, are not counted either).
 func ServicePortsV4(listing string) int {
 	n, keys, inMap := 0, map[string]bool{}, ""
 	for _, line := range strings.Split(listing, "\n") {
 		if m, ok := strings.CutPrefix(line, "\tmap "); ok {
 			inMap = strings.TrimSuffix(m, " {")
+			continue
+		}
+		if strings.HasPrefix(line, "\t") && !strings.HasPrefix(line, "\t\t") && line != "\t}" {
+			inMap = "" // a set or chain
 			continue
 		}
 		switch {
