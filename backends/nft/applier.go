@@ -112,10 +112,11 @@ type applier struct {
 	reader *nftables.Conn
 	table  *nftables.Table
 	// fixed are the table's fixed chains (base, lookup, reject,
-	// nodeport-reject/-drop, masquerading and cluster-ips-check chains)
-	// with the number of rules the last successful Full gave each, or the
-	// last Partial for cluster-ips-check (rewritten when the service
-	// CIDRs change): what Check expects of them.
+	// nodeport-reject/-drop, masquerading, cluster-ips-check and shards
+	// chains) with the number of rules the last successful Full gave
+	// each, or the last Partial for cluster-ips-check (rewritten when the
+	// service CIDRs change) and for the services and shards chains
+	// (rewritten when a shard comes or goes): what Check expects of them.
 	fixed map[string]int
 	// opts are the options of the last successful Full, and shards the
 	// shards present as of the last successful transaction: what the
@@ -169,6 +170,9 @@ type txn struct {
 	sets  map[string]*nftables.Set
 	// rules counts the rules added to each chain.
 	rules map[string]int
+	// clusterIPs are the cluster-ips sets when the transaction adds
+	// them (a full one), for their IDs.
+	clusterIPs [2]*nftables.Set
 	// scratch is where the size of each message of set elements is
 	// measured.
 	scratch []byte
@@ -304,8 +308,9 @@ func (a *applier) end(t *txn, err error) {
 // batch, so that packets see either the old table or the new one, never
 // none. On error nothing changed.
 func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
-	// Each set: its declaration and a message of its elements at least.
-	messages := 100 + 2*len(rs.Sets) + len(rs.ServiceCIDRs)
+	// Each set: its declaration and a message of its elements at least;
+	// each shard a rule in the services or its shards chain.
+	messages := 100 + 2*len(rs.Sets) + len(rs.ServiceCIDRs) + shardsOf(rs.Sets).count()
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
@@ -343,13 +348,16 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 // and the shard sets (those added in the transaction, else by name).
 func (t *txn) lookupChainRules(ch *nftables.Chain, opts Options, sh shards, kinds []mapKind, maps map[string]*nftables.Set) {
 	lookupRules(opts, sh, kinds, func(r lookupRule) {
-		if r.shard > 0 {
-			name := shardSetName(r.f, r.shard)
-			set := t.sets[name]
+		switch {
+		case r.guard:
+			set := t.clusterIPs[r.f]
 			if set == nil {
-				set = shardSetRef(t.table, r.f, name)
+				set = clusterIPsSetRef(t.table, r.f)
 			}
-			t.addRule(ch, shardRuleExprs(r.f, r.shard, set))
+			t.addRule(ch, daddrInSetExprs(r.f, set, &expr.Verdict{Kind: expr.VerdictJump, Chain: shardsChainName(r.f)}))
+			return
+		case r.shard > 0:
+			t.addRule(ch, t.shardRuleExprs(r.f, r.shard))
 			return
 		}
 		m := maps[r.k.name(r.f)]
@@ -419,8 +427,15 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 			return err
 		}
 	}
-	// Fixed regular chains before the base chains, which jump to them.
+	// Fixed regular chains before the base chains, which jump to them,
+	// the shards chains before the services chain.
 	sh := shardsOf(rs.Sets)
+	t.clusterIPs = clusterIPs
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		if sh.guarded(f) {
+			t.shardRules(t.addChain(shardsChainName(f)), f, sh)
+		}
+	}
 	for _, lc := range lookupChains {
 		t.lookupChainRules(t.addChain(lc.name), rs.Options, sh, lc.kinds, maps)
 	}
@@ -495,10 +510,12 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 // Partial applies d in one transaction: new chains are created, then new
 // sets (balance maps go to chains), then the endpoint maps' and hairpin
 // sets' elements are deleted and added (and cluster-ips-check written
-// again when the service CIDRs changed), changed chains flushed, then their
-// rules added; verdict map elements are deleted and added; deleted chains are
-// flushed, then deleted sets deleted, then deleted chains deleted (each
-// after everything that referenced it is gone). On error nothing changed.
+// again when the service CIDRs changed, the services chain and the
+// family's shards chain when a shard came or went), changed chains
+// flushed, then their rules added; verdict map and shard set elements are
+// deleted and added; deleted chains are flushed, then deleted sets
+// deleted, then deleted chains deleted (each after everything that
+// referenced it is gone). On error nothing changed.
 func (a *applier) Partial(d delta) (stats Stats, err error) {
 	// The fixed maps and sets: a deletion and an addition each at most,
 	// then each endpoint map touched and each set: two messages each.
@@ -523,16 +540,19 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
+	sh := a.shards.after(d)
+	var services *servicesRules
+	if sh != a.shards {
+		services = &servicesRules{opts: a.opts, old: a.shards, shards: sh}
+		// The services chain and the shards chains flushed and written
+		// again (two of them deleted).
+		messages += 10 + a.fixed[chainServices] + sh.count()
+	}
 	t, err := a.begin(messages+elements/minElementsPerMessage, elements)
 	if err != nil {
 		return Stats{}, err
 	}
 	defer func() { a.end(t, err) }()
-	sh := a.shards.after(d)
-	var services *servicesRules
-	if sh != a.shards {
-		services = &servicesRules{a.opts, sh}
-	}
 	if err := t.partial(d, services); err != nil {
 		return t.stats, err
 	}
@@ -540,8 +560,13 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		return t.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, t.stats.Objects(), err)
 	}
 	a.caps, _ = a.caps.after(d)
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		if !sh.guarded(f) {
+			delete(a.fixed, shardsChainName(f))
+		}
+	}
 	a.shards = sh
-	for _, name := range []string{chainClusterIPsCheck, chainServices} {
+	for _, name := range []string{chainClusterIPsCheck, chainServices, shardsChainName(ipv4), shardsChainName(ipv6)} {
 		if n, ok := t.rules[name]; ok {
 			// Rewritten (new service CIDRs, shards): Check expects its
 			// new rules.
@@ -561,12 +586,29 @@ func (a *applier) Fits(d delta) bool {
 	return ok
 }
 
+// shardRuleExprs returns the expressions of the rule of shard n of family
+// f (shardRuleText), its set the one added in the transaction, if it was.
+func (t *txn) shardRuleExprs(f ipFamily, n uint32) []expr.Any {
+	name := shardSetName(f, n)
+	set := t.sets[name]
+	if set == nil {
+		set = shardSetRef(t.table, f, name)
+	}
+	return shardRuleExprs(f, n, set)
+}
+
+// shardRules adds the rules of the shards sh of family f to ch, the
+// family's shards chain.
+func (t *txn) shardRules(ch *nftables.Chain, f ipFamily, sh shards) {
+	sh.each(f, func(n uint32) { t.addRule(ch, t.shardRuleExprs(f, n)) })
+}
+
 // servicesRules are what the services chain's rules are written from
 // when a round adds or deletes a shard: the options of the last full
-// write and the shards present after the round.
+// write, the shards present before the round (old) and after it.
 type servicesRules struct {
-	opts   Options
-	shards shards
+	opts        Options
+	old, shards shards
 }
 
 func (t *txn) partial(d delta, services *servicesRules) error {
@@ -618,8 +660,26 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 	}
 	if services != nil {
 		// A shard came or went: the services chain written again with
-		// the rules of the shards present, after the new shards' sets
-		// and chains are added, before the deleted ones go.
+		// the rules of the shards present, or the jump to the family's
+		// shards chain (written again, added before the jump, or
+		// deleted after the services chain no longer jumps to it), after
+		// the new shards' sets and chains are added, before the deleted
+		// ones go.
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			if !services.shards.guarded(f) {
+				continue
+			}
+			if services.old.guarded(f) {
+				c.FlushChain(t.chainRef(shardsChainName(f)))
+				t.stats.Messages++
+				t.stats.ChainsFlushed++
+				t.rules[shardsChainName(f)] = 0
+			} else {
+				t.addChain(shardsChainName(f))
+				t.stats.ChainsAdded++
+			}
+			t.shardRules(t.chainRef(shardsChainName(f)), f, services.shards)
+		}
 		ch := t.chainRef(chainServices)
 		c.FlushChain(ch)
 		t.stats.Messages++
@@ -627,6 +687,15 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 		for _, lc := range lookupChains {
 			if lc.name == chainServices {
 				t.lookupChainRules(ch, services.opts, services.shards, lc.kinds, nil)
+			}
+		}
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			if services.old.guarded(f) && !services.shards.guarded(f) {
+				ref := t.chainRef(shardsChainName(f))
+				c.FlushChain(ref)
+				c.DelChain(ref)
+				t.stats.Messages += 2
+				t.stats.ChainsDeleted++
 			}
 		}
 	}

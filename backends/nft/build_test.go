@@ -86,6 +86,14 @@ func goldenCases() map[string][]*model.ServiceEndpoints {
 			{Service: svc("default", "v4-only-endpoints", ipset("10.96.0.42", "fd00:10:96::42"), tcp(80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
 			{Service: intLocal, Endpoints: []*model.Endpoint{ep("10.1.0.2", false)}},
 		},
+		// Three shards of IPv4 (1, 2 and 3 endpoints): their rules behind
+		// the services chain's cluster-IP check, in shards-v4; one of
+		// IPv6, its rule in the services chain.
+		"three-shards": {
+			{Service: svc("default", "one", ipset("10.96.0.61", "fd00:10:96::61"), tcp(80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("fd00:1::2", false)}},
+			{Service: svc("default", "two", ipset("10.96.0.62"), tcp(80, 8080)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false)}},
+			{Service: svc("default", "three", ipset("10.96.0.63"), udp(53, 5353)), Endpoints: []*model.Endpoint{ep("10.1.0.2", false), ep("10.1.0.3", false), ep("10.1.0.4", false)}},
+		},
 		"named-ports": {{
 			Service: svc("default", "named", ipset("10.96.0.50"), named),
 			Endpoints: []*model.Endpoint{

@@ -118,7 +118,9 @@ func TestServicesMapCapacity(t *testing.T) {
 	if _, ok := c.after(d); ok {
 		t.Error("600 + 1,447 new + 2 that left their shard: 2,049 services elements fit a capacity of 2,048")
 	}
-	d.Elements.Updated[0].Value, d.Elements.Updated[0].Prev = d.Elements.Updated[0].Prev, d.Elements.Updated[0].Value // one port became plain
+	// Instead of the second, one of the 600 becomes plain.
+	was := elements(mapServices, ipv4, 0, 1)[0]
+	d.Elements.Updated[1] = diffstore.Item[string, mapElement]{Key: was.ID(), Value: shard([]mapElement{was})[0], Prev: was}
 	if next, ok := c.after(d); !ok || next[sizedSet{services: true, family: ipv4}].count != 2047 {
 		t.Errorf("600 + 1,447 new + 1 that left its shard - 1 that went to one: fits %v, %+v, want 2,047 elements", ok, next[sizedSet{services: true, family: ipv4}])
 	}

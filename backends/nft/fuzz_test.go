@@ -105,6 +105,14 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 		}
 		sets[st.Name] = st
 	}
+	for _, st := range rs.Sets {
+		// A shard's set comes with its chain and map: the services
+		// chain's rule of the shard, written from the set, goes to the
+		// chain, whose rules use the map.
+		if n := st.ShardSet; n > 0 && (!chains[shardChainName(st.Family, n)] || sets[shardMapName(st.Family, n)] == nil) {
+			return fmt.Errorf("set %s: its shard's chain or map is not in the table", st.Name)
+		}
+	}
 	jump := func(from, to string) error {
 		switch to {
 		case chainReject, chainNodePortReject(ipv4), chainNodePortReject(ipv6), chainNodePortDrop(ipv4), chainNodePortDrop(ipv6): // fixed (Text)
@@ -194,6 +202,10 @@ func checkRuleset(rs *ruleset, items []*model.ServiceEndpoints) error {
 				return fmt.Errorf("element %s: its shard map %s is not in the table", e.ID(), bl.Map())
 			case sets[e.set()] == nil || sets[e.set()].ShardSet != bl.ShardIdx || e.Verdict.Shard != bl.ShardIdx:
 				return fmt.Errorf("element %s: its shard set %s is not in the table, or not its shard's", e.ID(), e.set())
+			case !slices.Contains(rs.ClusterIPs, e.Key.Addr):
+				// The services chain's check before the shards' rules
+				// (shards.go) looks the cluster-ips sets up.
+				return fmt.Errorf("element %s: in a shard, its address is not in the cluster-ips sets", e.ID())
 			case e.Verdict.Goto != shardChainName(e.Family, bl.ShardIdx):
 				return fmt.Errorf("element %s: goes to %s, not to its shard's chain", e.ID(), e.Verdict)
 			}

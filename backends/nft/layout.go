@@ -22,8 +22,9 @@ const (
 	// (priority dstnat) of incoming and locally generated traffic.
 	chainNATPrerouting = "nat-prerouting"
 	chainNATOutput     = "nat-output"
-	// chainServices looks up the service maps; both NAT base chains jump
-	// to it.
+	// chainServices looks up the shards' sets (or jumps to the shards
+	// chains for a cluster IP: shards.go), then the service maps; both NAT
+	// base chains jump to it.
 	chainServices = "services"
 	// chainFilterInput, chainFilterForward and chainFilterOutput are the
 	// filter base chains (priority filter - 10) where traffic to services
@@ -83,8 +84,8 @@ func nodePortChecks(f ipFamily) []nodePortCheck {
 }
 
 // mapServices returns the name of the verdict map of a family that sends
-// (daddr . l4proto . dport) to the chain of a service port (or of its
-// shard, for a plain one: shards.go):
+// (daddr . l4proto . dport) to the chain of a service port (a plain one's
+// key is in its shard's set instead: shards.go):
 // "service-ips-v4" or "service-ips-v6".
 func mapServices(f ipFamily) string { return "service-ips-v" + familySuffix(f) }
 

@@ -72,7 +72,8 @@ func (v verdict) String() string {
 	return "goto " + v.Goto
 }
 
-// mapElement is one element of one of the table's verdict maps.
+// mapElement is one element of one of the table's verdict maps, or of a
+// shard's set for a plain service port (Verdict.Shard; set).
 type mapElement struct {
 	// Map is the map's name (mapServices or mapNoEndpoints).
 	Map     string

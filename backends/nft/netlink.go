@@ -383,8 +383,10 @@ func setID(sets map[string]*nftables.Set, name string) uint32 {
 }
 
 // setRef returns the set object of a namedSet: an interval map of endpoints
-// for an endpoint map, a constant verdict map keyed by integers for a
-// balance map, a dynamic address set with a timeout for an affinity set.
+// for an endpoint map, a hash map of endpoints for a shard map, a set of
+// service keys for a shard set, a constant verdict map keyed by integers
+// for a balance map, a dynamic address set with a timeout for an affinity
+// set.
 func setRef(t *nftables.Table, s *namedSet) *nftables.Set {
 	if s.EndpointMap {
 		return endpointMapRef(t, s.Family, s.Name)

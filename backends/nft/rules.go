@@ -70,8 +70,9 @@ type Options struct {
 	// NoShardMaps gives every service port a chain of its own, as before
 	// the shard maps (shards.go): a service added then makes the kernel
 	// validate a table of one chain per service (tens of ms at 50,000
-	// services, against a few for a shard's goto element), and the cold
-	// start programs a chain, a rule and interval elements per service.
+	// services, against a tenth of a millisecond for a shard's set
+	// element), and the cold start programs a chain, a rule and interval
+	// elements per service.
 	NoShardMaps bool
 }
 

@@ -103,7 +103,7 @@ func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when str
 	got := expectListingIsText(t, b, s, when)
 	var chains []string
 	for name := range got {
-		if c, ok := strings.CutPrefix(name, "chain shard"); ok {
+		if c, ok := strings.CutPrefix(name, "chain shard"); ok && (strings.HasPrefix(c, "4-") || strings.HasPrefix(c, "6-")) {
 			chains = append(chains, "shard"+c)
 		}
 	}
@@ -164,4 +164,80 @@ func expectAnswers(t *testing.T, b *netns.BlogTopology, when string, se *model.S
 	if want := slices.Sorted(slices.Values(servers)); !slices.Equal(got, want) {
 		t.Errorf("%s: %s answered by %v, want %v", when, ip, got, want)
 	}
+}
+
+// TestKernelShardsGuard: from shardGuardMin shards in a family, the
+// services chain jumps to the family's shards chain only for a cluster
+// IP. Services of 1, 2 and 3 IPv4 endpoints (three shards) and a node
+// port one, written whole: the guard and shards-v4 in the kernel's
+// listing, which is the tracker's Text; every service answers from its
+// endpoints, the node port one on its cluster IP too (its packets cross
+// the shards' rules, then the services map). A partial sync taking the
+// 3-endpoint services to 2 leaves two shards: the shards' rules back in
+// the services chain, shards-v4 gone; back to 3, the guard comes back in a
+// partial sync. After each round the sink's check finds the table as it
+// left it, and the services answer.
+func TestKernelShardsGuard(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "guard")
+	v4 := func(ids ...string) []*model.Endpoint {
+		var out []*model.Endpoint
+		for _, id := range ids {
+			out = append(out, podEndpoints(id)[0])
+		}
+		return out
+	}
+	items := manyServices(4)
+	items[0].Endpoints = v4(netns.PodID)
+	items[1].Endpoints = v4(netns.PodID, netns.Pod2ID)
+	items[2].Endpoints = v4(netns.PodID, netns.Pod2ID, pod3ID)
+	nodePort := manyChainServices(4)[3]
+	nodePort.Endpoints = v4(netns.Pod2ID)
+	items[3] = nodePort
+	s.setAll(items...)
+	if r := s.sync(); !r.Full {
+		t.Fatalf("first sync not full")
+	}
+	// round syncs (but for the first, synced whole above), then checks.
+	round := func(when string, first bool, guarded bool, shards []string, answers map[int][]string) {
+		t.Helper()
+		if !first {
+			if r := s.sync(); r.Full || r.Err != nil {
+				t.Fatalf("%s: %+v, want a partial sync", when, r)
+			}
+		}
+		expectShardTable(t, b, s, when, shards)
+		got := expectListingIsText(t, b, s, when)
+		services := got["chain "+chainServices]
+		if services == nil {
+			t.Fatalf("%s: no services chain", when)
+		}
+		jump := slices.Contains(services.Rules, shardGuardText(ipv4))
+		if _, ok := got["chain "+shardsChainName(ipv4)]; jump != guarded || ok != guarded {
+			t.Errorf("%s: the guard in the services chain %v, chain %s there %v; want %v:\n%s", when, jump, shardsChainName(ipv4), ok, guarded, strings.Join(services.Rules, "\n"))
+		}
+		s.nft.mu.Lock()
+		drift, err := s.nft.applier.Check(nil)
+		s.nft.mu.Unlock()
+		if err != nil || drift != "" {
+			t.Errorf("%s: the sink's check: %q, %v; want nothing changed", when, drift, err)
+		}
+		for i, servers := range answers {
+			expectAnswers(t, b, when, items[i], servers...)
+		}
+	}
+	all := map[int][]string{0: {netns.PodID}, 1: {netns.PodID, netns.Pod2ID}, 2: {netns.PodID, netns.Pod2ID, pod3ID}, 3: {netns.Pod2ID}}
+	round("three shards", true, true, []string{"shard4-1", "shard4-2", "shard4-3"}, all)
+
+	two := *items[2]
+	two.Endpoints = v4(netns.PodID, pod3ID)
+	items[2] = &two
+	s.set(two.Service.Key(), &two)
+	round("two shards", false, false, []string{"shard4-1", "shard4-2"}, map[int][]string{0: {netns.PodID}, 1: {netns.PodID, netns.Pod2ID}, 2: {netns.PodID, pod3ID}, 3: {netns.Pod2ID}})
+
+	three := *items[2]
+	three.Endpoints = v4(netns.PodID, netns.Pod2ID, pod3ID)
+	items[2] = &three
+	s.set(three.Service.Key(), &three)
+	round("three shards again", false, true, []string{"shard4-1", "shard4-2", "shard4-3"}, all)
 }

@@ -81,22 +81,29 @@ var lookupChains = []struct {
 // lookupRule is one rule of a lookup chain: the lookup of the map of
 // kind k and family f (with the address match npm, for a node-port kind),
 // or, when shard is not 0, the services chain's rule of shard shard of f
-// (shardRuleText).
+// (shardRuleText), or, when guard is set, its jump to the shards chain of
+// f (shardGuardText).
 type lookupRule struct {
 	f     ipFamily
 	k     mapKind
 	npm   nodePortMatch
 	shard uint32
+	guard bool
 }
 
 // lookupRules calls fn for each rule of a lookup chain's kinds, in order:
 // for each kind, IPv4 then IPv6; for the services kind, the rules of the
-// family's shards sh first (their sets hold none of the map's keys), for
-// node-port kinds one rule per address match.
+// family's shards sh first (their sets hold none of the map's keys), or
+// the jump to them when they are behind the cluster-IP check (guarded),
+// for node-port kinds one rule per address match.
 func lookupRules(opts Options, sh shards, kinds []mapKind, fn func(lookupRule)) {
 	for _, k := range kinds {
 		for _, f := range []ipFamily{ipv4, ipv6} {
-			if k.name(f) == mapServices(f) {
+			switch {
+			case k.name(f) != mapServices(f):
+			case sh.guarded(f):
+				fn(lookupRule{f: f, k: k, guard: true})
+			default:
 				sh.each(f, func(n uint32) { fn(lookupRule{f: f, k: k, shard: n}) })
 			}
 			if !k.nodePort || k.checkedAfter {
@@ -112,6 +119,9 @@ func lookupRules(opts Options, sh shards, kinds []mapKind, fn func(lookupRule)) 
 
 // text returns the rule in nft syntax.
 func (r lookupRule) text() string {
+	if r.guard {
+		return shardGuardText(r.f)
+	}
 	if r.shard > 0 {
 		return shardRuleText(r.f, r.shard)
 	}
@@ -218,6 +228,13 @@ func (rs *ruleset) Text() string {
 			fmt.Fprintf(&b, "\t\t%s\n", r.text())
 		})
 		b.WriteString("\t}\n\n")
+	}
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		if sh.guarded(f) {
+			fmt.Fprintf(&b, "\tchain %s {\n", shardsChainName(f))
+			sh.each(f, func(n uint32) { fmt.Fprintf(&b, "\t\t%s\n", shardRuleText(f, n)) })
+			b.WriteString("\t}\n\n")
+		}
 	}
 	// "reject" alone is ICMP(v6) port unreachable, what nft prints for
 	// "reject with icmpx port-unreachable" in an inet table.

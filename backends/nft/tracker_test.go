@@ -173,8 +173,8 @@ func TestTrackerShards(t *testing.T) {
 	}
 	tr.Update(b.Service.Key(), &model.ServiceEndpoints{Service: b.Service, Endpoints: many})
 	d = tr.Done()
-	if !slices.Contains(keysOf(d.Chains.Deleted), "shard4-3") || !slices.Contains(keysOf(d.Sets.Deleted), "shard-endpoints-v4-3") {
-		t.Errorf("shard 3 empty: chains deleted %v, sets deleted %v; want its chain and map gone", keysOf(d.Chains.Deleted), keysOf(d.Sets.Deleted))
+	if !slices.Contains(keysOf(d.Chains.Deleted), "shard4-3") || !slices.Contains(keysOf(d.Sets.Deleted), "shard-endpoints-v4-3") || !slices.Contains(keysOf(d.Sets.Deleted), "shard-ips-v4-3") {
+		t.Errorf("shard 3 empty: chains deleted %v, sets deleted %v; want its chain, map and set gone", keysOf(d.Chains.Deleted), keysOf(d.Sets.Deleted))
 	}
 	for _, e := range tr.Ruleset("t").Elements {
 		if e.Verdict.Shard > 0 {
