@@ -15,6 +15,7 @@
 //	kpng-firstpacket probe --services=N --endpoints=E --probes=1000 kpng=kpng.nft kube-proxy=kp.nft …
 //	kpng-firstpacket load --netns=NAME FILE
 //	kpng-firstpacket replay --targets-from=kube-proxy.nft --probes=1000 kube-proxy=kube-proxy.nft kpng=kpng.nft …
+//	kpng-firstpacket shard-rules --in=kpng.nft --kind=filled --count=63 --shard=10 >v.nft
 //
 // kube-proxy writes the table of kube-proxy v1.36.3's nftables mode for
 // those services (its base chains and rules, and per service a chain with
@@ -25,6 +26,10 @@
 //
 // replay probes rulesets saved from real proxiers by kpng-sidebyside
 // --swap-rules, in kpng-sidebyside's topology (replay.go).
+//
+// shard-rules rewrites a listing of kpng's table with rules that a packet
+// to shard --shard crosses before its own (shardrules.go): what each shard
+// of a family costs the packets that cross its rule.
 //
 // load loads a ruleset file as probe does: the table in one transaction,
 // then each of its `add element` lines in one (nft 1.0.6 fails with
@@ -87,6 +92,8 @@ func main() {
 		err = loadCmd(os.Args[2:])
 	case "replay":
 		err = replayCmd(os.Args[2:])
+	case "shard-rules":
+		err = shardRulesCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -97,7 +104,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: kpng-firstpacket kube-proxy|variant|probe|load|replay [flags] (see the package comment)")
+	fmt.Fprintln(os.Stderr, "usage: kpng-firstpacket kube-proxy|variant|probe|load|replay|shard-rules [flags] (see the package comment)")
 	os.Exit(2)
 }
 
