@@ -673,7 +673,6 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 				c.FlushChain(t.chainRef(shardsChainName(f)))
 				t.stats.Messages++
 				t.stats.ChainsFlushed++
-				t.rules[shardsChainName(f)] = 0
 			} else {
 				t.addChain(shardsChainName(f))
 				t.stats.ChainsAdded++

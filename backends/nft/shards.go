@@ -54,7 +54,9 @@ import (
 // their own, shards-v4, which the services chain jumps to only for a
 // cluster IP (`ip daddr @cluster-ips-v4 jump shards-v4`): a packet to no
 // service, or to an external or load-balancer IP, then crosses one lookup
-// whatever the shards, a cluster IP's one more. Each endpoint is one hash
+// whatever the shards, a cluster IP's one more. (A packet that fell off
+// the end of a shard's chain, which a consistent table never lets happen,
+// would then go on in the services chain after the jump.) Each endpoint is one hash
 // element, as fair a draw as kube-proxy's (`numgen random mod N`).
 //
 // What it saves: a service port added, deleted or moved to another shard
@@ -64,7 +66,8 @@ import (
 // for a service added at 50,000 services, 13 ms with cold caches, when
 // plain ports were `goto` elements of the services map;
 // docs/benchmarks.md). A shard appearing or going rewrites the services
-// chain (a walk, of the verdict maps' other elements only). An endpoint
+// chain, and the family's shards chain from shardGuardMin shards (a walk,
+// of the verdict maps' other elements only). An endpoint
 // replaced by another (the same number) changes the elements whose
 // draw's endpoint shifts (endpoints are in address order: from one to all
 // N). A shard's set, chain and map exist while it holds a service port;

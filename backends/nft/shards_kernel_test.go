@@ -3,6 +3,7 @@
 package nft
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -142,11 +143,11 @@ func expectListingIsText(t *testing.T, b *netns.BlogTopology, s *testSink, when 
 	return got
 }
 
-// expectAnswers asks the service se's cluster IP 20 times from the
+// expectAnswers asks the service se's (first) cluster IP 20 times from the
 // client and checks that exactly the pods servers answer.
 func expectAnswers(t *testing.T, b *netns.BlogTopology, when string, se *model.ServiceEndpoints, servers ...string) {
 	t.Helper()
-	ip := netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0])
+	ip := netip.MustParseAddr(append(slices.Clone(se.Service.IPs.ClusterIPs.V4), se.Service.IPs.ClusterIPs.V6...)[0])
 	seen := map[string]bool{}
 	for range 20 {
 		a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{})
@@ -168,38 +169,50 @@ func expectAnswers(t *testing.T, b *netns.BlogTopology, when string, se *model.S
 
 // TestKernelShardsGuard: from shardGuardMin shards in a family, the
 // services chain jumps to the family's shards chain only for a cluster
-// IP. Services of 1, 2 and 3 IPv4 endpoints (three shards) and a node
-// port one, written whole: the guard and shards-v4 in the kernel's
-// listing, which is the tracker's Text; every service answers from its
-// endpoints, the node port one on its cluster IP too (its packets cross
-// the shards' rules, then the services map). A partial sync taking the
-// 3-endpoint services to 2 leaves two shards: the shards' rules back in
-// the services chain, shards-v4 gone; back to 3, the guard comes back in a
-// partial sync. After each round the sink's check finds the table as it
-// left it, and the services answer.
+// IP. Dual-stack services of 1, 2 and 3 endpoints (three shards in each
+// family) and a node-port one, written whole: the guard and shards-v4,
+// shards-v6 in the kernel's listing, which is the tracker's Text; every
+// service answers from its endpoints on both cluster IPs, the node-port
+// one on its cluster IP too (its packets cross the shards' rules, then
+// the services map). Then, in partial syncs: the 3-endpoint service taken
+// to 2 (two shards: the shards' rules back in the services chain, the
+// shards chains gone), back to 3 (the guard back), a new service with a
+// new cluster IP in a fourth shard (guarded before and after), that
+// service deleted (its shard's chain, which shards-v4 went to, gone), and
+// the plain services deleted (three shards to none at once). After each
+// round the sink's check finds the table as it left it, and the services
+// answer.
 func TestKernelShardsGuard(t *testing.T) {
 	b := kernelTopology(t)
 	s := newTestSink(t, b, "guard")
-	v4 := func(ids ...string) []*model.Endpoint {
-		var out []*model.Endpoint
-		for _, id := range ids {
-			out = append(out, podEndpoints(id)[0])
-		}
-		return out
+	pods := [][]string{{netns.PodID}, {netns.PodID, netns.Pod2ID}, {netns.PodID, netns.Pod2ID, pod3ID}}
+	var items []*model.ServiceEndpoints
+	for i, ids := range pods {
+		v4, v6 := fmt.Sprintf("10.96.7.%d", 1+i), fmt.Sprintf("fd00:10:96::7:%d", 1+i)
+		items = append(items, &model.ServiceEndpoints{
+			Service:   svc("default", fmt.Sprintf("plain-%d", 1+i), ipset(v4, v6), tcp(80, 6000)),
+			Endpoints: podEndpoints(ids...),
+		})
 	}
-	items := manyServices(4)
-	items[0].Endpoints = v4(netns.PodID)
-	items[1].Endpoints = v4(netns.PodID, netns.Pod2ID)
-	items[2].Endpoints = v4(netns.PodID, netns.Pod2ID, pod3ID)
-	nodePort := manyChainServices(4)[3]
-	nodePort.Endpoints = v4(netns.Pod2ID)
-	items[3] = nodePort
-	s.setAll(items...)
+	nodePort := manyChainServices(1)[0]
+	nodePort.Endpoints = podEndpoints(netns.Pod2ID)[:1]
+	s.setAll(append(slices.Clone(items), nodePort)...)
 	if r := s.sync(); !r.Full {
 		t.Fatalf("first sync not full")
 	}
-	// round syncs (but for the first, synced whole above), then checks.
-	round := func(when string, first bool, guarded bool, shards []string, answers map[int][]string) {
+	ask := func(when string, se *model.ServiceEndpoints, servers []string) {
+		t.Helper()
+		for _, ip := range append(slices.Clone(se.Service.IPs.ClusterIPs.V4), se.Service.IPs.ClusterIPs.V6...) {
+			c := *se.Service
+			c.IPs = model.ServiceIPs{}
+			c.IPs.ClusterIPs = ipset(ip)
+			expectAnswers(t, b, when+" "+ip, &model.ServiceEndpoints{Service: &c}, servers...)
+		}
+	}
+	// round syncs (but for the first, synced whole above), then checks
+	// the listing, the guards and the answers of the plain services
+	// live (their pods) and of the node-port one.
+	round := func(when string, first bool, guarded bool, shards []string, live map[int][]string) {
 		t.Helper()
 		if !first {
 			if r := s.sync(); r.Full || r.Err != nil {
@@ -212,9 +225,11 @@ func TestKernelShardsGuard(t *testing.T) {
 		if services == nil {
 			t.Fatalf("%s: no services chain", when)
 		}
-		jump := slices.Contains(services.Rules, shardGuardText(ipv4))
-		if _, ok := got["chain "+shardsChainName(ipv4)]; jump != guarded || ok != guarded {
-			t.Errorf("%s: the guard in the services chain %v, chain %s there %v; want %v:\n%s", when, jump, shardsChainName(ipv4), ok, guarded, strings.Join(services.Rules, "\n"))
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			jump := slices.Contains(services.Rules, shardGuardText(f))
+			if _, ok := got["chain "+shardsChainName(f)]; jump != guarded || ok != guarded {
+				t.Errorf("%s: the guard in the services chain %v, chain %s there %v; want %v:\n%s", when, jump, shardsChainName(f), ok, guarded, strings.Join(services.Rules, "\n"))
+			}
 		}
 		s.nft.mu.Lock()
 		drift, err := s.nft.applier.Check(nil)
@@ -222,22 +237,50 @@ func TestKernelShardsGuard(t *testing.T) {
 		if err != nil || drift != "" {
 			t.Errorf("%s: the sink's check: %q, %v; want nothing changed", when, drift, err)
 		}
-		for i, servers := range answers {
-			expectAnswers(t, b, when, items[i], servers...)
+		for i, servers := range live {
+			ask(when, items[i], servers)
 		}
+		expectAnswers(t, b, when, nodePort, netns.Pod2ID)
 	}
-	all := map[int][]string{0: {netns.PodID}, 1: {netns.PodID, netns.Pod2ID}, 2: {netns.PodID, netns.Pod2ID, pod3ID}, 3: {netns.Pod2ID}}
-	round("three shards", true, true, []string{"shard4-1", "shard4-2", "shard4-3"}, all)
+	withPods := func(i int, ids ...string) {
+		c := *items[i]
+		c.Endpoints = podEndpoints(ids...)
+		items[i] = &c
+		s.set(c.Service.Key(), &c)
+	}
+	all := map[int][]string{0: pods[0], 1: pods[1], 2: pods[2]}
+	both := func(n ...int) []string {
+		var out []string
+		for _, f := range []string{"4", "6"} {
+			for _, k := range n {
+				out = append(out, fmt.Sprintf("shard%s-%d", f, k))
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	round("three shards", true, true, both(1, 2, 3), all)
 
-	two := *items[2]
-	two.Endpoints = v4(netns.PodID, pod3ID)
-	items[2] = &two
-	s.set(two.Service.Key(), &two)
-	round("two shards", false, false, []string{"shard4-1", "shard4-2"}, map[int][]string{0: {netns.PodID}, 1: {netns.PodID, netns.Pod2ID}, 2: {netns.PodID, pod3ID}, 3: {netns.Pod2ID}})
+	withPods(2, netns.PodID, pod3ID)
+	round("two shards", false, false, both(1, 2), map[int][]string{0: pods[0], 1: pods[1], 2: {netns.PodID, pod3ID}})
 
-	three := *items[2]
-	three.Endpoints = v4(netns.PodID, netns.Pod2ID, pod3ID)
-	items[2] = &three
-	s.set(three.Service.Key(), &three)
-	round("three shards again", false, true, []string{"shard4-1", "shard4-2", "shard4-3"}, all)
+	withPods(2, pods[2]...)
+	round("three shards again", false, true, both(1, 2, 3), all)
+
+	// A fourth shard, with a new cluster IP (its element in cluster-ips
+	// and its key in the shard's set in the same round); its fourth
+	// endpoints answer nothing, so it is not asked.
+	fourth := &model.ServiceEndpoints{
+		Service:   svc("default", "plain-4", ipset("10.96.7.4", "fd00:10:96::7:4"), tcp(80, 6000)),
+		Endpoints: append(podEndpoints(pods[2]...), ep("10.255.9.9", false), ep("fd00:99::9", false)),
+	}
+	s.set(fourth.Service.Key(), fourth)
+	round("a fourth shard", false, true, both(1, 2, 3, 4), all)
+	s.deleteService(fourth.Service.Key())
+	round("the fourth shard gone", false, true, both(1, 2, 3), all)
+
+	for _, se := range items {
+		s.deleteService(se.Service.Key())
+	}
+	round("no shard", false, false, nil, nil)
 }

@@ -385,7 +385,8 @@ func TestNamesReadBackByNft(t *testing.T) {
 		check("chain", lc.name)
 	}
 	for _, name := range []string{chainReject, chainMasquerading, chainMarkForMasquerade, chainClusterIPsCheck, mapHairpin(ipv4), mapHairpin(ipv6),
-		setClusterIPs(ipv4), setClusterIPs(ipv6), chainNodePortReject(ipv4), chainNodePortReject(ipv6), chainNodePortDrop(ipv4), chainNodePortDrop(ipv6)} {
+		setClusterIPs(ipv4), setClusterIPs(ipv6), chainNodePortReject(ipv4), chainNodePortReject(ipv6), chainNodePortDrop(ipv4), chainNodePortDrop(ipv6),
+		shardsChainName(ipv4), shardsChainName(ipv6), shardSetName(ipv4, maxShardEndpoints), shardChainName(ipv6, maxShardEndpoints)} {
 		check("object", name)
 	}
 	for name, items := range goldenCases() {
