@@ -32,6 +32,9 @@ type canonical struct {
 	Chains   map[string][]string
 	Elements []string
 	Hairpin  []netip.Addr
+	// ClusterIPs are the cluster-ips sets' addresses, sorted: the
+	// services chain's check before the shards' rules looks them up.
+	ClusterIPs []netip.Addr
 	// Shards are the shard blocks with their map, key and elements;
 	// Sets the names of the sets.
 	Shards []string
@@ -61,7 +64,7 @@ func canonicalize(rs *ruleset) canonical {
 		}
 		bySlot[k] = append(bySlot[k], fmt.Sprintf("%s[%d,%d)→%s (%s)", where, e.From, e.To, e.Target, owner))
 	}
-	c := canonical{Chains: map[string][]string{}, Hairpin: rs.Hairpin}
+	c := canonical{Chains: map[string][]string{}, Hairpin: rs.Hairpin, ClusterIPs: slices.SortedFunc(slices.Values(rs.ClusterIPs), netip.Addr.Compare)}
 	for _, ch := range rs.Chains {
 		var rules []string
 		for _, r := range ch.Rules {
@@ -107,6 +110,10 @@ func TestTrackerConvergence(t *testing.T) {
 			// tracker's rulesets: the changes it reports each round are
 			// those the tracker's delta must give (endpointChanges).
 			elements := diffstore.NewComparable[uint64, endpointElement]()
+			// clusterIPs are the cluster-ips sets' addresses as the
+			// deltas leave them (what the kernel holds).
+			clusterIPs := map[netip.Addr]bool{}
+			sharded := 0 // plain ports' elements checked, over the rounds
 			for round := range rounds {
 				// In key order, as the Feeder delivers a round.
 				changes := gen.Round()
@@ -126,6 +133,29 @@ func TestTrackerConvergence(t *testing.T) {
 				if diff := cmp.Diff(elements.Done(), d.Endpoints, cmpopts.EquateEmpty(), cmpopts.EquateComparable(netip.AddrPort{}, netip.Addr{})); diff != "" {
 					t.Fatalf("seed %d round %d: the endpoint elements changed (-as a store of them reports +the delta):\n%s", seed, round, diff)
 				}
+				for _, a := range d.ClusterIPs.Deleted {
+					delete(clusterIPs, a)
+				}
+				for _, a := range d.ClusterIPs.Created {
+					clusterIPs[a] = true
+				}
+				if got, want := len(clusterIPs), len(rs.ClusterIPs); got != want {
+					t.Fatalf("seed %d round %d: the deltas leave %d cluster IPs, the ruleset has %d", seed, round, got, want)
+				}
+				for _, e := range rs.Elements {
+					// A plain port's key is looked up only for a cluster
+					// IP of the sets (shards.go).
+					if e.Verdict.Shard == 0 {
+						continue
+					}
+					sharded++
+					if !clusterIPs[e.Key.Addr] {
+						t.Fatalf("seed %d round %d: %s is in a shard, its address not in the cluster-ips sets the deltas leave", seed, round, e.ID())
+					}
+				}
+			}
+			if sharded == 0 {
+				t.Fatalf("seed %d: no plain port in %d rounds: the shards' check checked nothing", seed, rounds)
 			}
 		})
 	}
