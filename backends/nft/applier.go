@@ -661,12 +661,13 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 	if services != nil {
 		// A shard came or went: the services chain written again with
 		// the rules of the shards present, or the jump to the family's
-		// shards chain (written again, added before the jump, or
-		// deleted after the services chain no longer jumps to it), after
-		// the new shards' sets and chains are added, before the deleted
-		// ones go.
+		// shards chain (written again when its shards changed, added
+		// before the jump, or deleted after the services chain no longer
+		// jumps to it), after the new shards' sets and chains are added,
+		// before the deleted ones go. A chain whose rules stay the same
+		// is left as it is.
 		for _, f := range []ipFamily{ipv4, ipv6} {
-			if !services.shards.guarded(f) {
+			if !services.shards.guarded(f) || (services.old.guarded(f) && services.old[f] == services.shards[f]) {
 				continue
 			}
 			if services.old.guarded(f) {
@@ -679,13 +680,15 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 			}
 			t.shardRules(t.chainRef(shardsChainName(f)), f, services.shards)
 		}
-		ch := t.chainRef(chainServices)
-		c.FlushChain(ch)
-		t.stats.Messages++
-		t.stats.ChainsFlushed++
-		for _, lc := range lookupChains {
-			if lc.name == chainServices {
-				t.lookupChainRules(ch, services.opts, services.shards, lc.kinds, nil)
+		if !services.old.sameServicesRules(services.shards) {
+			ch := t.chainRef(chainServices)
+			c.FlushChain(ch)
+			t.stats.Messages++
+			t.stats.ChainsFlushed++
+			for _, lc := range lookupChains {
+				if lc.name == chainServices {
+					t.lookupChainRules(ch, services.opts, services.shards, lc.kinds, nil)
+				}
 			}
 		}
 		for _, f := range []ipFamily{ipv4, ipv6} {

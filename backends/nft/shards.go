@@ -164,6 +164,19 @@ func (s shards) count() int { return bits.OnesCount64(s[ipv4]) + bits.OnesCount6
 // chain, behind the cluster-IP check.
 func (s shards) guarded(f ipFamily) bool { return bits.OnesCount64(s[f]) >= shardGuardMin }
 
+// sameServicesRules reports whether the services chain has the same
+// rules with the shards s and o: in each family, both behind the
+// cluster-IP check (one jump, whatever the shards), or both not and the
+// same shards.
+func (s shards) sameServicesRules(o shards) bool {
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		if s.guarded(f) != o.guarded(f) || (!s.guarded(f) && s[f] != o[f]) {
+			return false
+		}
+	}
+	return true
+}
+
 // shardsChainName names the chain holding the shards' rules of family f
 // when they are behind the cluster-IP check (guarded): "shards-v4".
 func shardsChainName(f ipFamily) string { return "shards-v" + familySuffix(f) }

@@ -143,11 +143,17 @@ func expectListingIsText(t *testing.T, b *netns.BlogTopology, s *testSink, when 
 	return got
 }
 
-// expectAnswers asks the service se's (first) cluster IP 20 times from the
+// expectAnswers asks the service se's IPv4 cluster IP 20 times from the
 // client and checks that exactly the pods servers answer.
 func expectAnswers(t *testing.T, b *netns.BlogTopology, when string, se *model.ServiceEndpoints, servers ...string) {
 	t.Helper()
-	ip := netip.MustParseAddr(append(slices.Clone(se.Service.IPs.ClusterIPs.V4), se.Service.IPs.ClusterIPs.V6...)[0])
+	expectAnswersAt(t, b, when, netip.MustParseAddr(se.Service.IPs.ClusterIPs.V4[0]), servers...)
+}
+
+// expectAnswersAt asks ip (port 80) 20 times from the client and checks
+// that exactly the pods servers answer.
+func expectAnswersAt(t *testing.T, b *netns.BlogTopology, when string, ip netip.Addr, servers ...string) {
+	t.Helper()
 	seen := map[string]bool{}
 	for range 20 {
 		a, err := b.Client.Ask("tcp", netip.AddrPortFrom(ip, 80), netns.AskOptions{})
@@ -203,19 +209,16 @@ func TestKernelShardsGuard(t *testing.T) {
 	ask := func(when string, se *model.ServiceEndpoints, servers []string) {
 		t.Helper()
 		for _, ip := range append(slices.Clone(se.Service.IPs.ClusterIPs.V4), se.Service.IPs.ClusterIPs.V6...) {
-			c := *se.Service
-			c.IPs = model.ServiceIPs{}
-			c.IPs.ClusterIPs = ipset(ip)
-			expectAnswers(t, b, when+" "+ip, &model.ServiceEndpoints{Service: &c}, servers...)
+			expectAnswersAt(t, b, when+" "+ip, netip.MustParseAddr(ip), servers...)
 		}
 	}
 	// round syncs (but for the first, synced whole above), then checks
 	// the listing, the guards and the answers of the plain services
 	// live (their pods) and of the node-port one.
-	round := func(when string, first bool, guarded bool, shards []string, live map[int][]string) {
+	round := func(when string, first bool, guarded bool, shards []string, live map[int][]string) (r SyncResult) {
 		t.Helper()
 		if !first {
-			if r := s.sync(); r.Full || r.Err != nil {
+			if r = s.sync(); r.Full || r.Err != nil {
 				t.Fatalf("%s: %+v, want a partial sync", when, r)
 			}
 		}
@@ -241,6 +244,7 @@ func TestKernelShardsGuard(t *testing.T) {
 			ask(when, items[i], servers)
 		}
 		expectAnswers(t, b, when, nodePort, netns.Pod2ID)
+		return r
 	}
 	withPods := func(i int, ids ...string) {
 		c := *items[i]
@@ -274,10 +278,16 @@ func TestKernelShardsGuard(t *testing.T) {
 		Service:   svc("default", "plain-4", ipset("10.96.7.4", "fd00:10:96::7:4"), tcp(80, 6000)),
 		Endpoints: append(podEndpoints(pods[2]...), ep("10.255.9.9", false), ep("fd00:99::9", false)),
 	}
+	// Both families behind the check before and after: their shards
+	// chains are written again, the services chain is left as it is.
 	s.set(fourth.Service.Key(), fourth)
-	round("a fourth shard", false, true, both(1, 2, 3, 4), all)
+	if r := round("a fourth shard", false, true, both(1, 2, 3, 4), all); r.Stats.ChainsFlushed != 2 {
+		t.Errorf("a fourth shard: %d chains flushed, want 2 (shards-v4, shards-v6)", r.Stats.ChainsFlushed)
+	}
 	s.deleteService(fourth.Service.Key())
-	round("the fourth shard gone", false, true, both(1, 2, 3), all)
+	if r := round("the fourth shard gone", false, true, both(1, 2, 3), all); r.Stats.ChainsFlushed != 2 {
+		t.Errorf("the fourth shard gone: %d chains flushed, want 2 (shards-v4, shards-v6)", r.Stats.ChainsFlushed)
+	}
 
 	for _, se := range items {
 		s.deleteService(se.Service.Key())
