@@ -86,10 +86,15 @@ type result struct {
 	// floorP50, floorP99: one change's bytes written to every backend's
 	// unix socket in turn by one goroutine, until every reader has them.
 	floorP50, floorP99 time.Duration
-	// changeP50, changeP99: from the API call to the last backend holding
-	// the change; spreadP50, spreadP99: from the first backend holding it
-	// to the last (the controller's fan-out once it has the round).
-	changeP50, changeP99, spreadP50, spreadP99 time.Duration
+	// changeP50, changeP99: from a watcher of the API server receiving
+	// the change (when the controller sees it) to the last backend
+	// holding it; apiP50, apiP99: from the API call; spreadP50,
+	// spreadP99: from the first backend holding it to the last (the
+	// controller's fan-out once it has the round).
+	// reactP50, reactP99: from the watcher receiving it to the first
+	// backend holding it.
+	changeP50, changeP99, apiP50, apiP99, spreadP50, spreadP99 time.Duration
+	reactP50, reactP99                                         time.Duration
 	// bytesPerChangePerNode is what the backends received during the
 	// changes, per change and backend.
 	bytesPerChangePerNode float64
@@ -124,11 +129,11 @@ func (r result) closing() string {
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes through a unix socket alone: %.2f s, CPU %.1f s (target: %.2f s, that + 20%%)
-changes: API call → last backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
+changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
 controller CPU with every backend connected and nothing changing: %.1f ms a second
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
 `, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.loopback.Seconds(), r.loopbackCPU, 1.2*r.loopback.Seconds(),
-		ms(r.changeP50), ms(r.changeP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99),
+		ms(r.changeP50), ms(r.changeP99), ms(r.apiP50), ms(r.apiP99), ms(r.reactP50), ms(r.reactP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99),
 		1000*r.cpuIdle, r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
 
@@ -346,19 +351,34 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	cpu0, own0 = ctl.cpu(), ownCPU()
 	profiles.cpu(ctx, "changes", time.Duration(cfg.changes)*time.Second)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	events, err := w.watchSlices(wctx)
+	if err != nil {
+		return res, err
+	}
 	lat := make([]time.Duration, 0, len(all))
+	api := make([]time.Duration, 0, len(all))
 	spread := make([]time.Duration, 0, len(all))
+	react := make([]time.Duration, 0, len(all))
 	for k, ch := range all {
 		i := k * cfg.services / cfg.changes
 		t0 := time.Now()
-		if err := w.makeNotReady(ctx, i, k%cfg.endpoints); err != nil {
+		name, version, err := w.makeNotReady(ctx, i, k%cfg.endpoints)
+		if err != nil {
 			return res, err
+		}
+		seen, err := seenAt(ctx, events, name, version, cfg.changeTimeout)
+		if err != nil {
+			return res, fmt.Errorf("change %d: %w", k, err)
 		}
 		select {
 		case <-ch.done:
 			first, last := slices.Min(ch.at), slices.Max(ch.at)
-			lat = append(lat, time.Duration(last-t0.UnixNano()))
+			lat = append(lat, time.Duration(last-seen.UnixNano()))
+			api = append(api, time.Duration(last-t0.UnixNano()))
 			spread = append(spread, time.Duration(last-first))
+			react = append(react, time.Duration(first-seen.UnixNano()))
 		case <-time.After(cfg.changeTimeout):
 			res.problems = append(res.problems, fmt.Sprintf("change %d (%s endpoint %s not ready): %d of %d backends hold it after %s", k, ch.service, ch.key, ch.arrived.Load(), cfg.nodes, cfg.changeTimeout))
 		case <-ctl.exited:
@@ -375,6 +395,8 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	res.bytesPerChangePerNode = float64(after-before) / float64(len(all)*cfg.nodes)
 	res.changeP50, res.changeP99 = quantile(lat, 0.5), quantile(lat, 0.99)
+	res.apiP50, res.apiP99 = quantile(api, 0.5), quantile(api, 0.99)
+	res.reactP50, res.reactP99 = quantile(react, 0.5), quantile(react, 0.99)
 	res.spreadP50, res.spreadP99 = quantile(spread, 0.5), quantile(spread, 0.99)
 	profiles.wait()
 	profiles.get(ctx, "allocs", "allocs.pprof")
@@ -407,6 +429,27 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		res.problems = append(res.problems, err.Error())
 	}
 	return res, nil
+}
+
+// seenAt returns when the watch of events received the slice name at
+// version, skipping the events before it.
+func seenAt(ctx context.Context, events <-chan sliceEvent, name, version string, timeout time.Duration) (time.Time, error) {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return time.Time{}, fmt.Errorf("the watch of EndpointSlices ended before %s at version %s", name, version)
+			}
+			if ev.name == name && ev.version == version {
+				return ev.at, nil
+			}
+		case <-deadline:
+			return time.Time{}, fmt.Errorf("no watch event for %s at version %s after %s", name, version, timeout)
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+	}
 }
 
 // idleWindow is how long the controller's idle CPU is measured.

@@ -85,12 +85,55 @@ func (w *world) create(ctx context.Context, workers int) error {
 	})
 }
 
-// makeNotReady updates the slice of service i with endpoint e not ready.
-func (w *world) makeNotReady(ctx context.Context, i, e int) error {
+// makeNotReady updates the slice of service i with endpoint e not ready;
+// it returns the slice's name and resource version after the update.
+func (w *world) makeNotReady(ctx context.Context, i, e int) (name, version string, err error) {
 	svc := kubetest.Service(w.ns, svcName(i), "")
 	s := w.slice(svc, i, e, time.Now())
-	if _, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update EndpointSlice %s/%s: %w", w.ns, s.Name, err)
+	got, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Update(ctx, s, metav1.UpdateOptions{})
+	if err != nil {
+		return "", "", fmt.Errorf("update EndpointSlice %s/%s: %w", w.ns, s.Name, err)
 	}
-	return nil
+	return got.Name, got.ResourceVersion, nil
+}
+
+// sliceEvent is an EndpointSlice event as a watcher of the API server
+// received it.
+type sliceEvent struct {
+	name, version string
+	at            time.Time
+}
+
+// watchSlices watches the EndpointSlices of the namespace from now on and
+// sends each event received on the channel, closed when ctx ends or the
+// watch fails: when a watcher of the API server sees a change, which is
+// when the controller, watching the same API server, sees it too (within
+// the API server's fan-out to its two watches).
+func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
+	list, err := w.c.DiscoveryV1().EndpointSlices(w.ns).List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return nil, fmt.Errorf("list EndpointSlices of %s: %w", w.ns, err)
+	}
+	wi, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		return nil, fmt.Errorf("watch EndpointSlices of %s: %w", w.ns, err)
+	}
+	out := make(chan sliceEvent, 64)
+	go func() {
+		defer close(out)
+		defer wi.Stop()
+		for ev := range wi.ResultChan() {
+			at := time.Now()
+			s, ok := ev.Object.(*discovery.EndpointSlice)
+			if !ok {
+				continue
+			}
+			select {
+			case out <- sliceEvent{name: s.Name, version: s.ResourceVersion, at: at}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }
