@@ -45,7 +45,8 @@ type Hub struct {
 	// service's whole encoding, the state's hash (clusterHash the cluster
 	// facts' part of it), the log of encoded rounds (logBytes in all, gen
 	// the last round's number) and the last snapshot (snapMu: built by
-	// one stream at a time while others read the state).
+	// one stream at a time while others read the state; kept after the
+	// state changed, for the next one to share its unchanged batches).
 	whole       map[model.ServiceKey]wholeService
 	hash        stateHash
 	clusterHash stateHash

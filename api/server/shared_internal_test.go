@@ -16,32 +16,73 @@ func internalSvc(name, label string) *model.ServiceEndpoints {
 	}
 }
 
-// TestSnapshotsReferenceTheServicesEncodings: a snapshot does not copy the
-// services' encodings: two snapshots of states that differ in one service
-// hold the same bytes for the others, so that streams still sending older
-// snapshots cost references, not copies of the state.
-func TestSnapshotsReferenceTheServicesEncodings(t *testing.T) {
+// TestSnapshotsShareTheirUnchangedBatches: a snapshot's batches of
+// services are each one piece, and two snapshots of states that differ in
+// one service share every batch but the one holding it, so that streams
+// still sending older snapshots cost the batches that changed, not copies
+// of the state; a service added or removed moves no batch boundary but
+// its own batch's.
+func TestSnapshotsShareTheirUnchangedBatches(t *testing.T) {
 	h := NewHub(true)
-	h.Update(model.ServiceKey{Namespace: "ns", Name: "a"}, nil, internalSvc("a", "1"))
-	h.Update(model.ServiceKey{Namespace: "ns", Name: "b"}, nil, internalSvc("b", "1"))
+	for i := range 2000 {
+		name := fmt.Sprintf("s%04d", i)
+		h.Update(model.ServiceKey{Namespace: "ns", Name: name}, nil, internalSvc(name, strings.Repeat("x", 200)))
+	}
 	_ = h.Sync()
-	h.mu.RLock()
-	s1 := h.snapshotLocked()
-	h.mu.RUnlock()
-	h.Update(model.ServiceKey{Namespace: "ns", Name: "b"}, nil, internalSvc("b", "2"))
+	snapshotNow := func() *snapshot {
+		h.mu.RLock()
+		defer h.mu.RUnlock()
+		return h.snapshotLocked()
+	}
+	s1 := snapshotNow()
+	if len(s1.batches) < 5 {
+		t.Fatalf("%d batches, want several", len(s1.batches))
+	}
+	for i, m := range s1.batches {
+		if len(m) != 1 {
+			t.Fatalf("batch %d of %d pieces, want 1", i, len(m))
+		}
+	}
+	// Which batches hold which service, by its name in the bytes.
+	holding := func(s *snapshot, name string) int {
+		for i, m := range s.batches {
+			if strings.Contains(string(m[0].ReadOnlyData()), name) {
+				return i
+			}
+		}
+		return -1
+	}
+	shared := func(a, b *snapshot) (n int) {
+		for _, x := range a.batches {
+			for _, y := range b.batches {
+				if &x[0].ReadOnlyData()[0] == &y[0].ReadOnlyData()[0] {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	changed := holding(s1, "s1000")
+
+	h.Update(model.ServiceKey{Namespace: "ns", Name: "s1000"}, nil, internalSvc("s1000", strings.Repeat("y", 300)))
 	_ = h.Sync()
-	h.mu.RLock()
-	s2 := h.snapshotLocked()
-	h.mu.RUnlock()
+	s2 := snapshotNow()
 	if s1 == s2 {
 		t.Fatal("one snapshot for two states")
 	}
-	a1, a2 := s1.batches[0][0].ReadOnlyData(), s2.batches[0][0].ReadOnlyData()
-	if len(a1) == 0 || &a1[0] != &a2[0] {
-		t.Errorf("service a's encoding copied into each snapshot, want it referenced")
+	if n, want := shared(s1, s2), len(s1.batches)-2; n != want { // the changed one and the sync
+		t.Errorf("%d batches shared after one service changed, want %d (all but batch %d and the sync)", n, want, changed)
 	}
-	if b1, b2 := s1.batches[0][1].ReadOnlyData(), s2.batches[0][1].ReadOnlyData(); &b1[0] == &b2[0] {
-		t.Errorf("service b's changed encoding shared by both snapshots")
+	if i := holding(s2, "s1000"); i < 0 || &s2.batches[i][0].ReadOnlyData()[0] == &s1.batches[changed][0].ReadOnlyData()[0] {
+		t.Errorf("the changed service's batch %d shared with the older snapshot", i)
+	}
+
+	h.Update(model.ServiceKey{Namespace: "ns", Name: "s0500a"}, nil, internalSvc("s0500a", "z"))
+	h.Update(model.ServiceKey{Namespace: "ns", Name: "s1500"}, nil, nil)
+	_ = h.Sync()
+	s3 := snapshotNow()
+	if n, want := shared(s2, s3), len(s2.batches)-3; n != want { // the two changed and the sync
+		t.Errorf("%d batches shared after a service added and one removed, want %d", n, want)
 	}
 }
 

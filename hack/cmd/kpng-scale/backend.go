@@ -148,6 +148,12 @@ func (b *backend) read(ctx context.Context, conn *grpc.ClientConn) error {
 	}
 }
 
+// smallBatch is the size under which a light backend reads a first
+// state's batch operation by operation for its sync; the larger ones are
+// the snapshot's services (128 KiB each), whose sync comes alone after
+// them.
+const smallBatch = 16 << 10
+
 // errMalformed is a batch the backend cannot read.
 var errMalformed = errors.New("malformed batch")
 
@@ -159,14 +165,23 @@ var hashSeed = maphash.MakeSeed()
 func (b *backend) scan(data []byte) error {
 	b.bytes.Add(int64(len(data)))
 	if !b.synced {
-		if kind, err := firstOpKind(data); err != nil {
+		kind, err := firstOpKind(data)
+		if err != nil {
 			return err
-		} else if kind != opReset {
+		}
+		if kind != opReset {
 			_, _ = b.stateHash.Write(data)
 		}
 		if b.light {
-			// Only its kind, for the sync that ends it.
-			sync, err := hasSync(data)
+			// Only its kind, for the sync that ends it: the controller
+			// sends a snapshot's sync in a batch of its own (Hub's
+			// snapshotLocked), so the operations of a large batch are
+			// not read one by one; a small one may hold a sync after
+			// other operations (a small state, a resumed one).
+			sync := kind == opSync
+			if !sync && len(data) <= smallBatch {
+				sync, err = hasSync(data)
+			}
 			if sync {
 				b.sync()
 			}
