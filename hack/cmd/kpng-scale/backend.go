@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"hash/maphash"
+	"hash/crc32"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -99,7 +99,7 @@ type backend struct {
 	// raw: the backend speaks HTTP/2 itself (h2.go), not through
 	// grpc-go's client.
 	raw       bool
-	stateHash maphash.Hash
+	stateHash uint32 // CRC-32C (hashState)
 
 	bytes atomic.Int64
 
@@ -157,8 +157,23 @@ const smallBatch = 16 << 10
 // errMalformed is a batch the backend cannot read.
 var errMalformed = errors.New("malformed batch")
 
-// hashSeed is the seed of every backend's stateHash.
-var hashSeed = maphash.MakeSeed()
+// castagnoli is CRC-32C's table: the backends' stateHash, at twice
+// maphash's speed on this machine (26 against 12 GB/s), for the 36 GB of
+// 5,000 first states.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// hashState adds p to the state's hash.
+func (b *backend) hashState(p []byte) { b.stateHash = crc32.Update(b.stateHash, castagnoli, p) }
+
+// streamed reads part of a first state's large batch as it comes (a raw
+// light backend's; h2.go): its bytes counted and hashed, as scan does
+// with a whole batch. Such a batch holds services only: the controller
+// sends the snapshot's sync alone in a small batch, and the Reset is
+// small too.
+func (b *backend) streamed(p []byte) {
+	b.bytes.Add(int64(len(p)))
+	b.hashState(p)
+}
 
 // scan reads one Batch. Until the first state ends, each message but
 // the Reset's (its node's own) goes into stateHash whole.
@@ -170,7 +185,7 @@ func (b *backend) scan(data []byte) error {
 			return err
 		}
 		if kind != opReset {
-			_, _ = b.stateHash.Write(data)
+			b.hashState(data)
 		}
 		if b.light {
 			// Only its kind, for the sync that ends it: the controller

@@ -92,6 +92,9 @@ type rawConn struct {
 	prefixN int
 	msgLen  int
 	msg     *[]byte // from rawMessages, nil between messages
+	// streamLeft is what is left to read of a message read as it comes
+	// (backend.streamed), not put together.
+	streamLeft int
 
 	// headers is the header block being received (HEADERS, CONTINUATION).
 	headers    []byte
@@ -324,6 +327,15 @@ func (c *rawConn) control(typ http2.FrameType, flags http2.Flags, id uint32, pay
 // one within p is read in place, one in several frames put together.
 func (c *rawConn) data(p []byte) error {
 	for len(p) > 0 {
+		if c.streamLeft > 0 {
+			n := min(len(p), c.streamLeft)
+			c.b.streamed(p[:n])
+			p = p[n:]
+			if c.streamLeft -= n; c.streamLeft == 0 {
+				c.prefixN = 0
+			}
+			continue
+		}
 		if c.prefixN < 5 {
 			n := copy(c.prefix[c.prefixN:], p)
 			c.prefixN += n
@@ -337,6 +349,11 @@ func (c *rawConn) data(p []byte) error {
 			c.msgLen = int(binary.BigEndian.Uint32(c.prefix[1:]))
 			if c.msgLen > kpngv1.MaxBatchSize {
 				return fmt.Errorf("a message of %d bytes", c.msgLen)
+			}
+			if c.b.light && !c.b.synced && c.msgLen > smallBatch {
+				// A snapshot's batch of services: hashed as it comes.
+				c.streamLeft = c.msgLen
+				continue
 			}
 			if len(p) >= c.msgLen {
 				// All of it here: read in place.

@@ -176,7 +176,6 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	newBackend := func(id int, name string) *backend {
 		b := &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView}
-		b.stateHash.SetSeed(hashSeed)
 		return b
 	}
 	var wg sync.WaitGroup
@@ -310,7 +309,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		if b.light || (!cfg.perNodeView && b != read) {
 			// Every backend of a node-independent stream holds the same
 			// state: the bytes read field by field by read.
-			if b.stateHash.Sum64() != read.stateHash.Sum64() {
+			if b.stateHash != read.stateHash {
 				res.problems = append(res.problems, fmt.Sprintf("backend %s: first state differs from backend %s's", b.name, read.name))
 			}
 		}
