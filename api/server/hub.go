@@ -221,7 +221,8 @@ type subscription struct {
 	node   string
 	notify chan struct{}
 	shared bool
-	// cursor is the last round a shared stream sent (its own goroutine's).
+	// cursor is the last round a shared stream sent (its sender's: its own
+	// goroutine, or one of the senders while it is pooled).
 	cursor uint64
 
 	mu    sync.Mutex
@@ -235,6 +236,17 @@ type subscription struct {
 	// nTriggers how many in all.
 	triggers  map[model.ServiceKey][]time.Time
 	nTriggers int
+
+	// The senders (pool.go) of a node-independent stream: pooled, its own
+	// goroutine handed it to pool, which sends on out; queued, it waits
+	// for a sender; active, a sender is sending for it (again: signaled
+	// meanwhile); handed and failed, what a sender gave back to its own
+	// goroutine: messages to send first, or the error that ended a send.
+	pool                          *senders
+	out                           *rawSender
+	pooled, queued, active, again bool
+	handed                        []message
+	failed                        error
 }
 
 func (s *subscription) markDirty(keys []model.ServiceKey, triggers map[model.ServiceKey][]time.Time) {
@@ -278,11 +290,13 @@ func (s *subscription) markNodeDirty() {
 	s.signal()
 }
 
+// signal tells the subscriber it has something to send: its own
+// goroutine, or the senders when it is theirs.
 func (s *subscription) signal() {
-	select {
-	case s.notify <- struct{}{}:
-	default:
+	if s.shared && s.enqueue() {
+		return
 	}
+	s.wake()
 }
 
 // subscribe registers a subscriber for node; the first state (when there is

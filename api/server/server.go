@@ -60,6 +60,9 @@ type Server struct {
 	anyNode     []string
 	// firstStates holds a token for each whole state being sent.
 	firstStates chan struct{}
+	// senders send the rounds of the node-independent streams that are
+	// caught up (pool.go).
+	senders *senders
 	// turnHold is how long a send of a node-independent stream's first
 	// state may take before it gives its turn back (turnHold; tests
 	// change it).
@@ -164,12 +167,14 @@ func New(hub *Hub, opts Options) *Server {
 	if opts.MaxStreamsPerNode == 0 {
 		opts.MaxStreamsPerNode = DefaultMaxStreamsPerNode
 	}
-	return &Server{
+	s := &Server{
 		hub: hub, batchOps: DefaultBatchOps, sendTimeout: opts.SendTimeout,
 		anyNode: slices.Clone(opts.AnyNodeCommonNames), firstStates: make(chan struct{}, opts.MaxConcurrentFirstStates),
 		maxPerNode: opts.MaxStreamsPerNode, byNode: map[string]int{}, stopping: make(chan struct{}),
 		watchdog: newWatchdog(opts.SendTimeout), peers: opts.Peers, turnHold: turnHold,
 	}
+	s.senders = newSenders(hub, s.stopping)
+	return s
 }
 
 // Stop ends every Watch and Peers stream at once, and refuses new ones, with
@@ -350,16 +355,31 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 func (s *Server) serveShared(ctx context.Context, sub *subscription, out *rawSender) error {
 	// One channel to wait on, not a select of two: with thousands of
 	// streams, each change wakes every one of them.
-	stop := context.AfterFunc(ctx, sub.signal)
+	stop := context.AfterFunc(ctx, sub.wake)
 	defer stop()
 	for {
 		<-sub.notify
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		handed, pooled, err := sub.fromPool()
+		if pooled {
+			continue // the senders' (a signal from before it was)
+		}
+		if err != nil {
+			return fmt.Errorf("send to backend: %w", err)
+		}
+		for _, b := range handed {
+			if err := out.send(b); err != nil {
+				return fmt.Errorf("send to backend: %w", err)
+			}
+		}
 		if err := s.sendShared(ctx, sub, out); err != nil {
 			return err
 		}
+		// Caught up: its rounds go to the senders until they hand it
+		// back.
+		s.senders.take(sub, out)
 	}
 }
 

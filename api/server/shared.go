@@ -420,7 +420,8 @@ const maxSendBytes = 4 << 20
 // next to bring its backend to the latest published state, and moves its
 // position there: its first state (or, when its client already holds the
 // state, a sync saying so), the node facts when they changed, and the
-// rounds it has not sent. Only the stream's own goroutine calls it.
+// rounds it has not sent. Only the stream's sender calls it: its own
+// goroutine, or the one sender serving it while it is pooled (pool.go).
 func (h *Hub) nextShared(s *subscription) []message {
 	h.mu.RLock()
 	defer h.mu.RUnlock()

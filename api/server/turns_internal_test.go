@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -124,5 +125,179 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// recordingStream is a stream whose sends wait while its gate is shut
+// and record what they send.
+type recordingStream struct {
+	grpc.ServerStream
+	mu   sync.Mutex
+	open bool
+	cond *sync.Cond
+	sent []rawBatch
+}
+
+func newRecordingStream(open bool) *recordingStream {
+	r := &recordingStream{open: open}
+	r.cond = sync.NewCond(&r.mu)
+	return r
+}
+
+func (r *recordingStream) SendMsg(m any) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for !r.open {
+		r.cond.Wait()
+	}
+	r.sent = append(r.sent, m.(rawBatch))
+	return nil
+}
+
+func (r *recordingStream) setOpen() {
+	r.mu.Lock()
+	r.open = true
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
+// last returns the last message sent and how many were.
+func (r *recordingStream) last() (rawBatch, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sent) == 0 {
+		return nil, 0
+	}
+	return r.sent[len(r.sent)-1], len(r.sent)
+}
+
+// TestCaughtUpStreamsAreSentByThePool: once its first state is sent, a
+// node-independent stream is the senders'; a stream whose backend stops
+// reading blocks one sender, which another replaces, so that the other
+// streams get every round at once; when the stuck stream's backend reads
+// again, its own goroutine sends it the rounds it missed, in order, up to
+// the last. Without the replacement, the other streams would wait (one
+// sender); without the hand back, the stuck stream would get no more.
+func TestCaughtUpStreamsAreSentByThePool(t *testing.T) {
+	s := sharedServer(t, time.Hour)
+	s.senders.n = 1
+	s.senders.stall = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	streams := map[string]*recordingStream{"node-a": newRecordingStream(true), "node-b": newRecordingStream(true), "stuck": newRecordingStream(true)}
+	subs := map[string]*subscription{}
+	done := make(chan error, len(streams))
+	for node, r := range streams {
+		sub := s.hub.subscribe(node, true, nil)
+		subs[node] = sub
+		go func() { done <- s.serveShared(ctx, sub, &rawSender{stream: r, sent: func(int) {}}) }()
+	}
+	for node, sub := range subs {
+		waitUntil(t, node+"'s stream caught up and pooled", func() bool {
+			sub.mu.Lock()
+			defer sub.mu.Unlock()
+			return sub.pooled
+		})
+	}
+	streams["stuck"].mu.Lock()
+	streams["stuck"].open = false
+	streams["stuck"].mu.Unlock()
+
+	round := func(i int) {
+		name := fmt.Sprintf("s%04d", i)
+		s.hub.Update(model.ServiceKey{Namespace: "ns", Name: name}, nil, internalSvc(name, "changed"))
+		if err := s.hub.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	latest := func() rawBatch {
+		s.hub.mu.RLock()
+		defer s.hub.mu.RUnlock()
+		r := s.hub.log[len(s.hub.log)-1]
+		return rawBatch(r.batches[len(r.batches)-1])
+	}
+	same := func(a, b rawBatch) bool {
+		return len(a) > 0 && len(b) > 0 && &a[0].ReadOnlyData()[0] == &b[0].ReadOnlyData()[0]
+	}
+	for i := range 5 {
+		round(i)
+		want := latest()
+		for _, node := range []string{"node-a", "node-b"} {
+			waitUntil(t, fmt.Sprintf("%s to get round %d", node, i), func() bool { m, _ := streams[node].last(); return same(m, want) })
+		}
+	}
+	_, before := streams["stuck"].last()
+	streams["stuck"].setOpen()
+	want := latest()
+	waitUntil(t, "the stuck stream to get the last round once it reads", func() bool { m, _ := streams["stuck"].last(); return same(m, want) })
+	if _, n := streams["stuck"].last(); n != before+5 {
+		t.Errorf("the stuck stream was sent %d messages after it read again, want the 5 rounds", n-before)
+	}
+	round(5)
+	want = latest()
+	for node := range streams {
+		waitUntil(t, node+" to get a round after", func() bool { m, _ := streams[node].last(); return same(m, want) })
+	}
+	cancel()
+	for range streams {
+		if err := <-done; err != context.Canceled {
+			t.Errorf("a stream ended with %v, want context.Canceled", err)
+		}
+	}
+}
+
+// TestBlockedSenderHandsTheRestBack: a sender whose send blocks past the
+// stall time hands the stream back to its own goroutine with the
+// messages it has not sent, in order, and leaves the pool.
+func TestBlockedSenderHandsTheRestBack(t *testing.T) {
+	s := sharedServer(t, time.Hour)
+	s.senders.n = 0 // no sender running: serve is called below
+	s.senders.stall = 20 * time.Millisecond
+	sub := s.hub.subscribe("node-a", true, nil)
+	r := newRecordingStream(true)
+	out := &rawSender{stream: r, sent: func(int) {}}
+	if err := s.sendShared(context.Background(), sub, out); err != nil {
+		t.Fatal(err)
+	}
+	s.senders.take(sub, out)
+	<-s.senders.work // take's own signal
+	sub.mu.Lock()
+	sub.queued = false
+	sub.mu.Unlock()
+	r.mu.Lock()
+	r.open = false
+	r.mu.Unlock()
+	var rounds []rawBatch
+	for i := range 3 {
+		name := fmt.Sprintf("s%04d", i)
+		s.hub.Update(model.ServiceKey{Namespace: "ns", Name: name}, nil, internalSvc(name, "changed"))
+		if err := s.hub.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		s.hub.mu.RLock()
+		rounds = append(rounds, rawBatch(s.hub.log[len(s.hub.log)-1].batches[0]))
+		s.hub.mu.RUnlock()
+	}
+	stayed := make(chan bool, 1)
+	go func() { stayed <- s.senders.serve(sub) }()
+	time.Sleep(100 * time.Millisecond) // past the stall time, blocked
+	r.setOpen()
+	if <-stayed {
+		t.Error("a sender that blocked stayed in the pool")
+	}
+	handed, pooled, err := sub.fromPool()
+	if pooled || err != nil {
+		t.Fatalf("after the blocked send: pooled %v, err %v; want handed back, no error", pooled, err)
+	}
+	if len(handed) != 2 || &handed[0][0].ReadOnlyData()[0] != &rounds[1][0].ReadOnlyData()[0] || &handed[1][0].ReadOnlyData()[0] != &rounds[2][0].ReadOnlyData()[0] {
+		t.Errorf("handed back %d messages, want rounds 2 and 3 in order", len(handed))
+	}
+	if m, _ := r.last(); len(m) == 0 || &m[0].ReadOnlyData()[0] != &rounds[0][0].ReadOnlyData()[0] {
+		t.Error("the blocked send was not round 1's")
+	}
+	select {
+	case <-sub.notify:
+	default:
+		t.Error("the stream's own goroutine was not woken")
 	}
 }
