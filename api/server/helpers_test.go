@@ -70,6 +70,7 @@ func startServerOn(t *testing.T, cfg server.ListenConfig, o server.Options, hub 
 func (s *testServer) stop() {
 	s.g.Stop()
 	<-s.done
+	s.srv.Stop() // after the connections: its senders end
 }
 
 func socketAddr(t *testing.T) string {

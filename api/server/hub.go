@@ -240,13 +240,16 @@ type subscription struct {
 	// The senders (pool.go) of a node-independent stream: pooled, its own
 	// goroutine handed it to pool, which sends on out; queued, it waits
 	// for a sender; active, a sender is sending for it (again: signaled
-	// meanwhile); handed and failed, what a sender gave back to its own
-	// goroutine: messages to send first, or the error that ended a send.
-	pool                          *senders
-	out                           *rawSender
-	pooled, queued, active, again bool
-	handed                        []message
-	failed                        error
+	// meanwhile; senderDone is broadcast when it stops); handed and
+	// failed, what a sender gave back to its own goroutine: messages to
+	// send first, or the error that ended a send; closed, its own
+	// goroutine returned.
+	pool                                  *senders
+	out                                   *rawSender
+	pooled, queued, active, again, closed bool
+	senderDone                            *sync.Cond
+	handed                                []message
+	failed                                error
 }
 
 func (s *subscription) markDirty(keys []model.ServiceKey, triggers map[model.ServiceKey][]time.Time) {
@@ -305,6 +308,7 @@ func (s *subscription) signal() {
 // node's view is the state); have is the state hash the client holds.
 func (h *Hub) subscribe(node string, independent bool, have []byte) *subscription {
 	s := &subscription{node: node, notify: make(chan struct{}, 1), all: true, shared: independent || !h.nodeViews, have: have}
+	s.senderDone = sync.NewCond(&s.mu)
 	if !s.shared {
 		s.dirty = map[model.ServiceKey]struct{}{}
 	}

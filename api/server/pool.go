@@ -27,22 +27,24 @@ const pooledBytes = 64 << 10
 // takes its place in the pool.
 const stallAfter = 10 * time.Millisecond
 
-// queueLength bounds the streams waiting for a sender; past it, a stream's
-// own goroutine sends.
-const queueLength = 1 << 16
-
-// senders is the pool.
+// senders is the pool: the streams waiting for a sender, each at most
+// once (subscription.queued), so that the queue holds at most as many as
+// there are streams.
 type senders struct {
 	hub   *Hub
 	stop  <-chan struct{}
 	stall time.Duration // stallAfter; tests change it
-	work  chan *subscription
-	start sync.Once
 	n     int
+	start sync.Once
+
+	mu    sync.Mutex
+	queue []*subscription
+	wake  chan struct{} // a token for each sender at most
 }
 
 func newSenders(hub *Hub, stop <-chan struct{}) *senders {
-	return &senders{hub: hub, stop: stop, stall: stallAfter, work: make(chan *subscription, queueLength), n: runtime.GOMAXPROCS(0)}
+	n := runtime.GOMAXPROCS(0)
+	return &senders{hub: hub, stop: stop, stall: stallAfter, n: n, wake: make(chan struct{}, n)}
 }
 
 // take hands sub, caught up, to the senders, which send on out until
@@ -59,26 +61,69 @@ func (p *senders) take(sub *subscription, out *rawSender) {
 	sub.signal() // what came while it was not pooled
 }
 
+// push queues sub for a sender.
+func (p *senders) push(sub *subscription) {
+	p.mu.Lock()
+	p.queue = append(p.queue, sub)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pop takes the next stream waiting, nil when none is.
+func (p *senders) pop() *subscription {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.queue) == 0 {
+		return nil
+	}
+	sub := p.queue[0]
+	p.queue[0] = nil
+	p.queue = p.queue[1:]
+	return sub
+}
+
 // run is one sender, until the server stops or it leaves the pool.
 func (p *senders) run() {
+	w := p.newSender()
 	for {
-		select {
-		case <-p.stop:
-			return
-		case sub := <-p.work:
-			if !p.serve(sub) {
+		sub := p.pop()
+		if sub == nil {
+			select {
+			case <-p.stop:
 				return
+			case <-p.wake:
 			}
+			continue
+		}
+		if !w.serve(sub) {
+			return
 		}
 	}
 }
 
+// sender is one of the pool's goroutines; its timer starts another in
+// its place when one of its sends blocks.
+type sender struct {
+	p     *senders
+	timer *time.Timer
+}
+
+func (p *senders) newSender() *sender {
+	w := &sender{p: p}
+	w.timer = time.AfterFunc(time.Hour, func() { go p.run() })
+	w.timer.Stop()
+	return w
+}
+
 // serve sends what sub has to send, as long as it is signaled meanwhile;
 // false when this sender left the pool (a send blocked).
-func (p *senders) serve(sub *subscription) bool {
+func (w *sender) serve(sub *subscription) bool {
 	sub.mu.Lock()
 	sub.queued = false
-	if !sub.pooled || sub.active {
+	if !sub.pooled || sub.active || sub.closed {
 		sub.mu.Unlock()
 		return true
 	}
@@ -89,7 +134,7 @@ func (p *senders) serve(sub *subscription) bool {
 			sub.handBack(nil, nil) // a whole state: a turn, megabytes
 			return true
 		}
-		msgs := p.hub.nextShared(sub)
+		msgs := w.p.hub.nextShared(sub)
 		size := 0
 		for _, m := range msgs {
 			size += m.size()
@@ -99,9 +144,9 @@ func (p *senders) serve(sub *subscription) bool {
 			return true
 		}
 		for i, m := range msgs {
-			blocked := time.AfterFunc(p.stall, func() { go p.run() })
+			w.timer.Reset(w.p.stall)
 			err := sub.out.send(m)
-			if !blocked.Stop() {
+			if !w.timer.Stop() {
 				// Another sender took this one's place.
 				sub.handBack(msgs[i+1:], err)
 				return false
@@ -112,9 +157,10 @@ func (p *senders) serve(sub *subscription) bool {
 			}
 		}
 		sub.mu.Lock()
-		if !sub.again {
+		if !sub.again || sub.closed {
 			sub.active = false
 			sub.mu.Unlock()
+			sub.senderDone.Broadcast()
 			return true
 		}
 		sub.again = false
@@ -123,28 +169,23 @@ func (p *senders) serve(sub *subscription) bool {
 }
 
 // enqueue queues a signal of a pooled stream for the senders; false when
-// the stream's own goroutine is to be notified (not pooled, or the queue
-// is full).
+// the stream's own goroutine is to be notified (it is not pooled).
 func (s *subscription) enqueue() bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	switch {
 	case !s.pooled:
+		s.mu.Unlock()
 		return false
 	case s.active:
 		s.again = true
-		return true
-	case s.queued:
-		return true
-	}
-	select {
-	case s.pool.work <- s:
+	case !s.queued && !s.closed:
 		s.queued = true
+		s.mu.Unlock()
+		s.pool.push(s)
 		return true
-	default:
-		s.pooled = false // its own goroutine sends
-		return false
 	}
+	s.mu.Unlock()
+	return true
 }
 
 // handBack gives a pooled stream back to its own goroutine, with the
@@ -157,6 +198,7 @@ func (s *subscription) handBack(msgs []message, err error) {
 		s.failed = err
 	}
 	s.mu.Unlock()
+	s.senderDone.Broadcast()
 	s.wake()
 }
 
@@ -179,4 +221,16 @@ func (s *subscription) fromPool() (msgs []message, pooled bool, err error) {
 	msgs, err = s.handed, s.failed
 	s.handed, s.failed = nil, nil
 	return msgs, false, err
+}
+
+// close ends a stream's time in the pool when its own goroutine returns:
+// no sender takes it up again, and close waits for the one sending to it,
+// if any (gRPC does not allow a send after its handler returned).
+func (s *subscription) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for s.active {
+		s.senderDone.Wait()
+	}
 }

@@ -357,6 +357,7 @@ func (s *Server) serveShared(ctx context.Context, sub *subscription, out *rawSen
 	// streams, each change wakes every one of them.
 	stop := context.AfterFunc(ctx, sub.wake)
 	defer stop()
+	defer sub.close()
 	for {
 		<-sub.notify
 		if err := ctx.Err(); err != nil {

@@ -1,10 +1,15 @@
 package server
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/model"
 )
 
@@ -38,11 +43,27 @@ func TestSnapshotsShareTheirUnchangedBatches(t *testing.T) {
 	if len(s1.batches) < 5 {
 		t.Fatalf("%d batches, want several", len(s1.batches))
 	}
-	for i, m := range s1.batches {
-		if len(m) != 1 {
-			t.Fatalf("batch %d of %d pieces, want 1", i, len(m))
+	// Each batch of services one piece, the bytes of its references; the
+	// sync alone in the last.
+	check := func(s *snapshot) {
+		t.Helper()
+		if len(s.refs) != len(s.batches)-1 {
+			t.Fatalf("%d batches of services and %d in all, want the sync after them", len(s.refs), len(s.batches))
+		}
+		for i, m := range s.batches {
+			if len(m) != 1 {
+				t.Fatalf("batch %d of %d pieces, want 1", i, len(m))
+			}
+			if i < len(s.refs) && !bytes.Equal(m[0].ReadOnlyData(), mem.BufferSlice(s.refs[i]).Materialize()) {
+				t.Fatalf("batch %d differs from the services' encodings it copies", i)
+			}
+		}
+		var ops kpngv1.Batch
+		if err := proto.Unmarshal(s.batches[len(s.batches)-1][0].ReadOnlyData(), &ops); err != nil || len(ops.GetOps()) != 1 || ops.GetOps()[0].GetSync() == nil {
+			t.Fatalf("last batch %v (%v), want one sync", &ops, err)
 		}
 	}
+	check(s1)
 	// Which batches hold which service, by its name in the bytes.
 	holding := func(s *snapshot, name string) int {
 		for i, m := range s.batches {
@@ -67,6 +88,7 @@ func TestSnapshotsShareTheirUnchangedBatches(t *testing.T) {
 	h.Update(model.ServiceKey{Namespace: "ns", Name: "s1000"}, nil, internalSvc("s1000", strings.Repeat("y", 300)))
 	_ = h.Sync()
 	s2 := snapshotNow()
+	check(s2)
 	if s1 == s2 {
 		t.Fatal("one snapshot for two states")
 	}
@@ -81,6 +103,7 @@ func TestSnapshotsShareTheirUnchangedBatches(t *testing.T) {
 	h.Update(model.ServiceKey{Namespace: "ns", Name: "s1500"}, nil, nil)
 	_ = h.Sync()
 	s3 := snapshotNow()
+	check(s3)
 	if n, want := shared(s2, s3), len(s2.batches)-3; n != want { // the two changed and the sync
 		t.Errorf("%d batches shared after a service added and one removed, want %d", n, want)
 	}

@@ -41,6 +41,7 @@ func sharedServer(t *testing.T, hold time.Duration) *Server {
 	}
 	s := New(h, Options{MaxConcurrentFirstStates: 1})
 	s.turnHold = hold
+	t.Cleanup(s.Stop)
 	return s
 }
 
@@ -108,8 +109,13 @@ func TestSlowSharedFirstStateGivesItsTurnBack(t *testing.T) {
 		t.Fatalf("the stuck stream sent %d batches", n)
 	}
 	close(stuck.gate)
-	if err := <-stuckDone; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-stuckDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stuck stream's first state did not end once it read (its turn given back twice?)")
 	}
 	if n := len(s.firstStates); n != 0 {
 		t.Errorf("%d turns still held after both first states (the stuck one's given back twice or not at all)", n)
@@ -260,7 +266,9 @@ func TestBlockedSenderHandsTheRestBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.senders.take(sub, out)
-	<-s.senders.work // take's own signal
+	if s.senders.pop() != sub { // take's own signal
+		t.Fatal("take did not queue the stream")
+	}
 	sub.mu.Lock()
 	sub.queued = false
 	sub.mu.Unlock()
@@ -279,7 +287,7 @@ func TestBlockedSenderHandsTheRestBack(t *testing.T) {
 		s.hub.mu.RUnlock()
 	}
 	stayed := make(chan bool, 1)
-	go func() { stayed <- s.senders.serve(sub) }()
+	go func() { stayed <- s.senders.newSender().serve(sub) }()
 	time.Sleep(100 * time.Millisecond) // past the stall time, blocked
 	r.setOpen()
 	if <-stayed {

@@ -179,6 +179,7 @@ func bindToAPI(fs *flag.FlagSet, nodeViews bool) (*output, func() error) {
 			go func() { errc <- g.Serve(lis) }()
 			select {
 			case err := <-errc:
+				srv.Stop()
 				return fmt.Errorf("serve %s: %w", cfg.Address, err)
 			case <-ctx.Done():
 			}
