@@ -395,9 +395,9 @@ const turnHold = 100 * time.Millisecond
 // for memory (every stream sends the same snapshot) but for the machine's
 // caches: measured with 5,000 backends starting at once, all of them
 // sending together kept a socket buffer's worth of bytes in flight to
-// each (a gigabyte in the kernel, written and read back cold), which cost
-// the kernel half as much again per byte as a few at a time, whose bytes
-// are read back while the caches still hold them.
+// each (up to a gigabyte in the kernel, written and read back cold),
+// which cost the kernel a quarter more per byte than a few at a time,
+// whose bytes are read back while the caches still hold them.
 func (s *Server) sendShared(ctx context.Context, sub *subscription, out *rawSender) error {
 	var t *turn
 	if sub.wantsAll() {
