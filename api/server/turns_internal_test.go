@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,20 +11,6 @@ import (
 
 	"sigs.k8s.io/kpng/model"
 )
-
-// gatedStream is a stream whose sends wait until its gate is opened (or
-// closed), counting them.
-type gatedStream struct {
-	grpc.ServerStream
-	gate  chan struct{}
-	sends atomic.Int32
-}
-
-func (g *gatedStream) SendMsg(any) error {
-	<-g.gate
-	g.sends.Add(1)
-	return nil
-}
 
 // sharedServer returns a Server with one turn of the first states and a
 // published state of many services (a first state of several batches).
@@ -46,13 +31,28 @@ func sharedServer(t *testing.T, hold time.Duration) *Server {
 }
 
 // startShared starts sendShared for a new node-independent subscription
-// of node on a gated stream; its result arrives on the channel.
-func startShared(ctx context.Context, s *Server, node string) (*gatedStream, <-chan error) {
-	g := &gatedStream{gate: make(chan struct{})}
+// of node on a stream whose sends wait until it is opened; the result
+// arrives on the channel.
+func startShared(ctx context.Context, s *Server, node string) (*recordingStream, <-chan error) {
+	r := newRecordingStream(false)
 	sub := s.hub.subscribe(node, true, nil)
 	done := make(chan error, 1)
-	go func() { done <- s.sendShared(ctx, sub, &rawSender{stream: g, sent: func(int) {}}) }()
-	return g, done
+	go func() { done <- s.sendShared(ctx, sub, &rawSender{stream: r, sent: func(int) {}}) }()
+	return r, done
+}
+
+// ended waits up to 10 s for a stream's result, failing the test with
+// why when none comes.
+func ended(t *testing.T, done <-chan error, why string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal(why)
+	}
 }
 
 // TestSharedFirstStatesTakeTurns: with one turn, a node-independent
@@ -65,19 +65,17 @@ func TestSharedFirstStatesTakeTurns(t *testing.T) {
 	first, firstDone := startShared(ctx, s, "node-a")
 	waitUntil(t, "the first stream to hold the turn", func() bool { return len(s.firstStates) == 1 })
 	second, secondDone := startShared(ctx, s, "node-b")
-	close(second.gate) // it would send at once, given a turn
+	second.setOpen() // it would send at once, given a turn
 	time.Sleep(200 * time.Millisecond)
-	if n := second.sends.Load(); n != 0 {
+	if _, n := second.last(); n != 0 {
 		t.Fatalf("the second stream sent %d batches while the first held the only turn", n)
 	}
-	close(first.gate)
-	if err := <-firstDone; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-secondDone; err != nil {
-		t.Fatal(err)
-	}
-	if a, b := first.sends.Load(), second.sends.Load(); a < 3 || a != b {
+	first.setOpen()
+	ended(t, firstDone, "the first stream's first state did not end once it read")
+	ended(t, secondDone, "the second stream's first state did not end once the first's had")
+	_, a := first.last()
+	_, b := second.last()
+	if a < 3 || a != b {
 		t.Errorf("first states of %d and %d batches, want the same, several", a, b)
 	}
 	if n := len(s.firstStates); n != 0 {
@@ -96,27 +94,13 @@ func TestSlowSharedFirstStateGivesItsTurnBack(t *testing.T) {
 	stuck, stuckDone := startShared(ctx, s, "node-a")
 	waitUntil(t, "the stuck stream to hold the turn", func() bool { return len(s.firstStates) == 1 })
 	second, secondDone := startShared(ctx, s, "node-b")
-	close(second.gate)
-	select {
-	case err := <-secondDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second first state waited for a stream stuck in its first send")
-	}
-	if n := stuck.sends.Load(); n != 0 {
+	second.setOpen()
+	ended(t, secondDone, "the second first state waited for a stream stuck in its first send")
+	if _, n := stuck.last(); n != 0 {
 		t.Fatalf("the stuck stream sent %d batches", n)
 	}
-	close(stuck.gate)
-	select {
-	case err := <-stuckDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stuck stream's first state did not end once it read (its turn given back twice?)")
-	}
+	stuck.setOpen()
+	ended(t, stuckDone, "the stuck stream's first state did not end once it read (its turn given back twice?)")
 	if n := len(s.firstStates); n != 0 {
 		t.Errorf("%d turns still held after both first states (the stuck one's given back twice or not at all)", n)
 	}
