@@ -35,10 +35,14 @@ serve: controlplane
 	$(GO) build -o $(TOOLS_BIN)/kpng-demo ./hack/cmd/kpng-demo
 	$(TOOLS_BIN)/kpng-demo --serve
 
-## test: every test, unit and integration (real API server), with -race.
+## test: every test, unit and integration (real API server), with -race;
+## then, without it, the tests of what the Go scheduler's order gives
+## (the race detector shuffles that order on purpose).
+SCHEDULER_TESTS ?= TestAChangeToManyStreamsHoldsFewWriteBuffers
 test: controlplane
 	KPNG_CONTROLPLANE_DIR="$$(bash hack/build-controlplane.sh | tail -n 1)" \
 		$(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) test -count=1 -run '^($(SCHEDULER_TESTS))$$' ./api/server
 
 ## unit: the unit tests (-short): no control plane is built or started and
 ## no network namespace is made; the tests that need them skip.
@@ -166,13 +170,15 @@ soak: controlplane
 ## changes: the time until all hold their first state, each change's
 ## latency to the last backend, the controller's RSS and the bytes per
 ## change and node, on one closing line (docs/benchmarks.md); with
-## PROFILE_DIR, the controller's profiles there. Runs at nice 10.
+## PROFILE_DIR, the controller's profiles there. The changes come back to
+## back, or CHANGE_GAP apart (e.g. 3s). Runs at nice 10.
 NODES ?= 100
 SERVICES ?= 10000
 CHANGES ?= 100
+CHANGE_GAP ?= 0
 PROFILE_DIR ?=
 scale-controller: controlplane
-	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) PROFILE_DIR=$(PROFILE_DIR) bash hack/scale-controller.sh
+	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) bash hack/scale-controller.sh
 
 ## apiserver-watchers: what the API server pays for the watchers of
 ## Services and EndpointSlices: CONTROLLERS `kpng kube … to-api`

@@ -6,3 +6,6 @@ func SetLogLimit(h *Hub, bytes int) {
 	defer h.mu.Unlock()
 	h.logLimit = bytes
 }
+
+// WriteBufferBytes is the size of a connection's write buffer.
+const WriteBufferBytes = writeBufferBytes
