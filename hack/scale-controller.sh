@@ -9,7 +9,8 @@
 #
 #   hack/scale-controller.sh [kpng-scale flags]
 #
-# NODES (default 100), SERVICES (default 10000), CHANGES (default 100);
+# NODES (default 100), SERVICES (default 10000), CHANGES (default 100),
+# CHANGE_GAP (default 0: back to back; e.g. 3s: each change after a pause);
 # PROFILE_DIR, when set, keeps the controller's log and its profiles
 # there (--profile --dir). It raises the open-files limit (a connection a
 # backend) and runs at nice 10.
@@ -22,7 +23,7 @@ bin="$(mktemp -d)"
 trap 'rm -rf "${bin}"' EXIT
 go build -o "${bin}/kpng" ./cmd/kpng
 go build -o "${bin}/kpng-scale" ./hack/cmd/kpng-scale
-flags=(--nodes="${NODES:-100}" --services="${SERVICES:-10000}" --changes="${CHANGES:-100}")
+flags=(--nodes="${NODES:-100}" --services="${SERVICES:-10000}" --changes="${CHANGES:-100}" --change-gap="${CHANGE_GAP:-0}")
 if [ -n "${PROFILE_DIR:-}" ]; then flags+=(--profile --dir="${PROFILE_DIR}"); fi
 ulimit -n "$(ulimit -Hn)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version), $(date -u +%Y-%m-%dT%H:%MZ)" >&2

@@ -25,9 +25,12 @@
 //     and the node's own Local endpoints);
 //   - change_p50_ms, change_p99_ms: --changes EndpointSlice updates (an
 //     endpoint made not ready, one service each, one at a time), each from
-//     the API call to the last backend holding it (the Sync ending its
-//     round); also from the first backend to the last (the controller's
-//     fan-out after it has the round);
+//     when a watcher of the API server receives it (the tool's own watch,
+//     beside the controller's) to the last backend holding it (the Sync
+//     ending its round); the details also give the API call to the last
+//     backend, the watcher to the first (the controller's reaction) and
+//     the first to the last (its fan-out). The changes come back to back,
+//     or --change-gap apart (each then the first after a quiet time);
 //   - controller_rss_mib: the controller's peak RSS (VmHWM of
 //     /proc/PID/status), and its RSS at each step;
 //   - bytes_per_change_per_node: the bytes of the batches (the protobuf
@@ -68,6 +71,7 @@ func main() {
 	flag.IntVar(&cfg.services, "services", 10000, "services")
 	flag.IntVar(&cfg.endpoints, "endpoints", 10, "endpoints a service")
 	flag.IntVar(&cfg.changes, "changes", 100, "EndpointSlice changes, one at a time (at most --services)")
+	flag.DurationVar(&cfg.changeGap, "change-gap", 0, "pause before each change after the first (0: back to back, each as soon as the last reached every backend)")
 	flag.BoolVar(&cfg.perNodeView, "per-node-view", false, "backends ask for their node's view computed by the controller (the protocol before node-independent streams), instead of the state every node shares")
 	flag.IntVar(&cfg.readAll, "read-all", 16, "on node-independent streams, how many backends (spread over the nodes) read every field of their first state; the others hash what they receive, which must be the same (0: all read every field)")
 	flag.BoolVar(&cfg.grpcLight, "grpc-light", false, "the backends that hash what they receive read it through grpc-go's client too, instead of speaking HTTP/2 on their socket themselves (which costs the machine's shared cores about a third as much)")

@@ -35,6 +35,11 @@ type config struct {
 	toAPIFlags []string
 
 	nodes, services, endpoints, changes int
+	// changeGap is the pause before each change after the first: 0 makes
+	// them back to back, each as soon as the last reached every backend;
+	// a few seconds make each the first after a quiet time, as most
+	// changes of a cluster are.
+	changeGap time.Duration
 	// perNodeView: the backends ask for their node's view computed by the
 	// controller (the protocol before node-independent streams).
 	perNodeView bool
@@ -362,6 +367,13 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	react := make([]time.Duration, 0, len(all))
 	for k, ch := range all {
 		i := k * cfg.services / cfg.changes
+		if k > 0 && cfg.changeGap > 0 {
+			select {
+			case <-time.After(cfg.changeGap):
+			case <-ctx.Done():
+				return res, ctx.Err()
+			}
+		}
 		t0 := time.Now()
 		name, version, err := w.makeNotReady(ctx, i, k%cfg.endpoints)
 		if err != nil {

@@ -106,7 +106,7 @@ type sliceEvent struct {
 
 // watchSlices watches the EndpointSlices of the namespace from now on and
 // sends each event received on the channel, closed when ctx ends or the
-// watch fails: when a watcher of the API server sees a change, which is
+// watch fails (one the API server ends is watched again): when a watcher of the API server sees a change, which is
 // when the controller, watching the same API server, sees it too (within
 // the API server's fan-out to its two watches).
 func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
@@ -121,16 +121,32 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 	out := make(chan sliceEvent, 64)
 	go func() {
 		defer close(out)
-		defer wi.Stop()
-		for ev := range wi.ResultChan() {
-			at := time.Now()
-			s, ok := ev.Object.(*discovery.EndpointSlice)
-			if !ok {
-				continue
+		rv := list.ResourceVersion
+		for {
+			got := false
+			for ev := range wi.ResultChan() {
+				at := time.Now()
+				s, ok := ev.Object.(*discovery.EndpointSlice)
+				if !ok {
+					continue
+				}
+				got, rv = true, s.ResourceVersion
+				select {
+				case out <- sliceEvent{name: s.Name, version: s.ResourceVersion, at: at}:
+				case <-ctx.Done():
+					wi.Stop()
+					return
+				}
 			}
-			select {
-			case out <- sliceEvent{name: s.Name, version: s.ResourceVersion, at: at}:
-			case <-ctx.Done():
+			wi.Stop()
+			// The API server ends a watch after a while (spaced changes
+			// outlast it): go on from the last event, unless the watch
+			// ended without one (an error: seenAt reports the end).
+			if !got || ctx.Err() != nil {
+				return
+			}
+			var err error
+			if wi, err = w.c.DiscoveryV1().EndpointSlices(w.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv}); err != nil {
 				return
 			}
 		}
