@@ -37,7 +37,7 @@ serve: controlplane
 
 ## test: every test, unit and integration (real API server), with -race;
 ## then, without it, the tests of what the Go scheduler's order gives
-## (the race detector shuffles that order on purpose).
+## (the race detector shuffles that order on purpose; names separated by |).
 SCHEDULER_TESTS ?= TestAChangeToManyStreamsHoldsFewWriteBuffers
 test: controlplane
 	KPNG_CONTROLPLANE_DIR="$$(bash hack/build-controlplane.sh | tail -n 1)" \
