@@ -353,8 +353,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	for _, b := range backends {
 		before += b.bytes.Load()
 	}
-	cpu0, own0 = ctl.cpu(), ownCPU()
-	profiles.cpu(ctx, "changes", time.Duration(cfg.changes)*time.Second)
+	// The CPU of the changes, not of the gaps between them.
+	var cpuChanges, ownChanges float64
+	profiles.cpu(ctx, "changes", time.Duration(cfg.changes)*(time.Second+cfg.changeGap))
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	events, err := w.watchSlices(wctx)
@@ -374,6 +375,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 				return res, ctx.Err()
 			}
 		}
+		c0, o0 := ctl.cpu(), ownCPU()
 		t0 := time.Now()
 		name, version, err := w.makeNotReady(ctx, i, k%cfg.endpoints)
 		if err != nil {
@@ -397,9 +399,11 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
+		cpuChanges += ctl.cpu() - c0
+		ownChanges += ownCPU() - o0
 	}
-	res.cpuPerChange = (ctl.cpu() - cpu0) / float64(len(all))
-	res.backendsCPUPerChange = (ownCPU() - own0) / float64(len(all))
+	res.cpuPerChange = cpuChanges / float64(len(all))
+	res.backendsCPUPerChange = ownChanges / float64(len(all))
 	var after int64
 	for _, b := range backends {
 		after += b.bytes.Load()

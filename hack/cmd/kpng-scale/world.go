@@ -9,7 +9,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kpng/internal/kubetest"
@@ -105,10 +107,12 @@ type sliceEvent struct {
 }
 
 // watchSlices watches the EndpointSlices of the namespace from now on and
-// sends each event received on the channel, closed when ctx ends or the
-// watch fails (one the API server ends is watched again): when a watcher of the API server sees a change, which is
-// when the controller, watching the same API server, sees it too (within
-// the API server's fan-out to its two watches).
+// sends each event received on the channel: when a watcher of the API
+// server sees a change, which is when the controller, watching the same
+// API server, sees it too (within the API server's fan-out to its two
+// watches). A watch the API server ends is watched again from its last
+// event; the channel is closed when ctx ends, when the watch sends an
+// error (logged) or when watching again fails.
 func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 	list, err := w.c.DiscoveryV1().EndpointSlices(w.ns).List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
@@ -126,6 +130,11 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 			got := false
 			for ev := range wi.ResultChan() {
 				at := time.Now()
+				if ev.Type == watch.Error {
+					w.logf("the watch of EndpointSlices failed: %v", apierrors.FromObject(ev.Object))
+					wi.Stop()
+					return
+				}
 				s, ok := ev.Object.(*discovery.EndpointSlice)
 				if !ok {
 					continue
@@ -139,14 +148,18 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 				}
 			}
 			wi.Stop()
-			// The API server ends a watch after a while (spaced changes
-			// outlast it): go on from the last event, unless the watch
-			// ended without one (an error: seenAt reports the end).
-			if !got || ctx.Err() != nil {
+			if !got { // not in a loop as fast as the API server answers
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+				}
+			}
+			if ctx.Err() != nil {
 				return
 			}
 			var err error
 			if wi, err = w.c.DiscoveryV1().EndpointSlices(w.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv}); err != nil {
+				w.logf("watching EndpointSlices again from version %s: %v", rv, err)
 				return
 			}
 		}
