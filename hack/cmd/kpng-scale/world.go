@@ -131,7 +131,9 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 			for ev := range wi.ResultChan() {
 				at := time.Now()
 				if ev.Type == watch.Error {
-					w.logf("the watch of EndpointSlices failed: %v", apierrors.FromObject(ev.Object))
+					if ctx.Err() == nil {
+						w.logf("the watch of EndpointSlices failed: %v", apierrors.FromObject(ev.Object))
+					}
 					wi.Stop()
 					return
 				}
