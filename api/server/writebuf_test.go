@@ -21,7 +21,7 @@ import (
 // stream must have the change, and, with 2 Ps (the senders are one a P),
 // a change to n caught-up streams must allocate less than a quarter of n
 // buffers (the streams' readers, in this process, allocate too): 1–3 MiB
-// for 400 streams here, 42–50 MiB without the senders' yield. The race
+// for 400 streams here, 34–50 MiB without the senders' yield. The race
 // detector shuffles the scheduler's order, which the bound rests on, on
 // purpose (21–22 MiB with the yield, 32–48 without): with it, the test
 // only logs the figure, and make test runs it without the race detector
