@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/api/server"
+	"sigs.k8s.io/kpng/internal/racebuild"
 	"sigs.k8s.io/kpng/model"
 )
 
@@ -59,7 +60,7 @@ func TestAChangeToManyStreamsHoldsFewWriteBuffers(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	allocated := after.TotalAlloc - before.TotalAlloc
 	t.Logf("one change to %d streams allocated %.1f MiB (a write buffer: %d KiB)", n, float64(allocated)/(1<<20), server.WriteBufferBytes>>10)
-	if raceEnabled {
+	if racebuild.Enabled {
 		return // the order the bound rests on is shuffled
 	}
 	if limit := uint64(n * server.WriteBufferBytes / 4); allocated >= limit {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/racebuild"
 	"sigs.k8s.io/kpng/internal/selfexec"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
@@ -166,7 +167,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "nsenter", "iptables-legacy-restore", "iptables-nft-restore")
 	kills := 8
-	if raceEnabled {
+	if racebuild.Enabled {
 		kills = 3
 	}
 	if n := os.Getenv("KPNG_KILLS"); n != "" {

@@ -20,6 +20,7 @@ import (
 	"github.com/mdlayher/netlink"
 
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/internal/racebuild"
 	"sigs.k8s.io/kpng/internal/selfexec"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/model"
@@ -153,7 +154,7 @@ func TestKernelKilledWhileProgramming(t *testing.T) {
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 
 	kills := 12
-	if raceEnabled {
+	if racebuild.Enabled {
 		kills = 4 // each killed process is a race-detecting test binary, ten times slower
 	}
 	if n := os.Getenv("KPNG_KILLS"); n != "" {

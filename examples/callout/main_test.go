@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/kpng/internal/manifests"
 	"sigs.k8s.io/kpng/internal/proc"
 	"sigs.k8s.io/kpng/internal/promtest"
+	"sigs.k8s.io/kpng/internal/racebuild"
 	"sigs.k8s.io/kpng/internal/testio"
 )
 
@@ -137,7 +138,7 @@ func build(t *testing.T) string {
 	}
 	bin := filepath.Join(t.TempDir(), "kpng-callout")
 	args := []string{"build", "-o", bin}
-	if raceEnabled {
+	if racebuild.Enabled {
 		args = append(args, "-race")
 	}
 	cmd := exec.Command("go", append(args, "./examples/callout")...)
