@@ -125,6 +125,7 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 	out := make(chan sliceEvent, 64)
 	go func() {
 		defer close(out)
+		defer func() { wi.Stop() }() // the last one watched
 		rv := list.ResourceVersion
 		for {
 			got := false
@@ -134,7 +135,6 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 					if ctx.Err() == nil {
 						w.logf("the watch of EndpointSlices failed: %v", apierrors.FromObject(ev.Object))
 					}
-					wi.Stop()
 					return
 				}
 				s, ok := ev.Object.(*discovery.EndpointSlice)
@@ -145,7 +145,6 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 				select {
 				case out <- sliceEvent{name: s.Name, version: s.ResourceVersion, at: at}:
 				case <-ctx.Done():
-					wi.Stop()
 					return
 				}
 			}
@@ -159,11 +158,12 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 			if ctx.Err() != nil {
 				return
 			}
-			var err error
-			if wi, err = w.c.DiscoveryV1().EndpointSlices(w.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv}); err != nil {
+			next, err := w.c.DiscoveryV1().EndpointSlices(w.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+			if err != nil {
 				w.logf("watching EndpointSlices again from version %s: %v", rv, err)
 				return
 			}
+			wi = next
 		}
 	}()
 	return out, nil
