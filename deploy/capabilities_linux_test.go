@@ -23,7 +23,7 @@ import (
 var programmed = map[string]func(ns *netns.NS, variant []string) bool{
 	"to-nft": func(ns *netns.NS, _ []string) bool {
 		out, _, err := ns.Exec(nil, "nft", "list", "tables")
-		return err == nil && strings.Contains(out, "table inet kpng")
+		return err == nil && strings.Contains(out, "table ip kpng") && strings.Contains(out, "table ip6 kpng")
 	},
 	"to-iptables": func(ns *netns.NS, variant []string) bool {
 		v := "nft"

@@ -634,13 +634,13 @@ func TestControllerCertificates(t *testing.T) {
 	table := "kpng-" + ncmd.flags["name"]
 	var rules string
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		rules, _, _ = nodeNS.Exec(nil, "nft", "list", "table", "inet", table)
+		rules, _, _ = nodeNS.Exec(nil, "nft", "list", "table", "ip", table)
 		if strings.Contains(rules, "10.9.0.1") {
 			break
 		}
 	}
 	if !strings.Contains(rules, "10.9.0.1") {
-		t.Errorf("the node backend did not program %s/a's endpoint 10.9.0.1 in table inet %s within a minute:\n%s", ns, table, rules)
+		t.Errorf("the node backend did not program %s/a's endpoint 10.9.0.1 in table ip %s within a minute:\n%s", ns, table, rules)
 	}
 }
 

@@ -11,8 +11,9 @@
 #
 # kpng's table is kpng's own: `kpng file` on a state file of synthetic
 # services (hack/cmd/kpng-genstate, ENDPOINTS endpoints each) programs a
-# scratch namespace, and `nft list table` of it is the ruleset; the
-# variants are rewrites of that listing (kpng-firstpacket variant). The
+# scratch namespace, and the listing of its tables (`nft list table ip`,
+# then `ip6`; hack/lib/kpng-nft-listing.sh) is the ruleset; the variants
+# are rewrites of that listing (kpng-firstpacket variant). The
 # kube-proxy table is written by kpng-firstpacket kube-proxy, in the shape
 # kube-proxy v1.36.3 programs (one DNAT through an anonymous numgen map
 # per service chain), and in the shape of earlier versions (a numgen

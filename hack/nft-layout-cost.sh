@@ -102,7 +102,11 @@ anon_elems() {
   for ((k = 0; k < endpoints; k++)); do out+="${out:+, }${k} : $(eip "$i" "$k") . 8080"; done
   echo "${out}"
 }
-T="inet kpng-x"
+# The table the changes go to: the listing's first, kpng's table holding
+# IPv4 (`inet kpng-x` as BEFORE writes it; `ip kpng-x` from a kpng with
+# a table per family, whose `ip6 kpng-x` the layouts copy unchanged).
+T="$(head -n 1 "${work}/kpng.nft" | awk '{print $2, $3}')"
+fam="${T%% *}"
 # ops LAYOUT I R OP: the nft commands of OP (add, endpoint, delete) for the
 # new service I, the R-th one added.
 ops() {
@@ -195,6 +199,7 @@ for l in ${layouts}; do
   done
   flock -u 9
   ip netns exec "${ns}" nft list table ${T} >"${work}/${l}.listing"
+  [ "${fam}" = inet ] || ip netns exec "${ns}" nft list table ip6 "${T#* }" >>"${work}/${l}.listing"
   ip netns add "${ns}-reload"
   reload="yes"
   ip netns exec "${ns}-reload" nft -f "${work}/${l}.listing" 2>"${work}/${l}.reload-err" || reload="no: $(head -n 1 "${work}/${l}.reload-err")"
@@ -222,13 +227,16 @@ row() {
   printf "| \`%s\` | %s | %s ms |\n" "$(echo "$2" | sed "s/ ${T}//g; s/|/\\\\|/g")" "$1" "$(printf '%s\n' "${ts[@]}" | median)"
 }
 row "counter" "add rule ${T} unreached counter"
-row "meta (nfproto), payload, cmp" "add rule ${T} unreached ip daddr 10.1.2.3 counter"
+# In an inet table, nft puts a `meta nfproto` match before `ip daddr`.
+nfproto=""
+[ "${fam}" = inet ] && nfproto="meta (nfproto), "
+row "${nfproto}payload, cmp" "add rule ${T} unreached ip daddr 10.1.2.3 counter"
 row "meta, cmp" "add rule ${T} unreached meta l4proto tcp counter"
 row "ct, bitwise, cmp" "add rule ${T} unreached ct state new counter"
 row "numgen, cmp" "add rule ${T} unreached numgen random mod 2 0 counter"
 row "meta, bitwise, meta set" "add rule ${T} unreached meta mark set meta mark | 0x1"
 row "immediate (data), meta set" "add rule ${T} unreached meta mark set 0x1"
-row "meta (nfproto), payload, lookup (a set)" "add rule ${T} unreached ip daddr @cluster-ips-v4 counter"
+row "${nfproto}payload, lookup (a set)" "add rule ${T} unreached ip daddr @cluster-ips-v4 counter"
 row "lookup (a data map), meta set" "add rule ${T} unreached meta mark set ip daddr . meta l4proto . th dport map { 10.1.2.3 . tcp . 80 : 0x1 }"
 row "fib" "add rule ${T} unreached fib daddr type local counter"
 row "immediate (jump)" "add rule ${T} unreached jump mark-for-masquerade"

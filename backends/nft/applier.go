@@ -93,8 +93,9 @@ const (
 	lastingElements = 8192
 )
 
-// applier writes rulesets and deltas into one nftables table, each call
-// one netlink transaction. It is not safe for concurrent use.
+// applier writes rulesets and deltas into the proxier's two nftables
+// tables, one per family (table ip NAME, table ip6 NAME), each call one
+// netlink transaction over both. It is not safe for concurrent use.
 //
 // Small transactions (partial syncs) go through one lasting netlink
 // connection: closing a netlink socket that sent nftables messages waits
@@ -108,16 +109,21 @@ const (
 type applier struct {
 	newConn func(...nftables.ConnOption) (*nftables.Conn, error)
 	lasting *txnConn // reused across transactions; nil until needed
-	// reader reads the table for Check; nil until needed.
+	// reader reads the tables for Check; nil until needed.
 	reader *nftables.Conn
-	table  *nftables.Table
-	// fixed are the table's fixed chains (base, lookup, reject,
+	// tables are the tables of the two families, indexed by ipFamily;
+	// legacy is the inet table of the same name that kpng wrote before
+	// it had one table per family, deleted by the first full write (an
+	// upgrade restarts kpng); nil after it.
+	tables [2]*nftables.Table
+	legacy *nftables.Table
+	// fixed are the tables' fixed chains (base, lookup, reject,
 	// nodeport-reject/-drop, masquerading, cluster-ips-check and shards
 	// chains) with the number of rules the last successful Full gave
 	// each, or the last Partial for cluster-ips-check (rewritten when the
 	// service CIDRs change) and for the services and shards chains
 	// (rewritten when a shard comes or goes): what Check expects of them.
-	fixed map[string]int
+	fixed map[chainKey]int
 	// opts are the options of the last successful Full, and shards the
 	// shards present as of the last successful transaction: what the
 	// services chain's rules are written from when a partial round adds
@@ -163,13 +169,13 @@ type txnConn struct {
 // txn is one transaction being built: its connection, what it sent so
 // far, and the named sets it added (for the IDs that its rules refer to).
 type txn struct {
-	table *nftables.Table
-	conn  *nftables.Conn
-	relay *relay
-	stats Stats
-	sets  map[string]*nftables.Set
+	tables [2]*nftables.Table
+	conn   *nftables.Conn
+	relay  *relay
+	stats  Stats
+	sets   map[string]*nftables.Set
 	// rules counts the rules added to each chain.
-	rules map[string]int
+	rules map[chainKey]int
 	// clusterIPs are the cluster-ips sets when the transaction adds
 	// them (a full one), for their IDs.
 	clusterIPs [2]*nftables.Set
@@ -178,7 +184,8 @@ type txn struct {
 	scratch []byte
 }
 
-// newApplier returns an applier writing the inet table named table, on
+// newApplier returns an applier writing the tables named table (one per
+// family), on
 // connections from newConn (nil means nftables.New, in the current
 // network namespace): the applier reads the namespace of a connection
 // (its NetNS) and sends through a socket of its own there, or through the
@@ -190,7 +197,17 @@ func newApplier(newConn func(...nftables.ConnOption) (*nftables.Conn, error), ta
 	if newConn == nil {
 		newConn = nftables.New
 	}
-	return &applier{newConn: newConn, table: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
+	return &applier{newConn: newConn, tables: familyTables(table), legacy: &nftables.Table{Name: table, Family: nftables.TableFamilyINet}}
+}
+
+// familyTables returns the tables named name of the two families, indexed
+// by ipFamily.
+func familyTables(name string) [2]*nftables.Table {
+	var tables [2]*nftables.Table
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		tables[f] = &nftables.Table{Name: name, Family: f.nl().table}
+	}
+	return tables
 }
 
 // Close closes the lasting connections, if open. The applier may still
@@ -229,7 +246,7 @@ func (a *applier) dial(messages, elements int) (*txnConn, error) {
 // transaction abandoned halfway must not leave them behind for the next
 // one: end drops the connection on error).
 func (a *applier) begin(messages, elements int) (*txn, error) {
-	t := &txn{table: a.table, sets: map[string]*nftables.Set{}, rules: map[string]int{}}
+	t := &txn{tables: a.tables, sets: map[string]*nftables.Set{}, rules: map[chainKey]int{}}
 	var tc *txnConn
 	if messages <= lastingMessages && elements <= lastingElements {
 		if a.lasting == nil {
@@ -303,14 +320,16 @@ func (a *applier) end(t *txn, err error) {
 	}
 }
 
-// Full replaces the table with rs in one transaction: the table is added
-// (so that deleting it cannot fail), deleted and built again in the same
-// batch, so that packets see either the old table or the new one, never
-// none. On error nothing changed.
+// Full replaces the tables with rs in one transaction: each table is
+// added (so that deleting it cannot fail), deleted and built again in the
+// same batch, so that packets see either the old tables or the new ones,
+// never none; the inet table of kpng's versions before the tables per
+// family goes in the same batch, the first time. On error nothing
+// changed.
 func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	// Each set: its declaration and a message of its elements at least;
 	// each shard a rule in the services or its shards chain.
-	messages := 100 + 2*len(rs.Sets) + len(rs.ServiceCIDRs) + shardsOf(rs.Sets).count()
+	messages := 200 + 2*len(rs.Sets) + len(rs.ServiceCIDRs) + shardsOf(rs.Sets).count()
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}
@@ -327,32 +346,34 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	}
 	defer func() { a.end(t, err) }()
 	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs, rs.Elements)
-	if err := t.full(rs, caps); err != nil {
+	if err := t.full(rs, caps, a.legacy); err != nil {
 		return t.stats, err
 	}
 	if err := a.flush(t); err != nil {
-		return t.stats, fmt.Errorf("replace table inet %s (%d chains, %d elements): %w", a.table.Name, len(rs.Chains), len(rs.Elements), err)
+		return t.stats, fmt.Errorf("replace tables ip and ip6 %s (%d chains, %d elements): %w", a.tables[ipv4].Name, len(rs.Chains), len(rs.Elements), err)
 	}
 	a.caps = caps
+	a.legacy = nil
 	a.fixed = t.rules
 	for _, ch := range rs.Chains {
-		delete(a.fixed, ch.Name)
+		delete(a.fixed, chainKey{ch.Family, ch.Name})
 	}
 	a.opts, a.shards = rs.Options, shardsOf(rs.Sets)
 	return t.stats, nil
 }
 
-// lookupChainRules adds the rules of a lookup chain ch of the given map
-// kinds, with the shards sh (the services chain's rules of the shards
-// present), looking up maps (the fixed verdict maps; by name when nil)
-// and the shard sets (those added in the transaction, else by name).
-func (t *txn) lookupChainRules(ch *nftables.Chain, opts Options, sh shards, kinds []mapKind, maps map[string]*nftables.Set) {
-	lookupRules(opts, sh, kinds, func(r lookupRule) {
+// lookupChainRules adds the rules of a lookup chain ch of family f's
+// table of the given map kinds, with the shards sh (the services chain's
+// rules of the shards present), looking up maps (the fixed verdict maps;
+// by name when nil) and the shard sets (those added in the transaction,
+// else by name).
+func (t *txn) lookupChainRules(f ipFamily, ch *nftables.Chain, opts Options, sh shards, kinds []mapKind, maps map[string]*nftables.Set) {
+	lookupRules(f, opts, sh, kinds, func(r lookupRule) {
 		switch {
 		case r.guard:
 			set := t.clusterIPs[r.f]
 			if set == nil {
-				set = clusterIPsSetRef(t.table, r.f)
+				set = clusterIPsSetRef(t.tables[r.f], r.f)
 			}
 			t.addRule(ch, daddrInSetExprs(r.f, set, &expr.Verdict{Kind: expr.VerdictJump, Chain: shardsChainName(r.f)}))
 			return
@@ -362,24 +383,31 @@ func (t *txn) lookupChainRules(ch *nftables.Chain, opts Options, sh shards, kind
 		}
 		m := maps[r.k.name(r.f)]
 		if m == nil {
-			m = mapRef(t.table, r.f, r.k.name(r.f))
+			m = mapRef(t.tables[r.f], r.f, r.k.name(r.f))
 		}
 		t.addRule(ch, lookupExprs(r.f, r.k, r.npm, m))
 	})
 }
 
-func (t *txn) full(rs *ruleset, caps capacities) error {
+func (t *txn) full(rs *ruleset, caps capacities, legacy *nftables.Table) error {
 	c := t.conn
-	c.AddTable(t.table)
-	c.DelTable(t.table)
-	c.AddTable(t.table)
-	t.stats.Messages += 3
+	if legacy != nil {
+		c.AddTable(legacy)
+		c.DelTable(legacy)
+		t.stats.Messages += 2
+	}
+	for _, tb := range t.tables {
+		c.AddTable(tb)
+		c.DelTable(tb)
+		c.AddTable(tb)
+	}
+	t.stats.Messages += 6
 
 	maps := map[string]*nftables.Set{}
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		for _, k := range mapKinds {
 			name := k.name(f)
-			m := mapRef(t.table, f, name)
+			m := mapRef(t.tables[f], f, name)
 			if name == mapServices(f) {
 				m.Size = caps[sizedSet{services: true, family: f}].capacity
 			}
@@ -392,7 +420,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	var hairpin [2]*nftables.Set
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		hairpin[f] = hairpinSetRef(t.table, f)
+		hairpin[f] = hairpinSetRef(t.tables[f], f)
 		hairpin[f].Size = caps[sizedSet{family: f}].capacity
 		if err := c.AddSet(hairpin[f], nil); err != nil {
 			return fmt.Errorf("set %s: %w", hairpin[f].Name, err)
@@ -404,7 +432,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	}
 	var clusterIPs [2]*nftables.Set
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		clusterIPs[f] = clusterIPsSetRef(t.table, f)
+		clusterIPs[f] = clusterIPsSetRef(t.tables[f], f)
 		clusterIPs[f].Size = caps[sizedSet{clusterIPs: true, family: f}].capacity
 		if err := c.AddSet(clusterIPs[f], nil); err != nil {
 			return fmt.Errorf("set %s: %w", clusterIPs[f].Name, err)
@@ -419,7 +447,7 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	// which go to the shards' chains and look up their sets; sets after
 	// the chains their elements go to.
 	for _, ch := range rs.Chains {
-		t.addChain(ch.Name)
+		t.addChain(ch.Family, ch.Name)
 		t.stats.ChainsAdded++
 	}
 	for _, st := range rs.Sets {
@@ -427,53 +455,10 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 			return err
 		}
 	}
-	// Fixed regular chains before the base chains, which jump to them,
-	// the shards chains before the services chain.
-	sh := shardsOf(rs.Sets)
 	t.clusterIPs = clusterIPs
+	sh := shardsOf(rs.Sets)
 	for _, f := range []ipFamily{ipv4, ipv6} {
-		if sh.guarded(f) {
-			t.shardRules(t.addChain(shardsChainName(f)), f, sh)
-		}
-	}
-	for _, lc := range lookupChains {
-		t.lookupChainRules(t.addChain(lc.name), rs.Options, sh, lc.kinds, maps)
-	}
-	reject := t.addChain(chainReject)
-	for _, r := range rejectRules() {
-		t.addRule(reject, r)
-	}
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		for _, c := range nodePortChecks(f) {
-			verdict := &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}
-			if c.drop {
-				verdict = &expr.Verdict{Kind: expr.VerdictDrop}
-			}
-			ch := t.addChain(c.name)
-			for _, npm := range nodePortMatches(rs.Options, f) {
-				t.addRule(ch, append(nodePortMatchExprs(f, npm), verdict))
-			}
-		}
-	}
-	masq := t.addChain(chainMasquerading)
-	t.addRule(masq, masqueradeMarkedExprs(rs.Options.mark()))
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		t.addRule(masq, hairpinExprs(f, hairpin[f]))
-	}
-	t.addRule(t.addChain(chainMarkForMasquerade), markExprs(rs.Options.mark(), false))
-	check := t.addChain(chainClusterIPsCheck)
-	for _, r := range clusterIPsCheckRules(clusterIPs, rs.ServiceCIDRs) {
-		t.addRule(check, r)
-	}
-	for _, bc := range baseChains {
-		ch := t.addBaseChain(bc)
-		for _, j := range bc.jumps {
-			if j.newOnly {
-				t.addRule(ch, newConnJumpExprs(j.chain))
-			} else {
-				t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: j.chain}})
-			}
-		}
+		t.fixedChains(f, rs, sh, maps, hairpin[f])
 	}
 
 	// Endpoint map and shard set elements after the rules: the kernel
@@ -507,6 +492,53 @@ func (t *txn) full(rs *ruleset, caps capacities) error {
 	return nil
 }
 
+// fixedChains adds the fixed chains of family f's table, with their
+// rules: the shards chain, the lookup chains, the reject and node-port
+// check chains, the masquerading chains (hairpin: the family's hairpin
+// set), cluster-ips-check, then the base chains, which jump to them.
+func (t *txn) fixedChains(f ipFamily, rs *ruleset, sh shards, maps map[string]*nftables.Set, hairpin *nftables.Set) {
+	// Fixed regular chains before the base chains, which jump to them,
+	// the shards chain before the services chain.
+	if sh.guarded(f) {
+		t.shardRules(t.addChain(f, shardsChainName(f)), f, sh)
+	}
+	for _, lc := range lookupChains {
+		t.lookupChainRules(f, t.addChain(f, lc.name), rs.Options, sh, lc.kinds, maps)
+	}
+	reject := t.addChain(f, chainReject)
+	for _, r := range rejectRules(f) {
+		t.addRule(reject, r)
+	}
+	for _, c := range nodePortChecks(f) {
+		verdict := &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}
+		if c.drop {
+			verdict = &expr.Verdict{Kind: expr.VerdictDrop}
+		}
+		ch := t.addChain(f, c.name)
+		for _, npm := range nodePortMatches(rs.Options, f) {
+			t.addRule(ch, append(nodePortMatchExprs(f, npm), verdict))
+		}
+	}
+	masq := t.addChain(f, chainMasquerading)
+	t.addRule(masq, masqueradeMarkedExprs(rs.Options.mark()))
+	t.addRule(masq, hairpinExprs(f, hairpin))
+	t.addRule(t.addChain(f, chainMarkForMasquerade), markExprs(rs.Options.mark(), false))
+	check := t.addChain(f, chainClusterIPsCheck)
+	for _, r := range clusterIPsCheckRules(f, t.clusterIPs[f], rs.ServiceCIDRs) {
+		t.addRule(check, r)
+	}
+	for _, bc := range baseChains {
+		ch := t.addBaseChain(f, bc)
+		for _, j := range bc.jumps {
+			if j.newOnly {
+				t.addRule(ch, newConnJumpExprs(j.chain))
+			} else {
+				t.addRule(ch, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: j.chain}})
+			}
+		}
+	}
+}
+
 // Partial applies d in one transaction: new chains are created, then new
 // sets (balance maps go to chains), then the endpoint maps' and hairpin
 // sets' elements are deleted and added (and cluster-ips-check written
@@ -534,7 +566,7 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 	}
 	messages += 2 * len(touched)
 	if d.ServiceCIDRs.Len() > 0 {
-		messages += 3 + len(d.ServiceCIDRs.Now)
+		messages += 6 + len(d.ServiceCIDRs.Now)
 	}
 	elements := d.Elements.Len() + 4*d.Endpoints.Len() + d.Hairpin.Len() + d.ClusterIPs.Len()
 	for _, it := range d.Sets.Created {
@@ -546,7 +578,7 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		services = &servicesRules{opts: a.opts, old: a.shards, shards: sh}
 		// The services chain and the shards chains flushed and written
 		// again (two of them deleted).
-		messages += 10 + a.fixed[chainServices] + sh.count()
+		messages += 20 + a.fixed[chainKey{ipv4, chainServices}] + a.fixed[chainKey{ipv6, chainServices}] + sh.count()
 	}
 	t, err := a.begin(messages+elements/minElementsPerMessage, elements)
 	if err != nil {
@@ -557,20 +589,20 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		return t.stats, err
 	}
 	if err := a.flush(t); err != nil {
-		return t.stats, fmt.Errorf("update table inet %s (%d objects): %w", a.table.Name, t.stats.Objects(), err)
+		return t.stats, fmt.Errorf("update tables ip and ip6 %s (%d objects): %w", a.tables[ipv4].Name, t.stats.Objects(), err)
 	}
 	a.caps, _ = a.caps.after(d)
+	a.shards = sh
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		if !sh.guarded(f) {
-			delete(a.fixed, shardsChainName(f))
+			delete(a.fixed, chainKey{f, shardsChainName(f)})
 		}
-	}
-	a.shards = sh
-	for _, name := range []string{chainClusterIPsCheck, chainServices, shardsChainName(ipv4), shardsChainName(ipv6)} {
-		if n, ok := t.rules[name]; ok {
-			// Rewritten (new service CIDRs, shards): Check expects its
-			// new rules.
-			a.fixed[name] = n
+		for _, name := range []string{chainClusterIPsCheck, chainServices, shardsChainName(f)} {
+			if n, ok := t.rules[chainKey{f, name}]; ok {
+				// Rewritten (new service CIDRs, shards): Check expects
+				// its new rules.
+				a.fixed[chainKey{f, name}] = n
+			}
 		}
 	}
 	return t.stats, nil
@@ -592,7 +624,7 @@ func (t *txn) shardRuleExprs(f ipFamily, n uint32) []expr.Any {
 	name := shardSetName(f, n)
 	set := t.sets[name]
 	if set == nil {
-		set = shardSetRef(t.table, f, name)
+		set = shardSetRef(t.tables[f], f, name)
 	}
 	return shardRuleExprs(f, n, set)
 }
@@ -614,7 +646,7 @@ type servicesRules struct {
 func (t *txn) partial(d delta, services *servicesRules) error {
 	c := t.conn
 	for _, it := range d.Chains.Created {
-		t.addChain(it.Key)
+		t.addChain(it.Value.Family, it.Key)
 		t.stats.ChainsAdded++
 	}
 	// Sets after the chains their elements go to, before the rules that
@@ -648,14 +680,16 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 		return err
 	}
 	if d.ServiceCIDRs.Len() > 0 {
-		// The service CIDRs changed: cluster-ips-check written again.
-		check := t.chainRef(chainClusterIPsCheck)
-		c.FlushChain(check)
-		t.stats.Messages++
-		t.stats.ChainsFlushed++
-		refs := [2]*nftables.Set{clusterIPsSetRef(t.table, ipv4), clusterIPsSetRef(t.table, ipv6)}
-		for _, r := range clusterIPsCheckRules(refs, d.ServiceCIDRs.Now) {
-			t.addRule(check, r)
+		// The service CIDRs changed: cluster-ips-check written again, in
+		// both tables.
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			check := t.chainRef(f, chainClusterIPsCheck)
+			c.FlushChain(check)
+			t.stats.Messages++
+			t.stats.ChainsFlushed++
+			for _, r := range clusterIPsCheckRules(f, clusterIPsSetRef(t.tables[f], f), d.ServiceCIDRs.Now) {
+				t.addRule(check, r)
+			}
 		}
 	}
 	if services != nil {
@@ -671,29 +705,32 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 				continue
 			}
 			if services.old.guarded(f) {
-				c.FlushChain(t.chainRef(shardsChainName(f)))
+				c.FlushChain(t.chainRef(f, shardsChainName(f)))
 				t.stats.Messages++
 				t.stats.ChainsFlushed++
 			} else {
-				t.addChain(shardsChainName(f))
+				t.addChain(f, shardsChainName(f))
 				t.stats.ChainsAdded++
 			}
-			t.shardRules(t.chainRef(shardsChainName(f)), f, services.shards)
+			t.shardRules(t.chainRef(f, shardsChainName(f)), f, services.shards)
 		}
-		if !services.old.sameServicesRules(services.shards) {
-			ch := t.chainRef(chainServices)
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			if services.old.sameServicesRules(f, services.shards) {
+				continue
+			}
+			ch := t.chainRef(f, chainServices)
 			c.FlushChain(ch)
 			t.stats.Messages++
 			t.stats.ChainsFlushed++
 			for _, lc := range lookupChains {
 				if lc.name == chainServices {
-					t.lookupChainRules(ch, services.opts, services.shards, lc.kinds, nil)
+					t.lookupChainRules(f, ch, services.opts, services.shards, lc.kinds, nil)
 				}
 			}
 		}
 		for _, f := range []ipFamily{ipv4, ipv6} {
 			if services.old.guarded(f) && !services.shards.guarded(f) {
-				ref := t.chainRef(shardsChainName(f))
+				ref := t.chainRef(f, shardsChainName(f))
 				c.FlushChain(ref)
 				c.DelChain(ref)
 				t.stats.Messages += 2
@@ -702,7 +739,7 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 		}
 	}
 	for _, it := range d.Chains.Updated {
-		c.FlushChain(t.chainRef(it.Key))
+		c.FlushChain(t.chainRef(it.Value.Family, it.Key))
 		t.stats.Messages++
 		t.stats.ChainsFlushed++
 	}
@@ -728,18 +765,18 @@ func (t *txn) partial(d delta, services *servicesRules) error {
 	}
 
 	for _, it := range d.Chains.Deleted {
-		c.FlushChain(t.chainRef(it.Key))
+		c.FlushChain(t.chainRef(it.Prev.Family, it.Key))
 		t.stats.Messages++
 	}
 	// Sets once the rules that used them are gone (flushed), before the
 	// chains their elements go to.
 	for _, it := range d.Sets.Deleted {
-		c.DelSet(&nftables.Set{Table: t.table, Name: it.Key})
+		c.DelSet(&nftables.Set{Table: t.tables[it.Prev.Family], Name: it.Key})
 		t.stats.Messages++
 		t.stats.SetsDeleted++
 	}
 	for _, it := range d.Chains.Deleted {
-		c.DelChain(t.chainRef(it.Key))
+		c.DelChain(t.chainRef(it.Prev.Family, it.Key))
 		t.stats.Messages++
 		t.stats.ChainsDeleted++
 	}
@@ -801,7 +838,7 @@ func (t *txn) intervalMap(f ipFamily, name string) *nftables.Set {
 	if s := t.sets[name]; s != nil {
 		return s
 	}
-	return intervalMapRef(t.table, f, name)
+	return intervalMapRef(t.tables[f], f, name)
 }
 
 // elementsPerInterval is the number of kernel elements of an interval of
@@ -896,7 +933,7 @@ func (t *txn) blockElements(blocks []*block) error {
 func (t *txn) hairpinElements(addrs []netip.Addr, del bool) error {
 	for f, fam := range byFamily(addrs) {
 		elem := func(i int) (nftables.SetElement, error) { return hairpinElement(fam[i]), nil }
-		if err := t.sendElements(hairpinSetRef(t.table, ipFamily(f)), len(fam), elem, func(int) int { return elementBytes(32, "", "") }, del); err != nil {
+		if err := t.sendElements(hairpinSetRef(t.tables[f], ipFamily(f)), len(fam), elem, func(int) int { return elementBytes(32, "", "") }, del); err != nil {
 			return err
 		}
 	}
@@ -907,7 +944,7 @@ func (t *txn) hairpinElements(addrs []netip.Addr, del bool) error {
 func (t *txn) clusterIPElements(addrs []netip.Addr, del bool) error {
 	for f, fam := range byFamily(addrs) {
 		elem := func(i int) (nftables.SetElement, error) { return addrElement(fam[i]), nil }
-		if err := t.sendElements(clusterIPsSetRef(t.table, ipFamily(f)), len(fam), elem, func(int) int { return elementBytes(16, "", "") }, del); err != nil {
+		if err := t.sendElements(clusterIPsSetRef(t.tables[f], ipFamily(f)), len(fam), elem, func(int) int { return elementBytes(16, "", "") }, del); err != nil {
 			return err
 		}
 	}
@@ -969,7 +1006,7 @@ func (t *txn) elements(m *nftables.Set, from, to int, elem func(i int) (nftables
 // elements, or an affinity set), remembering it for the rules of the same
 // transaction that refer to it.
 func (t *txn) addSet(st *namedSet) error {
-	ns := setRef(t.table, st)
+	ns := setRef(t.tables[st.Family], st)
 	if ud := st.userData(); ud != nil {
 		t.relay.userData[st.Name] = ud
 	}
@@ -1009,10 +1046,11 @@ func (t *txn) elementGroups(items []diffstore.Item[string, mapElement], del bool
 	}
 	for _, name := range order {
 		els := byMap[name]
-		m := mapRef(t.table, els[0].Family, name)
+		f := els[0].Family
+		m := mapRef(t.tables[f], f, name)
 		if els[0].Verdict.Shard > 0 {
 			if m = t.sets[name]; m == nil {
-				m = shardSetRef(t.table, els[0].Family, name)
+				m = shardSetRef(t.tables[f], f, name)
 			}
 		}
 		if err := t.setElements(m, els, del); err != nil {
@@ -1050,16 +1088,19 @@ func (t *txn) setElements(m *nftables.Set, els []mapElement, del bool) error {
 	return t.sendElements(m, len(els), elem, size, del)
 }
 
-func (t *txn) chainRef(name string) *nftables.Chain {
-	return &nftables.Chain{Name: name, Table: t.table}
+// chainRef returns the chain name of family f's table.
+func (t *txn) chainRef(f ipFamily, name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: t.tables[f]}
 }
 
-func (t *txn) addChain(name string) *nftables.Chain {
+// addChain adds the regular chain name to family f's table.
+func (t *txn) addChain(f ipFamily, name string) *nftables.Chain {
 	t.stats.Messages++
-	return t.conn.AddChain(t.chainRef(name))
+	return t.conn.AddChain(t.chainRef(f, name))
 }
 
-func (t *txn) addBaseChain(bc baseChain) *nftables.Chain {
+// addBaseChain adds the base chain bc to family f's table.
+func (t *txn) addBaseChain(f ipFamily, bc baseChain) *nftables.Chain {
 	typ, hook := nftables.ChainTypeNAT, nftables.ChainHookPrerouting
 	if bc.typ == "filter" {
 		typ = nftables.ChainTypeFilter
@@ -1078,7 +1119,7 @@ func (t *txn) addBaseChain(bc baseChain) *nftables.Chain {
 	t.stats.Messages++
 	return t.conn.AddChain(&nftables.Chain{
 		Name:     bc.name,
-		Table:    t.table,
+		Table:    t.tables[f],
 		Type:     typ,
 		Hooknum:  hook,
 		Priority: nftables.ChainPriorityRef(nftables.ChainPriority(bc.priority)),
@@ -1086,16 +1127,17 @@ func (t *txn) addBaseChain(bc baseChain) *nftables.Chain {
 	})
 }
 
+// addRule adds a rule of exprs to the chain ch (of its table).
 func (t *txn) addRule(ch *nftables.Chain, exprs []expr.Any) {
-	t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: ch, Exprs: exprs})
-	t.rules[ch.Name]++
+	t.conn.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: exprs})
+	t.rules[chainKey{tableFamily(ch.Table), ch.Name}]++
 	t.stats.Messages++
 	t.stats.Rules++
 }
 
 // addRules adds the rules of a service or endpoint chain.
 func (t *txn) addRules(ch *regularChain) error {
-	ref := t.chainRef(ch.Name)
+	ref := t.chainRef(ch.Family, ch.Name)
 	for _, r := range ch.Rules {
 		nr, ok := r.(netlinkRule)
 		if !ok {
@@ -1110,8 +1152,9 @@ func (t *txn) addRules(ch *regularChain) error {
 	return nil
 }
 
-// Cleanup removes the table of the proxier of cfg (TableName of
-// cfg.ServiceProxyName), if it exists, in one transaction, through a
+// Cleanup removes the tables of the proxier of cfg (TableName of
+// cfg.ServiceProxyName: its ip and ip6 tables, and the inet table of
+// earlier versions), those that exist, in one transaction, through a
 // connection from cfg.Conn (nftables.New when nil), as --cleanup does. It
 // logs through ctx's logger.
 func Cleanup(ctx context.Context, cfg Config) error {
@@ -1123,14 +1166,25 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("nftables backend: cleanup: %w", err)
 	}
-	t := &nftables.Table{Name: TableName(cfg.ServiceProxyName), Family: nftables.TableFamilyINet}
-	conn.AddTable(t)
-	conn.DelTable(t)
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables backend: cleanup: delete table inet %s: %w", t.Name, err)
+	name := TableName(cfg.ServiceProxyName)
+	tables := familyTables(name)
+	for _, t := range append(tables[:], &nftables.Table{Name: name, Family: nftables.TableFamilyINet}) {
+		conn.AddTable(t)
+		conn.DelTable(t)
 	}
-	klog.FromContext(ctx).Info("Removed the nftables table", "table", t.Name)
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables backend: cleanup: delete tables ip, ip6 and inet %s: %w", name, err)
+	}
+	klog.FromContext(ctx).Info("Removed the nftables tables", "table", name)
 	return nil
+}
+
+// tableFamily returns the family of tb, one of the applier's tables.
+func tableFamily(tb *nftables.Table) ipFamily {
+	if tb.Family == nftables.TableFamilyIPv6 {
+		return ipv6
+	}
+	return ipv4
 }
 
 // ConnInNetNS returns a Config.Conn for the network namespace open as fd:

@@ -170,7 +170,7 @@ func shardStats(st Stats, n int, del bool) bool {
 // the first part of a dump): nftlisting.ServicePortsV4.
 func kernelElements(tb testing.TB, ns *netns.NS, name string) int {
 	tb.Helper()
-	out, _, err := ns.Exec(nil, "nft", "list", "table", "inet", TableName(name))
+	out, _, err := ns.Exec(nil, "nft", "list", "table", "ip", TableName(name))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -791,7 +791,7 @@ func TestKernelLargeBalanceMap(t *testing.T) {
 				if !affinity {
 					pattern = " : 10.200."
 				}
-				out, _, err := b.Node.Exec(nil, "nft", "list", "map", "inet", TableName("bigmap"), m)
+				out, _, err := b.Node.Exec(nil, "nft", "list", "map", objectFamily(m), TableName("bigmap"), m)
 				if err != nil {
 					t.Fatalf("%s: %v", when, err)
 				}

@@ -215,7 +215,7 @@ func (b *portBuilder) target(kind string, first []rule, eps []*model.Endpoint, v
 		}
 		rules = append(rules, balance)
 	}
-	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: rules})
+	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Family: b.family, Service: b.key, Rules: rules})
 	return verdict{Goto: name}
 }
 
@@ -236,7 +236,7 @@ func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Ve
 		first := []rule{markRule{Family: f}}
 		if iv == endpoints.Forward && clusterTarget.Goto != chainReject && slices.Equal(external, internal) {
 			name := serviceChainName("ext", f, b.key, b.port)
-			b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: append(first, balanceRule{Targets: []string{clusterTarget.Goto}})})
+			b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Family: b.family, Service: b.key, Rules: append(first, balanceRule{Targets: []string{clusterTarget.Goto}})})
 			return verdict{Goto: name}, false
 		}
 		return b.target("ext", first, external, ev), false
@@ -271,7 +271,7 @@ func (b *portBuilder) externalTarget(external []*model.Endpoint, ev endpoints.Ve
 		return verdict{}, false
 	}
 	name := serviceChainName("ext", f, b.key, b.port)
-	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: first})
+	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Family: b.family, Service: b.key, Rules: first})
 	return verdict{Goto: name}, true
 }
 
@@ -326,7 +326,7 @@ func (b *portBuilder) endpointChain(to netip.AddrPort) (string, string) {
 	if !b.epChains[name] {
 		b.epChains[name] = true
 		b.objs.Sets = append(b.objs.Sets, &namedSet{Name: set, Family: b.family, Timeout: timeout, Service: b.key})
-		b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: []rule{
+		b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Family: b.family, Service: b.key, Rules: []rule{
 			affinityUpdateRule{Family: b.family, Set: set},
 			dnatRule{Proto: b.port.Protocol, To: to},
 		}})
@@ -396,7 +396,7 @@ func (b *portBuilder) firewall(lbIPs []string, allowed []netip.Prefix) {
 		}
 	}
 	rules = append(rules, dropRule{})
-	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Service: b.key, Rules: rules})
+	b.objs.Chains = append(b.objs.Chains, &regularChain{Name: name, Family: b.family, Service: b.key, Rules: rules})
 	b.elements(mapFirewall(b.family), mapFirewall(b.family), "loadBalancer ingress IPs", lbIPs, 0, verdict{Goto: name}, endpoints.Forward)
 }
 

@@ -40,7 +40,7 @@ func TestKernelSetCapacity(t *testing.T) {
 	expect("1,500 endpoints: over the capacity", true, 4096, 1500)
 	set(150, 151)
 	expect("1,510 endpoints", false, 4096, 1510)
-	out, _, err := b.Node.Exec(nil, "nft", "list", "set", "inet", TableName("capacity"), "cluster-ips-v4")
+	out, _, err := b.Node.Exec(nil, "nft", "list", "set", "ip", TableName("capacity"), "cluster-ips-v4")
 	if err != nil || !strings.Contains(out, "\tsize 1024\n") {
 		t.Errorf("cluster-ips-v4 (151 addresses): %v\n%s", err, out)
 	}
@@ -80,7 +80,7 @@ func syncSized(t *testing.T, b *netns.BlogTopology, s *testSink, when string, fu
 	if r := s.sync(); r.Full != full {
 		t.Errorf("%s: full sync %v, want %v", when, r.Full, full)
 	}
-	out, _, err := b.Node.Exec(nil, "nft", "list", kind, "inet", s.nft.table, name)
+	out, _, err := b.Node.Exec(nil, "nft", "list", kind, objectFamily(name), s.nft.table, name)
 	if err != nil {
 		t.Fatalf("%s: %v", when, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
@@ -22,16 +23,16 @@ const DefaultCheckPeriod = 10 * time.Second
 // first, are looked at every time.
 const checkChains = 64
 
-// Check looks for changes made to the table behind the applier's back,
-// since its last transaction: the table gone (nft delete table, nft flush
+// Check looks for changes made to the tables behind the applier's back,
+// since its last transaction: a table gone (nft delete table, nft flush
 // ruleset), a fixed chain (base, lookup, reject, masquerading, …: the
 // applier's fixed) gone or with another number of rules than the last
 // transaction writing it gave it
 // (nft flush table empties them all), or one of the regular chains given
-// gone or with another number of rules than want. It returns what it
+// (by family and name) gone or with another number of rules than want. It returns what it
 // found changed ("" when nothing), and an error when it could not look.
 // Elements of maps and sets are not checked.
-func (a *applier) Check(want map[string]int) (string, error) {
+func (a *applier) Check(want map[chainKey]int) (string, error) {
 	conn, err := a.readConn()
 	if err != nil {
 		return "", err
@@ -43,30 +44,41 @@ func (a *applier) Check(want map[string]int) (string, error) {
 	return drift, err
 }
 
-func (a *applier) check(conn *nftables.Conn, want map[string]int) (string, error) {
-	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return "", fmt.Errorf("list tables: %w", err)
+func (a *applier) check(conn *nftables.Conn, want map[chainKey]int) (string, error) {
+	for _, tb := range a.tables {
+		tables, err := conn.ListTablesOfFamily(tb.Family)
+		if err != nil {
+			return "", fmt.Errorf("list tables: %w", err)
+		}
+		if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == tb.Name }) {
+			return fmt.Sprintf("table %s %s is gone", tableFamily(tb).info().nft, tb.Name), nil
+		}
 	}
-	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == a.table.Name }) {
-		return fmt.Sprintf("table inet %s is gone", a.table.Name), nil
-	}
-	for _, chains := range []map[string]int{a.fixed, want} {
-		for _, name := range slices.Sorted(maps.Keys(chains)) {
+	for _, chains := range []map[chainKey]int{a.fixed, want} {
+		for _, k := range slices.SortedFunc(maps.Keys(chains), compareChainKeys) {
 			// The kernel lists no rule for a chain that is gone.
-			rules, err := conn.GetRules(a.table, &nftables.Chain{Name: name, Table: a.table})
+			tb := a.tables[k.family]
+			rules, err := conn.GetRules(tb, &nftables.Chain{Name: k.name, Table: tb})
 			if err != nil {
-				return "", fmt.Errorf("list the rules of chain %s: %w", name, err)
+				return "", fmt.Errorf("list the rules of chain %s %s: %w", k.family.info().nft, k.name, err)
 			}
 			switch n := len(rules); {
 			case n == 0:
-				return fmt.Sprintf("chain %s was flushed or deleted (no rules instead of %d)", name, chains[name]), nil
-			case n != chains[name]:
-				return fmt.Sprintf("chain %s has %d rules instead of %d", name, n, chains[name]), nil
+				return fmt.Sprintf("chain %s of table %s was flushed or deleted (no rules instead of %d)", k.name, k.family.info().nft, chains[k]), nil
+			case n != chains[k]:
+				return fmt.Sprintf("chain %s of table %s has %d rules instead of %d", k.name, k.family.info().nft, n, chains[k]), nil
 			}
 		}
 	}
 	return "", nil
+}
+
+// compareChainKeys orders chains by family, then name.
+func compareChainKeys(a, b chainKey) int {
+	if a.family != b.family {
+		return int(a.family) - int(b.family)
+	}
+	return strings.Compare(a.name, b.name)
 }
 
 // check checks the table once, between rounds, and rewrites it whole when
@@ -101,8 +113,8 @@ func (s *Sink) check() {
 
 // nextChecked returns the next checkChains regular chains to check, in
 // turn, with their numbers of rules.
-func (s *Sink) nextChecked() map[string]int {
-	want := map[string]int{}
+func (s *Sink) nextChecked() map[chainKey]int {
+	want := map[chainKey]int{}
 	for range checkChains {
 		if s.checkPos >= len(s.checkOrder) {
 			s.checkOrder, s.checkPos = s.tracker.ChainNames(), 0
@@ -112,8 +124,8 @@ func (s *Sink) nextChecked() map[string]int {
 		}
 		name := s.checkOrder[s.checkPos]
 		s.checkPos++
-		if n, ok := s.tracker.RuleCount(name); ok {
-			want[name] = n
+		if k, n, ok := s.tracker.RuleCount(name); ok {
+			want[k] = n
 		}
 		if len(want) >= len(s.checkOrder) {
 			break

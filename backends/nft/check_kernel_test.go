@@ -73,15 +73,17 @@ func TestKernelTableRepaired(t *testing.T) {
 		t.Fatalf("the state has no service chain (%q) or endpoint chain (%q) to tamper with", svcChain, epChain)
 	}
 	for _, tc := range []struct{ what, script string }{
-		{"delete the table", "delete table inet " + table},
-		{"flush the table", "flush table inet " + table},
+		{"delete the table", "delete table ip " + table},
+		{"flush the table", "flush table ip " + table},
 		{"flush the ruleset", "flush ruleset"},
-		{"flush a base chain", "flush chain inet " + table + " " + chainNATPrerouting},
-		{"flush the lookup chain", "flush chain inet " + table + " " + chainServices},
-		{"flush the masquerading chain", "flush chain inet " + table + " " + chainMasquerading},
-		{"flush a service chain", "flush chain inet " + table + " " + svcChain},
-		{"flush an endpoint chain", "flush chain inet " + table + " " + epChain},
-		{"delete a base chain", "delete chain inet " + table + " " + chainNATOutput},
+		{"flush a base chain", "flush chain ip " + table + " " + chainNATPrerouting},
+		{"flush the lookup chain", "flush chain ip " + table + " " + chainServices},
+		{"flush the masquerading chain", "flush chain ip " + table + " " + chainMasquerading},
+		{"flush a service chain", "flush chain ip " + table + " " + svcChain},
+		{"flush an endpoint chain", "flush chain ip " + table + " " + epChain},
+		{"delete a base chain", "delete chain ip " + table + " " + chainNATOutput},
+		{"delete the ip6 table", "delete table ip6 " + table},
+		{"flush the ip6 lookup chain", "flush chain ip6 " + table + " " + chainServices},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			// Between the tampering, the check changes nothing.

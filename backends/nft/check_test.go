@@ -29,21 +29,21 @@ func TestCheckedChainsTakeTurns(t *testing.T) {
 	if len(all) < 2*checkChains {
 		t.Fatalf("%d chains, want more than twice checkChains", len(all))
 	}
-	seen := map[string]int{}
+	seen := map[chainKey]int{}
 	for range (len(all) + checkChains - 1) / checkChains {
 		batch := s.nextChecked()
 		if len(batch) > checkChains {
 			t.Fatalf("%d chains in one check, want at most %d", len(batch), checkChains)
 		}
-		for name, n := range batch {
-			if want, _ := s.tracker.RuleCount(name); n != want || n == 0 {
-				t.Errorf("chain %s: %d rules expected, the tracker has %d", name, n, want)
+		for k, n := range batch {
+			if _, want, _ := s.tracker.RuleCount(k.name); n != want || n == 0 {
+				t.Errorf("chain %s: %d rules expected, the tracker has %d", k.name, n, want)
 			}
-			seen[name]++
+			seen[k]++
 		}
 	}
 	for _, name := range all {
-		if seen[name] == 0 {
+		if k, _, _ := s.tracker.RuleCount(name); seen[k] == 0 {
 			t.Errorf("chain %s not checked in one turn", name)
 		}
 	}

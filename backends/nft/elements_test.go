@@ -185,7 +185,7 @@ func relayConn(t *testing.T) (*nftables.Conn, *relay, *[]netlink.Message) {
 // deletions, with a message of google/nftables' own in between.
 func TestElementsThroughRelay(t *testing.T) {
 	conn, r, sent := relayConn(t)
-	tx := &txn{table: &nftables.Table{Name: "kpng-unit", Family: nftables.TableFamilyINet}, conn: conn, relay: r}
+	tx := &txn{tables: familyTables("kpng-unit"), conn: conn, relay: r}
 	r.begin()
 	cases := elementCases()
 	var want []netlink.Message
@@ -345,7 +345,7 @@ func TestBlockElementsAsListed(t *testing.T) {
 	}
 	send := func(add func(tx *txn) error) []netlink.Message {
 		conn, r, sent := relayConn(t)
-		tx := &txn{table: &nftables.Table{Name: "kpng-unit", Family: nftables.TableFamilyINet}, conn: conn, relay: r, sets: map[string]*nftables.Set{}}
+		tx := &txn{tables: familyTables("kpng-unit"), conn: conn, relay: r, sets: map[string]*nftables.Set{}}
 		r.begin()
 		if err := add(tx); err != nil {
 			t.Fatal(err)

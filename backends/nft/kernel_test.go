@@ -308,13 +308,19 @@ func spread(t *testing.T, from *netns.NS, network string, dst netip.AddrPort, n 
 	return counts
 }
 
+// nftList returns the listing of the tables named table in ns: its ip
+// table, then its ip6 table.
 func nftList(t *testing.T, ns *netns.NS, table string) string {
 	t.Helper()
-	out, _, err := ns.Exec(nil, "nft", "list", "table", "inet", table)
-	if err != nil {
-		t.Fatalf("nft list table: %v", err)
+	var b strings.Builder
+	for _, family := range []string{"ip", "ip6"} {
+		out, _, err := ns.Exec(nil, "nft", "list", "table", family, table)
+		if err != nil {
+			t.Fatalf("nft list table %s %s: %v", family, table, err)
+		}
+		b.WriteString(out)
 	}
-	return out
+	return b.String()
 }
 
 func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
@@ -467,8 +473,8 @@ func TestKernelExternalIPsAndRestart(t *testing.T) {
 	restartSink(t, b, first, "ext", state)
 	check("restarted proxier")
 	out := b.Node.MustExec("nft", "list", "tables")
-	if n := strings.Count(out, "table inet kpng-ext"); n != 1 {
-		t.Errorf("%d tables kpng-ext after the restart, want 1:\n%s", n, out)
+	if n := strings.Count(out, "kpng-ext\n"); n != 2 || !strings.Contains(out, "table ip kpng-ext\n") || !strings.Contains(out, "table ip6 kpng-ext\n") {
+		t.Errorf("%d tables kpng-ext after the restart, want 2 (ip and ip6):\n%s", n, out)
 	}
 }
 
@@ -577,7 +583,7 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	web := webService()
 	s.setAll(&model.ServiceEndpoints{Service: web, Endpoints: podEndpoints(netns.PodID)})
 	s.sync()
-	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
+	deleteTables(b.Node, "kpng-recover")
 	s.checker.TakeCalls()
 
 	e := podEndpoints(netns.Pod2ID)[0]
@@ -637,7 +643,7 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 
 	// A failure again, repaired by the next round before the retry: that
 	// round's Sync is full, with both rounds' changes.
-	b.Node.MustExec("nft", "delete", "table", "inet", "kpng-recover")
+	deleteTables(b.Node, "kpng-recover")
 	s.deleteEndpoint(web.Key(), e.Key())
 	if err := s.trySync(); err == nil {
 		t.Fatalf("Sync on a missing table succeeded")
@@ -652,13 +658,40 @@ func TestKernelRecoversFromRejectedTransaction(t *testing.T) {
 	}
 }
 
-// TestKernelCleanup checks that Cleanup removes the table and is
-// harmless when there is none.
+// objectFamily returns the family of the table holding the set, map or
+// chain name, as nft names it: "ip6" for an IPv6 object (its name has "v6"
+// or a kind ending in 6: "bal6-…", "svc6-…"), else "ip".
+func objectFamily(name string) string {
+	kind, _, _ := strings.Cut(name, "-")
+	if strings.Contains(name, "-v6") || strings.HasSuffix(kind, "6") {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// deleteTables deletes the ip and ip6 tables named table in ns.
+func deleteTables(ns *netns.NS, table string) {
+	ns.MustExec("nft", "delete", "table", "ip", table)
+	ns.MustExec("nft", "delete", "table", "ip6", table)
+}
+
+// TestKernelCleanup checks that the first sync removes the inet table an
+// earlier version of kpng left (its base chain hooked), that Cleanup
+// removes the ip and ip6 tables and a left inet one, and that it is
+// harmless when there are none.
 func TestKernelCleanup(t *testing.T) {
 	netns.RequirePrivileged(t)
 	netns.RequireCommands(t, "nft")
 	n := netns.New(t, "node")
 	conn := connIn(t, n)
+	addLegacy := func() {
+		t.Helper()
+		legacy := "add table inet kpng-clean\nadd chain inet kpng-clean filter-output { type filter hook output priority -10; }\n"
+		if _, stderr, err := n.Exec([]byte(legacy), "nft", "-f", "-"); err != nil {
+			t.Fatalf("the inet table of an earlier version: %v: %s", err, stderr)
+		}
+	}
+	addLegacy()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s, err := New(ctx, Config{ServiceProxyName: "clean", Conn: conn, Conntrack: conntrackIn(t, n)})
@@ -671,9 +704,11 @@ func TestKernelCleanup(t *testing.T) {
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if out := n.MustExec("nft", "list", "tables"); !strings.Contains(out, "table inet kpng-clean") {
-		t.Fatalf("no table after a sync:\n%s", out)
+	if out := n.MustExec("nft", "list", "tables"); !strings.Contains(out, "table ip kpng-clean\n") || !strings.Contains(out, "table ip6 kpng-clean\n") || strings.Contains(out, "inet") {
+		t.Fatalf("after a sync, want the ip and ip6 tables and the inet one gone:\n%s", out)
 	}
+	// The earlier version's table, added again: Cleanup removes it too.
+	addLegacy()
 	// As --cleanup, after kpng stopped (a running sink's monitor would
 	// write the table again).
 	cancel()

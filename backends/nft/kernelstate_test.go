@@ -49,12 +49,34 @@ type kernelTable struct {
 	Unused []string
 }
 
-// readKernelTable reads the inet table named table over conn; nil when
-// there is none.
+// readKernelTable reads the tables named table (ip and ip6) over conn;
+// nil when there is neither. Chains are named with their table's family
+// ("ip services"), sets and maps by their names (each family's have its
+// suffix).
 func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
-	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	kt := &kernelTable{Chains: map[string][]string{}, Sets: map[string][]string{}}
+	found := false
+	for _, f := range []ipFamily{ipv4, ipv6} {
+		ok, err := readFamilyTable(conn, f, table, kt)
+		if err != nil {
+			return nil, err
+		}
+		found = found || ok
+	}
+	if !found {
+		return nil, nil
+	}
+	sort.Strings(kt.EndpointMaps)
+	sort.Strings(kt.Unused)
+	return kt, nil
+}
+
+// readFamilyTable reads family f's table named table into kt, and
+// reports whether there is one.
+func readFamilyTable(conn *nftables.Conn, f ipFamily, table string, kt *kernelTable) (bool, error) {
+	tables, err := conn.ListTablesOfFamily(f.nl().table)
 	if err != nil {
-		return nil, fmt.Errorf("list tables: %w", err)
+		return false, fmt.Errorf("list tables: %w", err)
 	}
 	var t *nftables.Table
 	for _, tt := range tables {
@@ -63,21 +85,20 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 		}
 	}
 	if t == nil {
-		return nil, nil
+		return false, nil
 	}
-	kt := &kernelTable{Chains: map[string][]string{}, Sets: map[string][]string{}}
 
 	// Endpoint maps first: the rules drawing from them show their slot's
 	// intervals.
 	sets, err := conn.GetSets(t)
 	if err != nil {
-		return nil, fmt.Errorf("list sets of %s: %w", table, err)
+		return false, fmt.Errorf("list sets of %s: %w", table, err)
 	}
 	slotsOf := map[string]map[uint32][]string{} // endpoint map → slot → intervals
 	for _, s := range sets {
 		els, err := conn.GetSetElements(s)
 		if err != nil {
-			return nil, fmt.Errorf("list elements of %s: %w", s.Name, err)
+			return false, fmt.Errorf("list elements of %s: %w", s.Name, err)
 		}
 		decl := setDecl(s)
 		if strings.HasPrefix(s.Name, "endpoints-v") {
@@ -86,7 +107,7 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 			}
 			bySlot, err := endpointIntervals(s, els)
 			if err != nil {
-				return nil, fmt.Errorf("endpoint map %s: %w", s.Name, err)
+				return false, fmt.Errorf("endpoint map %s: %w", s.Name, err)
 			}
 			slotsOf[s.Name] = bySlot
 			continue
@@ -116,11 +137,9 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 		}
 		kt.Sets[s.Name] = append([]string{decl}, lines...)
 	}
-	sort.Strings(kt.EndpointMaps)
-
-	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	chains, err := conn.ListChainsOfTableFamily(f.nl().table)
 	if err != nil {
-		return nil, fmt.Errorf("list chains: %w", err)
+		return false, fmt.Errorf("list chains: %w", err)
 	}
 	used := map[string]map[uint32]bool{}
 	for _, c := range chains {
@@ -129,7 +148,7 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 		}
 		rules, err := conn.GetRules(t, c)
 		if err != nil {
-			return nil, fmt.Errorf("list rules of chain %s: %w", c.Name, err)
+			return false, fmt.Errorf("list rules of chain %s: %w", c.Name, err)
 		}
 		lines := []string{chainDecl(c)}
 		for _, r := range rules {
@@ -148,7 +167,7 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 			}
 			lines = append(lines, text)
 		}
-		kt.Chains[c.Name] = lines
+		kt.Chains[f.info().nft+" "+c.Name] = lines
 	}
 	for m, bySlot := range slotsOf {
 		for slot, intervals := range bySlot {
@@ -157,8 +176,7 @@ func readKernelTable(conn *nftables.Conn, table string) (*kernelTable, error) {
 			}
 		}
 	}
-	sort.Strings(kt.Unused)
-	return kt, nil
+	return true, nil
 }
 
 // chainDecl is a chain's declaration: base chains with their type, hook,

@@ -251,7 +251,14 @@ const maxNameLen = 255
 // chain name: 8 characters, 40 bits.
 const hashLen = 8
 
-// TableName returns the name of the table of the proxier named
+// chainKey identifies a chain: its family's table and its name (the
+// fixed chains have the same names in both tables).
+type chainKey struct {
+	family ipFamily
+	name   string
+}
+
+// TableName returns the name of the tables of the proxier named
 // serviceProxyName: "kpng-<serviceProxyName>", or "kpng" for an empty name
 // (the proxier of the services without a service-proxy-name label).
 func TableName(serviceProxyName string) string {

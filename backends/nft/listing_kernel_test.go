@@ -82,12 +82,12 @@ type listedObject struct {
 
 var spaces = regexp.MustCompile(`\s+`)
 
-// parseListing parses a table in nft syntax (Text, or nft list table)
-// into its objects by kind and name ("chain services", "map
-// service-ips-v4").
+// parseListing parses tables in nft syntax (Text, or nft list table)
+// into their objects by table family, kind and name ("ip chain services",
+// "ip map service-ips-v4").
 func parseListing(text string) (map[string]*listedObject, error) {
 	objs := map[string]*listedObject{}
-	var name string
+	var name, family string
 	var cur *listedObject
 	var elements *strings.Builder // while inside "elements = { ... }"
 	for i, line := range strings.Split(text, "\n") {
@@ -100,7 +100,9 @@ func parseListing(text string) (map[string]*listedObject, error) {
 				cur.Elements = splitElements(elements.String())
 				elements = nil
 			}
-		case strings.HasPrefix(line, "table "), line == "}" && cur == nil:
+		case strings.HasPrefix(line, "table "):
+			family = strings.Fields(line)[1]
+		case line == "}" && cur == nil:
 		case line == "}":
 			cur = nil
 		case cur == nil:
@@ -108,7 +110,7 @@ func parseListing(text string) (map[string]*listedObject, error) {
 			if (kind != "chain" && kind != "set" && kind != "map") || !strings.HasSuffix(rest, " {") {
 				return nil, fmt.Errorf("line %d: %q: not a chain, set or map", i+1, line)
 			}
-			name = kind + " " + strings.TrimSuffix(rest, " {")
+			name = family + " " + kind + " " + strings.TrimSuffix(rest, " {")
 			if objs[name] != nil {
 				return nil, fmt.Errorf("line %d: %s twice", i+1, name)
 			}
@@ -121,7 +123,7 @@ func parseListing(text string) (map[string]*listedObject, error) {
 				cur.Elements = splitElements(elements.String())
 				elements = nil
 			}
-		case strings.HasPrefix(name, "chain ") && !strings.HasPrefix(line, "type "):
+		case strings.Contains(name, " chain ") && !strings.HasPrefix(line, "type "):
 			cur.Rules = append(cur.Rules, line)
 		default:
 			cur.Decl = append(cur.Decl, line)

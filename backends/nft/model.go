@@ -132,16 +132,19 @@ func (e mapElement) text() string {
 	return fmt.Sprintf("%s comment %q : %s", e.Key, e.Comment(), e.Verdict)
 }
 
-// regularChain is a regular (non-base) chain of the table, owned by one service.
+// regularChain is a regular (non-base) chain of its family's table,
+// owned by one service (or a shard's chain).
 type regularChain struct {
 	Name    string
+	Family  ipFamily
 	Service model.ServiceKey
 	Rules   []rule
 }
 
-// equalChains reports whether two chains have the same name and rules.
+// equalChains reports whether two chains have the same name, family and
+// rules.
 func equalChains(a, b *regularChain) bool {
-	return a.Name == b.Name && slices.EqualFunc(a.Rules, b.Rules, func(x, y rule) bool { return x.String() == y.String() })
+	return a.Name == b.Name && a.Family == b.Family && slices.EqualFunc(a.Rules, b.Rules, func(x, y rule) bool { return x.String() == y.String() })
 }
 
 // rule is one rule of a service, endpoint or firewall chain (balanceRule,
@@ -172,7 +175,9 @@ func (r balanceRule) String() string {
 }
 
 // dnatRule rewrites the destination of a packet of protocol Proto to To:
-// "meta l4proto tcp dnat ip to 10.1.2.3:8080".
+// "meta l4proto tcp dnat to 10.1.2.3:8080" (nft names no family for an
+// address in a table of one family; it does for a map's, "dnat ip to …
+// map": dnatMapRule).
 type dnatRule struct {
 	Proto model.Protocol
 	To    netip.AddrPort
@@ -180,10 +185,11 @@ type dnatRule struct {
 
 // String implements rule.
 func (r dnatRule) String() string {
-	return fmt.Sprintf("meta l4proto %s dnat %s to %s", protoName(r.Proto), familyOf(r.To.Addr()).info().nft, r.To)
+	return fmt.Sprintf("meta l4proto %s dnat to %s", protoName(r.Proto), r.To)
 }
 
-// ruleset is the desired content of the table: its regular chains, named
+// ruleset is the desired content of the tables (one per family: tables):
+// their regular chains, named
 // sets and map elements (the base chains, the lookup chains, the reject and
 // masquerade chains and the maps themselves are fixed: see Text), sorted by
 // name and by map and key.

@@ -88,35 +88,41 @@ func TestKernelMonitorRepairs(t *testing.T) {
 		script, change func(table, svc, ep string) string
 	}{
 		{"delete the table",
-			func(tb, _, _ string) string { return "delete table inet " + tb },
-			func(tb, _, _ string) string { return "delete table inet " + tb }},
+			func(tb, _, _ string) string { return "delete table ip " + tb },
+			func(tb, _, _ string) string { return "delete table ip " + tb }},
 		{"flush the table",
-			func(tb, _, _ string) string { return "flush table inet " + tb },
-			func(tb, _, _ string) string { return "delete rule inet " + tb }},
+			func(tb, _, _ string) string { return "flush table ip " + tb },
+			func(tb, _, _ string) string { return "delete rule ip " + tb }},
 		{"flush the ruleset",
 			func(_, _, _ string) string { return "flush ruleset" },
-			func(tb, _, _ string) string { return "delete table inet " + tb }},
+			func(tb, _, _ string) string { return "delete rule ip " + tb }},
 		{"delete a base chain",
-			func(tb, _, _ string) string { return "delete chain inet " + tb + " " + chainNATOutput },
-			func(tb, _, _ string) string { return "delete chain inet " + tb + " " + chainNATOutput }},
+			func(tb, _, _ string) string { return "delete chain ip " + tb + " " + chainNATOutput },
+			func(tb, _, _ string) string { return "delete chain ip " + tb + " " + chainNATOutput }},
 		{"flush a base chain",
-			func(tb, _, _ string) string { return "flush chain inet " + tb + " " + chainNATPrerouting },
-			func(tb, _, _ string) string { return "delete rule inet " + tb + " " + chainNATPrerouting }},
+			func(tb, _, _ string) string { return "flush chain ip " + tb + " " + chainNATPrerouting },
+			func(tb, _, _ string) string { return "delete rule ip " + tb + " " + chainNATPrerouting }},
 		{"flush the lookup chain",
-			func(tb, _, _ string) string { return "flush chain inet " + tb + " " + chainServices },
-			func(tb, _, _ string) string { return "delete rule inet " + tb + " " + chainServices }},
+			func(tb, _, _ string) string { return "flush chain ip " + tb + " " + chainServices },
+			func(tb, _, _ string) string { return "delete rule ip " + tb + " " + chainServices }},
 		{"flush a service chain",
-			func(tb, svc, _ string) string { return "flush chain inet " + tb + " " + svc },
-			func(tb, svc, _ string) string { return "delete rule inet " + tb + " " + svc }},
+			func(tb, svc, _ string) string { return "flush chain ip " + tb + " " + svc },
+			func(tb, svc, _ string) string { return "delete rule ip " + tb + " " + svc }},
 		{"flush an endpoint chain",
-			func(tb, _, ep string) string { return "flush chain inet " + tb + " " + ep },
-			func(tb, _, ep string) string { return "delete rule inet " + tb + " " + ep }},
+			func(tb, _, ep string) string { return "flush chain ip " + tb + " " + ep },
+			func(tb, _, ep string) string { return "delete rule ip " + tb + " " + ep }},
 		{"add a rule",
-			func(tb, _, _ string) string { return "add rule inet " + tb + " " + chainNATPrerouting + " accept" },
-			func(tb, _, _ string) string { return "add rule inet " + tb + " " + chainNATPrerouting }},
+			func(tb, _, _ string) string { return "add rule ip " + tb + " " + chainNATPrerouting + " accept" },
+			func(tb, _, _ string) string { return "add rule ip " + tb + " " + chainNATPrerouting }},
 		{"flush a map",
-			func(tb, _, _ string) string { return "flush map inet " + tb + " " + mapServices(ipv4) },
-			func(tb, _, _ string) string { return "delete element inet " + tb }},
+			func(tb, _, _ string) string { return "flush map ip " + tb + " " + mapServices(ipv4) },
+			func(tb, _, _ string) string { return "delete element ip " + tb }},
+		{"delete the ip6 table",
+			func(tb, _, _ string) string { return "delete table ip6 " + tb },
+			func(tb, _, _ string) string { return "delete table ip6 " + tb }},
+		{"flush the ip6 lookup chain",
+			func(tb, _, _ string) string { return "flush chain ip6 " + tb + " " + chainServices },
+			func(tb, _, _ string) string { return "delete rule ip6 " + tb + " " + chainServices }},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			// A sink of its own: a repair of the previous change does
@@ -278,7 +284,7 @@ func TestKernelMonitorLostNotifications(t *testing.T) {
 	table := TableName(name)
 	_, results, _, want, svcChain := lossySink(t, ns, name)
 	newConn := connIn(t, ns)
-	script := "flush chain inet " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
+	script := "flush chain ip " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
 	if _, stderr, err := ns.Exec([]byte(script), "nft", "-f", "-"); err != nil {
 		t.Fatalf("nft -f: %v: %s", err, stderr)
 	}
@@ -351,7 +357,7 @@ func TestKernelMonitorLostInRound(t *testing.T) {
 	s.Update(state[0].Service.Key(), state[0], state[0])
 	// The monitor may take the loss in before nft has returned.
 	flushing.Store(true)
-	script := "flush chain inet " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
+	script := "flush chain ip " + table + " " + svcChain + "\n" + bulkScript("bulk", bulkRules)
 	if _, stderr, err := ns.Exec([]byte(script), "nft", "-f", "-"); err != nil {
 		t.Fatalf("nft -f: %v: %s", err, stderr)
 	}
@@ -429,7 +435,7 @@ func TestKernelMonitorMuted(t *testing.T) {
 	if svcChain == "" {
 		t.Fatal("the state has no service chain to flush")
 	}
-	flush := []byte("flush chain inet " + table + " " + svcChain + "\n")
+	flush := []byte("flush chain ip " + table + " " + svcChain + "\n")
 	// awaitRepair waits for a successful full repair saying want, and
 	// then for the table to be want's.
 	awaitRepair := func(what, say string, want *kernelTable) {
@@ -472,7 +478,7 @@ func TestKernelMonitorMuted(t *testing.T) {
 	if _, stderr, err := ns.Exec(flush, "nft", "-f", "-"); err != nil {
 		t.Fatalf("nft -f: %v: %s", err, stderr)
 	}
-	awaitRepair("a chain flushed after the muted first sync", "delete rule inet "+table+" "+svcChain, want)
+	awaitRepair("a chain flushed after the muted first sync", "delete rule ip "+table+" "+svcChain, want)
 
 	// The round; the flush comes before the sink reads the kernel's
 	// answer to it.

@@ -40,8 +40,9 @@ func (o *ownPorts) has(id uint32) bool {
 
 // startMonitor starts the sink's nftables monitor (backends/nfmonitor) in
 // the namespace of its connections (netNS, a file descriptor; 0: the
-// current one): a transaction of someone else's that changes the sink's
-// table (or deletes it) is repaired at once by rewriting the table whole.
+// current one): a transaction of someone else's that changes one of the
+// sink's tables (or deletes it) is repaired at once by rewriting the
+// tables whole.
 // The applier's large transactions are sent with the monitor muted
 // (applier.mute): a change another program makes meanwhile is found by
 // the check of every chain (checkAll) only.
@@ -49,7 +50,7 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 	m, err := nfmonitor.Start(ctx, nfmonitor.Config{
 		NetNS: netNS,
 		Watch: func(c nfmonitor.Change, _ []byte) bool {
-			return c.Family == unix.NFPROTO_INET && c.Table == s.table
+			return (c.Family == unix.NFPROTO_IPV4 || c.Family == unix.NFPROTO_IPV6) && c.Table == s.table
 		},
 		Own:           func(b nfmonitor.Batch) bool { return s.own.has(b.PortID) },
 		Repair:        func(why string, _ []nfmonitor.Batch) { s.repair(why) },
@@ -110,10 +111,10 @@ func (s *Sink) checkAllLocked() {
 	if !s.applied || s.needFull || s.ctx.Err() != nil {
 		return // nothing to check, or a full sync is coming anyway
 	}
-	want := map[string]int{}
+	want := map[chainKey]int{}
 	for _, name := range s.tracker.ChainNames() {
-		if n, ok := s.tracker.RuleCount(name); ok {
-			want[name] = n
+		if k, n, ok := s.tracker.RuleCount(name); ok {
+			want[k] = n
 		}
 	}
 	drift, err := s.applier.Check(want)

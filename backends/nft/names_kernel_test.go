@@ -61,8 +61,8 @@ func TestKernelHostileNamesListingLoads(t *testing.T) {
 	if _, stderr, err := dst.Exec([]byte(listing), "nft", "-f", "-"); err != nil {
 		t.Fatalf("nft -f of the listing: %v\n%s\nlisting:\n%s", err, stderr, listing)
 	}
-	if out, _, err := dst.Exec(nil, "nft", "list", "tables"); err != nil || strings.TrimSpace(out) != "table inet "+table {
-		t.Errorf("tables after loading the listing: %q (%v), want only inet %s", out, err, table)
+	if out, _, err := dst.Exec(nil, "nft", "list", "tables"); err != nil || strings.TrimSpace(out) != "table ip "+table+"\ntable ip6 "+table {
+		t.Errorf("tables after loading the listing: %q (%v), want only ip and ip6 %s", out, err, table)
 	}
 	again := nftList(t, dst, table)
 	want, err := parseListing(listing)

@@ -90,13 +90,13 @@ func endpointMapElements(e endpointElement, comment string, del bool) [2]nftable
 	return [2]nftables.SetElement{start, end}
 }
 
-// hairpinExprs returns, for the masquerading chain, "meta nfproto ipvX ct
-// status dnat ip saddr . ip daddr @hairpin-vX masquerade fully-random": a
-// pod that reached itself through a service.
+// hairpinExprs returns, for the masquerading chain of family f's table,
+// "ct status dnat ip saddr . ip daddr @hairpin-vX masquerade
+// fully-random": a pod that reached itself through a service.
 func hairpinExprs(f ipFamily, set *nftables.Set) []expr.Any {
 	fi := f.info()
 	src, dst, alen, rdst := fi.saddr, fi.daddr, fi.addrLen, f.nl().regHairpinDst
-	exprs := append(nfprotoExprs(f),
+	exprs := append([]expr.Any(nil),
 		&expr.Ct{Key: expr.CtKeySTATUS, Register: reg1},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
@@ -184,17 +184,17 @@ func verdictExpr(v verdict) *expr.Verdict {
 
 // lookupExprs returns the expressions of
 // "ip[6] daddr . meta l4proto . th dport vmap @m", for a node-port map
-// "meta nfproto ipvX [daddr in prefix] fib daddr type local [daddr not in
-// prefix] meta l4proto . th dport vmap @m" (nodePortMatchExprs), or for
-// one whose address match is in the chains its elements go to
-// (checkedAfter) "meta nfproto ipvX meta l4proto . th dport vmap @m".
+// "[daddr in prefix] fib daddr type local [daddr not in prefix] meta
+// l4proto . th dport vmap @m" (nodePortMatchExprs), or for one whose
+// address match is in the chains its elements go to (checkedAfter) "meta
+// l4proto . th dport vmap @m". A table holds one family: no rule matches
+// the family (meta nfproto), as in an inet table.
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	var exprs []expr.Any
 	switch {
 	case !k.nodePort:
 		exprs = lookupKeyExprs(f)
 	case k.checkedAfter:
-		exprs = nfprotoExprs(f)
 	default:
 		exprs = nodePortMatchExprs(f, npm)
 	}
@@ -206,22 +206,22 @@ func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []ex
 	return append(exprs, &expr.Lookup{SourceRegister: reg1, DestRegister: regVerdict, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})
 }
 
-// lookupKeyExprs returns "meta nfproto ipvX" and the loading of the key
+// lookupKeyExprs returns the loading of the key
 // (daddr . l4proto . dport) of the services maps and shard sets, from
 // register 1.
 func lookupKeyExprs(f ipFamily) []expr.Any {
 	fi := f.info()
-	return append(nfprotoExprs(f),
+	return []expr.Any{
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: fi.daddr, Len: fi.addrLen},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: f.nl().regL4},
-		&expr.Payload{DestRegister: f.nl().regDport, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		&expr.Payload{DestRegister: f.nl().regDport, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}}
 }
 
 // nodePortMatchExprs returns the expressions of the address match npm of
-// family f: "meta nfproto ipvX [daddr in prefix] fib daddr type local
-// [daddr not in prefix]" (nodePortMatchText).
+// family f: "[daddr in prefix] fib daddr type local [daddr not in
+// prefix]" (nodePortMatchText).
 func nodePortMatchExprs(f ipFamily, npm nodePortMatch) []expr.Any {
-	exprs := nfprotoExprs(f)
+	var exprs []expr.Any
 	if npm.Prefix.IsValid() {
 		exprs = append(exprs, addrMatchExprs(f, false, npm.Prefix, expr.CmpOpEq)...)
 	}
@@ -232,19 +232,6 @@ func nodePortMatchExprs(f ipFamily, npm nodePortMatch) []expr.Any {
 		exprs = append(exprs, addrMatchExprs(f, false, npm.NotPrefix, expr.CmpOpNeq)...)
 	}
 	return exprs
-}
-
-// nfprotoExprs returns "meta nfproto ipvX": the check of the family that
-// nft itself puts before a match on an address in an inet table, and
-// that lets `nft list` print the match as "ip saddr …" rather than as a
-// raw payload ("@nh,96,32 …"). Every rule matching an address starts
-// with it, also in the chains only one family's packets reach, so that the
-// kernel's listing reads as the rule's String.
-func nfprotoExprs(f ipFamily) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{f.nl().nfproto}},
-	}
 }
 
 // addrMatchExprs returns the expressions matching the source (or
@@ -316,9 +303,6 @@ func (r dnatMapRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
 
 func (r markRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 	var exprs []expr.Any
-	if r.Dst.IsValid() || len(r.Except) > 0 {
-		exprs = nfprotoExprs(r.Family)
-	}
 	if r.Dst.IsValid() {
 		exprs = append(exprs, addrMatchExprs(r.Family, false, netip.PrefixFrom(r.Dst, r.Dst.BitLen()), expr.CmpOpEq)...)
 	}
@@ -336,7 +320,7 @@ func (r sourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 		}
 	} else {
-		exprs = append(nfprotoExprs(r.Family), addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)...)
+		exprs = addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)
 	}
 	if r.Mark {
 		return append(exprs, markVerdict()), nil
@@ -345,8 +329,7 @@ func (r sourceRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 }
 
 func (r allowRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
-	exprs := append(nfprotoExprs(r.Family), addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq)...)
-	return append(exprs, &expr.Verdict{Kind: expr.VerdictReturn}), nil
+	return append(addrMatchExprs(r.Family, true, r.Prefix, expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictReturn}), nil
 }
 
 func (dropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
@@ -354,18 +337,18 @@ func (dropRule) exprs(map[string]*nftables.Set) ([]expr.Any, error) {
 }
 
 func (r affinityCheckRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
-	return append(nfprotoExprs(r.Family),
+	return []expr.Any{
 		saddrPayload(r.Family),
 		&expr.Lookup{SourceRegister: reg1, SetName: r.Set, SetID: setID(sets, r.Set)},
 		gotoVerdict(r.Goto),
-	), nil
+	}, nil
 }
 
 func (r affinityUpdateRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
-	return append(nfprotoExprs(r.Family),
+	return []expr.Any{
 		saddrPayload(r.Family),
 		&expr.Dynset{SrcRegKey: reg1, SetName: r.Set, SetID: setID(sets, r.Set), Operation: unix.NFT_DYNSET_OP_UPDATE},
-	), nil
+	}, nil
 }
 
 // saddrPayload loads the source address into register 1.
@@ -411,15 +394,16 @@ func setRef(t *nftables.Table, s *namedSet) *nftables.Set {
 	}
 }
 
-// rejectRules returns the rules of the reject chain.
-func rejectRules() [][]expr.Any {
+// rejectRules returns the rules of the reject chain of family f's table:
+// a TCP reset, else an ICMP (ICMPv6) port unreachable.
+func rejectRules(f ipFamily) [][]expr.Any {
 	return [][]expr.Any{
 		{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
 			&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
 		},
-		{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}},
+		{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: f.nl().portUnreachable}},
 	}
 }
 
@@ -495,18 +479,19 @@ func newConnJumpExprs(chain string) []expr.Any {
 	}
 }
 
-// daddrInSetExprs returns "meta nfproto ipvX ip[6] daddr @set" and then v:
-// the rules of the cluster-IP check.
+// daddrInSetExprs returns "ip[6] daddr @set" and then v: the rules of the
+// cluster-IP check.
 func daddrInSetExprs(f ipFamily, set *nftables.Set, v *expr.Verdict) []expr.Any {
 	fi := f.info()
-	return append(nfprotoExprs(f),
+	return []expr.Any{
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: fi.daddr, Len: fi.addrLen},
 		&expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID},
-		v)
+		v}
 }
 
-// clusterIPsCheckRules returns the rules of cluster-ips-check: new
-// connections to a cluster IP (in the cluster-ips sets clusterIPs) that
+// clusterIPsCheckRules returns the rules of cluster-ips-check in family
+// f's table: new connections to a cluster IP (in its cluster-ips set
+// clusterIPs) that
 // were not DNATed go to reject-chain, then those to the other addresses
 // of the service CIDRs are dropped, one rule per range: "ip[6] daddr
 // PREFIX drop", or "ip[6] daddr FROM-LAST drop" for a range that is no
@@ -515,16 +500,15 @@ func daddrInSetExprs(f ipFamily, set *nftables.Set, v *expr.Verdict) []expr.Any 
 // forward or output is checked, and the interval set's lookup (the
 // kernel's rbtree) was about 1% of its first packet. A change of the
 // service CIDRs rewrites the chain (rare: ServiceCIDR objects).
-func clusterIPsCheckRules(clusterIPs [2]*nftables.Set, cidrs []addrRange) [][]expr.Any {
-	var out [][]expr.Any
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		out = append(out, daddrInSetExprs(f, clusterIPs[f], &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject}))
-	}
+func clusterIPsCheckRules(f ipFamily, clusterIPs *nftables.Set, cidrs []addrRange) [][]expr.Any {
+	out := [][]expr.Any{daddrInSetExprs(f, clusterIPs, &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainReject})}
 	for _, r := range cidrs {
-		f := r.family()
-		exprs := nfprotoExprs(f)
+		if r.family() != f {
+			continue
+		}
+		var exprs []expr.Any
 		if p, ok := r.prefix(); ok {
-			exprs = append(exprs, addrMatchExprs(f, false, p, expr.CmpOpEq)...)
+			exprs = addrMatchExprs(f, false, p, expr.CmpOpEq)
 		} else {
 			exprs = append(exprs,
 				&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: f.info().daddr, Len: f.info().addrLen},
@@ -540,8 +524,12 @@ func clusterIPsCheckRules(clusterIPs [2]*nftables.Set, cidrs []addrRange) [][]ex
 type netlinkFamily struct {
 	// setType is the address type of sets and map keys.
 	setType nftables.SetDatatype
-	// nfproto is the meta nfproto of the family (NFPROTO_IPV4).
+	// table is the family of its table (TableFamilyIPv4).
+	table nftables.TableFamily
+	// nfproto is the family of its NAT statements (NFPROTO_IPV4).
 	nfproto byte
+	// portUnreachable is the ICMP (ICMPv6) code of a port unreachable.
+	portUnreachable uint8
 	// regL4 and regDport hold the protocol and port after an address in
 	// a service-map key (address . protocol . port); regHairpinDst the
 	// destination after the source in register 1 (hairpin key);
@@ -554,12 +542,14 @@ type netlinkFamily struct {
 // ipFamily.
 var netlinkFamilies = [2]netlinkFamily{
 	ipv4: {
-		setType: nftables.TypeIPAddr, nfproto: unix.NFPROTO_IPV4,
+		setType: nftables.TypeIPAddr, table: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4,
 		regL4: reg32v4L4, regDport: reg32v4Dp, regHairpinDst: reg32HairpinDstV4, regEndpointPort: reg32EndpointPortV4,
+		portUnreachable: 3, // ICMP_PORT_UNREACH
 	},
 	ipv6: {
-		setType: nftables.TypeIP6Addr, nfproto: unix.NFPROTO_IPV6,
+		setType: nftables.TypeIP6Addr, table: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6,
 		regL4: reg32v6L4, regDport: reg32v6Dp, regHairpinDst: reg32HairpinDstV6, regEndpointPort: reg32EndpointPortV6,
+		portUnreachable: 4, // ICMPV6_PORT_UNREACH
 	},
 }
 

@@ -65,7 +65,7 @@ func TestKernelRejectedTransactionAtomic(t *testing.T) {
 	// By hand: a rule jumping to the chain the round deletes (in a base
 	// chain: the round may write the services chain again, for a shard
 	// it adds or deletes).
-	if _, stderr, err := r.ns.Exec(nil, "nft", "add", "rule", "inet", r.table, chainNATPrerouting, "jump", deletedChain); err != nil {
+	if _, stderr, err := r.ns.Exec(nil, "nft", "add", "rule", "ip", r.table, chainNATPrerouting, "jump", deletedChain); err != nil {
 		t.Fatalf("nft add rule: %v: %s", err, stderr)
 	}
 	before := r.read(t)

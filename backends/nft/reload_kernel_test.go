@@ -83,9 +83,10 @@ func TestKernelListingReloads(t *testing.T) {
 	}
 }
 
-// kernelSetUserData returns the user data of each set of the inet table in the
-// namespace ns, by name (as hex), read with a netlink dump of the sets
-// (google/nftables does not read a set's user data).
+// kernelSetUserData returns the user data of each set of the tables named
+// table (of any family) in the namespace ns, by name (as hex), read with a
+// netlink dump of the sets (google/nftables does not read a set's user
+// data).
 func kernelSetUserData(t *testing.T, ns *netns.NS, table string) map[string]string {
 	t.Helper()
 	f, err := os.Open(ns.Path())
@@ -100,7 +101,7 @@ func kernelSetUserData(t *testing.T, ns *netns.NS, table string) map[string]stri
 	defer c.Close()
 	req := netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSET), Flags: netlink.Request | netlink.Dump},
-		Data:   []byte{unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0},
+		Data:   []byte{unix.NFPROTO_UNSPEC, unix.NFNETLINK_V0, 0, 0},
 	}
 	msgs, err := c.Execute(req)
 	if err != nil {
@@ -205,14 +206,20 @@ func (s *reloadingSink) Sync() error {
 	if err := s.fullSink.Sync(); err != nil {
 		return err
 	}
-	listing, _, err := s.scratch.Exec(nil, "nft", "list", "table", "inet", s.table)
-	if err != nil {
-		return fmt.Errorf("list the table: %w", err)
+	// One transaction: each table created if missing, deleted, loaded.
+	var script strings.Builder
+	var listing string
+	for _, family := range []string{"ip", "ip6"} {
+		out, _, err := s.scratch.Exec(nil, "nft", "list", "table", family, s.table)
+		if err != nil {
+			return fmt.Errorf("list the table %s %s: %w", family, s.table, err)
+		}
+		fmt.Fprintf(&script, "table %s %s\ndelete table %s %s\n", family, s.table, family, s.table)
+		listing += out
 	}
-	// One transaction: the table created if missing, deleted, loaded.
-	script := fmt.Sprintf("table inet %s\ndelete table inet %s\n%s", s.table, s.table, listing)
+	script.WriteString(listing)
 	cmd := exec.Command("ip", "netns", "exec", s.node, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(script)
+	cmd.Stdin = strings.NewReader(script.String())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

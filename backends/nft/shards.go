@@ -164,17 +164,12 @@ func (s shards) count() int { return bits.OnesCount64(s[ipv4]) + bits.OnesCount6
 // chain, behind the cluster-IP check.
 func (s shards) guarded(f ipFamily) bool { return bits.OnesCount64(s[f]) >= shardGuardMin }
 
-// sameServicesRules reports whether the services chain has the same
-// rules with the shards s and o: in each family, both behind the
+// sameServicesRules reports whether the services chain of family f's
+// table has the same rules with the shards s and o: both behind the
 // cluster-IP check (one jump, whatever the shards), or both not and the
 // same shards.
-func (s shards) sameServicesRules(o shards) bool {
-	for _, f := range []ipFamily{ipv4, ipv6} {
-		if s.guarded(f) != o.guarded(f) || (!s.guarded(f) && s[f] != o[f]) {
-			return false
-		}
-	}
-	return true
+func (s shards) sameServicesRules(f ipFamily, o shards) bool {
+	return s.guarded(f) == o.guarded(f) && (s.guarded(f) || s[f] == o[f])
 }
 
 // shardsChainName names the chain holding the shards' rules of family f
@@ -213,7 +208,7 @@ func shardChain(f ipFamily, n uint32, opts Options) *regularChain {
 	for _, p := range []model.Protocol{model.TCP, model.UDP, model.SCTP} {
 		rules = append(rules, shardDnatRule{Family: f, Proto: p, Map: shardMapName(f, n), Mod: n})
 	}
-	return &regularChain{Name: shardChainName(f, n), Rules: rules}
+	return &regularChain{Name: shardChainName(f, n), Family: f, Rules: rules}
 }
 
 // shardDnatRule DNATs a packet of protocol Proto to the endpoint its

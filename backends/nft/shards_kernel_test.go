@@ -104,7 +104,8 @@ func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when str
 	got := expectListingIsText(t, b, s, when)
 	var chains []string
 	for name := range got {
-		if c, ok := strings.CutPrefix(name, "chain shard"); ok && (strings.HasPrefix(c, "4-") || strings.HasPrefix(c, "6-")) {
+		_, obj, _ := strings.Cut(name, " ") // after the table's family
+		if c, ok := strings.CutPrefix(obj, "chain shard"); ok && (strings.HasPrefix(c, "4-") || strings.HasPrefix(c, "6-")) {
 			chains = append(chains, "shard"+c)
 		}
 	}
@@ -224,13 +225,14 @@ func TestKernelShardsGuard(t *testing.T) {
 		}
 		expectShardTable(t, b, s, when, shards)
 		got := expectListingIsText(t, b, s, when)
-		services := got["chain "+chainServices]
-		if services == nil {
-			t.Fatalf("%s: no services chain", when)
-		}
 		for _, f := range []ipFamily{ipv4, ipv6} {
+			table := f.info().nft + " "
+			services := got[table+"chain "+chainServices]
+			if services == nil {
+				t.Fatalf("%s: no services chain in table %s", when, table)
+			}
 			jump := slices.Contains(services.Rules, shardGuardText(f))
-			if _, ok := got["chain "+shardsChainName(f)]; jump != guarded || ok != guarded {
+			if _, ok := got[table+"chain "+shardsChainName(f)]; jump != guarded || ok != guarded {
 				t.Errorf("%s: the guard in the services chain %v, chain %s there %v; want %v:\n%s", when, jump, shardsChainName(f), ok, guarded, strings.Join(services.Rules, "\n"))
 			}
 		}

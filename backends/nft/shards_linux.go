@@ -71,7 +71,7 @@ func shardMapElement(e endpointElement, comment string, del bool) (nftables.SetE
 }
 
 // exprs returns the expressions nft generates for the rule's text, in
-// its order: the family's match, the protocol's, and the lookup of daddr
+// its order: the protocol's match, and the lookup of daddr
 // . l4proto . dport . numgen random mod Mod in the shard map, then the
 // DNAT to the address and port found.
 func (r shardDnatRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) {
@@ -80,7 +80,7 @@ func (r shardDnatRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) 
 		return nil, fmt.Errorf("protocol %d not supported", r.Proto)
 	}
 	fi, nl := r.Family.info(), r.Family.nl()
-	return append(nfprotoExprs(r.Family),
+	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto}},
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: fi.daddr, Len: fi.addrLen},
@@ -89,5 +89,5 @@ func (r shardDnatRule) exprs(sets map[string]*nftables.Set) ([]expr.Any, error) 
 		&expr.Numgen{Register: nl.regDport + 1, Modulus: r.Mod, Type: unix.NFT_NG_RANDOM},
 		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: r.Map, SetID: setID(sets, r.Map)},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nl.nfproto), RegAddrMin: reg1, RegProtoMin: nl.regEndpointPort, Specified: true},
-	), nil
+	}, nil
 }

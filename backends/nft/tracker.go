@@ -584,14 +584,14 @@ func (t *tracker) ChainNames() []string {
 	return names
 }
 
-// RuleCount returns the number of rules of the regular chain name, and
-// whether there is one.
-func (t *tracker) RuleCount(name string) (int, bool) {
+// RuleCount returns the place (family and name) and the number of rules
+// of the regular chain name, and whether there is one.
+func (t *tracker) RuleCount(name string) (chainKey, int, bool) {
 	c, ok := t.chains.Get(name)
 	if !ok {
-		return 0, false
+		return chainKey{}, 0, false
 	}
-	return len(c.Rules), true
+	return chainKey{c.Family, c.Name}, len(c.Rules), true
 }
 
 // Done ends a round and returns what changed since the previous one. A

@@ -41,7 +41,7 @@ const (
 // ./cmd/kpng, against the real kube-apiserver holding the 10,000 selected
 // services × 10 endpoints of BenchmarkWatcherRealAPIServer10k (populated
 // once per test process: run both in one `go test` to load them once),
-// programming its table in a network namespace of its own. Each call runs
+// programming its tables in a network namespace of its own. Each call runs
 // kpngNFTRuns processes one after the other and reports the medians of:
 //
 //   - first-sync-ms: process start → the metrics say that the first
@@ -57,8 +57,8 @@ const (
 //     /proc/<pid>/stat) until then, the kernel's work on its
 //     transactions included.
 //
-// Each run must program every service: the table's service map must hold
-// 10,000 elements. It needs root (network namespaces, nftables) and the
+// Each run must program every service: its table ip must serve 10,000
+// service ports. It needs root (network namespaces, nftables) and the
 // control plane; run it with -benchtime=1x (one call runs everything).
 func BenchmarkKpngNFTRealAPIServer10k(b *testing.B) { benchKpngRealAPIServer10k(b, nftBackend) }
 
@@ -82,9 +82,10 @@ type kpngBackend struct {
 }
 
 var (
-	// nftBackend's table must serve every service (with a chain or in a shard map).
+	// nftBackend's table of IPv4 must serve every service (with a chain or
+	// in a shard map).
 	nftBackend = kpngBackend{"to-nft", func(node *netns.NS, proxyName string) error {
-		out, _, err := node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+proxyName)
+		out, _, err := node.Exec(nil, "nft", "list", "table", "ip", "kpng-"+proxyName)
 		if err != nil {
 			return fmt.Errorf("nft list table: %w", err)
 		}

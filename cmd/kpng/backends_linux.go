@@ -33,15 +33,15 @@ func platformBackends() []app.Backend {
 func nftBackend() app.Backend {
 	return app.Backend{
 		Name: "to-nft",
-		Help: "program nftables over netlink (table inet kpng-<service-proxy-name>)",
+		Help: "program nftables over netlink (tables ip and ip6 kpng-<service-proxy-name>)",
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
 			var cfg nft.Config
 			cfg.BindFlags(fs)
-			name := fs.String("name", "", "the name in the table's name (default: the kube input's --service-proxy-name)")
+			name := fs.String("name", "", "the name in the tables' name (default: the kube input's --service-proxy-name)")
 			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one")
-			cleanup := fs.Bool("cleanup", false, "remove the table (and the --forward-accept chain, wherever it is) and exit")
+			cleanup := fs.Bool("cleanup", false, "remove the tables (ip and ip6, and the inet table of an earlier kpng) and the --forward-accept chain, wherever it is, and exit")
 			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
-			forwardAccept := fs.Bool("forward-accept", false, "for a node whose filter FORWARD policy is DROP (Docker sets it): keep a chain in the iptables filter table accepting the forwarded service traffic (the --masquerade-bit mark, and the replies), jumped to first from FORWARD, checked every --check-period (kpng's nftables table cannot override another table's drop; needs the iptables binaries)")
+			forwardAccept := fs.Bool("forward-accept", false, "for a node whose filter FORWARD policy is DROP (Docker sets it): keep a chain in the iptables filter table accepting the forwarded service traffic (the --masquerade-bit mark, and the replies), jumped to first from FORWARD, checked every --check-period (kpng's nftables tables cannot override another table's drop; needs the iptables binaries)")
 			forwardAcceptVariant := fs.String("forward-accept-iptables", iptables.VariantAuto, "with --forward-accept, the iptables variant to write in: auto (each variant and family whose FORWARD policy is DROP), legacy or nft")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				if err := cfg.Validate(); err != nil {

@@ -17,10 +17,10 @@ import (
 // TestKubeToLocalNFTForwardAccept runs `kpng kube … to-local to-nft` on a
 // node whose FORWARD policy is DROP (iptables-nft, both families, as
 // Docker sets it), against the real API server: without --forward-accept
-// the blog Service, programmed in the nftables table, is not answered
+// the blog Service, programmed in the nftables tables, is not answered
 // (the control); with it, it is (TCP and UDP, both families), the node's
 // iptables filter table holding kpng's chain; --cleanup, without the
-// flag, removes the chain and its jump with the table.
+// flag, removes the chain and its jump with the tables.
 func TestKubeToLocalNFTForwardAccept(t *testing.T) {
 	cp.Require(t)
 	netns.RequirePrivileged(t)
@@ -41,11 +41,11 @@ func TestKubeToLocalNFTForwardAccept(t *testing.T) {
 	// The control counts only once kpng programmed the Service.
 	programmed := false
 	for deadline := time.Now().Add(30 * time.Second); !programmed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		out, _, err := b.Node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+name)
+		out, _, err := b.Node.Exec(nil, "nft", "list", "table", "ip6", "kpng-"+name)
 		programmed = err == nil && strings.Contains(out, netns.ServiceV6.String())
 	}
 	if !programmed {
-		t.Fatalf("without --forward-accept: the Service %s/%s not in kpng's table within 30 s", ns, name)
+		t.Fatalf("without --forward-accept: the Service %s/%s not in kpng's table ip6 within 30 s", ns, name)
 	}
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
 	kpng.Stop(t)

@@ -37,7 +37,7 @@ func TestMain(m *testing.M) { controlplane.Main(m, &cp) }
 // IPs (both families, three ports): answered by the endpoint's pod, then by
 // another pod when the EndpointSlices move (masqueraded: external IPs with
 // the Cluster traffic policy, as kube-proxy), then by nobody once the
-// Service is deleted; the table outlives kpng, and --cleanup removes it.
+// Service is deleted; the tables outlive kpng, and --cleanup removes them.
 func TestKubeToLocalNFT(t *testing.T) {
 	cp.Require(t)
 	netns.RequirePrivileged(t)
@@ -57,22 +57,29 @@ func TestKubeToLocalNFT(t *testing.T) {
 	e2e.WaitAnswer(t, b, netns.PodID)
 	b.ExpectMasqueradedService(t, b.Client, netns.PodID)
 	// A proxier of a service-proxy-name gets no service CIDRs.
-	if out := b.Node.MustExec("nft", "list", "chain", "inet", "kpng-"+name, "cluster-ips-check"); strings.Contains(out, " drop") {
-		t.Errorf("the proxier of %s drops service CIDRs:\n%s", name, out)
+	for _, family := range []string{"ip", "ip6"} {
+		if out := b.Node.MustExec("nft", "list", "chain", family, "kpng-"+name, "cluster-ips-check"); strings.Contains(out, " drop") {
+			t.Errorf("the proxier of %s drops service CIDRs:\n%s", name, out)
+		}
 	}
 	checkLoadBalancerLocal(t, b, kc, ns, name, true)
 	// The endpoints move to the second pod: one UDP flow per family follows.
 	blog.StaleUDPFlow(t, b, 40100)
 	b.ExpectMasqueradedService(t, b.Client, netns.Pod2ID)
 
-	// The Service goes: its rules go, the table stays.
+	// The Service goes: its rules go, the tables stay.
 	if err := cp.Client().CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	var table string
 	for time.Now().Before(deadline) {
-		out, _, err := b.Node.Exec(nil, "nft", "list", "table", "inet", "kpng-"+name)
+		out, _, err := b.Node.Exec(nil, "nft", "list", "table", "ip", "kpng-"+name)
+		if err == nil {
+			var out6 string
+			out6, _, err = b.Node.Exec(nil, "nft", "list", "table", "ip6", "kpng-"+name)
+			out += out6
+		}
 		table = out
 		if err == nil && !strings.Contains(out, netns.ServiceV4.String()) && !strings.Contains(out, "web") {
 			break
@@ -80,7 +87,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if strings.Contains(table, netns.ServiceV4.String()) || strings.Contains(table, "web") {
-		t.Errorf("the deleted Service's rules are still in the table:\n%s", table)
+		t.Errorf("the deleted Service's rules are still in the tables:\n%s", table)
 	}
 	b.ExpectNoService(t, b.Client, 500*time.Millisecond)
 
@@ -88,8 +95,9 @@ func TestKubeToLocalNFT(t *testing.T) {
 
 	// The rules outlive the process (a restart must not blackhole
 	// traffic); --cleanup removes them and exits without watching.
-	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || !strings.Contains(out, "kpng-"+name) {
-		t.Errorf("table gone after kpng stopped: %q, %v", out, err)
+	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || !strings.Contains(out, "table ip kpng-"+name+"\n") ||
+		!strings.Contains(out, "table ip6 kpng-"+name+"\n") {
+		t.Errorf("a table gone after kpng stopped: %q, %v", out, err)
 	}
 	for _, extra := range [][]string{{"--cleanup"}, {"--cleanup"}, {"--cluster-cidr=10.0.0.1/8"}, {"--node-ip=10.0.0.300"}} {
 		cleanup := exec.Command(bin, append([]string{"kube", "--kubeconfig=" + cp.KubeconfigPath(), "--service-proxy-name=" + name,
@@ -107,7 +115,7 @@ func TestKubeToLocalNFT(t *testing.T) {
 		}
 	}
 	if out, _, err := b.Node.Exec(nil, "nft", "list", "tables"); err != nil || strings.Contains(out, "kpng-"+name) {
-		t.Errorf("table left after --cleanup: %q, %v", out, err)
+		t.Errorf("a table left after --cleanup: %q, %v", out, err)
 	}
 }
 
@@ -165,7 +173,7 @@ func TestKubeToLocalNFTDefaultProxier(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	out := b.Node.MustExec("nft", "list", "chain", "inet", "kpng", "cluster-ips-check")
+	out := b.Node.MustExec("nft", "list", "chain", "ip", "kpng", "cluster-ips-check")
 	if !strings.Contains(out, "ip daddr 10.96.0.0/16 drop") {
 		t.Errorf("chain cluster-ips-check:\n%s\nwant ip daddr 10.96.0.0/16 drop", out)
 	}

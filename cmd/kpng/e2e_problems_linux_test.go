@@ -135,10 +135,11 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 	if m := scrape(); m["kpng_sync_proxy_rules_nftables_sync_failures_total"] != 0 {
 		t.Errorf("nftables sync failures before any: %v", m["kpng_sync_proxy_rules_nftables_sync_failures_total"])
 	}
-	// Someone deletes the table (the check and the monitor are off): the next round's
-	// transaction fails, is counted, and the retry writes the table whole.
+	// Someone deletes the table of IPv4, b's family (the check and the monitor
+	// are off): the next round's transaction fails, is counted, and the retry
+	// writes the tables whole.
 	table := nft.TableName(name)
-	node.MustExec("nft", "delete", "table", "inet", table)
+	node.MustExec("nft", "delete", "table", "ip", table)
 
 	// a goes: b has the address, the problem is gone.
 	kc.DeleteService(ns, "a")
@@ -156,8 +157,8 @@ func TestKubeToLocalNFTProblems(t *testing.T) {
 			m["kpng_services"], m["kpng_service_problems/AddressConflict"], m["kpng_sync_proxy_rules_nftables_sync_failures_total"],
 			m["kpng_sync_proxy_rules_failures_total"], m["kpng_sync_proxy_rules_last_queued_timestamp_seconds"])
 	}
-	if out := node.MustExec("nft", "list", "table", "inet", table); !strings.Contains(out, "192.0.2.80") {
-		t.Errorf("the table after the retry lacks b's external IP:\n%s", out)
+	if out := node.MustExec("nft", "list", "table", "ip", table); !strings.Contains(out, "192.0.2.80") {
+		t.Errorf("the table ip after the retry lacks b's external IP:\n%s", out)
 	}
 	kpng.Stop(t)
 }

@@ -167,12 +167,14 @@ node_backends() {
   echo "${m}"
 }
 
-# no_table NAME fails if a node holds the nftables table inet NAME.
+# no_table NAME fails if a node holds an nftables table NAME of kpng's:
+# table ip or ip6 NAME, or the table inet NAME of a kpng before the
+# table per family.
 no_table() {
-  local node
+  local node found
   for node in "${KPNGC_NODES[@]}"; do
-    ! kpngc_in "${node}" nft list tables | grep -qx "table inet $1" ||
-      { kpngc_log "${node} still holds the table inet $1"; return 1; }
+    found="$(kpngc_in "${node}" nft list tables | grep -xE "table (ip|ip6|inet) $1" || true)"
+    [[ -z "${found}" ]] || { kpngc_log "${node} still holds ${found//$'\n'/, }"; return 1; }
   done
 }
 
@@ -212,7 +214,7 @@ controller_remove() {
   node_backends | kpngc_kubectl delete --ignore-not-found --cascade=foreground --wait=true --timeout=180s -f - >/dev/null
   kpngc_wait "the pods of kpng-nft-node to go" 120 no_pods kpng-nft-node
   kpng_cleanup nft kpng-remote
-  no_table kpng-kpng-remote || kpngc_die "kpng-remote's table is left after its cleanup"
+  no_table kpng-kpng-remote || kpngc_die "a table of kpng-remote is left after its cleanup"
   delete deploy/kpng-controller.yaml
   kpngc_kubectl -n kube-system delete secret kpng-controller-tls --ignore-not-found >/dev/null
   kpngc_coredns_manifest | kpngc_kubectl delete --ignore-not-found --wait=true --timeout=180s -f - >/dev/null

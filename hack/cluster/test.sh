@@ -21,7 +21,7 @@
 #     node; externalTrafficPolicy: Local answers only through node-b);
 #   - the replica node-a's backend watches deleted, then the other: the
 #     backend moves each time, a connection held open and fresh ones keep
-#     working, its table is never emptied;
+#     working, its tables are never emptied;
 # then removes them, tears everything down and checks that nothing is left.
 # Prints one closing line with what passed and each phase's time.
 set -euo pipefail
@@ -273,15 +273,15 @@ seeds_kpng() {
   vip="$(k -n "${ns}" get service web-kpng -o jsonpath='{.spec.clusterIP}')"
   out="$(get_from_pod "${vip}:80/hostname")"
   is_server "${out}" || return 1
-  # It is kpng's table that has it, not kube-proxy's.
-  grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
+  # It is kpng's table of IPv4 that has it, not kube-proxy's.
+  grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table ip kpng-kpng-nft)"
 }
 seeds_kube_proxy() {
   local vip out
   vip="$(k -n "${ns}" get service web -o jsonpath='{.spec.clusterIP}')"
   out="$(get_from_pod "${vip}:80/hostname")"
   is_server "${out}" || return 1
-  ! grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
+  ! grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table ip kpng-kpng-nft)"
 }
 # The blog's all-IP proxier: every port of the external IP DNATed to the
 # service's endpoint on the node the IP is routed to (node-b, from the lan).
@@ -341,19 +341,19 @@ spec:
 EOF
 
 # controller_clusterip: web-remote from node-a's pod, its endpoints on
-# node-b; its cluster IP is in kpng-remote's table on every node (each node
-# backend programmed it from the controller's stream) and in no other
-# kpng table.
+# node-b; its cluster IP is in kpng-remote's table of IPv4 on every node
+# (each node backend programmed it from the controller's stream) and in no
+# other kpng table.
 controller_clusterip() {
   local vip out node
   vip="$(k -n "${ns}" get service web-remote -o jsonpath='{.spec.clusterIP}')"
   out="$(get_from_pod "${vip}:80/hostname")"
   is_server "${out}" || { kpngc_log "web-remote ${vip}: got '${out}'"; return 1; }
   for node in "${KPNGC_NODES[@]}"; do
-    grep -qwF "${vip}" <<<"$(kpngc_in "${node}" nft list table inet kpng-kpng-remote)" ||
-      { kpngc_log "${vip} is not in ${node}'s table inet kpng-kpng-remote"; return 1; }
+    grep -qwF "${vip}" <<<"$(kpngc_in "${node}" nft list table ip kpng-kpng-remote)" ||
+      { kpngc_log "${vip} is not in ${node}'s table ip kpng-kpng-remote"; return 1; }
   done
-  ! grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table inet kpng-kpng-nft)"
+  ! grep -qwF "${vip}" <<<"$(kpngc_in node-a nft list table ip kpng-kpng-nft)"
 }
 
 controller_pods() {
@@ -441,10 +441,10 @@ klog_after() {
 # the backend moves to the other; once the Deployment has replaced it, the
 # other is deleted, and the backend moves to the new one. Throughout, one
 # connection held open and fresh ones every 0.2 s through web-remote's
-# cluster IP are answered, and nothing of the table inet kpng-kpng-remote
-# on node-a is deleted (nft monitor: it is never flushed or emptied); the
-# backends are not restarted. Then a rolling update of the Deployment, the
-# same traffic still answered.
+# cluster IP are answered, and nothing of the tables ip and ip6
+# kpng-kpng-remote on node-a is deleted (nft monitor: they are never
+# flushed or emptied); the backends are not restarted. Then a rolling
+# update of the Deployment, the same traffic still answered.
 controller_failover() {
   local round old new start monitor rc=0 deletes took move_s lost connected
   # nsenter execs nft: $! is nft's pid, to stop it with.
@@ -521,7 +521,7 @@ controller_failover() {
   kill "${monitor}" 2>/dev/null
   wait "${monitor}" 2>/dev/null || true
   deletes="$(grep -E '^(delete|flush) .*kpng-kpng-remote' "${KPNGC_DIR}/logs/controller-failover-nft-monitor.log" || true)"
-  [[ -z "${deletes}" ]] || { kpngc_log "node-a's kpng-remote table changed: ${deletes:0:2000}"; rc=1; }
+  [[ -z "${deletes}" ]] || { kpngc_log "node-a's kpng-remote tables changed: ${deletes:0:2000}"; rc=1; }
   [[ "$(k -n kube-system get pods -l app.kubernetes.io/name=kpng-nft-node \
     -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}' | sort -u)" == 0 ]] ||
     { kpngc_log "a node backend restarted"; rc=1; }

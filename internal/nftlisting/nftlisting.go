@@ -1,12 +1,15 @@
 // Package nftlisting reads what tests and benchmarks need from `nft list
-// table` of a kpng nft table (backends/nft): how many service ports it
-// serves, whatever the layout of each one.
+// table` of kpng's nft tables (backends/nft): how many service ports they
+// serve, whatever the layout of each one. A listing may hold kpng's
+// `table ip` (IPv4), its `table ip6` (IPv6), both one after the other, or
+// the one `table inet` of a kpng before the table per family.
 package nftlisting
 
 import "strings"
 
-// ServicePortsV4 returns the number of IPv4 service ports the listing of a
-// kpng table serves: the goto elements of the map service-ips-v4 to
+// ServicePortsV4 returns the number of IPv4 service ports the listing of
+// kpng's tables serves (those of its table ip, or of an earlier kpng's
+// table inet): the goto elements of the map service-ips-v4 to
 // chains other than the shards' (the ports with a chain of their own) and
 // the distinct keys (address . protocol . port) of the shard maps of IPv4
 // (the plain ones; in the layouts that had them, their goto elements to

@@ -4,21 +4,18 @@ import "testing"
 
 // TestServicePortsV4 counts the ports of the layouts in a listing as nft
 // prints it (several elements a line, the typeof line, IPv6 maps left
-// out), each port once however many intervals it has: chains of their
-// own, shards by cluster IP (interval maps, no element in service-ips),
-// shards by endpoint count (hash maps and a goto element to the shard,
-// then the keys in the shards' sets).
+// out, whether in the table ip6 listed after the table ip or in the one
+// table inet of kpng before the table per family), each port once however
+// many intervals it has: chains of their own, shards by cluster IP
+// (interval maps, no element in service-ips), shards by endpoint count
+// (hash maps and a goto element to the shard, then the keys in the
+// shards' sets).
 func TestServicePortsV4(t *testing.T) {
-	listing := `table inet kpng-x {
+	listing := `table ip kpng-x {
 	map service-ips-v4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		elements = { 10.96.0.20 . tcp . 80 comment "default/lb" : goto svc4-AAAA-default/lb/tcp/80,
 			     10.96.0.21 . udp . 53 comment "default/dns" : goto svc4-BBBB-default/dns/udp/53 }
-	}
-
-	map service-ips-v6 {
-		type ipv6_addr . inet_proto . inet_service : verdict
-		elements = { fd00::20 . tcp . 80 comment "default/lb" : goto svc6-CCCC-default/lb/tcp/80 }
 	}
 
 	map shard-endpoints-v4-10 {
@@ -27,6 +24,12 @@ func TestServicePortsV4(t *testing.T) {
 		elements = { 10.96.0.10 . tcp . 80 . 0-2047 comment "svc4 default/web/tcp/80" : 10.1.0.2 . 8080,
 			     10.96.0.10 . tcp . 80 . 2048-4095 comment "svc4 default/web/tcp/80" : 10.1.0.3 . 8080,
 			     10.96.0.10 . udp . 80 . 0-4095 comment "svc4 default/web/udp/80" : 10.1.0.2 . 8080 }
+	}
+}
+table ip6 kpng-x {
+	map service-ips-v6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		elements = { fd00::20 . tcp . 80 comment "default/lb" : goto svc6-CCCC-default/lb/tcp/80 }
 	}
 
 	map shard-endpoints-v6-16 {
@@ -62,7 +65,7 @@ func TestServicePortsV4(t *testing.T) {
 	if got := ServicePortsV4(byCount); got != 3 {
 		t.Errorf("ServicePortsV4 = %d, want 3 (1 with a chain, 2 in shard maps)", got)
 	}
-	bySet := `table inet kpng-x {
+	bySet := `table ip kpng-x {
 	map service-ips-v4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		elements = { 10.96.0.20 . tcp . 80 comment "default/lb" : goto svc4-AAAA-default/lb/tcp/80 }

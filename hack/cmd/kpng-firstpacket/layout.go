@@ -4,13 +4,14 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 )
 
 // layouts are the candidate layouts relayout writes from a listing of
-// kpng's table: ways to add a service without a new chain, rule or goto
+// kpng's tables: ways to add a service without a new chain, rule or goto
 // element (any of which makes the kernel validate the whole table at
 // commit), each keeping an endpoint change element-only.
 var layouts = map[string]string{
@@ -42,9 +43,11 @@ func epElems(i, e int) []string {
 	return out
 }
 
-// relayout writes the listing lines of kpng's table in the given layout
+// relayout writes the listing lines of kpng's tables in the given layout
 // (see layouts), for services of e endpoints, spare pool chains for the
-// pool layout. The table is `inet kpng-x`.
+// pool layout. The layout is IPv4's: it goes in the table holding IPv4
+// (`table ip X`, or an earlier kpng's `table inet X`); a table ip6 is
+// copied as it is.
 func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) error {
 	if _, ok := layouts[layout]; !ok {
 		return fmt.Errorf("layout %q: unknown (want one of shared, sharded, pool)", layout)
@@ -53,9 +56,11 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 	const dnat = "meta l4proto tcp dnat ip to ip daddr . th dport . numgen random mod 10000000 map @"
 	var services []int // the services whose chains the listing holds
 	chainOf := map[int]string{}
-	var maxMap int // the highest endpoint map number
+	var maxMap int    // the highest endpoint map number
+	family := ""      // the family of the table being read
+	var table4 string // the table holding IPv4: "ip X" or "inet X"
 	skip, skipElems, inSvcMap := false, false, false
-	for n, line := range lines {
+	for _, line := range lines {
 		if skip {
 			if line == "\t}" {
 				skip = false
@@ -100,8 +105,13 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 		case inSvcMap && line == "\t}":
 			inSvcMap = false
 		}
-		if n == 0 {
+		if m := tableHead.FindStringSubmatch(line); m != nil {
+			family = m[1]
 			fmt.Fprintln(w, line)
+			if family == "ip6" {
+				continue
+			}
+			table4 = m[1] + " " + m[2]
 			switch layout {
 			case "shared":
 				fmt.Fprintf(w, "\tmap eps-v4 { %s }\n", eps)
@@ -114,6 +124,13 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 				fmt.Fprintln(w, "\tmap slot-v4 { typeof ip daddr . meta l4proto . th dport : meta mark; }")
 				fmt.Fprintln(w, "\tmap pool-v4 { typeof meta mark : verdict; }")
 			}
+			continue
+		}
+		if family == "ip6" {
+			if line == "}" {
+				family = ""
+			}
+			fmt.Fprintln(w, line)
 			continue
 		}
 		if line == "\tchain services {" {
@@ -131,7 +148,8 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 			}
 			continue
 		}
-		if n == len(lines)-1 && line == "}" {
+		if line == "}" {
+			family = ""
 			switch layout {
 			case "sharded":
 				for s := range shards {
@@ -171,6 +189,9 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 		}
 		fmt.Fprintln(w, line)
 	}
+	if table4 == "" {
+		return errors.New("no table ip (or inet) in the listing")
+	}
 	// The elements, in batches of 200 services (2,000 endpoints: nft
 	// 1.0.6 fails with ENOBUFS on 10,000 elements of a concatenated
 	// interval map in one statement).
@@ -179,7 +200,7 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 		for s := range shards {
 			els = append(els, fmt.Sprintf("0.0.0.%d : jump shard4-%d", s, s))
 		}
-		fmt.Fprintf(w, "add element inet kpng-x shards-v4 { %s }\n", strings.Join(els, ", "))
+		fmt.Fprintf(w, "add element %s shards-v4 { %s }\n", table4, strings.Join(els, ", "))
 	}
 	for lo := 0; lo < len(services); lo += 200 {
 		batch := services[lo:min(lo+200, len(services))]
@@ -189,7 +210,7 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 			for _, i := range batch {
 				els = append(els, epElems(i, e)...)
 			}
-			fmt.Fprintf(w, "add element inet kpng-x eps-v4 { %s }\n", strings.Join(els, ", "))
+			fmt.Fprintf(w, "add element %s eps-v4 { %s }\n", table4, strings.Join(els, ", "))
 		}
 	}
 	if layout == "sharded" {
@@ -200,7 +221,7 @@ func relayout(w *bufio.Writer, lines []string, layout string, e, spare int) erro
 		}
 		for s := range shards {
 			if els := byShard[s]; len(els) > 0 {
-				fmt.Fprintf(w, "add element inet kpng-x eps4-%d { %s }\n", s, strings.Join(els, ", "))
+				fmt.Fprintf(w, "add element %s eps4-%d { %s }\n", table4, s, strings.Join(els, ", "))
 			}
 		}
 	}

@@ -27,7 +27,7 @@
 // replay probes rulesets saved from real proxiers by kpng-sidebyside
 // --swap-rules, in kpng-sidebyside's topology (replay.go).
 //
-// shard-rules rewrites a listing of kpng's table with rules that a packet
+// shard-rules rewrites a listing of kpng's tables with rules that a packet
 // to shard --shard crosses before its own (shardrules.go): what each shard
 // of a family costs the packets that cross its rule.
 //
@@ -35,11 +35,15 @@
 // then each of its `add element` lines in one (nft 1.0.6 fails with
 // ENOBUFS on 10,000 elements of a concatenated interval map in one).
 //
-// variant rewrites a listing of kpng's table (`nft list table inet
-// kpng-x`) with one or more changes (--change, comma-separated; see
-// changes below), or into one of the candidate layouts without a chain
-// per service or without goto elements added per service (--layout; see
-// layouts in layout.go).
+// variant rewrites a listing of kpng's tables (`nft list table ip
+// kpng-x` then `nft list table ip6 kpng-x`, or an earlier kpng's one
+// `table inet kpng-x`) with one or more changes (--change,
+// comma-separated; see changes below), or into one of the candidate
+// layouts without a chain per service or without goto elements added per
+// service (--layout; see layouts in layout.go). The layouts and the
+// changes of service chains are IPv4's: they go in the table holding IPv4
+// (ip, or inet); the changes of the fixed chains apply in every table, and
+// no-v6 leaves the table ip6 out.
 //
 // probe makes, for each ruleset, a "node" namespace holding it (loaded
 // with nft -f), a "pod" namespace behind it (10.0.0.2, routed through the
@@ -213,7 +217,7 @@ func writeKubeProxy(w io.Writer, n, e int, clusterCIDR string, epChains, local b
 	}
 }
 
-// changes are the rewrites variant applies to a listing of kpng's table.
+// changes are the rewrites variant applies to a listing of kpng's tables.
 var changes = map[string]string{
 	"pick-map":        "the endpoint drawn with a DNAT through an anonymous numgen map (no intervals, no shared map), as kube-proxy v1.36",
 	"pick-vmap":       "the endpoint drawn through a numgen verdict map to one chain per endpoint (DNAT there), as earlier kube-proxy",
@@ -225,17 +229,23 @@ var changes = map[string]string{
 	"filter-every":    "the filter chains' jumps to no-endpoint-services and firewall-check for every packet (kpng's layout before 58127a8), not for new connections only (`ct state new jump …`, as kube-proxy and kpng since)",
 	"no-hairpin":      "without the masquerading chain's hairpin set lookups",
 	"no-masq-jump":    "without the service chains' `ip daddr … ip saddr != CIDR jump mark-for-masquerade` rule",
-	"no-v6":           "without the IPv6 rules of the fixed chains (a v4-only node)",
+	"no-v6":           "without IPv6: the table ip6 left out (a v4-only node; in an inet listing, the IPv6 rules of the fixed chains)",
 }
 
 // svcChain matches the header of a kpng service chain of a synthetic
 // service, with its index.
 var svcChain = regexp.MustCompile(`^\tchain (svc4-[A-Z0-9]+-bench/svc-(\d+)/tcp/80) \{$`)
 
-// variantCmd rewrites a listing of kpng's table.
+// tableHead matches the first line of a table in a listing, with its
+// family and name: kpng's listing holds `table ip X {…}` (IPv4) and
+// `table ip6 X {…}` (IPv6); an earlier kpng's, one `table inet X {…}`.
+// A table ends at the listing's line "}".
+var tableHead = regexp.MustCompile(`^table (inet|ip|ip6) (\S+) \{$`)
+
+// variantCmd rewrites a listing of kpng's tables.
 func variantCmd(args []string) error {
 	fs := flag.NewFlagSet("variant", flag.ExitOnError)
-	in := fs.String("in", "", "the listing of kpng's table (nft list table inet kpng-x)")
+	in := fs.String("in", "", "the listing of kpng's tables (nft list table ip kpng-x; nft list table ip6 kpng-x), or of an earlier kpng's table inet kpng-x")
 	endpoints := fs.Int("endpoints", 10, "endpoints per service (as given to kpng-genstate)")
 	change := fs.String("change", "", "comma-separated changes: "+strings.Join(slices.Sorted(maps.Keys(changes)), ", "))
 	layout := fs.String("layout", "", "instead of --change, a candidate layout: "+strings.Join(slices.Sorted(maps.Keys(layouts)), ", "))
@@ -269,14 +279,25 @@ func variantCmd(args []string) error {
 	return w.Flush()
 }
 
-// variant writes to w the listing lines of kpng's table with the changes
+// variant writes to w the listing lines of kpng's tables with the changes
 // on made, e endpoints a service; a change that finds no line to change
 // is an error.
 func variant(w *bufio.Writer, lines []string, on map[string]bool, e int) error {
 	matched := map[string]bool{} // the changes that found their lines
-	var extra []string           // chains added before the table's end
+	var extra []string           // chains added before the IPv4 table's end
 	svc := -1                    // the service whose chain is being read
-	for n, line := range lines {
+	family := ""                 // the family of the table being read
+	for _, line := range lines {
+		if m := tableHead.FindStringSubmatch(line); m != nil {
+			family = m[1]
+		}
+		if on["no-v6"] && family == "ip6" {
+			matched["no-v6"] = true
+			if line == "}" {
+				family = ""
+			}
+			continue
+		}
 		if m := svcChain.FindStringSubmatch(line); m != nil {
 			svc, _ = strconv.Atoi(m[2])
 		} else if line == "\t}" {
@@ -334,10 +355,14 @@ func variant(w *bufio.Writer, lines []string, on map[string]bool, e int) error {
 				line = fmt.Sprintf("\t\tnumgen random mod %d vmap { %s }", e, strings.Join(elems, ", "))
 			}
 		}
-		if n == len(lines)-1 && line == "}" {
-			for _, c := range extra {
-				fmt.Fprintln(w, c)
+		if line == "}" {
+			if family != "ip6" {
+				for _, c := range extra {
+					fmt.Fprintln(w, c)
+				}
+				extra = nil
 			}
+			family = ""
 		}
 		fmt.Fprintln(w, line)
 	}

@@ -21,12 +21,12 @@ var shardRuleKinds = map[string]string{
 	"guard":     "no rule: the shard's rule moved to a chain shards-v4 (followed by --count rules of empty sets) behind `ip daddr @cluster-ips-v4 jump shards-v4`, as kpng writes it from three shards",
 }
 
-// shardRulesCmd rewrites a listing of kpng's table (--in) with --count
+// shardRulesCmd rewrites a listing of kpng's tables (--in) with --count
 // rules of --kind before the IPv4 rule of shard --shard in the services
 // chain, and writes it to stdout.
 func shardRulesCmd(args []string) error {
 	fs := flag.NewFlagSet("shard-rules", flag.ExitOnError)
-	in := fs.String("in", "", "a listing of kpng's table (nft list table or ruleset)")
+	in := fs.String("in", "", "a listing of kpng's tables (nft list table ip, then ip6; or nft list ruleset)")
 	kind := fs.String("kind", "filled", "the rules put before the shard's: no-lookup, empty, sized, filled, or guard")
 	count := fs.Int("count", 63, "the rules put before the shard's (with guard: after it, in shards-v4)")
 	shard := fs.Int("shard", 10, "the shard of the probed services (their number of endpoints)")
@@ -44,18 +44,25 @@ func shardRulesCmd(args []string) error {
 
 // shardRules writes lines with the rules of kind before the rule of shard
 // in the services chain (shardRulesCmd); the sets they look up are
-// declared before the first chain.
+// declared before the first chain of the table holding that rule (table
+// ip, or an earlier kpng's table inet).
 func shardRules(w *bufio.Writer, lines []string, kind string, count, shard int) error {
 	if _, ok := shardRuleKinds[kind]; !ok {
 		return fmt.Errorf("shard-rules: kind %q unknown", kind)
 	}
 	target := fmt.Sprintf("shard4-%d", shard)
 	rule := fmt.Sprintf("\t\tip daddr . meta l4proto . th dport @shard-ips-v4-%d goto %s", shard, target)
-	found := false
-	for _, l := range lines {
-		found = found || l == rule
+	at, head := -1, -1 // the rule's line, and its table's first line
+	for i, l := range lines {
+		if tableHead.MatchString(l) {
+			head = i
+		}
+		if l == rule {
+			at = i
+			break
+		}
 	}
-	if !found {
+	if at < 0 {
 		return fmt.Errorf("shard-rules: no rule %q in the listing", strings.TrimSpace(rule))
 	}
 	set := func(k int) string {
@@ -79,8 +86,8 @@ func shardRules(w *bufio.Writer, lines []string, kind string, count, shard int) 
 		return fmt.Sprintf("\t\tip daddr . meta l4proto . th dport @shard-ips-v4-x%d goto %s", k, target)
 	}
 	declared := false
-	for _, l := range lines {
-		if !declared && strings.HasPrefix(l, "\tchain ") {
+	for i, l := range lines {
+		if !declared && i > head && strings.HasPrefix(l, "\tchain ") {
 			declared = true
 			if kind != "no-lookup" {
 				for k := 1; k <= count; k++ {

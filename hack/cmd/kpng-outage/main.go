@@ -124,10 +124,11 @@ func parseProxier(s string) (proxier, error) {
 // iptables returns the name of the variant's iptables binary.
 func (p proxier) iptables(tool string) string { return "iptables-" + p.variant + tool }
 
-// nftTable returns the proxier's nftables table (nftables mode).
+// nftTable returns the proxier's nftables table of IPv4, the probed
+// service's family (nftables mode).
 func (p proxier) nftTable() string {
 	if p.kpng {
-		return "inet kpng" // kpng without --service-proxy-name: TableName("")
+		return "ip kpng" // kpng without --service-proxy-name: TableName("")
 	}
 	return "ip kube-proxy"
 }
