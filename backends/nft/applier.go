@@ -329,7 +329,8 @@ func (a *applier) end(t *txn, err error) {
 func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 	// Each set: its declaration and a message of its elements at least;
 	// each shard a rule in the services or its shards chain.
-	messages := 200 + 2*len(rs.Sets) + len(rs.ServiceCIDRs) + shardsOf(rs.Sets).count()
+	messages := 200 + 2*len(rs.Sets) + len(rs.ServiceCIDRs) + shardsOf(rs.Sets).count() +
+		3*(len(nodePortMatches(rs.Options, ipv4))+len(nodePortMatches(rs.Options, ipv6)))
 	for _, c := range rs.Chains {
 		messages += 1 + len(c.Rules)
 	}

@@ -28,7 +28,11 @@ func recordingConns() (func(...nftables.ConnOption) (*nftables.Conn, error), fun
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range req {
-			sent = append(sent, msgTypeName(m.Header.Type))
+			name := msgTypeName(m.Header.Type)
+			if (name == "newtable" || name == "deltable") && len(m.Data) > 0 {
+				name += " " + map[byte]string{unix.NFPROTO_INET: "inet", unix.NFPROTO_IPV4: "ip", unix.NFPROTO_IPV6: "ip6"}[m.Data[0]]
+			}
+			sent = append(sent, name)
 		}
 		return req, nil
 	}
@@ -180,9 +184,11 @@ func msgTypeName(t netlink.HeaderType) string {
 }
 
 // TestApplierMessages checks, without privileges, what the applier sends:
-// a full write is one batch that adds, deletes and adds the table, then
-// its content; an endpoint change is one batch of element messages only,
-// as many as Stats says.
+// a full write is one batch that adds, deletes and adds each family's
+// table, then their content, the first one of an applier after adding and
+// deleting the inet table of an earlier kpng (later ones do not); an
+// endpoint change is one batch of element messages only, as many as
+// Stats says.
 func TestApplierMessages(t *testing.T) {
 	newConn, take := recordingConns()
 	a := newApplier(newConn, "kpng-unit")
@@ -200,8 +206,27 @@ func TestApplierMessages(t *testing.T) {
 	if len(sent) != stats.Messages+2 || sent[0] != "batch-begin" || sent[len(sent)-1] != "batch-end" {
 		t.Fatalf("full write: %d messages %v, want a batch of the %d Stats counts", len(sent), sent, stats.Messages)
 	}
-	if diff := cmp.Diff([]string{"newtable", "deltable", "newtable"}, sent[1:4]); diff != "" {
-		t.Errorf("full write starts (-want +got):\n%s", diff)
+	tables := func(sent []string) []string {
+		var out []string
+		for _, m := range sent {
+			if strings.Contains(m, "table") {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	want := []string{"newtable inet", "deltable inet", "newtable ip", "deltable ip", "newtable ip", "newtable ip6", "deltable ip6", "newtable ip6"}
+	if diff := cmp.Diff(want, sent[1:9]); diff != "" {
+		t.Errorf("first full write starts (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, tables(sent)); diff != "" {
+		t.Errorf("first full write's table messages (-want +got):\n%s", diff)
+	}
+	if _, err := a.Full(tr.Ruleset("kpng-unit")); err != nil {
+		t.Fatalf("second Full: %v", err)
+	}
+	if diff := cmp.Diff(want[2:], tables(take())); diff != "" {
+		t.Errorf("second full write's table messages, the inet table no longer deleted (-want +got):\n%s", diff)
 	}
 
 	// One endpoint replaced by another: elements only.

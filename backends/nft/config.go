@@ -19,8 +19,8 @@ import (
 
 // Config configures the nftables sink.
 type Config struct {
-	// ServiceProxyName is the proxier's service-proxy-name; the table is
-	// TableName(ServiceProxyName).
+	// ServiceProxyName is the proxier's service-proxy-name; the tables
+	// (ip and ip6) are named TableName(ServiceProxyName).
 	ServiceProxyName string
 	// Options shape the rules: masquerading, node port addresses.
 	Options Options
@@ -51,20 +51,20 @@ type Config struct {
 	// (sync_proxy_rules_nftables_sync_failures_total).
 	AfterSync func(SyncResult)
 	// CheckPeriod, if positive, is how often the sink checks, between
-	// rounds, that its table is as it left it: the table there, its fixed
+	// rounds, that its tables are as it left them: each there, its fixed
 	// chains (base, lookup, reject, masquerading) with their rules, and
 	// checkChains of its service and endpoint chains in turn with theirs.
-	// When someone deleted or flushed the table or a chain (nft delete
+	// When someone deleted or flushed a table or a chain (nft delete
 	// table, nft flush table, nft flush ruleset, ...), the sink rewrites
-	// the whole table at once; a full rewrite that failed (kpng's or the
+	// the whole tables at once; a full rewrite that failed (kpng's or the
 	// check's) is tried again too. The checks run until the context given
 	// to New ends; 0: there are none (DefaultCheckPeriod is the command's
 	// default).
 	CheckPeriod time.Duration
 	// NoMonitor turns off the monitor: by default the sink listens, in
 	// its connections' namespace, for nftables' notifications of the
-	// changes others make to its table (nft flush ruleset, nft delete
-	// table, a chain or rule deleted or added, …) and rewrites the table
+	// changes others make to its tables (nft flush ruleset, nft delete
+	// table, a chain or rule deleted or added, …) and rewrites the tables
 	// at once, not at the next check (backends/nfmonitor: one repair
 	// per burst of changes, spaced out with backoff while they keep
 	// coming, each counted by AfterSync with a Repair). The check of
@@ -99,7 +99,7 @@ type SyncResult struct {
 	Err error
 	// Repair, when not empty, says why the periodic check (Config.
 	// CheckPeriod) or the monitor (a change made by another program,
-	// Config.NoMonitor) rewrote the table: it is not a Sync of kpng's.
+	// Config.NoMonitor) rewrote the tables: it is not a Sync of kpng's.
 	Repair string
 }
 
@@ -122,8 +122,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		MasqueradeAll: &o.MasqueradeAll, MasqueradeBit: &o.MasqueradeBit}.Bind(fs)
 	fs.BoolVar(&o.IgnoreHeadless, "ignore-headless", o.IgnoreHeadless, "do not serve the external and load-balancer IPs of headless services (kube-proxy ignores headless services; by default they are served: the blog's all-IP case)")
 	fs.Var(nodeflags.Not(&o.NoShardMaps), "shard-maps", "serve plain service ports (a cluster IP only, no affinity, up to 64 endpoints) from shared shard maps, one per number of endpoints, so that adding, changing or deleting a service is set elements only (false: a chain per service port and interval elements per endpoint, a dearer cold start and service added)")
-	fs.DurationVar(&c.CheckPeriod, "check-period", c.CheckPeriod, "how often to check that the table is as kpng left it (when it was deleted or flushed, or a chain was, it is rewritten whole); 0: never")
-	fs.Var(nodeflags.Not(&c.NoMonitor), "monitor", "listen for nftables' notifications of changes other programs make to the table, and rewrite it at once (false: only the periodic check repairs it)")
+	fs.DurationVar(&c.CheckPeriod, "check-period", c.CheckPeriod, "how often to check that the tables (ip and ip6) are as kpng left them (when one was deleted or flushed, or a chain was, they are rewritten whole); 0: never")
+	fs.Var(nodeflags.Not(&c.NoMonitor), "monitor", "listen for nftables' notifications of changes other programs make to the tables (ip and ip6), and rewrite them at once (false: only the periodic check repairs them)")
 }
 
 // Validate reports the first setting of c that cannot be used, naming its

@@ -42,11 +42,11 @@
 //     versions, or only what changed; a rejected transaction changes
 //     nothing), the Sink (each Update goes to the tracker, each Sync is
 //     one transaction, a failure makes the next Sync a full one), the
-//     monitor that rewrites the table at once when another program
-//     changed it (backends/nfmonitor: the kernel's notifications, the
+//     monitor that rewrites the tables at once when another program
+//     changed one (backends/nfmonitor: the kernel's notifications, the
 //     sink's own transactions told apart by their socket's port ID), and
-//     the periodic check that rewrites it when someone deleted or flushed
-//     it or its chains (for what the notifications miss).
+//     the periodic check that rewrites them when someone deleted or
+//     flushed one or its chains (for what the notifications miss).
 //
 // The table layout is documented in docs/backends/nft.md. In short: two
 // tables named "kpng-<service-proxy-name>", one of family ip for IPv4 and

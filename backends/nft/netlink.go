@@ -188,7 +188,7 @@ func verdictExpr(v verdict) *expr.Verdict {
 // l4proto . th dport vmap @m" (nodePortMatchExprs), or for one whose
 // address match is in the chains its elements go to (checkedAfter) "meta
 // l4proto . th dport vmap @m". A table holds one family: no rule matches
-// the family (meta nfproto), as in an inet table.
+// the family (meta nfproto), unlike in an inet table.
 func lookupExprs(f ipFamily, k mapKind, npm nodePortMatch, m *nftables.Set) []expr.Any {
 	var exprs []expr.Any
 	switch {
