@@ -68,7 +68,7 @@ func (s *Sink) startMonitor(ctx context.Context, netNS int) error {
 	return nil
 }
 
-// repair rewrites the table whole because another program changed it
+// repair rewrites the tables whole because another program changed one
 // (why), now or, in the middle of a round, at its Sync.
 func (s *Sink) repair(why string) {
 	s.mu.Lock()
