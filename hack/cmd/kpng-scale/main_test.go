@@ -50,9 +50,10 @@ func TestSmallRun(t *testing.T) {
 		name           string
 		streamsPerConn int
 		raw            int // light backends speaking HTTP/2 themselves
+		gap            time.Duration
 	}{
-		{"grpc-go two streams a connection", 2, 0},
-		{"raw HTTP/2 light backends", 1, 2},
+		{"grpc-go two streams a connection", 2, 0, 0},
+		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{
@@ -60,12 +61,19 @@ func TestSmallRun(t *testing.T) {
 				nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: tc.streamsPerConn, readAll: 2,
 				dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
 				namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
+				changeGap: tc.gap,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			res, err := run(ctx, cfg, c, cp.KubeconfigPath())
 			if err != nil {
 				t.Fatal(err)
+			}
+			// Each change after the first waits for the gap: a lower
+			// bound of the changes' phase, whatever the machine (back to
+			// back, 10 changes at 5 nodes take some 0.2 s).
+			if least := time.Duration(cfg.changes-1) * tc.gap; res.changesTook < least || res.changesTook == 0 {
+				t.Errorf("the changes took %v, less than their gaps (%v)", res.changesTook, least)
 			}
 			if len(res.problems) > 0 {
 				t.Fatalf("the run's checks failed:\n%v", res.problems)

@@ -100,6 +100,9 @@ type result struct {
 	// backend holding it.
 	changeP50, changeP99, apiP50, apiP99, spreadP50, spreadP99 time.Duration
 	reactP50, reactP99                                         time.Duration
+	// changesTook is the changes' phase, from the first change's API
+	// call to the last change in every backend (with the gaps).
+	changesTook time.Duration
 	// bytesPerChangePerNode is what the backends received during the
 	// changes, per change and backend.
 	bytesPerChangePerNode float64
@@ -134,11 +137,11 @@ func (r result) closing() string {
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes through a unix socket alone: %.2f s, CPU %.1f s (target: %.2f s, that + 20%%)
-changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms
+changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms; the changes took %.1f s with their gaps
 controller CPU with every backend connected and nothing changing: %.1f ms a second
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
 `, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.loopback.Seconds(), r.loopbackCPU, 1.2*r.loopback.Seconds(),
-		ms(r.changeP50), ms(r.changeP99), ms(r.apiP50), ms(r.apiP99), ms(r.reactP50), ms(r.reactP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99),
+		ms(r.changeP50), ms(r.changeP99), ms(r.apiP50), ms(r.apiP99), ms(r.reactP50), ms(r.reactP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99), r.changesTook.Seconds(),
 		1000*r.cpuIdle, r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
 
@@ -366,6 +369,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	api := make([]time.Duration, 0, len(all))
 	spread := make([]time.Duration, 0, len(all))
 	react := make([]time.Duration, 0, len(all))
+	changesStart := time.Now()
 	for k, ch := range all {
 		i := k * cfg.services / cfg.changes
 		if k > 0 && cfg.changeGap > 0 {
@@ -402,6 +406,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		cpuChanges += ctl.cpu() - c0
 		ownChanges += ownCPU() - o0
 	}
+	res.changesTook = time.Since(changesStart)
 	res.cpuPerChange = cpuChanges / float64(len(all))
 	res.backendsCPUPerChange = ownChanges / float64(len(all))
 	var after int64
