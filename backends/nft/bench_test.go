@@ -102,10 +102,7 @@ func newBenchSink(tb testing.TB, ns *netns.NS, conn func(...nftables.ConnOption)
 	}
 	bs.sink = s
 	bs.edits = edits{state: map[model.ServiceKey]*model.ServiceEndpoints{}, apply: s.Update}
-	tb.Cleanup(func() {
-		stop()
-		bs.cleanup()
-	})
+	tb.Cleanup(bs.cleanup)
 	return bs
 }
 
@@ -115,7 +112,11 @@ func (bs *benchSink) Reset() {
 	bs.sink.Reset()
 }
 
+// cleanup stops the sink, then removes its tables: a running sink's
+// monitor would write them back (during a next sink's sync, in the same
+// namespace).
 func (bs *benchSink) cleanup() {
+	bs.stop()
 	if err := Cleanup(context.Background(), Config{ServiceProxyName: bs.name, Conn: bs.conn}); err != nil {
 		bs.tb.Errorf("cleanup: %v", err)
 	}
@@ -244,9 +245,6 @@ func BenchmarkColdStart(b *testing.B) {
 				}
 				syncMs = append(syncMs, float64(r.Duration)/float64(time.Millisecond))
 				msgs = append(msgs, float64(r.Stats.Messages))
-				// Stopped before its tables go: its monitor would
-				// write them back, during the next iteration's sync.
-				s.stop()
 				s.cleanup()
 				b.StartTimer()
 			}
