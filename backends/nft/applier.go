@@ -182,6 +182,9 @@ type txn struct {
 	// scratch is where the size of each message of set elements is
 	// measured.
 	scratch []byte
+	// caps are the capacities of the sized sets after the transaction:
+	// those of the shard sets and maps it adds.
+	caps capacities
 }
 
 // newApplier returns an applier writing the tables named table (one per
@@ -346,7 +349,7 @@ func (a *applier) Full(rs *ruleset) (stats Stats, err error) {
 		return Stats{}, err
 	}
 	defer func() { a.end(t, err) }()
-	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs, rs.Elements)
+	caps := wholeCapacities(rs)
 	if err := t.full(rs, caps, a.legacy); err != nil {
 		return t.stats, err
 	}
@@ -392,6 +395,7 @@ func (t *txn) lookupChainRules(f ipFamily, ch *nftables.Chain, opts Options, sh 
 
 func (t *txn) full(rs *ruleset, caps capacities, legacy *nftables.Table) error {
 	c := t.conn
+	t.caps = caps
 	if legacy != nil {
 		c.AddTable(legacy)
 		c.DelTable(legacy)
@@ -573,6 +577,7 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 	for _, it := range d.Sets.Created {
 		elements += len(it.Value.Targets)
 	}
+	caps, _ := a.caps.after(d)
 	sh := a.shards.after(d)
 	var services *servicesRules
 	if sh != a.shards {
@@ -586,13 +591,14 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 		return Stats{}, err
 	}
 	defer func() { a.end(t, err) }()
+	t.caps = caps
 	if err := t.partial(d, services); err != nil {
 		return t.stats, err
 	}
 	if err := a.flush(t); err != nil {
 		return t.stats, fmt.Errorf("update tables ip and ip6 %s (%d objects): %w", a.tables[ipv4].Name, t.stats.Objects(), err)
 	}
-	a.caps, _ = a.caps.after(d)
+	a.caps = caps
 	a.shards = sh
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		if !sh.guarded(f) {
@@ -611,8 +617,8 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 
 // Fits reports whether the round d can be applied by Partial: its sized
 // sets stay within their capacities (a table was written whole, and d
-// does not take a hairpin, cluster-ips or services set over the capacity
-// it was given then). Otherwise the table must be written whole (Full), with
+// does not take a hairpin, cluster-ips, services or shard set or a shard
+// map over the capacity it was given when created). Otherwise the table must be written whole (Full), with
 // capacities for its new counts.
 func (a *applier) Fits(d delta) bool {
 	_, ok := a.caps.after(d)
@@ -1008,6 +1014,9 @@ func (t *txn) elements(m *nftables.Set, from, to int, elem func(i int) (nftables
 // transaction that refer to it.
 func (t *txn) addSet(st *namedSet) error {
 	ns := setRef(t.tables[st.Family], st)
+	if st.Shard > 0 || st.ShardSet > 0 {
+		ns.Size = t.caps[shardSized(st.Name)].capacity
+	}
 	if ud := st.userData(); ud != nil {
 		t.relay.userData[st.Name] = ud
 	}

@@ -7,16 +7,21 @@ import (
 
 // This file sizes the table's sets that grow with the state: the hairpin
 // sets (one element an endpoint address: 500,000 at 50,000 services × 10
-// endpoints), the cluster-ips sets and the services maps (one element a
+// endpoints), the cluster-ips sets, the services maps (one element a
 // service address and port with a chain; a plain one's is in its shard's
-// set, not sized). Given a capacity
+// set) and the shards' sets and maps (shards.go: one element a plain
+// service port, and one each of its endpoints: 50,000 and 500,000 in
+// shard 10 at 50,000 × 10). Given a capacity
 // (nft's "size"), the kernel keeps a set in a hash table of fixed size
 // (nft_set_hash's "hash" type) instead of one that grows by rehashing as
 // the elements come (rhash): 500,000 hairpin addresses went in in 0.33 s
-// instead of 0.88 s (docs/benchmarks.md). The capacity is the most the
-// set may hold, so it is chosen when the table is written whole, from
-// what the set then holds, with room to grow: a partial sync that would
-// take a set over it writes the table whole instead (capacities.after).
+// instead of 0.88 s, and the first full write of 50,000 × 10 took about
+// 0.6 s less once the shards were sized too (docs/benchmarks.md). The
+// capacity is the most the set may hold, so it is chosen when the set is
+// created (with the table, written whole, or a shard's in the round its
+// first service port comes), from what the set then holds, with room to
+// grow: a partial sync that would take a set over it writes the table
+// whole instead (capacities.after).
 // For the services maps, whose `goto` elements the kernel walks whenever a
 // transaction adds one (the table's validation), the fixed table also
 // halves that walk: a `goto` element added at 50,000 services took 2.5–4.8
@@ -36,12 +41,17 @@ func setCapacity(n int) uint32 {
 }
 
 // sizedSet names the sized sets: the hairpin, cluster-ips and services
-// sets of a family (clusterIPs and services false: the hairpin set).
+// sets of a family (clusterIPs and services false, shard empty: the
+// hairpin set), and the shards' sets and maps, by name (shard).
 type sizedSet struct {
 	clusterIPs bool
 	services   bool
 	family     ipFamily
+	shard      string
 }
+
+// shardSized names the sized set of a shard's set or map.
+func shardSized(name string) sizedSet { return sizedSet{shard: name} }
 
 // capacities are the capacity and the element count of each sized set as
 // the kernel holds them (after the last successful transaction).
@@ -62,20 +72,39 @@ func familyCounts(addrs []netip.Addr) [2]int {
 	return n
 }
 
-// wholeCapacities returns the capacities of the sets of a table written
-// whole with the hairpin and cluster-IP addresses and the verdict map
-// elements given.
-func wholeCapacities(hairpin, clusterIPs []netip.Addr, elements []mapElement) capacities {
+// wholeCapacities returns the capacities of the sets of rs written
+// whole: its hairpin and cluster-IP addresses, its verdict map elements
+// and shard set keys, its shard maps' endpoints.
+func wholeCapacities(rs *ruleset) capacities {
 	c := capacities{}
-	for i, addrs := range [][]netip.Addr{hairpin, clusterIPs} {
+	for i, addrs := range [][]netip.Addr{rs.Hairpin, rs.ClusterIPs} {
 		n := familyCounts(addrs)
 		for _, f := range []ipFamily{ipv4, ipv6} {
 			c[sizedSet{clusterIPs: i == 1, family: f}] = setFill{setCapacity(n[f]), n[f]}
 		}
 	}
-	n := serviceElementCounts(elements)
+	n := serviceElementCounts(rs.Elements)
 	for _, f := range []ipFamily{ipv4, ipv6} {
 		c[sizedSet{services: true, family: f}] = setFill{setCapacity(n[f]), n[f]}
+	}
+	shard := map[string]int{}
+	for _, st := range rs.Sets {
+		if st.Shard > 0 || st.ShardSet > 0 {
+			shard[st.Name] += 0
+		}
+	}
+	for _, e := range rs.Elements {
+		if e.Verdict.Shard > 0 {
+			shard[e.set()]++
+		}
+	}
+	for _, bl := range rs.Blocks {
+		if bl.sharded() {
+			shard[bl.Map()] += len(bl.Endpoints)
+		}
+	}
+	for name, n := range shard {
+		c[shardSized(name)] = setFill{setCapacity(n), n}
 	}
 	return c
 }
@@ -92,48 +121,88 @@ func serviceElementCounts(els []mapElement) [2]int {
 	return n
 }
 
-// servicesMapCount is 1 when e is an element of the kernel's services map
-// of family f, else 0.
-func servicesMapCount(e mapElement, f ipFamily) int {
-	if e.Family == f && e.inServicesMap() {
-		return 1
-	}
-	return 0
-}
-
 // after returns the capacities after the round d (its additions and
-// deletions of addresses), and whether every set still fits in its
-// capacity. Empty capacities (no table written yet) never fit.
+// deletions of addresses and elements, the shard sets and maps it creates
+// and deletes), and whether every set still fits in its capacity. A
+// shard's set or map created in the round gets the capacity of what it
+// then holds (setCapacity). Empty capacities (no table written yet) never
+// fit.
 func (c capacities) after(d delta) (capacities, bool) {
 	if len(c) == 0 {
 		return nil, false
 	}
+	change := countChanges(d)
 	out := capacities{}
-	fits := true
 	for s, v := range c {
-		switch {
-		case s.services:
-			// An update may move an element between the services
-			// map and a shard set (a port becoming plain, or no
-			// longer).
-			for _, it := range d.Elements.Created {
-				v.count += servicesMapCount(it.Value, s.family)
-			}
-			for _, it := range d.Elements.Updated {
-				v.count += servicesMapCount(it.Value, s.family) - servicesMapCount(it.Prev, s.family)
-			}
-			for _, it := range d.Elements.Deleted {
-				v.count -= servicesMapCount(it.Prev, s.family)
-			}
-		case s.clusterIPs:
-			v.count += familyCounts(d.ClusterIPs.Created)[s.family] - familyCounts(d.ClusterIPs.Deleted)[s.family]
-		default:
-			v.count += familyCounts(d.Hairpin.Created)[s.family] - familyCounts(d.Hairpin.Deleted)[s.family]
+		out[s] = v
+	}
+	for _, it := range d.Sets.Deleted {
+		delete(out, shardSized(it.Key))
+	}
+	for _, it := range d.Sets.Created {
+		if it.Value.Shard > 0 || it.Value.ShardSet > 0 {
+			n := change[shardSized(it.Key)]
+			out[shardSized(it.Key)] = setFill{setCapacity(n), 0}
 		}
+	}
+	fits := true
+	for s, v := range out {
+		v.count += change[s]
 		if v.count > int(v.capacity) {
 			fits = false
 		}
 		out[s] = v
 	}
 	return out, fits
+}
+
+// countChanges returns by how many elements the round d changes each
+// sized set (the sets it does not change are absent).
+func countChanges(d delta) map[sizedSet]int {
+	n := map[sizedSet]int{}
+	// An update may move an element between the services map and a
+	// shard set (a port becoming plain, or no longer), or between shard
+	// sets, and an endpoint between shard maps.
+	element := func(e mapElement, k int) {
+		switch {
+		case e.inServicesMap():
+			n[sizedSet{services: true, family: e.Family}] += k
+		case e.Verdict.Shard > 0:
+			n[shardSized(e.set())] += k
+		}
+	}
+	for _, it := range d.Elements.Created {
+		element(it.Value, 1)
+	}
+	for _, it := range d.Elements.Updated {
+		element(it.Value, 1)
+		element(it.Prev, -1)
+	}
+	for _, it := range d.Elements.Deleted {
+		element(it.Prev, -1)
+	}
+	endpoint := func(e endpointElement, k int) {
+		if e.Shard.Addr.IsValid() {
+			n[shardSized(e.Map())] += k
+		}
+	}
+	for _, it := range d.Endpoints.Created {
+		endpoint(it.Value, 1)
+	}
+	for _, it := range d.Endpoints.Updated {
+		endpoint(it.Value, 1)
+		endpoint(it.Prev, -1)
+	}
+	for _, it := range d.Endpoints.Deleted {
+		endpoint(it.Prev, -1)
+	}
+	for i, c := range []addrChanges{d.Hairpin, d.ClusterIPs} {
+		created, deleted := familyCounts(c.Created), familyCounts(c.Deleted)
+		for _, f := range []ipFamily{ipv4, ipv6} {
+			if k := created[f] - deleted[f]; k != 0 {
+				n[sizedSet{clusterIPs: i == 1, family: f}] += k
+			}
+		}
+	}
+	return n
 }

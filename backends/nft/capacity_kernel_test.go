@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"sigs.k8s.io/kpng/internal/netns"
+	"sigs.k8s.io/kpng/model"
 )
 
 // TestKernelSetCapacity: a full write gives the hairpin and cluster-ips
@@ -88,4 +89,65 @@ func syncSized(t *testing.T, b *netns.BlogTopology, s *testSink, when string, fu
 		t.Errorf("%s: %s is not of size %d:\n%.300s", when, name, size, out)
 	}
 	return out
+}
+
+// TestKernelShardCapacity: a full write gives each shard's set and map the
+// capacity of its elements; a shard created by a partial sync gets the
+// capacity of what it then holds; a round within the capacities is
+// partial, the round taking a shard's set or map over its capacity writes
+// the table whole with larger ones, and every service port and endpoint
+// is in the kernel, answering.
+func TestKernelShardCapacity(t *testing.T) {
+	b := kernelTopology(t)
+	s := newTestSink(t, b, "shardcap")
+	items := manyServices(1025)
+	pod, pod2 := podEndpoints(netns.PodID)[0], podEndpoints(netns.Pod2ID)[0] // IPv4
+	// expect syncs s and checks the shard's set and map: their sizes and
+	// their numbers of elements (one " . tcp . 80" each: a key of the set,
+	// the key of an endpoint in the map).
+	expect := func(when string, full bool, shard, setSize, ports, mapSize int) {
+		t.Helper()
+		out := syncSized(t, b, s, when, full, "set", fmt.Sprintf("shard-ips-v4-%d", shard), setSize)
+		if got := strings.Count(out, " . tcp . 80"); got != ports {
+			t.Errorf("%s: %d keys in shard-ips-v4-%d, want %d", when, got, shard, ports)
+		}
+		out, _, err := b.Node.Exec(nil, "nft", "list", "map", "ip", s.nft.table, fmt.Sprintf("shard-endpoints-v4-%d", shard))
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if !strings.Contains(out, fmt.Sprintf("\tsize %d\n", mapSize)) {
+			t.Errorf("%s: shard-endpoints-v4-%d is not of size %d:\n%.300s", when, shard, mapSize, out)
+		}
+		if got := strings.Count(out, " . tcp . 80 . "); got != ports*shard {
+			t.Errorf("%s: %d endpoints in shard-endpoints-v4-%d, want %d", when, got, shard, ports*shard)
+		}
+	}
+	s.setAll(items[:300]...)
+	expect("300 services of 1 endpoint", true, 1, 1024, 300, 1024)
+	for _, se := range items[300:1024] {
+		s.set(se.Service.Key(), se)
+	}
+	expect("1,024 services", false, 1, 1024, 1024, 1024)
+	s.set(items[1024].Service.Key(), items[1024])
+	expect("1,025 services: over the capacity", true, 1, 4096, 1025, 4096)
+	expectAnswers(t, b, "1,025 services", items[1024], netns.PodID)
+
+	// withEndpoints gives services from to to two endpoints (copies: the
+	// feeder holds what it was given).
+	withEndpoints := func(from, to int) {
+		for i := from; i < to; i++ {
+			c := *items[i]
+			c.Endpoints = []*model.Endpoint{pod, pod2}
+			items[i] = &c
+			s.set(c.Service.Key(), &c)
+		}
+	}
+	withEndpoints(0, 100)
+	expect("shard 2 created, 100 services", false, 2, 1024, 100, 1024)
+	withEndpoints(100, 512)
+	expect("512 services in shard 2", false, 2, 1024, 512, 1024)
+	withEndpoints(512, 513)
+	expect("513 services in shard 2: its map over the capacity", true, 2, 2048, 513, 4096)
+	expectAnswers(t, b, "513 services in shard 2", items[512], netns.PodID, netns.Pod2ID)
+	expectListingIsText(t, b, s, "513 services in shard 2")
 }

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -34,7 +35,7 @@ func TestCapacitiesAfter(t *testing.T) {
 	if _, ok := capacities(nil).after(delta{}); ok {
 		t.Error("no table written: the round fits")
 	}
-	c := wholeCapacities(addrs("10.1.0.0", 500), addrs("10.96.0.0", 10), nil)
+	c := wholeCapacities(&ruleset{Hairpin: addrs("10.1.0.0", 500), ClusterIPs: addrs("10.96.0.0", 10)})
 	if got := c[sizedSet{family: ipv4}]; got != (setFill{1024, 500}) {
 		t.Fatalf("hairpin-v4 %+v, want capacity 1024, 500 elements", got)
 	}
@@ -76,7 +77,7 @@ func TestServicesMapCapacity(t *testing.T) {
 		}
 		return out
 	}
-	c := wholeCapacities(nil, nil, append(elements(mapServices, ipv4, 0, 600), elements(mapNoEndpoints, ipv4, 600, 900)...))
+	c := wholeCapacities(&ruleset{Elements: append(elements(mapServices, ipv4, 0, 600), elements(mapNoEndpoints, ipv4, 600, 900)...)})
 	if got := c[sizedSet{services: true, family: ipv4}]; got != (setFill{2048, 600}) {
 		t.Fatalf("service-ips-v4 %+v, want capacity 2,048, 600 elements", got)
 	}
@@ -105,7 +106,7 @@ func TestServicesMapCapacity(t *testing.T) {
 		}
 		return els
 	}
-	c = wholeCapacities(nil, nil, append(elements(mapServices, ipv4, 0, 600), shard(elements(mapServices, ipv4, 600, 5000))...))
+	c = wholeCapacities(&ruleset{Elements: append(elements(mapServices, ipv4, 0, 600), shard(elements(mapServices, ipv4, 600, 5000))...)})
 	if got := c[sizedSet{services: true, family: ipv4}]; got != (setFill{2048, 600}) {
 		t.Fatalf("service-ips-v4 with 5,000 plain ports beside: %+v, want capacity 2,048, 600 elements", got)
 	}
@@ -123,5 +124,80 @@ func TestServicesMapCapacity(t *testing.T) {
 	d.Elements.Updated[1] = diffstore.Item[string, mapElement]{Key: was.ID(), Value: shard([]mapElement{was})[0], Prev: was}
 	if next, ok := c.after(d); !ok || next[sizedSet{services: true, family: ipv4}].count != 2047 {
 		t.Errorf("600 + 1,447 new + 1 that left its shard - 1 that went to one: fits %v, %+v, want 2,047 elements", ok, next[sizedSet{services: true, family: ipv4}])
+	}
+}
+
+// TestShardCapacities: a shard's set and map are sized by their own
+// elements (a key a plain service port, an element each of its
+// endpoints); a round moving ports between shards counts on both sides; a
+// shard created in a round gets the capacity of what it then holds, and a
+// shard deleted leaves no capacity behind.
+func TestShardCapacities(t *testing.T) {
+	tr := newTracker(Options{})
+	plain := func(i, endpoints int) *model.ServiceEndpoints {
+		var eps []*model.Endpoint
+		for e := range endpoints {
+			eps = append(eps, ep(fmt.Sprintf("10.1.%d.%d", e, 1+i%250), false))
+		}
+		return &model.ServiceEndpoints{Service: svc("ns", fmt.Sprintf("s%d", i), ipset(fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250)), tcp(80, 8080)), Endpoints: eps}
+	}
+	set := func(from, to, endpoints int) {
+		for i := from; i < to; i++ {
+			se := plain(i, endpoints)
+			tr.Update(se.Service.Key(), se)
+		}
+	}
+	set(0, 400, 2)
+	tr.Done()
+	c := wholeCapacities(tr.Ruleset("x"))
+	if got, want := c[shardSized("shard-ips-v4-2")], (setFill{1024, 400}); got != want {
+		t.Errorf("shard-ips-v4-2 %+v, want %+v", got, want)
+	}
+	if got, want := c[shardSized("shard-endpoints-v4-2")], (setFill{2048, 800}); got != want {
+		t.Errorf("shard-endpoints-v4-2 %+v, want %+v", got, want)
+	}
+
+	// 100 services more of 2 endpoints, 50 of the 400 moved to shard 3
+	// (created in the round).
+	set(400, 500, 2)
+	set(0, 50, 3)
+	next, ok := c.after(tr.Done())
+	for name, want := range map[string]setFill{
+		"shard-ips-v4-2": {1024, 450}, "shard-endpoints-v4-2": {2048, 900},
+		"shard-ips-v4-3": {1024, 50}, "shard-endpoints-v4-3": {1024, 150},
+	} {
+		if got := next[shardSized(name)]; got != want {
+			t.Errorf("100 more in shard 2, 50 moved to shard 3: %s %+v, want %+v", name, got, want)
+		}
+	}
+	if !ok {
+		t.Error("100 more in shard 2, 50 moved to shard 3: does not fit")
+	}
+	c = next
+
+	// 575 more in shard 2: its set holds 1,025 keys, over its capacity
+	// (its map, 2,050 of 2,048, too); then the shard-3 ports back in
+	// shard 2 instead, with 526 new ones: 1,024 keys, 2,048 endpoints, and
+	// shard 3 deleted.
+	set(500, 1075, 2)
+	if _, ok := c.after(tr.Done()); ok {
+		t.Error("1,025 ports in shard 2 fit a capacity of 1,024")
+	}
+	tr = newTracker(Options{})
+	set(0, 500, 2)
+	set(0, 50, 3)
+	tr.Done()
+	c = wholeCapacities(tr.Ruleset("x"))
+	set(0, 50, 2)
+	set(500, 524, 2)
+	next, ok = c.after(tr.Done())
+	if got := next[shardSized("shard-ips-v4-2")]; !ok || got != (setFill{1024, 524}) {
+		t.Errorf("shard 3's ports back in shard 2, 24 new: fits %v, %+v, want 524 keys of 1,024", ok, got)
+	}
+	if _, ok := next[shardSized("shard-ips-v4-3")]; ok {
+		t.Error("shard 3 deleted: its set keeps a capacity")
+	}
+	if _, ok := next[shardSized("shard-endpoints-v4-3")]; ok {
+		t.Error("shard 3 deleted: its map keeps a capacity")
 	}
 }

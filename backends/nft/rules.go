@@ -267,11 +267,12 @@ const affinitySetSize = 65535
 
 // Text returns the set's declaration in nft syntax, as nft lists it, with
 // the elements of an endpoint or shard map given in els (its own) and their comments in
-// comments, or those of a shard set in keys. The maps keyed by a random number are declared with typeof
+// comments, or those of a shard set in keys; size is a shard set's or map's capacity
+// (capacity.go). The maps keyed by a random number are declared with typeof
 // (setUserData): nft has no type name for an integer key.
-func (s *namedSet) Text(els []endpointElement, comments blockComments, keys []mapElement) string {
+func (s *namedSet) Text(size uint32, els []endpointElement, comments blockComments, keys []mapElement) string {
 	if s.ShardSet > 0 {
-		text := fmt.Sprintf("set %s {\n\t\ttype %s . inet_proto . inet_service", s.Name, s.Family.info().addrType)
+		text := fmt.Sprintf("set %s {\n\t\ttype %s . inet_proto . inet_service\n\t\tsize %d", s.Name, s.Family.info().addrType, size)
 		var lines []string
 		for _, e := range keys {
 			lines = append(lines, "\t\t\t"+e.text())
@@ -284,7 +285,7 @@ func (s *namedSet) Text(els []endpointElement, comments blockComments, keys []ma
 	if s.EndpointMap || s.Shard > 0 {
 		text := fmt.Sprintf("map %s {\n\t\ttypeof %s : %s\n\t\tflags interval", s.Name, numgenText(blockRange, 0), endpointDataTypeof(s.Family))
 		if s.Shard > 0 {
-			text = fmt.Sprintf("map %s {\n\t\ttypeof %s", s.Name, shardMapTypeof(s.Family, s.Shard))
+			text = fmt.Sprintf("map %s {\n\t\ttypeof %s\n\t\tsize %d", s.Name, shardMapTypeof(s.Family, s.Shard), size)
 		}
 		var lines []string
 		for _, e := range els {

@@ -175,7 +175,7 @@ func (s *Sink) sync(repair string) error {
 	s.changed = 0
 	delta := s.tracker.done(!s.needFull)
 	if !s.needFull && !s.applier.Fits(delta) {
-		s.logger.V(2).Info("A hairpin, cluster-ips or service-ips set outgrows its capacity: writing the table whole", "table", s.table)
+		s.logger.V(2).Info("A hairpin, cluster-ips, service-ips or shard set or a shard map outgrows its capacity: writing the table whole", "table", s.table)
 		s.needFull = true
 	}
 	s.staleFlows = append(s.staleFlows, s.tracker.StaleFlows(delta)...)

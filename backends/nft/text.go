@@ -132,7 +132,7 @@ func (r lookupRule) text() string {
 // order); TestKernelListingReloads loads that listing back with nft -f.
 func (rs *ruleset) Text() string {
 	var b strings.Builder
-	caps := wholeCapacities(rs.Hairpin, rs.ClusterIPs, rs.Elements)
+	caps := wholeCapacities(rs)
 	comments := commentsOf(rs.Blocks)
 	byMap := map[string][]endpointElement{}
 	for _, e := range rs.endpoints() {
@@ -193,7 +193,7 @@ func (rs *ruleset) tableText(b *strings.Builder, f ipFamily, caps capacities, co
 	writeElements(b, els)
 	for _, s := range rs.Sets {
 		if s.Family == f {
-			fmt.Fprintf(b, "\t%s\n\n", s.Text(byMap[s.Name], comments, keys[s.Name]))
+			fmt.Fprintf(b, "\t%s\n\n", s.Text(caps[shardSized(s.Name)].capacity, byMap[s.Name], comments, keys[s.Name]))
 		}
 	}
 	for _, c := range baseChains {
