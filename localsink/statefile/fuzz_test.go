@@ -1,6 +1,7 @@
 package statefile
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -37,6 +38,40 @@ func FuzzParse(f *testing.F) {
 		}
 		if diff := cmp.Diff(items, again, cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty()); diff != "" {
 			t.Fatalf("written and parsed again (-first +second):\n%s", diff)
+		}
+	})
+}
+
+// FuzzArrayItems: whatever the content, the fast split of a JSON array
+// agrees with the decoder's (jsonItems) when both take it, and takes every
+// array of objects or arrays that the decoder takes.
+func FuzzArrayItems(f *testing.F) {
+	for _, seed := range []string{"[]", `[{"a":"]"},[1,{"b":"\\\""}]]`, `[{}, 1]`, `[{"a":1}`, `[{} {}]`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, fastOK := arrayItems(data)
+		slow, slowOK := jsonItems(data)
+		if !slowOK {
+			return
+		}
+		containers := true
+		for _, r := range slow {
+			containers = containers && (r[0] == '{' || r[0] == '[')
+		}
+		if containers && !fastOK {
+			t.Fatalf("%q: the decoder splits it in %d items, the fast split not", data, len(slow))
+		}
+		if !fastOK {
+			return
+		}
+		if len(fast) != len(slow) {
+			t.Fatalf("%q: %d items, the decoder's %d", data, len(fast), len(slow))
+		}
+		for i := range fast {
+			if !bytes.Equal(fast[i], slow[i]) {
+				t.Fatalf("%q: item %d %q, the decoder's %q", data, i, fast[i], slow[i])
+			}
 		}
 	})
 }

@@ -529,6 +529,55 @@ func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
 	}
 }
 
+// TestSettled: a file read when it had not changed for the delay, and
+// still that version, is taken without reading it again (where the system
+// gives a file's change time: the data given is not compared); one changed
+// within the delay before the read, or since, is read again after the
+// delay, and is taken only if it still holds what was read.
+func TestSettled(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.json")
+	const delay = 50 * time.Millisecond
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() ([]byte, os.FileInfo, time.Time) {
+		t.Helper()
+		at := time.Now()
+		data, fi, err := readFile(path, DefaultMaxSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data, fi, at
+	}
+	write("[]")
+	data, fi, at := read()
+	if err := settled(ctx, path, DefaultMaxSize, []byte("[1]"), fi, at, delay); err == nil {
+		t.Error("written just before the read: taken without reading it again")
+	}
+	if err := settled(ctx, path, DefaultMaxSize, data, fi, at, delay); err != nil {
+		t.Errorf("written just before the read, the same when read again: %v", err)
+	}
+
+	time.Sleep(2 * delay)
+	data, fi, at = read()
+	err := settled(ctx, path, DefaultMaxSize, []byte("[1]"), fi, at, delay)
+	if changeTime(fi) != 0 && err != nil {
+		t.Errorf("unchanged for twice the delay before the read: %v, want it taken as read", err)
+	}
+	if changeTime(fi) == 0 && err == nil {
+		t.Error("no change time: taken without reading it again")
+	}
+
+	write("[{}]") // since the read
+	if err := settled(ctx, path, DefaultMaxSize, data, fi, at, delay); err == nil {
+		t.Error("changed since the read: taken")
+	}
+}
+
 // TestParseByItemMatchesWhole: a YAML list decoded one item at a time
 // (ParseState's splitItems) gives what decoding it as a whole gives, the
 // errors included, and the shapes splitItems does not take are decoded
@@ -614,6 +663,51 @@ func TestJSONItems(t *testing.T) {
 		for _, r := range raws {
 			if !json.Valid(r) || r[0] != '{' {
 				t.Errorf("%q: item %q", tc.data, r)
+			}
+		}
+	}
+}
+
+// TestArrayItems checks which files the fast split takes (one JSON array
+// of objects or arrays, nothing after it), that each item comes whole
+// (brackets and escaped quotes in strings are not counted), and that the
+// items are those of jsonItems.
+func TestArrayItems(t *testing.T) {
+	for _, tc := range []struct {
+		data  string
+		items int
+		ok    bool
+	}{
+		{`[]`, 0, true},
+		{" [ ] \n", 0, true},
+		{" \n[{\"Service\":{\"Name\":\"b\"}}, {\"Service\":{\"Name\":\"[c]\"}}]\n", 2, true},
+		{`[{"Name":"a\"]}"},{"Name":"\\"},[[1],{"x":"}"}]]`, 3, true},
+		{"[\t{}\r\n,\n{}]", 2, true},
+		{`[{"Service":{}}] []`, 0, false},
+		{`[{"Service":{}}`, 0, false},
+		{`[{"Service":"}]`, 0, false},
+		{`{"Service":{}}`, 0, false},
+		{"- Service: {Name: b}\n", 0, false},
+		{`[{"Service":{}},]`, 0, false},
+		{`[{"Service":{}} {"Service":{}}]`, 0, false},
+		{`[1, {}]`, 0, false},
+		{`[null]`, 0, false},
+	} {
+		raws, ok := arrayItems([]byte(tc.data))
+		if ok != tc.ok || len(raws) != tc.items {
+			t.Errorf("%q: %d items, %v; want %d, %v", tc.data, len(raws), ok, tc.items, tc.ok)
+		}
+		if !ok {
+			continue
+		}
+		want, ok := jsonItems([]byte(tc.data))
+		if !ok || len(want) != len(raws) {
+			t.Errorf("%q: jsonItems: %d items, %v", tc.data, len(want), ok)
+			continue
+		}
+		for i := range raws {
+			if !bytes.Equal(raws[i], want[i]) {
+				t.Errorf("%q: item %d %q, jsonItems' %q", tc.data, i, raws[i], want[i])
 			}
 		}
 	}
