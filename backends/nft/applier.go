@@ -618,8 +618,8 @@ func (a *applier) Partial(d delta) (stats Stats, err error) {
 // Fits reports whether the round d can be applied by Partial: its sized
 // sets stay within their capacities (a table was written whole, and d
 // does not take a hairpin, cluster-ips, services or shard set or a shard
-// map over the capacity it was given when created). Otherwise the table must be written whole (Full), with
-// capacities for its new counts.
+// map over the capacity it was given when created). Otherwise the table
+// must be written whole (Full), with capacities for its new counts.
 func (a *applier) Fits(d delta) bool {
 	_, ok := a.caps.after(d)
 	return ok

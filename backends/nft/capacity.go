@@ -15,8 +15,9 @@ import (
 // (nft's "size"), the kernel keeps a set in a hash table of fixed size
 // (nft_set_hash's "hash" type) instead of one that grows by rehashing as
 // the elements come (rhash): 500,000 hairpin addresses went in in 0.33 s
-// instead of 0.88 s, and the first full write of 50,000 × 10 took about
-// 0.6 s less once the shards were sized too (docs/benchmarks.md). The
+// instead of 0.88 s, and the transaction of the first full write of
+// 50,000 × 10 took about 0.9 s less once the shards were sized too
+// (docs/benchmarks.md, "Sized shards and a faster state file"). The
 // capacity is the most the set may hold, so it is chosen when the set is
 // created (with the table, written whole, or a shard's in the round its
 // first service port comes), from what the set then holds, with room to

@@ -118,7 +118,8 @@ func expectShardTable(t *testing.T, b *netns.BlogTopology, s *testSink, when str
 // expectListingIsText checks that the kernel's listing of s's table is
 // the tracker's Text (but for the sized sets' capacities: Text gives
 // those of a table written whole now, the kernel has those of the last
-// full write, capacity.go), and returns the listing's objects.
+// full write, or of the partial sync that created a shard's set or map,
+// capacity.go), and returns the listing's objects.
 func expectListingIsText(t *testing.T, b *netns.BlogTopology, s *testSink, when string) map[string]*listedObject {
 	t.Helper()
 	s.nft.mu.Lock()

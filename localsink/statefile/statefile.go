@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -168,6 +169,7 @@ func readFile(path string, maxSize int64) ([]byte, os.FileInfo, error) {
 	// Read into a buffer of the size the file has (one byte more, to see
 	// it grow): io.ReadAll's doubling copied a 49 MB file about twice
 	// over.
+	maxSize = min(maxSize, math.MaxInt64-1) // maxSize+1 below
 	data := make([]byte, 0, min(fi.Size(), maxSize)+1)
 	for int64(len(data)) <= maxSize {
 		if len(data) == cap(data) {
@@ -230,16 +232,19 @@ func Parse(data []byte) ([]*model.ServiceEndpoints, error) {
 // a tree of nodes and then of generic values, about 30 times the size of
 // the text (a state of 50,000 services × 10 endpoints, 49 MB of YAML, took
 // 1.5 GiB to decode at once), its items on every CPU (parseItems). A
-// JSON array is decoded as JSON (jsonItems). Any other shape, or an item
-// that does not decode alone, is decoded as a whole, as before: the result
-// and the errors are the same either way.
+// JSON array of objects is split by its brackets (arrayItems), another
+// JSON array by the JSON decoder (jsonItems), and its items decoded as
+// JSON. Any other shape, or an item that does not decode alone, is decoded
+// as a whole, as before: the result and the errors are the same either
+// way.
 func ParseState(data []byte) (*model.Cluster, []*model.ServiceEndpoints, error) {
 	if raws, ok := arrayItems(data); ok {
 		c, items, err := parseItems(len(raws), func(i int) (json.RawMessage, error) { return raws[i], nil })
-		if err == nil {
-			return c, items, nil
+		if err == nil || json.Valid(data) {
+			// Valid JSON: jsonItems would split the same items.
+			return c, items, err
 		}
-		// An error: read again as below, for the same message.
+		// Not JSON: read again as below, for the same message.
 	}
 	if raws, ok := jsonItems(data); ok {
 		return parseItems(len(raws), func(i int) (json.RawMessage, error) { return raws[i], nil })
@@ -740,7 +745,8 @@ func canonical(s model.IPSet) (model.IPSet, error) {
 // maxSize bytes (0: DefaultMaxSize; it is not read then), is empty (an
 // empty state is "[]") or is malformed is logged and ignored: the sink
 // keeps the last good state. A new content is taken once it reads the
-// same twice, settleDelay (100 ms) apart: a file written in place,
+// same twice, settleDelay (100 ms) apart, or at once when it had not
+// changed for settleDelay + quietMargin when read (settled): a file written in place,
 // truncated and then filled, is seen half-written in between, and half a
 // list of services can be a valid shorter list. The first state is only
 // delivered once the file has been read successfully. A round the sink
@@ -840,18 +846,25 @@ var watchChecked = func(path string, err error) {}
 // same before it is taken.
 const settleDelay = 100 * time.Millisecond
 
+// quietMargin is added to the settle delay for how long before its read
+// a file must have last changed for settled to take it without reading it
+// again: a margin for filesystems that keep times to the second or two
+// (ext4 with small inodes, FAT) and for a clock that differs a little from
+// the one that stamped the file (NFS).
+const quietMargin = 3 * time.Second
+
 // settled says whether path, read at readAt as data (which must not be
 // empty) in the version read, has settled: it had not changed for delay
-// when read and is still that version (where the system gives a file's
-// change time, which no call sets), or else it still holds data when read
-// again after delay. At 50,000 services, the wait and the second read of
-// the 49 MB were about 0.3 s of a cold start, for a file written long
-// before.
+// + quietMargin (3 s) when read and is still that version (where the
+// system gives a file's change time, which no call sets), or else it
+// still holds data when read again after delay. At 50,000 services, the
+// wait and the second read of the 49 MB were about 0.3 s of a cold start,
+// for a file written long before.
 func settled(ctx context.Context, path string, maxSize int64, data []byte, read os.FileInfo, readAt time.Time, delay time.Duration) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return errors.New("the file is empty (being written? an empty state is written [])")
 	}
-	if ct := changeTime(read); ct != 0 && readAt.Sub(time.Unix(0, ct)) >= delay {
+	if ct := changeTime(read); ct != 0 && readAt.Sub(time.Unix(0, ct)) >= delay+quietMargin {
 		if now, err := os.Stat(path); err == nil && sameVersion(now, read) {
 			return nil
 		}

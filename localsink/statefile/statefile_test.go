@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -416,6 +417,15 @@ func TestReadRefusesWhatIsTooLarge(t *testing.T) {
 	if _, err := Read("/dev/zero"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("Read(/dev/zero): %v, want it refused", err)
 	}
+	// The largest limit there is: the file read whole (its limit + 1,
+	// to see it grow, does not overflow).
+	small := filepath.Join(t.TempDir(), "small.json")
+	if err := os.WriteFile(small, []byte("[]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if data, _, err := readFile(small, math.MaxInt64); err != nil || string(data) != "[]" {
+		t.Errorf("a file of 2 bytes with a limit of MaxInt64: %q, %v", data, err)
+	}
 }
 
 // TestWatchKeepsServingPastAHugeFile replaces a watched state file with a
@@ -529,11 +539,12 @@ func TestWatchWaitsForAFileBeingWritten(t *testing.T) {
 	}
 }
 
-// TestSettled: a file read when it had not changed for the delay, and
-// still that version, is taken without reading it again (where the system
-// gives a file's change time: the data given is not compared); one changed
-// within the delay before the read, or since, is read again after the
-// delay, and is taken only if it still holds what was read.
+// TestSettled: a file read when it had not changed for the delay and the
+// margin (quietMargin), and still that version, is taken without reading
+// it again (where the system gives a file's change time: the data given is
+// not compared); one changed within them before the read, or since, is
+// read again after the delay, and is taken only if it still holds what
+// was read.
 func TestSettled(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "state.json")
@@ -564,9 +575,14 @@ func TestSettled(t *testing.T) {
 
 	time.Sleep(2 * delay)
 	data, fi, at = read()
+	if err := settled(ctx, path, DefaultMaxSize, []byte("[1]"), fi, at, delay); err == nil {
+		t.Error("unchanged for twice the delay, within the margin, before the read: taken without reading it again")
+	}
+	time.Sleep(delay + quietMargin)
+	data, fi, at = read()
 	err := settled(ctx, path, DefaultMaxSize, []byte("[1]"), fi, at, delay)
 	if changeTime(fi) != 0 && err != nil {
-		t.Errorf("unchanged for twice the delay before the read: %v, want it taken as read", err)
+		t.Errorf("unchanged for the delay and the margin before the read: %v, want it taken as read", err)
 	}
 	if changeTime(fi) == 0 && err == nil {
 		t.Error("no change time: taken without reading it again")
@@ -610,6 +626,7 @@ func TestParseByItemMatchesWhole(t *testing.T) {
 		{"JSON with a service twice", `[{"Service":{"Namespace":"a","Name":"b"}},{"Service":{"Namespace":"a","Name":"b"}}]`, false},
 		{"JSON, then more", `[{"Service":{"Namespace":"a","Name":"b"}}] [{"Service":{"Namespace":"a","Name":"c"}}]`, false},
 		{"JSON cut short", `[{"Service":{"Namespace":"a","Name":"b"}}`, false},
+		{"JSON with a syntax error in an item", `[{"Service":{"Namespace":"a","Name":"b"}},{"Service":{"Namespace":"a",}}]`, false},
 		{"empty JSON", "[]", false},
 		{"two documents", "- Service: {Namespace: a, Name: b}\n---\n- Service: {Namespace: a, Name: c}\n", false},
 		{"an indented list", "  - Service: {Namespace: a, Name: b}\n", false},
