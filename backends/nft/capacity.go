@@ -1,8 +1,11 @@
 package nft
 
 import (
+	"cmp"
 	"math/bits"
 	"net/netip"
+
+	"sigs.k8s.io/kpng/diffstore"
 )
 
 // This file sizes the table's sets that grow with the state: the hairpin
@@ -172,31 +175,12 @@ func countChanges(d delta) map[sizedSet]int {
 			n[shardSized(e.set())] += k
 		}
 	}
-	for _, it := range d.Elements.Created {
-		element(it.Value, 1)
-	}
-	for _, it := range d.Elements.Updated {
-		element(it.Value, 1)
-		element(it.Prev, -1)
-	}
-	for _, it := range d.Elements.Deleted {
-		element(it.Prev, -1)
-	}
-	endpoint := func(e endpointElement, k int) {
+	tally(d.Elements, element)
+	tally(d.Endpoints, func(e endpointElement, k int) {
 		if e.Shard.Addr.IsValid() {
 			n[shardSized(e.Map())] += k
 		}
-	}
-	for _, it := range d.Endpoints.Created {
-		endpoint(it.Value, 1)
-	}
-	for _, it := range d.Endpoints.Updated {
-		endpoint(it.Value, 1)
-		endpoint(it.Prev, -1)
-	}
-	for _, it := range d.Endpoints.Deleted {
-		endpoint(it.Prev, -1)
-	}
+	})
 	for i, c := range []addrChanges{d.Hairpin, d.ClusterIPs} {
 		created, deleted := familyCounts(c.Created), familyCounts(c.Deleted)
 		for _, f := range []ipFamily{ipv4, ipv6} {
@@ -206,4 +190,19 @@ func countChanges(d delta) map[sizedSet]int {
 		}
 	}
 	return n
+}
+
+// tally calls count with each value c adds (created, updated: k = 1) and
+// each it removes (updated, deleted: k = -1).
+func tally[K cmp.Ordered, V any](c diffstore.Changes[K, V], count func(v V, k int)) {
+	for _, it := range c.Created {
+		count(it.Value, 1)
+	}
+	for _, it := range c.Updated {
+		count(it.Value, 1)
+		count(it.Prev, -1)
+	}
+	for _, it := range c.Deleted {
+		count(it.Prev, -1)
+	}
 }
