@@ -574,7 +574,7 @@ func TestSettled(t *testing.T) {
 	}
 
 	time.Sleep(2 * delay)
-	data, fi, at = read()
+	_, fi, at = read()
 	if err := settled(ctx, path, DefaultMaxSize, []byte("[1]"), fi, at, delay); err == nil {
 		t.Error("unchanged for twice the delay, within the margin, before the read: taken without reading it again")
 	}
