@@ -192,8 +192,11 @@ func add(out map[frontendKey]*route, problems *[]error, k frontendKey, r *route)
 	out[k] = r
 }
 
-// familyAddrs parses the addresses of one family of s (the model holds
-// them valid and canonical).
+// familyAddrs parses the addresses of one family of s: those of its list
+// of that family that are of that family (the model holds them valid and
+// canonical when it comes from kpng's watcher or a state file; a model
+// made by other code may hold an IPv4 address in V6, which a frontend of
+// IPv6 must not target).
 func familyAddrs(s model.IPSet, v4 bool) []netip.Addr {
 	list := s.V6
 	if v4 {
@@ -201,7 +204,7 @@ func familyAddrs(s model.IPSet, v4 bool) []netip.Addr {
 	}
 	out := make([]netip.Addr, 0, len(list))
 	for _, a := range list {
-		if ip, err := netip.ParseAddr(a); err == nil {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Unmap().Is4() == v4 {
 			out = append(out, ip.Unmap())
 		}
 	}
