@@ -133,6 +133,7 @@ cross:
 FUZZTIME ?= 30s
 FUZZ_TARGETS ?= \
 	./localsink/statefile:FuzzParse \
+	./localsink/statefile:FuzzArrayItems \
 	./api/kpngv1:FuzzModel \
 	./client/watcher:FuzzConvert \
 	./model:FuzzParse \
