@@ -2,13 +2,17 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
+	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/model"
 )
 
@@ -106,6 +110,67 @@ func TestSlowSharedFirstStateGivesItsTurnBack(t *testing.T) {
 	}
 }
 
+// TestStuckPerNodeStreamGivesItsChangeTurnBack: with one turn of the
+// changes, a per-node stream whose backend stops reading in the middle of
+// a change gives its turn back after turnHold, so that another stream is
+// sent the next change while the first is still stuck; once its backend
+// reads again, the stuck stream gets the changes too and the turn is
+// free. Kept until the send ended, the turn would hold every other
+// per-node stream's changes back, up to the send timeout.
+func TestStuckPerNodeStreamGivesItsChangeTurnBack(t *testing.T) {
+	h := NewHub(true)
+	change := func(label string) {
+		t.Helper()
+		h.Update(model.ServiceKey{Namespace: "ns", Name: "a"}, nil, internalSvc("a", label))
+		if err := h.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	change("first")
+	s := New(h, Options{})
+	s.turnHold = 50 * time.Millisecond
+	s.changeTurns = make(chan struct{}, 1)
+	t.Cleanup(s.Stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 2)
+	start := func(node string) *recordingStream {
+		r := newRecordingStream(true)
+		sub := s.hub.subscribe(node, false, nil)
+		t.Cleanup(func() { s.hub.unsubscribe(sub) })
+		go func() { done <- s.serve(ctx, sub, &batchSender{stream: r, max: DefaultBatchOps}) }()
+		return r
+	}
+
+	stuck := start("stuck")
+	waitUntil(t, "the stuck stream's first state", func() bool { return stuck.holds("first") })
+	stuck.mu.Lock()
+	stuck.open = false
+	stuck.mu.Unlock()
+	change("second")
+	waitUntil(t, "the stuck stream in its send of a change", func() bool {
+		stuck.mu.Lock()
+		defer stuck.mu.Unlock()
+		return stuck.waiting > 0
+	})
+	other := start("node-a")
+	waitUntil(t, "the other stream's first state", func() bool { return other.holds("second") })
+	change("third")
+	waitUntil(t, "the other stream's change while the first is stuck", func() bool { return other.holds("third") })
+	if stuck.holds("second") {
+		t.Fatal("the stuck stream was sent a change through a shut gate")
+	}
+	stuck.setOpen()
+	waitUntil(t, "the stuck stream's changes once it reads", func() bool { return stuck.holds("third") })
+	waitUntil(t, "the turn of the changes free", func() bool { return len(s.changeTurns) == 0 })
+	cancel()
+	for range 2 {
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("a stream ended with %v, want its context's end", err)
+		}
+	}
+}
+
 // waitUntil polls cond for up to 10 s.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -119,14 +184,21 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // recordingStream is a stream whose sends wait while its gate is shut
-// and record what they send.
+// and record what they send: a node-independent stream's encoded
+// batches, a per-node stream's Batch messages.
 type recordingStream struct {
 	grpc.ServerStream
-	mu   sync.Mutex
-	open bool
-	cond *sync.Cond
-	sent []rawBatch
+	mu      sync.Mutex
+	open    bool
+	cond    *sync.Cond
+	sent    []rawBatch
+	batches []*kpngv1.Batch
+	// waiting counts the sends waiting for the gate.
+	waiting int
 }
+
+// Send sends a per-node stream's Batch.
+func (r *recordingStream) Send(b *kpngv1.Batch) error { return r.SendMsg(b) }
 
 func newRecordingStream(open bool) *recordingStream {
 	r := &recordingStream{open: open}
@@ -138,10 +210,29 @@ func (r *recordingStream) SendMsg(m any) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for !r.open {
+		r.waiting++
 		r.cond.Wait()
+		r.waiting--
 	}
-	r.sent = append(r.sent, m.(rawBatch))
+	switch m := m.(type) {
+	case rawBatch:
+		r.sent = append(r.sent, m)
+	case *kpngv1.Batch:
+		r.batches = append(r.batches, proto.Clone(m).(*kpngv1.Batch))
+	}
 	return nil
+}
+
+// holds tells whether a per-node stream was sent a Batch mentioning s.
+func (r *recordingStream) holds(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, b := range r.batches {
+		if strings.Contains(b.String(), s) {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *recordingStream) setOpen() {

@@ -28,6 +28,13 @@ import (
 // only logs the figure, and make test runs it without the race detector
 // too.
 func TestAChangeToManyStreamsHoldsFewWriteBuffers(t *testing.T) {
+	t.Run("node-independent streams", func(t *testing.T) { aChangeToManyStreams(t, true) })
+	t.Run("per-node streams", func(t *testing.T) { aChangeToManyStreams(t, false) })
+}
+
+// aChangeToManyStreams makes a change to 400 caught-up streams after a
+// GC and checks what it allocated.
+func aChangeToManyStreams(t *testing.T, independent bool) {
 	const n = 400
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
 	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
@@ -35,7 +42,7 @@ func TestAChangeToManyStreamsHoldsFewWriteBuffers(t *testing.T) {
 	s.feed(state)
 	streams := make([]<-chan *kpngv1.Batch, n)
 	for i := range streams {
-		streams[i] = watchIndependent(t, s.addr, fmt.Sprintf("node-%d", i), nil)
+		streams[i] = watchWith(t, s.addr, &kpngv1.WatchRequest{NodeName: fmt.Sprintf("node-%d", i), NodeIndependent: independent})
 	}
 	change := func(ip string) {
 		state[1] = svc("ns", "b", ep(ip, ""))
