@@ -172,14 +172,16 @@ soak: controlplane
 ## latency to the last backend, the controller's RSS and the bytes per
 ## change and node, on one closing line (docs/benchmarks.md); with
 ## PROFILE_DIR, the controller's profiles there. The changes come back to
-## back, or CHANGE_GAP apart (e.g. 3s). Runs at nice 10.
+## back, or CHANGE_GAP apart (e.g. 3s); TCP=1 serves the backends on TCP
+## loopback instead of a unix socket. Runs at nice 10.
 NODES ?= 100
 SERVICES ?= 10000
 CHANGES ?= 100
 CHANGE_GAP ?= 0
 PROFILE_DIR ?=
+TCP ?=
 scale-controller: controlplane
-	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) bash hack/scale-controller.sh
+	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) bash hack/scale-controller.sh
 
 ## apiserver-watchers: what the API server pays for the watchers of
 ## Services and EndpointSlices: CONTROLLERS `kpng kube … to-api`

@@ -38,19 +38,19 @@ const rawReadBuffer = 32 << 10
 // hold one.
 var rawMessages = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
 
-// watchRaw opens the stream on its own connection to the unix socket
-// and reads it until ctx ends or it fails; the error, if any, is in
-// b.err.
-func (b *backend) watchRaw(ctx context.Context, socket string) {
-	b.err = b.readRaw(ctx, socket)
+// watchRaw opens the stream on its own connection to the controller at
+// addr on network ("unix": a socket's path; "tcp": host:port, plain) and
+// reads it until ctx ends or it fails; the error, if any, is in b.err.
+func (b *backend) watchRaw(ctx context.Context, network, addr string) {
+	b.err = b.readRaw(ctx, network, addr)
 	if !b.synced {
 		close(b.firstState)
 	}
 }
 
-func (b *backend) readRaw(ctx context.Context, socket string) error {
+func (b *backend) readRaw(ctx context.Context, network, addr string) error {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	conn, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return fmt.Errorf("watch as %s: %w", b.name, err)
 	}

@@ -77,7 +77,7 @@ func TestRawBackendAgainstGRPC(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { full.watch(ctx, conn) })
-	wg.Go(func() { raw.watchRaw(ctx, socket) })
+	wg.Go(func() { raw.watchRaw(ctx, "unix", socket) })
 	for _, b := range []*backend{full, raw} {
 		select {
 		case <-b.firstState:

@@ -6,9 +6,10 @@
 // creates --services Services with one EndpointSlice of --endpoints
 // endpoints each, spread over --nodes nodes (endpoint e of service i on
 // node-(i×endpoints+e mod nodes), so that every node's view differs by its
-// Local endpoints), starts the controller on a unix socket (no per-client
-// connection limit; --max-streams-per-node=-1, the other limits at their
-// defaults unless --to-api-flags says otherwise), waits until it holds
+// Local endpoints), starts the controller on a unix socket (--tcp: on
+// TCP loopback, plain; no connection limits; --max-streams-per-node=-1,
+// the other limits at their defaults unless --to-api-flags says
+// otherwise), waits until it holds
 // the state, then opens one lightweight Watch stream per node
 // (node-00000 …, --streams-per-conn to a connection) that counts the
 // bytes it receives and reads only the fields it checks. The streams are
@@ -22,7 +23,11 @@
 //
 //   - first_state_all_s: from the streams opening to the last holding its
 //     first state; each first state is checked (every service and endpoint,
-//     and the node's own Local endpoints);
+//     and the node's own Local endpoints). Its floor, after the backends
+//     are gone: the same bytes through one connection of the controller's
+//     transport, written and read by two goroutines of this process (on
+//     one core, in turns); then, for comparison, from a process pinned to
+//     one CPU to a process pinned to another, and on the other transport;
 //   - change_p50_ms, change_p99_ms: --changes EndpointSlice updates (an
 //     endpoint made not ready, one service each, one at a time), each from
 //     when a watcher of the API server receives it (the tool's own watch,
@@ -64,6 +69,13 @@ import (
 )
 
 func main() {
+	if ok, err := floorPart(); ok {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kpng-scale:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg := config{endpoints: 10, createWorkers: 16, namespace: "scale", logf: logf}
 	kpng := flag.String("kpng", "", "the kpng binary")
 	toAPI := flag.String("to-api-flags", "", "more flags of to-api, space-separated (e.g. --max-concurrent-first-states=8)")
@@ -76,6 +88,7 @@ func main() {
 	flag.IntVar(&cfg.readAll, "read-all", 16, "on node-independent streams, how many backends (spread over the nodes) read every field of their first state; the others hash what they receive, which must be the same (0: all read every field)")
 	flag.BoolVar(&cfg.grpcLight, "grpc-light", false, "the backends that hash what they receive read it through grpc-go's client too, instead of speaking HTTP/2 on their socket themselves (which costs the machine's shared cores about a third as much)")
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
+	flag.BoolVar(&cfg.tcp, "tcp", false, "serve the backends on TCP loopback (127.0.0.1, plain) instead of a unix socket; the target's floor is then the first states' bytes through TCP loopback")
 	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")
 	flag.DurationVar(&cfg.firstStateTimeout, "first-state-timeout", 30*time.Minute, "how long the controller may take to hold the state, and the backends their first states")

@@ -4,7 +4,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -29,6 +31,13 @@ func TestMain(m *testing.M) {
 	if os.Getenv("KPNG_SCALE_TEST_RUN_KPNG") == "1" {
 		os.Exit(app.Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
+	if ok, err := floorPart(); ok {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	controlplane.Main(m, &cp)
 }
 
@@ -37,7 +46,7 @@ func TestMain(m *testing.M) {
 // first state with its own Local endpoints, and every change; nothing
 // else. With a connection a backend, the light backends speak HTTP/2
 // themselves (h2.go), and their first state must hash as the grpc-go
-// backends' that read every field.
+// backends' that read every field; on TCP loopback as on a unix socket.
 func TestSmallRun(t *testing.T) {
 	cp.Require(t)
 	rc := cp.RESTConfig()
@@ -51,9 +60,11 @@ func TestSmallRun(t *testing.T) {
 		streamsPerConn int
 		raw            int // light backends speaking HTTP/2 themselves
 		gap            time.Duration
+		tcp            bool
 	}{
-		{"grpc-go two streams a connection", 2, 0, 0},
-		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond},
+		{"grpc-go two streams a connection", 2, 0, 0, false},
+		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond, false},
+		{"on TCP loopback", 1, 2, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{
@@ -61,7 +72,7 @@ func TestSmallRun(t *testing.T) {
 				nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: tc.streamsPerConn, readAll: 2,
 				dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
 				namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
-				changeGap: tc.gap,
+				changeGap: tc.gap, tcp: tc.tcp,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -81,10 +92,25 @@ func TestSmallRun(t *testing.T) {
 			if res.firstStateBytes == 0 || res.bytesPerChangePerNode == 0 || res.rssPeak == 0 {
 				t.Errorf("bytes or RSS not measured: %s", res.closing())
 			}
+			want := []string{"unix", "unix", "tcp"}
+			if tc.tcp {
+				want = []string{"tcp", "tcp", "unix"}
+			}
+			if twoCores() == nil { // one CPU, or no taskset
+				want = slices.Delete(want, 1, 2)
+			}
+			if len(res.floors) != len(want) {
+				t.Fatalf("%d floors measured, want %d (%v): %v", len(res.floors), len(want), want, res.floors)
+			}
+			for i, f := range res.floors {
+				if pinned := len(f.cores) == 2; f.network != want[i] || f.took <= 0 || pinned != (i == 1 && len(want) == 3) {
+					t.Errorf("floor %d: %s (%s), want one measured on %s", i, f, f.network, want[i])
+				}
+			}
 			if res.rawBackends != tc.raw {
 				t.Errorf("%d backends spoke HTTP/2 themselves, want %d", res.rawBackends, tc.raw)
 			}
-			t.Log(res.closing())
+			t.Log(res.details() + res.closing())
 		})
 	}
 }

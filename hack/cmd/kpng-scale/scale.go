@@ -53,6 +53,10 @@ type config struct {
 	grpcLight bool
 	// streamsPerConn is how many backends share a connection.
 	streamsPerConn int
+	// tcp: the controller serves the backends on TCP loopback (plain,
+	// 127.0.0.1) instead of a unix socket, and the floors are measured
+	// on TCP loopback.
+	tcp bool
 	// dir holds the socket, the controller's log and the profiles.
 	dir string
 	// profile: CPU profiles of the first states and of the changes, heap
@@ -81,15 +85,16 @@ type result struct {
 	// holding its first state.
 	firstStateAll time.Duration
 	// firstStateBytes is what each backend received with its first state,
-	// on average; loopback how long all of them take to write through a
-	// unix socket to a reader that discards them.
+	// on average; floors how long all of them take to write through one
+	// connection to a reader that discards them: first on the
+	// controller's transport (the target's), then on the same with the
+	// writer and the reader on two cores (none when the process has
+	// fewer), then on the other transport.
 	firstStateBytes float64
-	loopback        time.Duration
-	// loopbackCPU is the CPU the writer and the reader of loopback took
-	// (seconds).
-	loopbackCPU float64
+	floors          []floor
 	// floorP50, floorP99: one change's bytes written to every backend's
-	// unix socket in turn by one goroutine, until every reader has them.
+	// connection (on the controller's transport) in turn by one
+	// goroutine, until every reader has them.
 	floorP50, floorP99 time.Duration
 	// changeP50, changeP99: from a watcher of the API server receiving
 	// the change (when the controller sees it) to the last backend
@@ -127,6 +132,30 @@ type result struct {
 	problems []string
 }
 
+// floor is the first states' bytes through one connection alone.
+type floor struct {
+	// network is "unix" (a unix socket) or "tcp" (TCP loopback).
+	network string
+	// cores are the writer's and the reader's CPUs; none: left to the
+	// scheduler.
+	cores []int
+	took  time.Duration
+	// cpu is what its writer and reader took (seconds).
+	cpu float64
+}
+
+// String names the floor's transport, its time and CPU.
+func (f floor) String() string {
+	name := "a unix socket"
+	if f.network == "tcp" {
+		name = "TCP loopback"
+	}
+	if len(f.cores) == 2 {
+		name += fmt.Sprintf(" from a process on CPU %d to one on CPU %d", f.cores[0], f.cores[1])
+	}
+	return fmt.Sprintf("through %s alone: %.2f s, CPU %.1f s", name, f.took.Seconds(), f.cpu)
+}
+
 // closing is the closing line.
 func (r result) closing() string {
 	return fmt.Sprintf("nodes=%d services=%d first_state_all_s=%.1f change_p50_ms=%.1f change_p99_ms=%.1f controller_rss_mib=%.0f bytes_per_change_per_node=%.0f",
@@ -136,13 +165,22 @@ func (r result) closing() string {
 // details are the other figures, one a line.
 func (r result) details() string {
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
-first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes through a unix socket alone: %.2f s, CPU %.1f s (target: %.2f s, that + 20%%)
+first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
 changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms; the changes took %.1f s with their gaps
 controller CPU with every backend connected and nothing changing: %.1f ms a second
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
-`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.loopback.Seconds(), r.loopbackCPU, 1.2*r.loopback.Seconds(),
+`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.floors[0], 1.2*r.floors[0].took.Seconds(), joinFloors(r.floors[1:]),
 		ms(r.changeP50), ms(r.changeP99), ms(r.apiP50), ms(r.apiP99), ms(r.reactP50), ms(r.reactP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99), r.changesTook.Seconds(),
 		1000*r.cpuIdle, r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
+}
+
+// joinFloors lists floors on one line.
+func joinFloors(floors []floor) string {
+	s := make([]string, len(floors))
+	for i, f := range floors {
+		s[i] = f.String()
+	}
+	return strings.Join(s, "; ")
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -168,7 +206,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	defer ctl.stop()
 	cfg.logf("controller pid %d, log %s", ctl.cmd.Process.Pid, ctl.logPath)
-	target, opts, err := remote.Config{Address: "unix://" + ctl.socket}.DialOptions()
+	target, opts, err := remote.Config{Address: ctl.address(), Insecure: ctl.network == "tcp"}.DialOptions()
 	if err != nil {
 		return res, err
 	}
@@ -199,7 +237,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	dial := func() (*grpc.ClientConn, error) {
 		conn, err := grpc.NewClient(target, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("connect to %s: %w", ctl.socket, err)
+			return nil, fmt.Errorf("connect to %s: %w", ctl.address(), err)
 		}
 		conns = append(conns, conn)
 		return conn, nil
@@ -261,7 +299,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		backends[n] = b
 		if b.raw {
 			res.rawBackends++
-			wg.Go(func() { b.watchRaw(bctx, ctl.socket) })
+			wg.Go(func() { b.watchRaw(bctx, ctl.network, ctl.addr) })
 		} else {
 			wg.Go(func() { b.watch(bctx, c) })
 		}
@@ -435,17 +473,36 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	if len(profiles.errs) > 0 {
 		res.problems = append(res.problems, profiles.errs...)
 	}
-	// The first states' bytes through a unix socket, with the backends
-	// gone: the floor of first_state_all_s.
-	own0 = ownCPU()
-	res.loopback, err = loopbackTime(filepath.Dir(ctl.socket), int64(res.firstStateBytes*float64(cfg.nodes)))
-	res.loopbackCPU = ownCPU() - own0
-	if err != nil {
-		res.problems = append(res.problems, err.Error())
+	// The first states' bytes through one connection, with the backends
+	// gone: the floor of first_state_all_s on the controller's transport;
+	// the same with the writer and the reader on two cores; on the other
+	// transport.
+	other := "tcp"
+	if ctl.network == "tcp" {
+		other = "unix"
+	}
+	res.floors = []floor{{network: ctl.network}}
+	if cores := twoCores(); cores != nil {
+		res.floors = append(res.floors, floor{network: ctl.network, cores: cores})
+	}
+	res.floors = append(res.floors, floor{network: other})
+	for i := range res.floors {
+		f := &res.floors[i]
+		total := int64(res.firstStateBytes * float64(cfg.nodes))
+		if len(f.cores) == 2 {
+			f.took, f.cpu, err = loopbackProcesses(ctx, f.network, cfg.dir, total, f.cores)
+		} else {
+			own0 = ownCPU()
+			f.took, err = loopbackTime(f.network, cfg.dir, total)
+			f.cpu = ownCPU() - own0
+		}
+		if err != nil {
+			res.problems = append(res.problems, err.Error())
+		}
 	}
 	// One change's bytes to every backend through sockets alone: the floor
 	// of the fan-out.
-	if res.floorP50, res.floorP99, err = fanOutFloor(filepath.Dir(ctl.socket), cfg.nodes, max(1, int(res.bytesPerChangePerNode)), 50); err != nil {
+	if res.floorP50, res.floorP99, err = fanOutFloor(ctl.network, cfg.dir, cfg.nodes, max(1, int(res.bytesPerChangePerNode)), 50); err != nil {
 		res.problems = append(res.problems, err.Error())
 	}
 	return res, nil
@@ -488,19 +545,29 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 
 // controller is the running `kpng kube … to-api`.
 type controller struct {
-	cmd       *exec.Cmd
-	socket    string
-	profiling string // its --profiling-bind-address, "" when not profiled
-	logPath   string
-	started   time.Time
-	exited    chan struct{}
+	cmd *exec.Cmd
+	// network is "unix" or "tcp"; addr the socket's path or 127.0.0.1:PORT.
+	network, addr string
+	profiling     string // its --profiling-bind-address, "" when not profiled
+	logPath       string
+	started       time.Time
+	exited        chan struct{}
 }
 
-// startController starts the controller on a unix socket in cfg.dir
-// (no per-client connection limits), with no limit of streams per node,
-// its log in cfg.dir.
+// startController starts the controller on a unix socket in cfg.dir, or
+// with cfg.tcp on a free port of 127.0.0.1 (plain TCP, no connection
+// limits), with no limit of streams per node, its log in cfg.dir.
 func startController(ctx context.Context, cfg config, kubeconfig string) (*controller, error) {
-	ctl := &controller{socket: filepath.Join(cfg.dir, "kpng.sock"), logPath: filepath.Join(cfg.dir, "controller.log"), exited: make(chan struct{})}
+	ctl := &controller{network: "unix", addr: filepath.Join(cfg.dir, "kpng.sock"), logPath: filepath.Join(cfg.dir, "controller.log"), exited: make(chan struct{})}
+	listen := []string{"--listen=unix://" + ctl.addr}
+	if cfg.tcp {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ctl.network, ctl.addr = "tcp", "127.0.0.1:"+strconv.Itoa(port)
+		listen = []string{"--listen=" + ctl.addr, "--insecure", "--max-connections=-1", "--max-connections-per-client=-1"}
+	}
 	args := slices.Clone(cfg.kpng[1:])
 	if cfg.profile {
 		port, err := freePort()
@@ -511,7 +578,8 @@ func startController(ctx context.Context, cfg config, kubeconfig string) (*contr
 		args = append(args, "--profiling-bind-address="+ctl.profiling)
 	}
 	args = append(args, "kube", "--kubeconfig="+kubeconfig, "--node-name=scale-controller",
-		"to-api", "--listen=unix://"+ctl.socket, "--max-streams-per-node=-1")
+		"to-api", "--max-streams-per-node=-1")
+	args = append(args, listen...)
 	args = append(args, cfg.toAPIFlags...)
 	log, err := os.Create(ctl.logPath)
 	if err != nil {
@@ -532,6 +600,14 @@ func startController(ctx context.Context, cfg config, kubeconfig string) (*contr
 		close(ctl.exited)
 	}()
 	return ctl, nil
+}
+
+// address is the controller's address as remote.Config takes it.
+func (c *controller) address() string {
+	if c.network == "unix" {
+		return "unix://" + c.addr
+	}
+	return c.addr
 }
 
 // stop stops the controller: SIGTERM, then SIGKILL after 10 s.
