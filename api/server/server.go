@@ -68,8 +68,8 @@ type Server struct {
 	// caught up (pool.go).
 	senders *senders
 	// turnHold is how long a send of a node-independent stream's first
-	// state may take before it gives its turn back (turnHold; tests
-	// change it).
+	// state, or a per-node stream's round of changes, may take before it
+	// gives its turn back (turnHold; tests change it).
 	turnHold time.Duration
 	// maxPerNode bounds byNode, the streams watching each node's view.
 	maxPerNode int
@@ -364,7 +364,7 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 // ran, and every connection held a buffer at once: one change to 400
 // streams after a GC allocated 29 MiB, against 2.7 MiB for as many
 // node-independent streams, whose senders yield the same way (pool.go).
-// A send that takes longer than turnHold (a backend that does not read)
+// A round that takes longer than turnHold (a backend that does not read)
 // gives the turn back, so that it holds no other stream's changes.
 func (s *Server) sendChanges(ctx context.Context, sub *subscription, f *localsink.Feeder) error {
 	select {
@@ -419,8 +419,8 @@ func (s *Server) serveShared(ctx context.Context, sub *subscription, out *rawSen
 }
 
 // turnHold is how long one send of a node-independent stream's first
-// state, or a per-node stream's round of changes, may take before the
-// stream gives its turn back: a backend reading that slowly, or not at
+// state, or a per-node stream's whole round of changes, may take before
+// the stream gives its turn back: a backend reading that slowly, or not at
 // all, would otherwise hold the others back, up to the send timeout.
 const turnHold = 100 * time.Millisecond
 

@@ -164,6 +164,9 @@ func (r result) closing() string {
 
 // details are the other figures, one a line.
 func (r result) details() string {
+	if len(r.floors) == 0 {
+		r.floors = []floor{{network: "unix"}} // not measured
+	}
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
 changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms; the changes took %.1f s with their gaps
