@@ -106,6 +106,7 @@ func loopbackProcesses(ctx context.Context, network, dir string, total int64, co
 	addr := "127.0.0.1:0"
 	if network == "unix" {
 		addr = filepath.Join(dir, "loopback2.sock")
+		_ = os.Remove(addr)
 	}
 	start := func(cpu int, part string) *exec.Cmd {
 		cmd := exec.CommandContext(ctx, "taskset", "-c", strconv.Itoa(cpu), self)
@@ -130,6 +131,9 @@ func loopbackProcesses(ctx context.Context, network, dir string, total int64, co
 	writer := start(cores[0], fmt.Sprintf("write %s %s %d", network, strings.TrimSpace(line), total))
 	began := time.Now()
 	werr := writer.Run()
+	if werr != nil {
+		_ = reader.Process.Kill() // it may wait for a connection that never comes
+	}
 	rerr := reader.Wait()
 	took := time.Since(began)
 	if err := errors.Join(werr, rerr); err != nil {
