@@ -462,7 +462,8 @@ func (s *Server) sendShared(ctx context.Context, sub *subscription, out *rawSend
 
 // turn is a node-independent stream's turn of the first states, or a
 // per-node stream's of the changes, given back once: when it is done, or
-// by a timer when one of its sends takes longer than turnHold.
+// by a timer when one send of the first state (sendShared), or the whole
+// round of changes (sendChanges), takes longer than turnHold.
 type turn struct {
 	tokens chan struct{}
 	held   atomic.Bool
