@@ -135,6 +135,7 @@ FUZZ_TARGETS ?= \
 	./localsink/statefile:FuzzParse \
 	./localsink/statefile:FuzzArrayItems \
 	./api/kpngv1:FuzzModel \
+	./api/kpngv1:FuzzInflate \
 	./client/watcher:FuzzConvert \
 	./model:FuzzParse \
 	./backends/userspace:FuzzPlan \

@@ -182,9 +182,17 @@ type WatchRequest struct {
 	// on an earlier node-independent stream (empty: none). When the
 	// controller's state has the same hash, the stream starts with a Sync
 	// and the changes after it instead of Reset and the whole state.
-	HaveState     []byte `protobuf:"bytes,3,opt,name=have_state,json=haveState,proto3" json:"have_state,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HaveState []byte `protobuf:"bytes,3,opt,name=have_state,json=haveState,proto3" json:"have_state,omitempty"`
+	// accept_deflated says the backend takes Batch.deflated_ops. A
+	// controller that honours it sends the batches of services of the
+	// first states of its shared streams (node_independent ones, or all of
+	// them when it has no node views) compressed, once for all the streams
+	// that asked. It sends everything else as before: the reset, the sync,
+	// the rounds of changes, and the streams it serves per node. A
+	// controller built before this field ignores it.
+	AcceptDeflated bool `protobuf:"varint,4,opt,name=accept_deflated,json=acceptDeflated,proto3" json:"accept_deflated,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -238,10 +246,24 @@ func (x *WatchRequest) GetHaveState() []byte {
 	return nil
 }
 
+func (x *WatchRequest) GetAcceptDeflated() bool {
+	if x != nil {
+		return x.AcceptDeflated
+	}
+	return false
+}
+
 // Batch is a group of operations, in order.
 type Batch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ops           []*Op                  `protobuf:"bytes,1,rep,name=ops,proto3" json:"ops,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ops   []*Op                  `protobuf:"bytes,1,rep,name=ops,proto3" json:"ops,omitempty"`
+	// deflated_ops hold more operations, which come after ops: each the
+	// encoding of a Batch holding only operations (its ops fields),
+	// compressed as a raw DEFLATE stream (RFC 1951). Sent only to a
+	// backend that asked for them (WatchRequest.accept_deflated); they
+	// inflate to at most 16 MiB in all (a message's most, Go's
+	// MaxBatchSize).
+	DeflatedOps   [][]byte `protobuf:"bytes,2,rep,name=deflated_ops,json=deflatedOps,proto3" json:"deflated_ops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -279,6 +301,13 @@ func (*Batch) Descriptor() ([]byte, []int) {
 func (x *Batch) GetOps() []*Op {
 	if x != nil {
 		return x.Ops
+	}
+	return nil
+}
+
+func (x *Batch) GetDeflatedOps() [][]byte {
+	if x != nil {
+		return x.DeflatedOps
 	}
 	return nil
 }
@@ -1488,14 +1517,16 @@ const file_kpng_proto_rawDesc = "" +
 	"kpng.proto\x12\akpng.v1\"\x0e\n" +
 	"\fPeersRequest\"!\n" +
 	"\rPeerAddresses\x12\x10\n" +
-	"\x03ips\x18\x01 \x03(\tR\x03ips\"u\n" +
+	"\x03ips\x18\x01 \x03(\tR\x03ips\"\x9e\x01\n" +
 	"\fWatchRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12)\n" +
 	"\x10node_independent\x18\x02 \x01(\bR\x0fnodeIndependent\x12\x1d\n" +
 	"\n" +
-	"have_state\x18\x03 \x01(\fR\thaveState\"&\n" +
+	"have_state\x18\x03 \x01(\fR\thaveState\x12'\n" +
+	"\x0faccept_deflated\x18\x04 \x01(\bR\x0eacceptDeflated\"I\n" +
 	"\x05Batch\x12\x1d\n" +
-	"\x03ops\x18\x01 \x03(\v2\v.kpng.v1.OpR\x03ops\"\xf7\x02\n" +
+	"\x03ops\x18\x01 \x03(\v2\v.kpng.v1.OpR\x03ops\x12!\n" +
+	"\fdeflated_ops\x18\x02 \x03(\fR\vdeflatedOps\"\xf7\x02\n" +
 	"\x02Op\x12&\n" +
 	"\x05reset\x18\x01 \x01(\v2\x0e.kpng.v1.ResetH\x00R\x05reset\x123\n" +
 	"\vset_service\x18\x02 \x01(\v2\x10.kpng.v1.ServiceH\x00R\n" +

@@ -56,8 +56,13 @@ type Hub struct {
 	gen         uint64
 	snapMu      sync.Mutex
 	snap        *snapshot
+	// deflatedCopies are the compressed copies (Batch.deflated_ops
+	// fields) of the last snapshot's batches that a stream taking
+	// deflated operations needed (snapMu): the next snapshot shares those
+	// of its unchanged batches.
+	deflatedCopies map[batchKey][]byte
 	// The counters of SharedStats.
-	snapshots, resumed, caughtUp atomic.Uint64
+	snapshots, resumed, caughtUp, deflatedBatches atomic.Uint64
 }
 
 var (
@@ -101,6 +106,9 @@ type SharedStats struct {
 	// CaughtUp is the number of times a stream fell behind the log of
 	// rounds and was sent a whole state instead.
 	CaughtUp uint64
+	// Deflated is the number of snapshot batches compressed for the
+	// streams taking deflated operations (each once, for all of them).
+	Deflated uint64
 	// LogRounds and LogBytes are the rounds the log holds now and their
 	// encoded size.
 	LogRounds, LogBytes int
@@ -111,7 +119,7 @@ func (h *Hub) SharedStats() SharedStats {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	return SharedStats{
-		Snapshots: h.snapshots.Load(), Resumed: h.resumed.Load(), CaughtUp: h.caughtUp.Load(),
+		Snapshots: h.snapshots.Load(), Resumed: h.resumed.Load(), CaughtUp: h.caughtUp.Load(), Deflated: h.deflatedBatches.Load(),
 		LogRounds: len(h.log), LogBytes: h.logBytes,
 	}
 }
@@ -221,6 +229,9 @@ type subscription struct {
 	node   string
 	notify chan struct{}
 	shared bool
+	// deflate: a shared stream whose client takes the large batches of a
+	// first state compressed (WatchRequest.accept_deflated).
+	deflate bool
 	// cursor is the last round a shared stream sent (its sender's: its own
 	// goroutine, or one of the senders while it is pooled).
 	cursor uint64
@@ -305,9 +316,11 @@ func (s *subscription) signal() {
 // subscribe registers a subscriber for node; the first state (when there is
 // one) is pending at once. It is a shared stream when the client computes
 // its own view (independent), or when the hub has no node views (every
-// node's view is the state); have is the state hash the client holds.
-func (h *Hub) subscribe(node string, independent bool, have []byte) *subscription {
+// node's view is the state); have is the state hash the client holds;
+// deflate, the client takes deflated operations (shared streams only).
+func (h *Hub) subscribe(node string, independent, deflate bool, have []byte) *subscription {
 	s := &subscription{node: node, notify: make(chan struct{}, 1), all: true, shared: independent || !h.nodeViews, have: have}
+	s.deflate = s.shared && deflate
 	s.senderDone = sync.NewCond(&s.mu)
 	if !s.shared {
 		s.dirty = map[model.ServiceKey]struct{}{}

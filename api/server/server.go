@@ -140,8 +140,9 @@ type Stats struct {
 	// The node-independent streams (Hub.SharedStats): the snapshots
 	// encoded for first states, the streams started without one (their
 	// client held the state), the streams sent one again after falling
-	// behind the log of rounds.
-	Snapshots, Resumed, CaughtUp uint64
+	// behind the log of rounds; the snapshot batches compressed for the
+	// streams that take deflated operations.
+	Snapshots, Resumed, CaughtUp, Deflated uint64
 }
 
 // Stats returns the server's counters.
@@ -150,7 +151,7 @@ func (s *Server) Stats() Stats {
 	return Stats{
 		Connected: int(s.connected.Load()), Connections: s.connections.Load(), Dropped: s.dropped.Load(), Refused: s.refused.Load(),
 		SentBytes: s.sentBytes.Load(), SentBatches: s.sentBatches.Load(),
-		Snapshots: sh.Snapshots, Resumed: sh.Resumed, CaughtUp: sh.CaughtUp,
+		Snapshots: sh.Snapshots, Resumed: sh.Resumed, CaughtUp: sh.CaughtUp, Deflated: sh.Deflated,
 	}
 }
 
@@ -251,7 +252,7 @@ func (s *Server) Watch(req *kpngv1.WatchRequest, stream grpc.ServerStreamingServ
 	s.connections.Add(1)
 	s.connected.Add(1)
 	defer s.connected.Add(-1)
-	sub := s.hub.subscribe(node, req.GetNodeIndependent(), req.GetHaveState())
+	sub := s.hub.subscribe(node, req.GetNodeIndependent(), req.GetAcceptDeflated(), req.GetHaveState())
 	defer s.hub.unsubscribe(sub)
 	defer s.releaseNodeSlot(node) // before unsubscribing: Subscribers() tells the slot is free
 

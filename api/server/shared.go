@@ -112,6 +112,9 @@ type snapshot struct {
 	gen     uint64
 	batches []message
 	refs    []message
+	// deflated are the batches compressed (Hub.deflated), nil until a
+	// stream taking them needs them.
+	deflated []message
 }
 
 // index returns where s's batches start (the first byte of each one's
@@ -387,6 +390,7 @@ func (h *Hub) snapshotLocked() *snapshot {
 	// The sync in a batch of its own: a client finds the end of its
 	// first state in the last batch's first operation.
 	s.batches = append(s.batches, batchOf(syncOp(cluster, nil, h.hash[:])))
+	h.pruneDeflated(s)
 	h.snap = s
 	h.snapshots.Add(1)
 	return s
@@ -423,6 +427,9 @@ const maxSendBytes = 4 << 20
 // rounds it has not sent. Only the stream's sender calls it: its own
 // goroutine, or the one sender serving it while it is pooled (pool.go).
 func (h *Hub) nextShared(s *subscription) []message {
+	if s.deflate && s.wantsAll() {
+		h.prepareDeflated()
+	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if !h.synced {
@@ -477,7 +484,124 @@ func (h *Hub) nextShared(s *subscription) []message {
 func (h *Hub) appendSnapshot(out []message, s *subscription, facts *kpngv1.NodeFacts) []message {
 	snap := h.snapshotLocked()
 	out = append(out, batchOf(&kpngv1.Op{Op: &kpngv1.Op_Reset_{Reset_: &kpngv1.Reset{Node: facts}}}))
-	out = append(out, snap.batches...)
+	if s.deflate {
+		out = append(out, h.deflated(snap)...)
+	} else {
+		out = append(out, snap.batches...)
+	}
 	s.cursor = snap.gen
 	return out
 }
+
+// pruneDeflated drops the compressed copies of the batches snap does not
+// share with the last snapshot, so that they do not outlive it when no
+// stream taking deflated operations sends snap. The caller holds snapMu.
+func (h *Hub) pruneDeflated(snap *snapshot) {
+	if len(h.deflatedCopies) == 0 {
+		return
+	}
+	kept := make(map[batchKey][]byte, len(h.deflatedCopies))
+	for _, b := range snap.batches {
+		if len(b) != 1 || len(b[0].ReadOnlyData()) == 0 {
+			continue
+		}
+		data := b[0].ReadOnlyData()
+		key := batchKey{&data[0], len(data)}
+		if d, ok := h.deflatedCopies[key]; ok {
+			kept[key] = d
+		}
+	}
+	h.deflatedCopies = kept
+}
+
+// prepareDeflated compresses the batches of the state's snapshot that
+// have no compressed copy yet, without holding h.mu while it does (a
+// whole snapshot of 10,000 services takes some 40 ms, which a Sync would
+// otherwise wait for, and every stream behind it): a stream about to send
+// a first state calls it first, so that under h.mu the snapshot it sends
+// has its copies (those of a round published meanwhile are the few its
+// services changed). A stream that fell behind the log is sent a
+// snapshot compressed under h.mu.
+func (h *Hub) prepareDeflated() {
+	h.mu.RLock()
+	if !h.synced {
+		h.mu.RUnlock()
+		return
+	}
+	snap := h.snapshotLocked()
+	h.mu.RUnlock()
+	h.deflated(snap)
+}
+
+// deflated returns snap's batches as the streams that take deflated
+// operations are sent them: each batch of services compressed into a
+// Batch.deflated_ops field, several fields a message (sharedBatchBytes
+// of them, at most deflatedPlainBytes once inflated), then the sync as it
+// is. A batch that compression would not make smaller goes as it is, in
+// a message of its own. The batches are compressed once, for every such
+// stream, when the first of them needs them; a batch the last snapshot
+// had too keeps its compressed copy (h.deflatedCopies). It takes snapMu,
+// not h.mu: snap does not change.
+func (h *Hub) deflated(snap *snapshot) []message {
+	h.snapMu.Lock()
+	defer h.snapMu.Unlock()
+	if snap.deflated != nil {
+		return snap.deflated
+	}
+	last := len(snap.batches) - 1 // the sync's
+	kept := make(map[batchKey][]byte, last)
+	var out []message
+	var pieces [][]byte
+	size, plain := 0, 0
+	flush := func() {
+		if len(pieces) > 0 {
+			out = append(out, messageOf(pieces))
+		}
+		pieces, size, plain = nil, 0, 0
+	}
+	for _, b := range snap.batches[:last] {
+		if len(b) != 1 || len(b[0].ReadOnlyData()) == 0 {
+			flush()
+			out = append(out, b)
+			continue
+		}
+		data := b[0].ReadOnlyData() // a snapshot's batches are one piece each
+		key := batchKey{&data[0], len(data)}
+		d, ok := h.deflatedCopies[key]
+		if !ok {
+			d = kpngv1.DeflatedOpsField(data)
+			h.deflatedBatches.Add(1)
+		}
+		kept[key] = d
+		if len(d) >= len(data) {
+			flush()
+			out = append(out, b)
+			continue
+		}
+		if size+len(d) > sharedBatchBytes || plain+len(data) > deflatedPlainBytes {
+			flush()
+		}
+		pieces = append(pieces, d)
+		size += len(d)
+		plain += len(data)
+	}
+	flush()
+	out = append(out, snap.batches[last])
+	h.deflatedCopies = kept
+	snap.deflated = out
+	return out
+}
+
+// batchKey identifies a snapshot's batch by its memory: a snapshot's
+// batch of services is a copy of their encodings or a reference to one
+// service's, neither of which changes (a service's encoding is replaced,
+// not changed), and the cache holding the key keeps that memory from
+// being reused.
+type batchKey struct {
+	first *byte
+	n     int
+}
+
+// deflatedPlainBytes bounds what a message of deflated operations
+// inflates to, well within what a client takes (kpngv1.MaxBatchSize).
+const deflatedPlainBytes = 4 << 20

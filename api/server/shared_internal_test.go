@@ -116,7 +116,7 @@ func TestSnapshotsShareTheirUnchangedBatches(t *testing.T) {
 func TestNextSharedHandsOutTheLogInParts(t *testing.T) {
 	h := NewHub(true)
 	_ = h.Sync()
-	sub := h.subscribe("node-a", true, nil)
+	sub := h.subscribe("node-a", true, false, nil)
 	first := h.nextShared(sub)
 	if len(first) == 0 {
 		t.Fatal("no first state")

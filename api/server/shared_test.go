@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -237,6 +238,7 @@ func TestSlowStreamCatchesUpFromASnapshot(t *testing.T) {
 		return remote.Run(ctx, cfg, gate)
 	})
 	c.WaitSyncs(t, 1, 20*time.Second)
+	deflated := s.hub.SharedStats().Deflated
 
 	// The client stops reading while the hub publishes 100 rounds of
 	// 200 KiB (20 MiB, past the 4 MiB flow-control windows and the
@@ -264,6 +266,9 @@ func TestSlowStreamCatchesUpFromASnapshot(t *testing.T) {
 	}
 	if got := s.hub.SharedStats().CaughtUp; got == 0 {
 		t.Errorf("the slow backend caught up without a snapshot: it was not behind the log")
+	}
+	if got := s.hub.SharedStats().Deflated; got == deflated {
+		t.Errorf("the slow backend caught up with a snapshot whose changed batch was not compressed (client/remote takes deflated operations)")
 	}
 }
 
@@ -341,5 +346,100 @@ func TestFirstStateIsTheStateNow(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if diff := cmp.Diff([]string{"Update ns/y service +10.0.4.1", "Sync"}, r.TakeCalls()); diff != "" {
 		t.Errorf("calls after moving (-want +got):\n%s", diff)
+	}
+}
+
+// TestDeflatedFirstStates: backends that take deflated operations get the
+// large batches of their first state compressed, once for all of them, and
+// hold the same operations as a backend that does not; a snapshot after a
+// change compresses only the batch the change touched; a per-node stream
+// asking for them gets its view as before.
+func TestDeflatedFirstStates(t *testing.T) {
+	s := startServer(t, server.ListenConfig{Address: socketAddr(t)}, 0)
+	state := make([]*model.ServiceEndpoints, 2000)
+	for i := range state {
+		var eps []*model.Endpoint
+		for e := range 10 {
+			eps = append(eps, ep(fmt.Sprintf("10.%d.%d.%d", i>>8, i&255, e), fmt.Sprintf("node-%03d", (i*10+e)%500)))
+		}
+		state[i] = svc("ns", fmt.Sprintf("s%04d", i), eps...)
+	}
+	s.feed(state)
+
+	type firstState struct {
+		ops              *kpngv1.Batch
+		bytes            int // received, as sent
+		messages, fields int // messages with deflated_ops, and their fields
+	}
+	read := func(req *kpngv1.WatchRequest) firstState {
+		ch := watchWith(t, s.addr, req)
+		var fs firstState
+		fs.ops = &kpngv1.Batch{}
+		for first := true; ; first = false {
+			b := nextBatch(t, ch, req.GetNodeName())
+			fs.bytes += proto.Size(b)
+			if n := len(b.GetDeflatedOps()); n > 0 {
+				fs.messages++
+				fs.fields += n
+			}
+			if ops := b.GetOps(); (first || (len(ops) > 0 && ops[len(ops)-1].GetSync() != nil)) && len(b.GetDeflatedOps()) > 0 {
+				t.Errorf("%s: the first state's reset or sync came with deflated operations", req.GetNodeName())
+			}
+			if err := b.Inflate(); err != nil {
+				t.Fatalf("%s: %v", req.GetNodeName(), err)
+			}
+			fs.ops.Ops = append(fs.ops.Ops, b.GetOps()...)
+			if ops := b.GetOps(); len(ops) > 0 && ops[len(ops)-1].GetSync() != nil {
+				return fs
+			}
+		}
+	}
+	plain := read(&kpngv1.WatchRequest{NodeName: "node-a", NodeIndependent: true})
+	a := read(&kpngv1.WatchRequest{NodeName: "node-a", NodeIndependent: true, AcceptDeflated: true})
+	b := read(&kpngv1.WatchRequest{NodeName: "node-a", NodeIndependent: true, AcceptDeflated: true})
+	if plain.fields != 0 {
+		t.Errorf("a backend that did not ask for deflated operations got %d batches of them", plain.fields)
+	}
+	if a.fields < 4 || b.fields != a.fields || b.messages != a.messages {
+		t.Fatalf("deflated batches: %d and %d, in %d and %d messages; want the same, several", a.fields, b.fields, a.messages, b.messages)
+	}
+	if a.messages*2 > a.fields {
+		t.Errorf("%d deflated batches came in %d messages, want several a message", a.fields, a.messages)
+	}
+	if !proto.Equal(plain.ops, a.ops) || !proto.Equal(plain.ops, b.ops) {
+		t.Error("the first states inflated differ from the one sent as it is")
+	}
+	if a.bytes*3 > plain.bytes {
+		t.Errorf("a deflated first state took %d bytes, the plain one %d: want under a third", a.bytes, plain.bytes)
+	}
+	st := s.hub.SharedStats()
+	if st.Deflated != uint64(a.fields) {
+		t.Errorf("batches compressed for two first states: %d, want %d (once each)", st.Deflated, a.fields)
+	}
+
+	// One endpoint changes: the next deflated first state compresses the
+	// one batch holding its service again (s1000 is in the middle of a
+	// batch: the batches end where they did).
+	changed := *state[1000]
+	changed.Endpoints = append([]*model.Endpoint(nil), changed.Endpoints...)
+	cp := *changed.Endpoints[3]
+	cp.Ready = false
+	changed.Endpoints[3] = &cp
+	next := append([]*model.ServiceEndpoints(nil), state...)
+	next[1000] = &changed
+	s.feed(next)
+	c := read(&kpngv1.WatchRequest{NodeName: "node-c", NodeIndependent: true, AcceptDeflated: true})
+	if got := s.hub.SharedStats().Deflated; got != st.Deflated+1 {
+		t.Errorf("batches compressed after one service changed: %d more, want 1", got-st.Deflated)
+	}
+	plain2 := read(&kpngv1.WatchRequest{NodeName: "node-c", NodeIndependent: true})
+	if !proto.Equal(plain2.ops, c.ops) {
+		t.Error("after the change, the deflated first state differs from the plain one")
+	}
+
+	// A per-node stream: its node's view, as before.
+	perNode := read(&kpngv1.WatchRequest{NodeName: "node-a", AcceptDeflated: true})
+	if perNode.fields != 0 {
+		t.Errorf("a per-node stream got %d deflated batches, want none", perNode.fields)
 	}
 }

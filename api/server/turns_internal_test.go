@@ -39,7 +39,7 @@ func sharedServer(t *testing.T, hold time.Duration) *Server {
 // arrives on the channel.
 func startShared(ctx context.Context, s *Server, node string) (*recordingStream, <-chan error) {
 	r := newRecordingStream(false)
-	sub := s.hub.subscribe(node, true, nil)
+	sub := s.hub.subscribe(node, true, false, nil)
 	done := make(chan error, 1)
 	go func() { done <- s.sendShared(ctx, sub, &rawSender{stream: r, sent: func(int) {}}) }()
 	return r, done
@@ -136,7 +136,7 @@ func TestStuckPerNodeStreamGivesItsChangeTurnBack(t *testing.T) {
 	done := make(chan error, 2)
 	start := func(node string) *recordingStream {
 		r := newRecordingStream(true)
-		sub := s.hub.subscribe(node, false, nil)
+		sub := s.hub.subscribe(node, false, false, nil)
 		t.Cleanup(func() { s.hub.unsubscribe(sub) })
 		go func() { done <- s.serve(ctx, sub, &batchSender{stream: r, max: DefaultBatchOps}) }()
 		return r
@@ -269,7 +269,7 @@ func TestCaughtUpStreamsAreSentByThePool(t *testing.T) {
 	subs := map[string]*subscription{}
 	done := make(chan error, len(streams))
 	for node, r := range streams {
-		sub := s.hub.subscribe(node, true, nil)
+		sub := s.hub.subscribe(node, true, false, nil)
 		subs[node] = sub
 		go func() { done <- s.serveShared(ctx, sub, &rawSender{stream: r, sent: func(int) {}}) }()
 	}
@@ -334,7 +334,7 @@ func TestBlockedSenderHandsTheRestBack(t *testing.T) {
 	s := sharedServer(t, time.Hour)
 	s.senders.n = 0 // no sender running: serve is called below
 	s.senders.stall = 20 * time.Millisecond
-	sub := s.hub.subscribe("node-a", true, nil)
+	sub := s.hub.subscribe("node-a", true, false, nil)
 	r := newRecordingStream(true)
 	out := &rawSender{stream: r, sent: func(int) {}}
 	if err := s.sendShared(context.Background(), sub, out); err != nil {

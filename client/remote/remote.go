@@ -349,6 +349,9 @@ func (s *watchingStream) RecvMsg(msg any) error {
 		return err
 	}
 	if b, ok := msg.(*kpngv1.Batch); ok {
+		if err := b.Inflate(); err != nil {
+			return err
+		}
 		for _, op := range b.GetOps() {
 			if op.GetSync() != nil {
 				s.synced = true
@@ -366,7 +369,7 @@ func watchOnce(ctx context.Context, client kpngv1.ControllerClient, cfg Config, 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer m.streamEnded()
-	req := &kpngv1.WatchRequest{NodeName: cfg.NodeName, NodeIndependent: !cfg.PerNodeView}
+	req := &kpngv1.WatchRequest{NodeName: cfg.NodeName, NodeIndependent: !cfg.PerNodeView, AcceptDeflated: true}
 	if !cfg.PerNodeView {
 		req.HaveState = m.haveState()
 	}
@@ -382,6 +385,9 @@ func watchOnce(ctx context.Context, client kpngv1.ControllerClient, cfg Config, 
 			return gotState, errors.New("controller closed the stream")
 		}
 		if err != nil {
+			return gotState, fmt.Errorf("receive: %w", err)
+		}
+		if err := batch.Inflate(); err != nil {
 			return gotState, fmt.Errorf("receive: %w", err)
 		}
 		for _, op := range batch.GetOps() {

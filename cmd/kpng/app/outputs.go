@@ -282,6 +282,7 @@ func registerAPIMetrics(rec *metrics.Recorder, srv *server.Server) error {
 		counter("api_sent_batches_total", "Batch messages sent to backends.", func(s server.Stats) uint64 { return s.SentBatches }),
 		counter("api_sent_bytes_total", "Bytes of the batches sent to backends (protobuf encoding, before gRPC framing).", func(s server.Stats) uint64 { return s.SentBytes }),
 		counter("api_snapshots_total", "Whole states encoded for the first states of node-independent streams (each shared by every stream starting before the next round of changes).", func(s server.Stats) uint64 { return s.Snapshots }),
+		counter("api_snapshot_batches_deflated_total", "Batches of whole states compressed for the backends that take deflated operations (each once, for all of them).", func(s server.Stats) uint64 { return s.Deflated }),
 		counter("api_backends_resumed_total", "Node-independent streams started without a whole state: the backend held the controller's state already.", func(s server.Stats) uint64 { return s.Resumed }),
 		counter("api_backends_caught_up_total", "Node-independent streams sent a whole state again after falling behind the controller's log of changes (a slow backend).", func(s server.Stats) uint64 { return s.CaughtUp }),
 	} {
