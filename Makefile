@@ -174,15 +174,17 @@ soak: controlplane
 ## change and node, on one closing line (docs/benchmarks.md); with
 ## PROFILE_DIR, the controller's profiles there. The changes come back to
 ## back, or CHANGE_GAP apart (e.g. 3s); TCP=1 serves the backends on TCP
-## loopback instead of a unix socket. Runs at nice 10.
+## loopback instead of a unix socket; PLAIN=1 has the backends not ask
+## for deflated first states (client/remote asks). Runs at nice 10.
 NODES ?= 100
 SERVICES ?= 10000
 CHANGES ?= 100
 CHANGE_GAP ?= 0
 PROFILE_DIR ?=
 TCP ?=
+PLAIN ?=
 scale-controller: controlplane
-	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) bash hack/scale-controller.sh
+	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) PLAIN=$(PLAIN) bash hack/scale-controller.sh
 
 ## apiserver-watchers: what the API server pays for the watchers of
 ## Services and EndpointSlices: CONTROLLERS `kpng kube … to-api`

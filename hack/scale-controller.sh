@@ -13,7 +13,9 @@
 # CHANGE_GAP (default 0: back to back; e.g. 3s: each change after a pause);
 # PROFILE_DIR, when set, keeps the controller's log and its profiles
 # there (--profile --dir); TCP, when set, serves the backends on TCP
-# loopback instead of a unix socket (--tcp). It raises the open-files limit (a connection a
+# loopback instead of a unix socket (--tcp); PLAIN, when set, has the
+# backends not ask for deflated first states (--plain), which
+# client/remote asks for. It raises the open-files limit (a connection a
 # backend) and runs at nice 10.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +29,7 @@ go build -o "${bin}/kpng-scale" ./hack/cmd/kpng-scale
 flags=(--nodes="${NODES:-100}" --services="${SERVICES:-10000}" --changes="${CHANGES:-100}" --change-gap="${CHANGE_GAP:-0}")
 if [ -n "${PROFILE_DIR:-}" ]; then flags+=(--profile --dir="${PROFILE_DIR}"); fi
 if [ -n "${TCP:-}" ]; then flags+=(--tcp); fi
+if [ -n "${PLAIN:-}" ]; then flags+=(--plain); fi
 ulimit -n "$(ulimit -Hn)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version), $(date -u +%Y-%m-%dT%H:%MZ)" >&2
 nice -n 10 "${bin}/kpng-scale" --kpng="${bin}/kpng" "${flags[@]}" "$@"

@@ -3,9 +3,12 @@
 package main
 
 import (
+	"bytes"
+	"compress/flate"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +23,8 @@ import (
 
 // The field numbers of api/kpngv1/kpng.proto the backends read.
 const (
-	batchOps = 1 // Batch.ops
+	batchOps      = 1 // Batch.ops
+	batchDeflated = 2 // Batch.deflated_ops
 
 	opReset       = 1 // Op.reset
 	opSetService  = 2 // Op.set_service
@@ -100,6 +104,13 @@ type backend struct {
 	// grpc-go's client.
 	raw       bool
 	stateHash uint32 // CRC-32C (hashState)
+	// deflate: the backend asks for deflated operations
+	// (WatchRequest.accept_deflated), as client/remote does.
+	deflate bool
+	// inflateGain is how many more bytes the deflated batches of the
+	// first state inflated to than they took (a backend reading every
+	// field).
+	inflateGain int
 
 	bytes atomic.Int64
 
@@ -132,7 +143,7 @@ func (b *backend) read(ctx context.Context, conn *grpc.ClientConn) error {
 	if err != nil {
 		return fmt.Errorf("watch as %s: %w", b.name, err)
 	}
-	if err := stream.SendMsg(&kpngv1.WatchRequest{NodeName: b.name, NodeIndependent: b.independent}); err != nil {
+	if err := stream.SendMsg(&kpngv1.WatchRequest{NodeName: b.name, NodeIndependent: b.independent, AcceptDeflated: b.deflate}); err != nil {
 		return fmt.Errorf("watch as %s: send the request: %w", b.name, err)
 	}
 	if err := stream.CloseSend(); err != nil {
@@ -202,15 +213,22 @@ func (b *backend) scan(data []byte) error {
 			}
 			return err
 		}
+		n, err := eachOp(data, b.op)
+		if n > 0 {
+			b.inflateGain += n - len(data)
+		}
+		return err
 	}
-	return eachOp(data, b.op)
+	_, err := eachOp(data, b.op)
+	return err
 }
 
 // firstOpKind is the kind (the field number) of a Batch's first
-// operation, 0 for a Batch without one.
+// operation, 0 for a Batch without one, deflatedKind for a Batch whose
+// operations are all deflated (which it does not inflate).
 func firstOpKind(data []byte) (protowire.Number, error) {
 	var kind protowire.Number
-	err := eachOp(data, func(op []byte) error {
+	deflated, err := eachPlainOp(data, func(op []byte) error {
 		if len(op) == 0 {
 			return errStop // an empty Op: no kind
 		}
@@ -222,39 +240,85 @@ func firstOpKind(data []byte) (protowire.Number, error) {
 		return errStop
 	})
 	if errors.Is(err, errStop) {
-		err = nil
+		return kind, nil
+	}
+	if err == nil && len(deflated) > 0 {
+		kind = deflatedKind
 	}
 	return kind, err
 }
 
+// deflatedKind is firstOpKind's kind of a Batch of deflated operations
+// only: no Op field has its number.
+const deflatedKind protowire.Number = 1 << 20
+
 // errStop ends an eachOp early.
 var errStop = errors.New("stop")
 
-// eachOp calls f with each operation of a Batch.
-func eachOp(data []byte, f func(op []byte) error) error {
+// eachOp calls f with each operation of a Batch, those of its
+// deflated_ops (inflated) last, and returns the bytes they inflated to.
+func eachOp(data []byte, f func(op []byte) error) (inflated int, err error) {
+	deflated, err := eachPlainOp(data, f)
+	for _, z := range deflated {
+		if err != nil {
+			break
+		}
+		var raw []byte
+		if raw, err = inflate(z, kpngv1.MaxBatchSize-inflated); err != nil {
+			break
+		}
+		inflated += len(raw)
+		var more [][]byte
+		if more, err = eachPlainOp(raw, f); err == nil && more != nil {
+			err = errMalformed
+		}
+	}
+	return inflated, err
+}
+
+// inflate inflates one deflated_ops field, to at most limit bytes.
+func inflate(deflated []byte, limit int) ([]byte, error) {
+	r := flate.NewReader(bytes.NewReader(deflated))
+	raw, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, fmt.Errorf("deflated_ops: %w", err)
+	}
+	if len(raw) > limit {
+		return nil, fmt.Errorf("deflated_ops inflate to more than %d bytes", kpngv1.MaxBatchSize)
+	}
+	return raw, nil
+}
+
+// eachPlainOp calls f with each operation of a Batch's ops and returns
+// its deflated_ops fields, not inflated.
+func eachPlainOp(data []byte, f func(op []byte) error) (deflated [][]byte, err error) {
 	for len(data) > 0 {
 		num, typ, n := protowire.ConsumeTag(data)
 		if n < 0 {
-			return errMalformed
+			return nil, errMalformed
 		}
 		data = data[n:]
-		if num != batchOps || typ != protowire.BytesType {
+		if typ != protowire.BytesType || (num != batchOps && num != batchDeflated) {
 			if n = protowire.ConsumeFieldValue(num, typ, data); n < 0 {
-				return errMalformed
+				return nil, errMalformed
 			}
 			data = data[n:]
 			continue
 		}
-		op, n := protowire.ConsumeBytes(data)
+		v, n := protowire.ConsumeBytes(data)
 		if n < 0 {
-			return errMalformed
+			return nil, errMalformed
 		}
 		data = data[n:]
-		if err := f(op); err != nil {
-			return err
+		if num == batchDeflated {
+			deflated = append(deflated, v)
+			continue
+		}
+		if err := f(v); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	return deflated, nil
 }
 
 // hasSync tells whether a Batch holds a sync operation, reading only each
@@ -268,7 +332,9 @@ func hasSync(data []byte) (bool, error) {
 	const syncTag = byte(opSync<<3 | protowire.BytesType)
 	for len(data) > 0 {
 		if data[0] != opsTag {
-			// Another field (none today): skipped, as eachOp does.
+			// Another field (deflated_ops, not inflated: a controller
+			// deflates batches of services, never a sync): skipped, as
+			// eachPlainOp does.
 			num, typ, n := protowire.ConsumeTag(data)
 			if n < 0 {
 				return false, errMalformed

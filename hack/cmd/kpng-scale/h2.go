@@ -110,7 +110,7 @@ const streamID = 1
 // begin writes the connection preface, the settings (the flow-control
 // windows of client/remote), the request's headers and the WatchRequest.
 func (c *rawConn) begin() error {
-	req, err := proto.Marshal(&kpngv1.WatchRequest{NodeName: c.b.name, NodeIndependent: c.b.independent})
+	req, err := proto.Marshal(&kpngv1.WatchRequest{NodeName: c.b.name, NodeIndependent: c.b.independent, AcceptDeflated: c.b.deflate})
 	if err != nil {
 		return err
 	}

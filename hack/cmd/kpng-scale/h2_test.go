@@ -23,8 +23,15 @@ import (
 // window (so the raw backend must give the controller its window back,
 // and read messages of several frames) from the controller's gRPC server,
 // to a raw backend and a grpc-go one reading every field: both must hold
-// every service and endpoint, the same hash, and then a change.
+// every service and endpoint, the same hash, and then a change; and the
+// same with deflated operations, which the grpc-go backend inflates.
 func TestRawBackendAgainstGRPC(t *testing.T) {
+	for _, deflate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "deflated"}[deflate], func(t *testing.T) { testRawBackendAgainstGRPC(t, deflate) })
+	}
+}
+
+func testRawBackendAgainstGRPC(t *testing.T, deflate bool) {
 	const services, endpoints, nodes = 8000, 10, 7
 	ns := "scale"
 	state := make([]*model.ServiceEndpoints, services)
@@ -68,7 +75,7 @@ func TestRawBackendAgainstGRPC(t *testing.T) {
 	index := map[string]int{ch.service + "/" + ch.key: 0}
 	mk := func(id int, light, raw bool) *backend {
 		b := &backend{id: id, name: nodeName(id), namespace: ns, changes: index, all: all, total: 2,
-			firstState: make(chan struct{}), independent: true, light: light, raw: raw}
+			firstState: make(chan struct{}), independent: true, light: light, raw: raw, deflate: deflate}
 		return b
 	}
 	full, raw := mk(0, false, false), mk(1, true, true)
@@ -91,8 +98,15 @@ func TestRawBackendAgainstGRPC(t *testing.T) {
 	if full.services != services || full.endpoints != services*endpoints {
 		t.Errorf("the grpc-go backend holds %d services and %d endpoints, want %d and %d", full.services, full.endpoints, services, services*endpoints)
 	}
-	if got, min := raw.bytes.Load(), int64(5<<20); got < min || got != full.bytes.Load() {
-		t.Errorf("the raw backend received %d bytes, the grpc-go one %d; want the same, over %d (more than the 4 MiB window)", got, full.bytes.Load(), min)
+	got := raw.bytes.Load()
+	if got != full.bytes.Load() {
+		t.Errorf("the raw backend received %d bytes, the grpc-go one %d; want the same", got, full.bytes.Load())
+	}
+	if min := int64(5 << 20); !deflate && got < min {
+		t.Errorf("the backends received %d bytes, want over %d (more than the 4 MiB window)", got, min)
+	}
+	if inflated := full.bytes.Load() + int64(full.inflateGain); deflate && got*4 > inflated {
+		t.Errorf("the first state took %d bytes, %d once inflated: want under a quarter", got, inflated)
 	}
 	if raw.stateHash != full.stateHash {
 		t.Error("the raw backend's first state hashes differently from the grpc-go backend's")

@@ -85,6 +85,7 @@ func main() {
 	flag.IntVar(&cfg.changes, "changes", 100, "EndpointSlice changes, one at a time (at most --services)")
 	flag.DurationVar(&cfg.changeGap, "change-gap", 0, "pause before each change after the first (0: back to back, each as soon as the last reached every backend)")
 	flag.BoolVar(&cfg.perNodeView, "per-node-view", false, "backends ask for their node's view computed by the controller (the protocol before node-independent streams), instead of the state every node shares")
+	flag.BoolVar(&cfg.plain, "plain", false, "the backends do not ask for deflated operations (WatchRequest.accept_deflated, which client/remote asks for): their first states come as they are, about 7 times the bytes")
 	flag.IntVar(&cfg.readAll, "read-all", 16, "on node-independent streams, how many backends (spread over the nodes) read every field of their first state; the others hash what they receive, which must be the same (0: all read every field)")
 	flag.BoolVar(&cfg.grpcLight, "grpc-light", false, "the backends that hash what they receive read it through grpc-go's client too, instead of speaking HTTP/2 on their socket themselves (which costs the machine's shared cores about a third as much)")
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")

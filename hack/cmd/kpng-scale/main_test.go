@@ -216,7 +216,7 @@ func TestHasSync(t *testing.T) {
 		for cut := 0; cut <= min(len(data), 8); cut++ {
 			part := data[:len(data)-cut]
 			want := false
-			refErr := eachOp(part, func(op []byte) error {
+			_, refErr := eachPlainOp(part, func(op []byte) error {
 				if k, _, _ := protowire.ConsumeTag(op); k == opSync {
 					want = true
 				}

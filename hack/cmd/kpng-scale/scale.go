@@ -43,6 +43,9 @@ type config struct {
 	// perNodeView: the backends ask for their node's view computed by the
 	// controller (the protocol before node-independent streams).
 	perNodeView bool
+	// plain: the backends do not ask for deflated operations
+	// (WatchRequest.accept_deflated), which client/remote asks for.
+	plain bool
 	// readAll is how many backends read every field of their first state
 	// on node-independent streams (spread over the nodes; 0: all).
 	readAll int
@@ -91,7 +94,11 @@ type result struct {
 	// writer and the reader on two cores (none when the process has
 	// fewer), then on the other transport.
 	firstStateBytes float64
-	floors          []floor
+	// firstStateInflated is what the first state's bytes inflated to in
+	// a backend reading every field: firstStateBytes when nothing was
+	// deflated.
+	firstStateInflated float64
+	floors             []floor
 	// floorP50, floorP99: one change's bytes written to every backend's
 	// connection (on the controller's transport) in turn by one
 	// goroutine, until every reader has them.
@@ -168,11 +175,11 @@ func (r result) details() string {
 		r.floors = []floor{{network: "unix"}} // not measured
 	}
 	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
-first state: %.0f bytes a backend; controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
+first state: %.0f bytes a backend (%.0f once inflated); controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
 changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms; the changes took %.1f s with their gaps
 controller CPU with every backend connected and nothing changing: %.1f ms a second
 controller RSS MiB: holding the state %.0f, after the first states %.0f, at the end %.0f, peak (VmHWM) %.0f
-`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.floors[0], 1.2*r.floors[0].took.Seconds(), joinFloors(r.floors[1:]),
+`, r.load.Seconds(), r.ready.Seconds(), r.firstStateBytes, r.firstStateInflated, r.cpuFirstState, 1000*r.cpuFirstState/float64(r.nodes), r.backendsCPUFirstState, r.floors[0], 1.2*r.floors[0].took.Seconds(), joinFloors(r.floors[1:]),
 		ms(r.changeP50), ms(r.changeP99), ms(r.apiP50), ms(r.apiP99), ms(r.reactP50), ms(r.reactP99), ms(r.spreadP50), ms(r.spreadP99), 1000*r.cpuPerChange, 1000*r.backendsCPUPerChange, ms(r.floorP50), ms(r.floorP99), r.changesTook.Seconds(),
 		1000*r.cpuIdle, r.rssIdle, r.rssFirst, r.rssEnd, r.rssPeak)
 }
@@ -224,7 +231,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		index[all[k].service+"/"+all[k].key] = k
 	}
 	newBackend := func(id int, name string) *backend {
-		b := &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView}
+		b := &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView, deflate: !cfg.plain}
 		return b
 	}
 	var wg sync.WaitGroup
@@ -377,6 +384,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	res.firstStateAll = last.Sub(opened)
 	res.firstStateBytes = float64(firstBytes) / float64(cfg.nodes)
+	if read != nil {
+		res.firstStateInflated = float64(read.bytes.Load() + int64(read.inflateGain))
+	}
 	res.cpuFirstState, res.backendsCPUFirstState = ctl.cpu()-cpu0, ownCPU()-own0
 	res.rssFirst, _ = ctl.rss()
 	profiles.wait()
