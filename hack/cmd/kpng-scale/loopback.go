@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -67,16 +68,76 @@ func loopbackTime(network, dir string, total int64) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
+// floorBytes are what the floors write, 1 MiB at a time (only read).
+var floorBytes = make([]byte, 1<<20)
+
 // writeFloor writes total bytes to conn in 1 MiB writes and closes it.
 func writeFloor(conn net.Conn, total int64) error {
 	defer conn.Close()
-	buf := make([]byte, 1<<20)
+	buf := floorBytes
 	for left := total; left > 0; left -= int64(len(buf)) {
 		if _, err := conn.Write(buf[:min(int64(len(buf)), left)]); err != nil {
 			return err
 		}
 	}
 	return conn.Close()
+}
+
+// connectionsTime measures how long n connections on network take to
+// carry each its share of the first states' bytes (per), written by
+// turns writers at a time (the controller's first states at once) to
+// readers that discard them: all goroutines of this process, from the
+// first connection's dial to the last reader's end. It is the floor of
+// the first states with the backends' connections, one a backend,
+// without gRPC, HTTP/2 or anything to read in them: when a first state
+// is small (deflated), what a connection costs beside its bytes.
+func connectionsTime(network, dir string, n int, per int64, turns int) (time.Duration, error) {
+	lis, err := listenFloor(network, dir, "connections.sock")
+	if err != nil {
+		return 0, fmt.Errorf("connections baseline: %w", err)
+	}
+	defer lis.Close()
+	errs := make(chan error, 2*n+1)
+	var readers, writers sync.WaitGroup
+	start := time.Now()
+	readers.Go(func() {
+		for range n {
+			conn, err := lis.Accept()
+			if err != nil {
+				errs <- err
+				return
+			}
+			readers.Go(func() {
+				if err := discard(conn); err != nil {
+					errs <- err
+				}
+			})
+		}
+	})
+	turn := make(chan struct{}, turns)
+	for range n {
+		conn, err := net.Dial(network, lis.Addr().String())
+		if err != nil {
+			errs <- err
+			_ = lis.Close() // the acceptor ends
+			break
+		}
+		turn <- struct{}{}
+		writers.Go(func() {
+			defer func() { <-turn }()
+			if err := writeFloor(conn, per); err != nil {
+				errs <- err
+			}
+		})
+	}
+	writers.Wait()
+	readers.Wait()
+	took := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, fmt.Errorf("connections baseline: %w", err)
+	}
+	return took, nil
 }
 
 // discard reads conn to its end and closes it.

@@ -92,20 +92,26 @@ func TestSmallRun(t *testing.T) {
 			if res.firstStateBytes == 0 || res.bytesPerChangePerNode == 0 || res.rssPeak == 0 {
 				t.Errorf("bytes or RSS not measured: %s", res.closing())
 			}
-			want := []string{"unix", "unix", "tcp"}
+			want := []string{"unix", "unix", "tcp", "unix"}
 			if tc.tcp {
-				want = []string{"tcp", "tcp", "unix"}
+				want = []string{"tcp", "tcp", "unix", "tcp"}
 			}
+			pinnedAt, connsAt := 1, 3
 			if twoCores() == nil { // one CPU, or no taskset
 				want = slices.Delete(want, 1, 2)
+				pinnedAt, connsAt = -1, 2
 			}
 			if len(res.floors) != len(want) {
 				t.Fatalf("%d floors measured, want %d (%v): %v", len(res.floors), len(want), want, res.floors)
 			}
 			for i, f := range res.floors {
-				if pinned := len(f.cores) == 2; f.network != want[i] || f.took <= 0 || pinned != (i == 1 && len(want) == 3) {
+				pinned := len(f.cores) == 2
+				if f.network != want[i] || f.took <= 0 || pinned != (i == pinnedAt) || (f.conns > 0) != (i == connsAt) {
 					t.Errorf("floor %d: %s (%s), want one measured on %s", i, f, f.network, want[i])
 				}
+			}
+			if c := res.floors[connsAt].conns; c != res.nodes {
+				t.Errorf("the floor over the backends' connections used %d, want %d", c, res.nodes)
 			}
 			if res.rawBackends != tc.raw {
 				t.Errorf("%d backends spoke HTTP/2 themselves, want %d", res.rawBackends, tc.raw)

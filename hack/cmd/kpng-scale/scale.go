@@ -146,10 +146,18 @@ type floor struct {
 	// cores are the writer's and the reader's CPUs; none: left to the
 	// scheduler.
 	cores []int
+	// conns, when set, is how many connections carry the bytes, each its
+	// share, firstStateTurns at a time (connectionsTime); none: one.
+	conns int
 	took  time.Duration
 	// cpu is what its writer and reader took (seconds).
 	cpu float64
 }
+
+// firstStateTurns is how many first states the controller sends at once
+// by default (to-api's --max-concurrent-first-states), which the floor
+// over the backends' connections writes at once too.
+const firstStateTurns = 4
 
 // String names the floor's transport, its time and CPU.
 func (f floor) String() string {
@@ -159,6 +167,9 @@ func (f floor) String() string {
 	}
 	if len(f.cores) == 2 {
 		name += fmt.Sprintf(" from a process on CPU %d to one on CPU %d", f.cores[0], f.cores[1])
+	}
+	if f.conns > 0 {
+		name = fmt.Sprintf("%d connections of %s, %d at a time,", f.conns, name, firstStateTurns)
 	}
 	return fmt.Sprintf("through %s alone: %.2f s, CPU %.1f s", name, f.took.Seconds(), f.cpu)
 }
@@ -489,7 +500,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	// The first states' bytes through one connection, with the backends
 	// gone: the floor of first_state_all_s on the controller's transport;
 	// the same with the writer and the reader on two cores; on the other
-	// transport.
+	// transport; and through a connection a backend.
 	other := "tcp"
 	if ctl.network == "tcp" {
 		other = "unix"
@@ -498,13 +509,18 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	if cores := twoCores(); cores != nil {
 		res.floors = append(res.floors, floor{network: ctl.network, cores: cores})
 	}
-	res.floors = append(res.floors, floor{network: other})
+	res.floors = append(res.floors, floor{network: other}, floor{network: ctl.network, conns: cfg.nodes})
 	for i := range res.floors {
 		f := &res.floors[i]
 		total := int64(res.firstStateBytes * float64(cfg.nodes))
-		if len(f.cores) == 2 {
+		switch {
+		case len(f.cores) == 2:
 			f.took, f.cpu, err = loopbackProcesses(ctx, f.network, cfg.dir, total, f.cores)
-		} else {
+		case f.conns > 0:
+			own0 = ownCPU()
+			f.took, err = connectionsTime(f.network, cfg.dir, f.conns, int64(res.firstStateBytes), firstStateTurns)
+			f.cpu = ownCPU() - own0
+		default:
 			own0 = ownCPU()
 			f.took, err = loopbackTime(f.network, cfg.dir, total)
 			f.cpu = ownCPU() - own0
