@@ -516,7 +516,7 @@ func (h *Hub) pruneDeflated(snap *snapshot) {
 
 // prepareDeflated compresses the batches of the state's snapshot that
 // have no compressed copy yet, without holding h.mu while it does (a
-// whole snapshot of 10,000 services takes some 40 ms, which a Sync would
+// whole snapshot of 10,000 services takes some 20 ms, which a Sync would
 // otherwise wait for, and every stream behind it): a stream about to send
 // a first state calls it first, so that under h.mu the snapshot it sends
 // has its copies (those of a round published meanwhile are the few its

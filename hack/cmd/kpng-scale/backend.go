@@ -252,7 +252,7 @@ func firstOpKind(data []byte) (protowire.Number, error) {
 // only: no Op field has its number.
 const deflatedKind protowire.Number = 1 << 20
 
-// errStop ends an eachOp early.
+// errStop ends an eachPlainOp early.
 var errStop = errors.New("stop")
 
 // eachOp calls f with each operation of a Batch, those of its
