@@ -3,6 +3,7 @@ package kpngv1
 import (
 	"bytes"
 	"compress/flate"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -49,6 +50,33 @@ var deflaters = sync.Pool{New: func() any {
 // inflaters pools the readers Inflate uses.
 var inflaters = sync.Pool{New: func() any { return flate.NewReader(bytes.NewReader(nil)) }}
 
+// ErrInflateLimit is InflateField's error for a field that inflates to
+// more than its limit.
+var ErrInflateLimit = errors.New("inflates past its limit")
+
+// InflateField inflates one deflated_ops field (a raw DEFLATE stream) to
+// at most limit bytes: the encoding of a Batch holding the field's
+// operations. A field that inflates to more fails with ErrInflateLimit.
+func InflateField(z []byte, limit int) ([]byte, error) {
+	r := inflaters.Get().(io.ReadCloser)
+	defer func() {
+		_ = r.(flate.Resetter).Reset(bytes.NewReader(nil), nil) // not to keep z
+		inflaters.Put(r)
+	}()
+	if err := r.(flate.Resetter).Reset(bytes.NewReader(z), nil); err != nil {
+		return nil, err
+	}
+	var raw bytes.Buffer
+	raw.Grow(min(8*len(z), limit+1))
+	if _, err := raw.ReadFrom(io.LimitReader(r, int64(limit)+1)); err != nil {
+		return nil, err
+	}
+	if raw.Len() > limit {
+		return nil, ErrInflateLimit
+	}
+	return raw.Bytes(), nil
+}
+
 // Inflate moves the operations of b.DeflatedOps, if any, to the end of
 // b.Ops, in order. It fails, leaving b as it was, on a field that is not
 // DEFLATE, on fields that inflate to more than MaxBatchSize bytes in all,
@@ -57,28 +85,19 @@ func (b *Batch) Inflate() error {
 	if len(b.GetDeflatedOps()) == 0 {
 		return nil
 	}
-	r := inflaters.Get().(io.ReadCloser)
-	defer func() {
-		_ = r.(flate.Resetter).Reset(bytes.NewReader(nil), nil) // not to keep the last field
-		inflaters.Put(r)
-	}()
 	var more Batch
 	left := MaxBatchSize
 	for i, z := range b.DeflatedOps {
-		if err := r.(flate.Resetter).Reset(bytes.NewReader(z), nil); err != nil {
-			return fmt.Errorf("batch: deflated_ops[%d]: %w", i, err)
-		}
-		var raw bytes.Buffer
-		raw.Grow(min(8*len(z), left+1))
-		if _, err := raw.ReadFrom(io.LimitReader(r, int64(left)+1)); err != nil {
-			return fmt.Errorf("batch: deflated_ops[%d]: %w", i, err)
-		}
-		if raw.Len() > left {
+		raw, err := InflateField(z, left)
+		if errors.Is(err, ErrInflateLimit) {
 			return fmt.Errorf("batch: deflated_ops inflate to more than %d bytes", MaxBatchSize)
 		}
-		left -= raw.Len()
+		if err != nil {
+			return fmt.Errorf("batch: deflated_ops[%d]: %w", i, err)
+		}
+		left -= len(raw)
 		// Unmarshal merges: the operations of each field are appended.
-		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(raw.Bytes(), &more); err != nil {
+		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(raw, &more); err != nil {
 			return fmt.Errorf("batch: deflated_ops[%d]: %w", i, err)
 		}
 		if len(more.DeflatedOps) > 0 {

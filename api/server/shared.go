@@ -502,13 +502,10 @@ func (h *Hub) pruneDeflated(snap *snapshot) {
 	}
 	kept := make(map[batchKey][]byte, len(h.deflatedCopies))
 	for _, b := range snap.batches {
-		if len(b) != 1 || len(b[0].ReadOnlyData()) == 0 {
-			continue
-		}
-		data := b[0].ReadOnlyData()
-		key := batchKey{&data[0], len(data)}
-		if d, ok := h.deflatedCopies[key]; ok {
-			kept[key] = d
+		if key, _, ok := keyOf(b); ok {
+			if d, ok := h.deflatedCopies[key]; ok {
+				kept[key] = d
+			}
 		}
 	}
 	h.deflatedCopies = kept
@@ -560,13 +557,12 @@ func (h *Hub) deflated(snap *snapshot) []message {
 		pieces, size, plain = nil, 0, 0
 	}
 	for _, b := range snap.batches[:last] {
-		if len(b) != 1 || len(b[0].ReadOnlyData()) == 0 {
+		key, data, ok := keyOf(b)
+		if !ok {
 			flush()
 			out = append(out, b)
 			continue
 		}
-		data := b[0].ReadOnlyData() // a snapshot's batches are one piece each
-		key := batchKey{&data[0], len(data)}
 		d, ok := h.deflatedCopies[key]
 		if !ok {
 			d = kpngv1.DeflatedOpsField(data)
@@ -600,6 +596,19 @@ func (h *Hub) deflated(snap *snapshot) []message {
 type batchKey struct {
 	first *byte
 	n     int
+}
+
+// keyOf returns the key of a snapshot's batch and its bytes; false for
+// one that is not a single piece of bytes (a snapshot's batches are).
+func keyOf(b message) (batchKey, []byte, bool) {
+	if len(b) != 1 {
+		return batchKey{}, nil, false
+	}
+	data := b[0].ReadOnlyData()
+	if len(data) == 0 {
+		return batchKey{}, nil, false
+	}
+	return batchKey{&data[0], len(data)}, data, true
 }
 
 // deflatedPlainBytes bounds what a message of deflated operations

@@ -3,12 +3,9 @@
 package main
 
 import (
-	"bytes"
-	"compress/flate"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync/atomic"
 	"time"
 
@@ -264,7 +261,8 @@ func eachOp(data []byte, f func(op []byte) error) (inflated int, err error) {
 			break
 		}
 		var raw []byte
-		if raw, err = inflate(z, kpngv1.MaxBatchSize-inflated); err != nil {
+		if raw, err = kpngv1.InflateField(z, kpngv1.MaxBatchSize-inflated); err != nil {
+			err = fmt.Errorf("deflated_ops: %w", err)
 			break
 		}
 		inflated += len(raw)
@@ -274,19 +272,6 @@ func eachOp(data []byte, f func(op []byte) error) (inflated int, err error) {
 		}
 	}
 	return inflated, err
-}
-
-// inflate inflates one deflated_ops field, to at most limit bytes.
-func inflate(deflated []byte, limit int) ([]byte, error) {
-	r := flate.NewReader(bytes.NewReader(deflated))
-	raw, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
-	if err != nil {
-		return nil, fmt.Errorf("deflated_ops: %w", err)
-	}
-	if len(raw) > limit {
-		return nil, fmt.Errorf("deflated_ops inflate to more than %d bytes", kpngv1.MaxBatchSize)
-	}
-	return raw, nil
 }
 
 // eachPlainOp calls f with each operation of a Batch's ops and returns
