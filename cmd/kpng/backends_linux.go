@@ -37,28 +37,24 @@ func nftBackend() app.Backend {
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
 			var cfg nft.Config
 			cfg.BindFlags(fs)
-			name := fs.String("name", "", "the name in the tables' name (default: the kube input's --service-proxy-name)")
-			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one")
-			cleanup := fs.Bool("cleanup", false, "remove the tables (ip and ip6, and the inet table of an earlier kpng) and the --forward-accept chain, wherever it is, and exit")
-			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
+			pf := bindProxierFlags(fs, "the name in the tables' name",
+				"program the rules in this network namespace (a path such as /run/netns/x) instead of the current one",
+				"remove the tables (ip and ip6, and the inet table of an earlier kpng) and the --forward-accept chain, wherever it is, and exit")
 			forwardAccept := fs.Bool("forward-accept", false, "for a node whose filter FORWARD policy is DROP (Docker sets it): keep a chain in the iptables filter table accepting the forwarded service traffic (the --masquerade-bit mark, and the replies), jumped to first from FORWARD, checked every --check-period (kpng's nftables tables cannot override another table's drop; needs the iptables binaries)")
 			forwardAcceptVariant := fs.String("forward-accept-iptables", iptables.VariantAuto, "with --forward-accept, the iptables variant to write in: auto (each variant and family whose FORWARD policy is DROP), legacy or nft")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				if err := cfg.Validate(); err != nil {
 					return nil, app.Usagef("to-nft %v", err)
 				}
-				cfg.ServiceProxyName = env.ServiceProxyName
-				if *name != "" {
-					cfg.ServiceProxyName = *name
-				}
+				cfg.ServiceProxyName = pf.serviceProxyName(env)
 				faCfg := iptables.ForwardAcceptConfig{ServiceProxyName: cfg.ServiceProxyName, MasqueradeBit: cfg.Options.MasqueradeBit,
-					NetNS: *netnsPath, Variant: *forwardAcceptVariant, CheckPeriod: cfg.CheckPeriod}
+					NetNS: *pf.netns, Variant: *forwardAcceptVariant, CheckPeriod: cfg.CheckPeriod}
 				if err := faCfg.Validate(); err != nil {
 					return nil, app.Usagef("to-nft --forward-accept-iptables=%s: want auto, legacy or nft", *forwardAcceptVariant)
 				}
 				hcCfg := healthcheck.Config{NodePortAddresses: cfg.Options.NodePortAddresses}
-				if *netnsPath != "" {
-					f, err := os.Open(*netnsPath)
+				if *pf.netns != "" {
+					f, err := os.Open(*pf.netns)
 					if err != nil {
 						return nil, fmt.Errorf("to-nft --netns: %w", err)
 					}
@@ -74,7 +70,7 @@ func nftBackend() app.Backend {
 					hcCfg.Addresses = addressesIn(vnetns.NsHandle(fd))
 					go func() { <-ctx.Done(); f.Close() }()
 				}
-				if *cleanup {
+				if *pf.cleanup {
 					if err := nft.Cleanup(ctx, cfg); err != nil {
 						return nil, fmt.Errorf("to-nft --cleanup: %w", err)
 					}
@@ -115,10 +111,7 @@ func nftBackend() app.Backend {
 						return nil, fmt.Errorf("to-nft --forward-accept: %w", err)
 					}
 				}
-				if !*healthChecks {
-					return sink, nil
-				}
-				return withHealthChecks(ctx, sink, hcCfg, env)
+				return pf.withHealthChecks(ctx, sink, hcCfg, env)
 			}
 		},
 	}
@@ -150,19 +143,15 @@ func iptablesBackend() app.Backend {
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
 			var cfg iptables.Config
 			cfg.BindFlags(fs)
-			name := fs.String("name", "", "the name the chains' prefix is made of (default: the kube input's --service-proxy-name)")
-			netnsPath := fs.String("netns", "", "program the rules in this network namespace (a path such as /run/netns/x) instead of the current one (runs the binaries through nsenter)")
-			cleanup := fs.Bool("cleanup", false, "remove the chains and their jumps (of both variants with --iptables=auto) and exit")
-			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
+			pf := bindProxierFlags(fs, "the name the chains' prefix is made of",
+				"program the rules in this network namespace (a path such as /run/netns/x) instead of the current one (runs the binaries through nsenter)",
+				"remove the chains and their jumps (of both variants with --iptables=auto) and exit")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				if err := cfg.Validate(); err != nil {
 					return nil, app.Usagef("to-iptables %v", err)
 				}
-				cfg.ServiceProxyName, cfg.NetNS = env.ServiceProxyName, *netnsPath
-				if *name != "" {
-					cfg.ServiceProxyName = *name
-				}
-				if *cleanup {
+				cfg.ServiceProxyName, cfg.NetNS = pf.serviceProxyName(env), *pf.netns
+				if *pf.cleanup {
 					if err := iptables.Cleanup(ctx, cfg); err != nil {
 						return nil, fmt.Errorf("to-iptables --cleanup: %w", err)
 					}
@@ -195,18 +184,15 @@ func iptablesBackend() app.Backend {
 						}
 					}
 				}
+				hcCfg, err := healthCheckConfig(ctx, *pf.netns, cfg.Options.NodePortAddresses)
+				if err != nil {
+					return nil, fmt.Errorf("to-iptables %w", err)
+				}
 				sink, err := iptables.New(ctx, cfg)
 				if err != nil {
 					return nil, err
 				}
-				if !*healthChecks {
-					return sink, nil
-				}
-				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)
-				if err != nil {
-					return nil, fmt.Errorf("to-iptables %w", err)
-				}
-				return withHealthChecks(ctx, sink, hcCfg, env)
+				return pf.withHealthChecks(ctx, sink, hcCfg, env)
 			}
 		},
 	}

@@ -19,19 +19,15 @@ func userspaceBackend() app.Backend {
 		Bind: func(fs *flag.FlagSet) func(context.Context, app.BackendEnv) (localsink.Sink, error) {
 			var cfg userspace.Config
 			cfg.BindFlags(fs)
-			name := fs.String("name", "", "the proxier's name, in its interface's default name (default: the kube input's --service-proxy-name)")
-			netnsPath := fs.String("netns", "", "proxy in this network namespace (a path such as /run/netns/x) instead of the current one (Linux)")
-			cleanup := fs.Bool("cleanup", false, "remove the interface and its addresses (Linux), or the addresses (Windows), and exit")
-			healthChecks := fs.Bool("healthcheck", true, "serve the health check node ports of LoadBalancer services with externalTrafficPolicy: Local (200 with local endpoints, 503 without)")
+			pf := bindProxierFlags(fs, "the proxier's name, in its interface's default name",
+				"proxy in this network namespace (a path such as /run/netns/x) instead of the current one (Linux)",
+				"remove the interface and its addresses (Linux), or the addresses (Windows), and exit")
 			return func(ctx context.Context, env app.BackendEnv) (localsink.Sink, error) {
 				if err := cfg.Validate(); err != nil {
 					return nil, app.Usagef("to-userspace %v", err)
 				}
-				cfg.ServiceProxyName, cfg.NetNS = env.ServiceProxyName, *netnsPath
-				if *name != "" {
-					cfg.ServiceProxyName = *name
-				}
-				if *cleanup {
+				cfg.ServiceProxyName, cfg.NetNS = pf.serviceProxyName(env), *pf.netns
+				if *pf.cleanup {
 					if err := userspace.Cleanup(ctx, cfg); err != nil {
 						return nil, fmt.Errorf("to-userspace --cleanup: %w", err)
 					}
@@ -40,7 +36,7 @@ func userspaceBackend() app.Backend {
 				if env.Metrics != nil {
 					env.Metrics.SetProxyMode("userspace")
 				}
-				hcCfg, err := healthCheckConfig(ctx, *netnsPath, cfg.Options.NodePortAddresses)
+				hcCfg, err := healthCheckConfig(ctx, *pf.netns, cfg.Options.NodePortAddresses)
 				if err != nil {
 					return nil, err
 				}
@@ -48,10 +44,7 @@ func userspaceBackend() app.Backend {
 				if err != nil {
 					return nil, err
 				}
-				if !*healthChecks {
-					return p, nil
-				}
-				return withHealthChecks(ctx, p, hcCfg, env)
+				return pf.withHealthChecks(ctx, p, hcCfg, env)
 			}
 		},
 	}
