@@ -174,17 +174,22 @@ soak: controlplane
 ## change and node, on one closing line (docs/benchmarks.md); with
 ## PROFILE_DIR, the controller's profiles there. The changes come back to
 ## back, or CHANGE_GAP apart (e.g. 3s); TCP=1 serves the backends on TCP
-## loopback instead of a unix socket; PLAIN=1 has the backends not ask
-## for deflated first states (client/remote asks). Runs at nice 10.
+## loopback instead of a unix socket; TLS=1 on TCP loopback with TLS and
+## client certificates, as deploy/ runs the controller; CONTROLLER_ENV
+## sets the controller's environment (e.g. GOMEMLIMIT=400MiB); PLAIN=1
+## has the backends not ask for deflated first states (client/remote
+## asks). Runs at nice 10.
 NODES ?= 100
 SERVICES ?= 10000
 CHANGES ?= 100
 CHANGE_GAP ?= 0
 PROFILE_DIR ?=
 TCP ?=
+TLS ?=
+CONTROLLER_ENV ?=
 PLAIN ?=
 scale-controller: controlplane
-	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) PLAIN=$(PLAIN) bash hack/scale-controller.sh
+	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) TLS=$(TLS) CONTROLLER_ENV="$(CONTROLLER_ENV)" PLAIN=$(PLAIN) bash hack/scale-controller.sh
 
 ## apiserver-watchers: what the API server pays for the watchers of
 ## Services and EndpointSlices: CONTROLLERS `kpng kube … to-api`

@@ -13,7 +13,11 @@
 # CHANGE_GAP (default 0: back to back; e.g. 3s: each change after a pause);
 # PROFILE_DIR, when set, keeps the controller's log and its profiles
 # there (--profile --dir); TCP, when set, serves the backends on TCP
-# loopback instead of a unix socket (--tcp); PLAIN, when set, has the
+# loopback instead of a unix socket (--tcp); TLS, when set, on TCP
+# loopback with TLS and client certificates, each backend its node's, as
+# deploy/ runs the controller (--tls); CONTROLLER_ENV adds NAME=VALUE
+# pairs to the controller's environment (e.g. GOMEMLIMIT=400MiB, as
+# deploy/kpng-controller.yaml sets it); PLAIN, when set, has the
 # backends not ask for deflated first states (--plain), which
 # client/remote asks for. It raises the open-files limit (a connection a
 # backend) and runs at nice 10.
@@ -29,6 +33,8 @@ go build -o "${bin}/kpng-scale" ./hack/cmd/kpng-scale
 flags=(--nodes="${NODES:-100}" --services="${SERVICES:-10000}" --changes="${CHANGES:-100}" --change-gap="${CHANGE_GAP:-0}")
 if [ -n "${PROFILE_DIR:-}" ]; then flags+=(--profile --dir="${PROFILE_DIR}"); fi
 if [ -n "${TCP:-}" ]; then flags+=(--tcp); fi
+if [ -n "${TLS:-}" ]; then flags+=(--tls); fi
+if [ -n "${CONTROLLER_ENV:-}" ]; then flags+=(--controller-env="${CONTROLLER_ENV}"); fi
 if [ -n "${PLAIN:-}" ]; then flags+=(--plain); fi
 ulimit -n "$(ulimit -Hn)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version), $(date -u +%Y-%m-%dT%H:%MZ)" >&2

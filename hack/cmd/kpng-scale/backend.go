@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -99,7 +100,12 @@ type backend struct {
 	light bool
 	// raw: the backend speaks HTTP/2 itself (h2.go), not through
 	// grpc-go's client.
-	raw       bool
+	raw bool
+	// tls, for a raw backend, is its TLS client configuration (its node's
+	// certificate), nil for plain TCP or a unix socket; nodeCert is set
+	// once its handshake is done.
+	tls       *tls.Config
+	nodeCert  bool
 	stateHash uint32 // CRC-32C (hashState)
 	// deflate: the backend asks for deflated operations
 	// (WatchRequest.accept_deflated), as client/remote does.

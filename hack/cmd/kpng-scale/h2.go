@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -53,6 +54,18 @@ func (b *backend) readRaw(ctx context.Context, network, addr string) error {
 	conn, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return fmt.Errorf("watch as %s: %w", b.name, err)
+	}
+	if b.tls != nil {
+		tc := tls.Client(conn, b.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return fmt.Errorf("watch as %s: TLS: %w", b.name, err)
+		}
+		if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
+			_ = conn.Close()
+			return fmt.Errorf("watch as %s: TLS: the controller chose protocol %q, want h2", b.name, p)
+		}
+		conn, b.nodeCert = tc, true
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })

@@ -90,6 +90,8 @@ func main() {
 	flag.BoolVar(&cfg.grpcLight, "grpc-light", false, "the backends that hash what they receive read it through grpc-go's client too, instead of speaking HTTP/2 on their socket themselves (which costs the machine's shared cores about a third as much)")
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
 	flag.BoolVar(&cfg.tcp, "tcp", false, "serve the backends on TCP loopback (127.0.0.1, plain) instead of a unix socket; the target's floor is then the first states' bytes through TCP loopback")
+	flag.BoolVar(&cfg.tls, "tls", false, "serve the backends on TCP loopback with TLS and client certificates, as deploy/ runs the controller: each raw backend with its own node's certificate and handshake (the floors stay plain TCP's)")
+	controllerEnv := flag.String("controller-env", "", "environment variables of the controller, space-separated NAME=VALUE (e.g. GOMEMLIMIT=400MiB, as deploy/ sets it)")
 	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")
 	flag.DurationVar(&cfg.firstStateTimeout, "first-state-timeout", 30*time.Minute, "how long the controller may take to hold the state, and the backends their first states")
@@ -103,6 +105,14 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.kpng = []string{*kpng}
+	cfg.tcp = cfg.tcp || cfg.tls
+	for _, v := range strings.Fields(*controllerEnv) {
+		if name, _, ok := strings.Cut(v, "="); !ok || name == "" {
+			fmt.Fprintf(os.Stderr, "kpng-scale: --controller-env: %q is not NAME=VALUE\n", v)
+			os.Exit(2)
+		}
+		cfg.env = append(cfg.env, v)
+	}
 	cfg.toAPIFlags = strings.Fields(*toAPI)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -60,11 +60,12 @@ func TestSmallRun(t *testing.T) {
 		streamsPerConn int
 		raw            int // light backends speaking HTTP/2 themselves
 		gap            time.Duration
-		tcp            bool
+		tcp, tls       bool
 	}{
-		{"grpc-go two streams a connection", 2, 0, 0, false},
-		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond, false},
-		{"on TCP loopback", 1, 2, 0, true},
+		{"grpc-go two streams a connection", 2, 0, 0, false, false},
+		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond, false, false},
+		{"on TCP loopback", 1, 2, 0, true, false},
+		{"with TLS and node certificates", 1, 2, 0, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{
@@ -72,7 +73,7 @@ func TestSmallRun(t *testing.T) {
 				nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: tc.streamsPerConn, readAll: 2,
 				dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
 				namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
-				changeGap: tc.gap, tcp: tc.tcp,
+				changeGap: tc.gap, tcp: tc.tcp, tls: tc.tls,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -115,6 +116,9 @@ func TestSmallRun(t *testing.T) {
 			}
 			if res.rawBackends != tc.raw {
 				t.Errorf("%d backends spoke HTTP/2 themselves, want %d", res.rawBackends, tc.raw)
+			}
+			if want := map[bool]int{true: tc.raw}[tc.tls]; res.nodeCerts != want {
+				t.Errorf("%d backends did a TLS handshake with their node's certificate, want %d", res.nodeCerts, want)
 			}
 			t.Log(res.details() + res.closing())
 		})

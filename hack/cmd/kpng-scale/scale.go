@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -60,6 +61,10 @@ type config struct {
 	// 127.0.0.1) instead of a unix socket, and the floors are measured
 	// on TCP loopback.
 	tcp bool
+	// tls (with tcp): with TLS and client certificates instead of plain
+	// TCP, each raw backend with its own node's certificate (tls.go); the
+	// floors stay plain TCP's.
+	tls bool
 	// dir holds the socket, the controller's log and the profiles.
 	dir string
 	// profile: CPU profiles of the first states and of the changes, heap
@@ -127,8 +132,10 @@ type result struct {
 	// same phases: on one machine they share its cores with the
 	// controller.
 	backendsCPUFirstState, backendsCPUPerChange float64
-	// rawBackends is how many backends spoke HTTP/2 themselves.
-	rawBackends int
+	// rawBackends is how many backends spoke HTTP/2 themselves;
+	// nodeCerts how many of them did a TLS handshake with their own
+	// node's certificate.
+	rawBackends, nodeCerts int
 	// cpuIdle is the controller's CPU a second with every backend
 	// connected and nothing changing (seconds a second).
 	cpuIdle float64
@@ -185,7 +192,11 @@ func (r result) details() string {
 	if len(r.floors) == 0 {
 		r.floors = []floor{{network: "unix"}} // not measured
 	}
-	return fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
+	tlsLine := ""
+	if r.nodeCerts > 0 {
+		tlsLine = fmt.Sprintf("TLS: %d backends each did a handshake with its own node's certificate\n", r.nodeCerts)
+	}
+	return tlsLine + fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend (%.0f once inflated); controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
 changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms; the changes took %.1f s with their gaps
 controller CPU with every backend connected and nothing changing: %.1f ms a second
@@ -221,13 +232,24 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	res.load = time.Since(start)
 
-	ctl, err := startController(ctx, cfg, kubeconfig)
+	var certs *pki
+	if cfg.tls {
+		var err error
+		if certs, err = newPKI(cfg.dir); err != nil {
+			return res, err
+		}
+	}
+	ctl, err := startController(ctx, cfg, kubeconfig, certs)
 	if err != nil {
 		return res, err
 	}
 	defer ctl.stop()
 	cfg.logf("controller pid %d, log %s", ctl.cmd.Process.Pid, ctl.logPath)
-	target, opts, err := remote.Config{Address: ctl.address(), Insecure: ctl.network == "tcp"}.DialOptions()
+	rc := remote.Config{Address: ctl.address(), Insecure: ctl.network == "tcp"}
+	if certs != nil {
+		rc = remote.Config{Address: ctl.address(), TLSCA: certs.caFile, TLSCert: certs.readerCert, TLSKey: certs.readerKey}
+	}
+	target, opts, err := rc.DialOptions()
 	if err != nil {
 		return res, err
 	}
@@ -301,6 +323,14 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 
 	// The backends.
 	backends := make([]*backend, cfg.nodes)
+	nodeTLS := make([]*tls.Config, cfg.nodes) // made before they start
+	if certs != nil {
+		for n := range nodeTLS {
+			if nodeTLS[n], err = certs.nodeTLS(nodeName(n)); err != nil {
+				return res, err
+			}
+		}
+	}
 	cpu0, own0 := ctl.cpu(), ownCPU()
 	opened := time.Now()
 	profiles := &profiler{cfg: cfg, addr: ctl.profiling}
@@ -320,6 +350,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		backends[n] = b
 		if b.raw {
 			res.rawBackends++
+			b.tls = nodeTLS[n]
 			wg.Go(func() { b.watchRaw(bctx, ctl.network, ctl.addr) })
 		} else {
 			wg.Go(func() { b.watch(bctx, c) })
@@ -368,6 +399,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 			last = b.firstAt
 		}
 		firstBytes += b.bytes.Load()
+		if b.nodeCert {
+			res.nodeCerts++
+		}
 		if !b.light && read == nil {
 			read = b
 		}
@@ -584,9 +618,10 @@ type controller struct {
 }
 
 // startController starts the controller on a unix socket in cfg.dir, or
-// with cfg.tcp on a free port of 127.0.0.1 (plain TCP, no connection
-// limits), with no limit of streams per node, its log in cfg.dir.
-func startController(ctx context.Context, cfg config, kubeconfig string) (*controller, error) {
+// with cfg.tcp on a free port of 127.0.0.1 (no connection limits; plain
+// TCP, or TLS with certs' certificates), with no limit of streams per
+// node, its log in cfg.dir.
+func startController(ctx context.Context, cfg config, kubeconfig string, certs *pki) (*controller, error) {
 	ctl := &controller{network: "unix", addr: filepath.Join(cfg.dir, "kpng.sock"), logPath: filepath.Join(cfg.dir, "controller.log"), exited: make(chan struct{})}
 	listen := []string{"--listen=unix://" + ctl.addr}
 	if cfg.tcp {
@@ -595,7 +630,12 @@ func startController(ctx context.Context, cfg config, kubeconfig string) (*contr
 			return nil, err
 		}
 		ctl.network, ctl.addr = "tcp", "127.0.0.1:"+strconv.Itoa(port)
-		listen = []string{"--listen=" + ctl.addr, "--insecure", "--max-connections=-1", "--max-connections-per-client=-1"}
+		listen = []string{"--listen=" + ctl.addr, "--max-connections=-1", "--max-connections-per-client=-1"}
+		if certs != nil {
+			listen = append(listen, certs.controllerFlags()...)
+		} else {
+			listen = append(listen, "--insecure")
+		}
 	}
 	args := slices.Clone(cfg.kpng[1:])
 	if cfg.profile {
