@@ -22,6 +22,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -40,6 +41,17 @@ const (
 	controllerFile = "kpng-controller.yaml"
 	nodeFile       = "kpng-nft-node.yaml"
 	certsScript    = "kpng-controller-certs.sh"
+)
+
+// The controller's memory at 10,000 services × 10 endpoints
+// (docs/benchmarks.md, "The controller as deployed: TLS and node
+// certificates at 5,000 nodes"): what it holds with no backend (148–152
+// MiB; the request's floor), and its peak RSS with 5,000 node backends on
+// TLS, each with its own certificate (525–555 MiB over three runs; the
+// limit's base and GOMEMLIMIT's floor).
+const (
+	controllerHeldMiB = 152
+	controllerPeakMiB = 555
 )
 
 // controllerObjs is kpng-controller.yaml, decoded.
@@ -307,8 +319,28 @@ func TestControllerManifestsAreConsistent(t *testing.T) {
 		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Error("the controller's container is not non-root with every capability dropped")
 	}
-	if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+	// Memory: requested what the controller holds at 10,000 services
+	// with no backend, limited with room over its peak with 5,000 node
+	// backends on TLS, and Go's soft limit, if set, between the two.
+	req, lim := c.Resources.Requests.Memory(), c.Resources.Limits.Memory()
+	if req.IsZero() || lim.IsZero() {
 		t.Error("no memory request or limit")
+	} else {
+		if req.Value() < controllerHeldMiB<<20 || req.Cmp(*lim) > 0 {
+			t.Errorf("memory request %v: want at least %d MiB (held at 10,000 services) and at most the limit %v", req, controllerHeldMiB, lim)
+		}
+		if lim.Value() < controllerPeakMiB<<20*3/2 {
+			t.Errorf("memory limit %v: want at least 1.5 times the peak of %d MiB measured with 5,000 backends", lim, controllerPeakMiB)
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name != "GOMEMLIMIT" {
+			continue
+		}
+		q, err := resource.ParseQuantity(strings.Replace(e.Value, "iB", "i", 1))
+		if err != nil || lim.IsZero() || q.Value() < controllerPeakMiB<<20 || q.Cmp(*lim) > 0 {
+			t.Errorf("GOMEMLIMIT=%s: want a size between the controller's peak with 5,000 backends (%d MiB) and the limit %v (%v)", e.Value, controllerPeakMiB, lim, err)
+		}
 	}
 
 	// The headless Service on the API port.
