@@ -176,7 +176,7 @@ soak: controlplane
 ## back, or CHANGE_GAP apart (e.g. 3s); TCP=1 serves the backends on TCP
 ## loopback instead of a unix socket; TLS=1 on TCP loopback with TLS and
 ## client certificates, as deploy/ runs the controller; CONTROLLER_ENV
-## sets the controller's environment (e.g. GOMEMLIMIT=400MiB); PLAIN=1
+## sets the controller's environment (e.g. GOMEMLIMIT=800MiB); PLAIN=1
 ## has the backends not ask for deflated first states (client/remote
 ## asks). Runs at nice 10.
 NODES ?= 100

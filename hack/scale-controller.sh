@@ -16,7 +16,7 @@
 # loopback instead of a unix socket (--tcp); TLS, when set, on TCP
 # loopback with TLS and client certificates, each backend its node's, as
 # deploy/ runs the controller (--tls); CONTROLLER_ENV adds NAME=VALUE
-# pairs to the controller's environment (e.g. GOMEMLIMIT=400MiB, as
+# pairs to the controller's environment (e.g. GOMEMLIMIT=800MiB, as
 # deploy/kpng-controller.yaml sets it); PLAIN, when set, has the
 # backends not ask for deflated first states (--plain), which
 # client/remote asks for. It raises the open-files limit (a connection a

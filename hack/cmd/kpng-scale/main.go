@@ -91,7 +91,7 @@ func main() {
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
 	flag.BoolVar(&cfg.tcp, "tcp", false, "serve the backends on TCP loopback (127.0.0.1, plain) instead of a unix socket; the target's floor is then the first states' bytes through TCP loopback")
 	flag.BoolVar(&cfg.tls, "tls", false, "serve the backends on TCP loopback with TLS and client certificates, as deploy/ runs the controller: each raw backend with its own node's certificate and handshake (the floors stay plain TCP's)")
-	controllerEnv := flag.String("controller-env", "", "environment variables of the controller, space-separated NAME=VALUE (e.g. GOMEMLIMIT=400MiB, as deploy/ sets it)")
+	controllerEnv := flag.String("controller-env", "", "environment variables of the controller, space-separated NAME=VALUE (e.g. GOMEMLIMIT=800MiB, as deploy/kpng-controller.yaml sets it)")
 	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")
 	flag.DurationVar(&cfg.firstStateTimeout, "first-state-timeout", 30*time.Minute, "how long the controller may take to hold the state, and the backends their first states")
