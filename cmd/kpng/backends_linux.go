@@ -184,9 +184,12 @@ func iptablesBackend() app.Backend {
 						}
 					}
 				}
-				hcCfg, err := healthCheckConfig(ctx, *pf.netns, cfg.Options.NodePortAddresses)
-				if err != nil {
-					return nil, fmt.Errorf("to-iptables %w", err)
+				var hcCfg healthcheck.Config
+				if *pf.healthChecks { // opens --netns for the life of ctx
+					var err error
+					if hcCfg, err = healthCheckConfig(ctx, *pf.netns, cfg.Options.NodePortAddresses); err != nil {
+						return nil, fmt.Errorf("to-iptables %w", err)
+					}
 				}
 				sink, err := iptables.New(ctx, cfg)
 				if err != nil {

@@ -59,6 +59,9 @@ func (b *backend) readRaw(ctx context.Context, network, addr string) error {
 		tc := tls.Client(conn, b.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = conn.Close()
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("watch as %s: TLS: %w", b.name, err)
 		}
 		if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
