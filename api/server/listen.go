@@ -93,11 +93,11 @@ func (c ListenConfig) Options() (address.Address, []grpc.ServerOption, error) {
 }
 
 // tlsReadBufferBytes is the read buffer of a TLS connection's HTTP/2
-// framer: none. gRPC reads a plain connection through a buffer it takes
-// from a pool only while bytes are waiting, but a TLS connection through
-// a buffer of its own for the connection's life (grpc-go v1.85: 32 KiB
-// by default), 156 MiB of the controller's heap with 5,000 backends
-// connected. A controller reads little from its backends (the requests,
+// framer: none. gRPC reads a bare unix or TCP socket through a buffer it
+// takes from a pool only while bytes are waiting, but any other
+// connection, a TLS one among them, through a buffer of its own for the
+// connection's life (grpc-go v1.85: 32 KiB by default), 156 MiB of the
+// controller's heap with 5,000 TLS backends connected. A controller reads little from its backends (the requests,
 // flow-control window updates, pings), and the TLS connection already
 // buffers what it decrypts, so the framer reads from it directly.
 const tlsReadBufferBytes = 0
