@@ -2,12 +2,14 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +19,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -93,6 +94,25 @@ var kpngMiB = map[string]struct{ held, peak int64 }{
 	"to-nft":       {heldMiB, peakMiB},
 	"to-iptables":  {heldMiB, peakMiB},
 	"to-userspace": {195, 225},
+}
+
+// goMemUnits are the units the Go runtime reads in GOMEMLIMIT.
+var goMemUnits = map[string]int64{"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+// goMemLimit returns the bytes of a GOMEMLIMIT value as the Go runtime
+// reads it (digits, then B, KiB, MiB, GiB or TiB), or an error for a value
+// it refuses at start ("800Mi": "malformed GOMEMLIMIT") or "off".
+func goMemLimit(v string) (int64, error) {
+	i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if i < 0 {
+		i = len(v)
+	}
+	unit, ok := goMemUnits[v[i:]]
+	n, err := strconv.ParseInt(v[:i], 10, 64)
+	if !ok || err != nil || i == 0 {
+		return 0, fmt.Errorf("GOMEMLIMIT=%q: want digits and B, KiB, MiB, GiB or TiB (as the Go runtime reads it)", v)
+	}
+	return n * unit, nil
 }
 
 // watcherRules are the permissions of the watcher (client/watcher): it
@@ -429,8 +449,8 @@ func TestDaemonSetsAreConsistent(t *testing.T) {
 				if e.Name != "GOMEMLIMIT" {
 					continue
 				}
-				q, err := resource.ParseQuantity(strings.Replace(e.Value, "iB", "i", 1))
-				if err != nil || lim.IsZero() || q.Value() < mem.peak<<20 || q.Value() > lim.Value()-d.childMiB<<20 {
+				v, err := goMemLimit(e.Value)
+				if err != nil || lim.IsZero() || v < mem.peak<<20 || v > lim.Value()-d.childMiB<<20 {
 					t.Errorf("GOMEMLIMIT=%s: want a size over kpng's peak (%d MiB) that leaves the limit %v room for what the backend runs (%d MiB) (%v)", e.Value, mem.peak, lim, d.childMiB, err)
 				}
 			}
@@ -712,5 +732,20 @@ func TestDefaultUserspaceFollowsDefaultNFT(t *testing.T) {
 	}
 	if diff := cmp.Diff(cmd, uc.Command); diff != "" {
 		t.Errorf("command differs from kpng-default-nft.yaml's beyond the backend (-nft +userspace):\n%s", diff)
+	}
+}
+
+// TestGoMemLimit checks that goMemLimit reads GOMEMLIMIT as the Go runtime
+// does: a Kubernetes quantity such as 800Mi makes the process fail.
+func TestGoMemLimit(t *testing.T) {
+	for v, want := range map[string]int64{"800MiB": 800 << 20, "838860800B": 800 << 20, "838860800": 800 << 20, "1GiB": 1 << 30, "64KiB": 64 << 10} {
+		if got, err := goMemLimit(v); err != nil || got != want {
+			t.Errorf("goMemLimit(%q) = %d, %v; want %d", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"800Mi", "800M", "1G", "off", "", "MiB", "-1MiB", "8 MiB"} {
+		if got, err := goMemLimit(v); err == nil {
+			t.Errorf("goMemLimit(%q) = %d, want an error", v, got)
+		}
 	}
 }
