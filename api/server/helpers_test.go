@@ -2,16 +2,9 @@ package server_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,6 +13,7 @@ import (
 
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/remote"
+	"sigs.k8s.io/kpng/internal/testpki"
 	"sigs.k8s.io/kpng/localsink"
 	"sigs.k8s.io/kpng/localsink/sinktest"
 	"sigs.k8s.io/kpng/model"
@@ -120,52 +114,34 @@ type certFiles struct {
 func writeCerts(t *testing.T) certFiles {
 	t.Helper()
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kpng test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, err := testpki.NewCA("kpng test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, _ := x509.ParseCertificate(caDER)
 	f := certFiles{ca: filepath.Join(dir, "ca.pem")}
-	writePEM(t, f.ca, "CERTIFICATE", caDER)
-	serial := int64(1)
-	issue := func(name string, orgs []string, usage x509.ExtKeyUsage, ips []net.IP) (string, string) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		serial++
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name, Organization: orgs},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips,
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err := ca.WriteCA(f.ca); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	issue := func(name string, orgs []string, usage x509.ExtKeyUsage, ips ...net.IP) (string, string) {
+		t.Helper()
+		c, err := ca.Issue(nil, name, orgs, usage, ips...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		keyDER, _ := x509.MarshalECPrivateKey(key)
-		file := fmt.Sprintf("%d", serial)
-		cert, keyPath := filepath.Join(dir, file+".pem"), filepath.Join(dir, file+"-key.pem")
-		writePEM(t, cert, "CERTIFICATE", der)
-		writePEM(t, keyPath, "EC PRIVATE KEY", keyDER)
-		return cert, keyPath
+		n++
+		cert, key := filepath.Join(dir, fmt.Sprintf("%d.pem", n)), filepath.Join(dir, fmt.Sprintf("%d-key.pem", n))
+		if err := testpki.WriteKeyPair(c, cert, key); err != nil {
+			t.Fatal(err)
+		}
+		return cert, key
 	}
-	f.serverCert, f.serverKey = issue("server", nil, x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
+	f.serverCert, f.serverKey = issue("server", nil, x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))
 	f.client = func(cn string, orgs ...string) (string, string) {
-		return issue(cn, orgs, x509.ExtKeyUsageClientAuth, nil)
+		return issue(cn, orgs, x509.ExtKeyUsageClientAuth)
 	}
 	f.clientCert, f.clientKey = f.client("system:node:node-a", "system:nodes")
 	return f
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(fmt.Errorf("write %s: %w", path, err))
-	}
 }
 
 // dial opens a gRPC connection to the server as cfg's client would (the

@@ -2,15 +2,14 @@ package server_test
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"net"
-	"os"
 	"runtime"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 
+	apicerts "sigs.k8s.io/kpng/api/certs"
 	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/internal/racebuild"
 )
@@ -30,12 +29,10 @@ func TestTLSConnectionsHoldNoReadBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(certs.ca)
+	pool, err := apicerts.LoadPool(certs.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: "127.0.0.1", NextProtos: []string{"h2"}, Certificates: []tls.Certificate{cert}}
 
 	open := func() net.Conn {
