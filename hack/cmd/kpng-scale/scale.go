@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 
+	"sigs.k8s.io/kpng/api/server"
 	"sigs.k8s.io/kpng/client/remote"
 )
 
@@ -164,7 +165,7 @@ type floor struct {
 // firstStateTurns is how many first states the controller sends at once
 // by default (to-api's --max-concurrent-first-states), which the floor
 // over the backends' connections writes at once too.
-const firstStateTurns = 4
+const firstStateTurns = server.DefaultMaxConcurrentFirstStates
 
 // String names the floor's transport, its time and CPU.
 func (f floor) String() string {
@@ -245,9 +246,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	defer ctl.stop()
 	cfg.logf("controller pid %d, log %s", ctl.cmd.Process.Pid, ctl.logPath)
-	rc := remote.Config{Address: ctl.address(), Insecure: ctl.network == "tcp"}
+	rc := remote.Config{Address: ctl.address(), Insecure: ctl.network == "tcp" && certs == nil}
 	if certs != nil {
-		rc = remote.Config{Address: ctl.address(), TLSCA: certs.caFile, TLSCert: certs.readerCert, TLSKey: certs.readerKey}
+		rc.TLSCA, rc.TLSCert, rc.TLSKey = certs.caFile, certs.readerCert, certs.readerKey
 	}
 	target, opts, err := rc.DialOptions()
 	if err != nil {

@@ -56,11 +56,11 @@ func newPKI(dir string) (*pki, error) {
 	if err := ca.WriteCA(p.caFile); err != nil {
 		return nil, err
 	}
-	server, err := ca.Issue(nil, "kpng", nil, x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
+	srv, err := ca.Issue(nil, "kpng", nil, x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
 	if err != nil {
 		return nil, err
 	}
-	if err := testpki.WriteKeyPair(server, p.serverCert, p.serverKey); err != nil {
+	if err := testpki.WriteKeyPair(srv, p.serverCert, p.serverKey); err != nil {
 		return nil, err
 	}
 	reader, err := ca.Issue(nil, readerCN, nil, x509.ExtKeyUsageClientAuth)
