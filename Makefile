@@ -178,7 +178,8 @@ soak: controlplane
 ## client certificates, as deploy/ runs the controller; CONTROLLER_ENV
 ## sets the controller's environment (e.g. GOMEMLIMIT=800MiB); PLAIN=1
 ## has the backends not ask for deflated first states (client/remote
-## asks). Runs at nice 10.
+## asks); PEERS=1 has them follow the controller's replicas too (a Peers
+## stream each, as deploy/'s node backends). Runs at nice 10.
 NODES ?= 100
 SERVICES ?= 10000
 CHANGES ?= 100
@@ -188,8 +189,9 @@ TCP ?=
 TLS ?=
 CONTROLLER_ENV ?=
 PLAIN ?=
+PEERS ?=
 scale-controller: controlplane
-	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) TLS=$(TLS) CONTROLLER_ENV="$(CONTROLLER_ENV)" PLAIN=$(PLAIN) bash hack/scale-controller.sh
+	NODES=$(NODES) SERVICES=$(SERVICES) CHANGES=$(CHANGES) CHANGE_GAP=$(CHANGE_GAP) PROFILE_DIR=$(PROFILE_DIR) TCP=$(TCP) TLS=$(TLS) CONTROLLER_ENV="$(CONTROLLER_ENV)" PLAIN=$(PLAIN) PEERS=$(PEERS) bash hack/scale-controller.sh
 
 ## apiserver-watchers: what the API server pays for the watchers of
 ## Services and EndpointSlices: CONTROLLERS `kpng kube … to-api`

@@ -19,7 +19,9 @@
 # pairs to the controller's environment (e.g. GOMEMLIMIT=800MiB, as
 # deploy/kpng-controller.yaml sets it); PLAIN, when set, has the
 # backends not ask for deflated first states (--plain), which
-# client/remote asks for. It raises the open-files limit (a connection a
+# client/remote asks for; PEERS, when set, gives the controller its
+# replicas' Service and has every backend follow them on a Peers stream,
+# as deploy/'s node backends do (--peers). It raises the open-files limit (a connection a
 # backend) and runs at nice 10.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,6 +38,7 @@ if [ -n "${TCP:-}" ]; then flags+=(--tcp); fi
 if [ -n "${TLS:-}" ]; then flags+=(--tls); fi
 if [ -n "${CONTROLLER_ENV:-}" ]; then flags+=(--controller-env="${CONTROLLER_ENV}"); fi
 if [ -n "${PLAIN:-}" ]; then flags+=(--plain); fi
+if [ -n "${PEERS:-}" ]; then flags+=(--peers); fi
 ulimit -n "$(ulimit -Hn)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(go version), $(date -u +%Y-%m-%dT%H:%MZ)" >&2
 nice -n 10 "${bin}/kpng-scale" --kpng="${bin}/kpng" "${flags[@]}" "$@"

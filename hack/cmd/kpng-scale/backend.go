@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -115,6 +116,18 @@ type backend struct {
 	// field).
 	inflateGain int
 
+	// peers: the backend follows the controller's replicas too, on a
+	// Peers stream of its connection, as client/remote does when it
+	// reaches the controllers by a name (deploy/'s node backends);
+	// replicas is the run's change of them every backend must receive.
+	peers    bool
+	replicas *atomic.Pointer[replicaChange]
+	// Read by the run after the backends are gone: lists received,
+	// the last change received, the Peers stream's error.
+	peerLists int
+	peersSeen *replicaChange
+	peersErr  error
+
 	bytes atomic.Int64
 
 	// Read by the run after firstState is closed.
@@ -159,6 +172,54 @@ func (b *backend) read(ctx context.Context, conn *grpc.ClientConn) error {
 			}
 			return fmt.Errorf("watch as %s: %w", b.name, err)
 		}
+	}
+}
+
+// replicaChange is a change of the controller's replicas (its Service's
+// EndpointSlice): every backend following them must receive the list
+// want (their addresses, in order, comma-separated).
+type replicaChange struct {
+	want string
+	// arrived counts the backends that hold it; done is closed when all
+	// do; last is when the last got it (UnixNano).
+	arrived atomic.Int32
+	total   int32
+	done    chan struct{}
+	last    atomic.Int64
+}
+
+// newReplicaChange returns the change to list want, for total backends.
+func newReplicaChange(want string, total int) *replicaChange {
+	return &replicaChange{want: want, total: int32(total), done: make(chan struct{})}
+}
+
+// peersReceived takes a list of the controller's replicas from the Peers
+// stream: when it is the run's change, the backend holds it.
+func (b *backend) peersReceived(ips []string) {
+	b.peerLists++
+	ch := b.replicas.Load()
+	if ch == nil || ch == b.peersSeen || strings.Join(ips, ",") != ch.want {
+		return
+	}
+	b.peersSeen = ch
+	if ch.arrived.Add(1) == ch.total {
+		ch.last.Store(time.Now().UnixNano())
+		close(ch.done)
+	}
+}
+
+// followPeers reads the Peers stream of a backend on grpc-go's client
+// until ctx ends or it fails; the error, if any, is in b.peersErr.
+func (b *backend) followPeers(ctx context.Context, conn *grpc.ClientConn) {
+	stream, err := kpngv1.NewControllerClient(conn).Peers(ctx, &kpngv1.PeersRequest{})
+	for err == nil {
+		var list *kpngv1.PeerAddresses
+		if list, err = stream.Recv(); err == nil {
+			b.peersReceived(list.GetIps())
+		}
+	}
+	if ctx.Err() == nil {
+		b.peersErr = fmt.Errorf("the replicas as %s: %w", b.name, err)
 	}
 }
 

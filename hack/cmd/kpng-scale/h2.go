@@ -98,10 +98,14 @@ type rawConn struct {
 	buf        []byte
 	start, end int // the bytes of buf not yet read
 
-	// The DATA frame being read: its bytes not yet in buf.
-	dataLeft int
-	// unacked counts the DATA bytes received since the last window update.
-	unacked int
+	// The DATA frame being read: its stream, its bytes not yet in buf.
+	dataStream uint32
+	dataLeft   int
+	// unacked counts the DATA bytes received since the last window
+	// update, peersUnacked those of them on the Peers stream.
+	unacked, peersUnacked int
+	// peersMsgs holds the Peers stream's bytes not yet read as messages.
+	peersMsgs []byte
 
 	// The gRPC message being read: its 5-byte prefix, then its bytes.
 	prefix  [5]byte
@@ -112,58 +116,74 @@ type rawConn struct {
 	// (backend.streamed), not put together.
 	streamLeft int
 
-	// headers is the header block being received (HEADERS, CONTINUATION).
-	headers    []byte
-	headersEnd bool // its HEADERS frame ended the stream (trailers)
-	dec        *hpack.Decoder
-	status     string // grpc-status and grpc-message of the trailers
-	message    string
+	// headers is the header block being received (HEADERS, CONTINUATION)
+	// on stream headersStream; all are decoded, in order, since they
+	// share the connection's HPACK table.
+	headers       []byte
+	headersStream uint32
+	headersEnd    bool // its HEADERS frame ended the stream (trailers)
+	dec           *hpack.Decoder
+	status        string // grpc-status and grpc-message of the trailers
+	message       string
 }
 
-// streamID is the Watch's HTTP/2 stream.
-const streamID = 1
+// streamID is the Watch's HTTP/2 stream, peersStreamID the Peers
+// stream's (a backend that follows the controller's replicas).
+const (
+	streamID      = 1
+	peersStreamID = 3
+)
 
 // begin writes the connection preface, the settings (the flow-control
-// windows of client/remote), the request's headers and the WatchRequest.
+// windows of client/remote), then each call's headers and request: the
+// Watch, and the Peers when the backend follows the replicas.
 func (c *rawConn) begin() error {
-	req, err := proto.Marshal(&kpngv1.WatchRequest{NodeName: c.b.name, NodeIndependent: c.b.independent, AcceptDeflated: c.b.deflate})
-	if err != nil {
+	if _, err := c.w.WriteString(http2.ClientPreface); err != nil {
+		return err
+	}
+	if err := c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: kpngv1.WindowSize}); err != nil {
+		return err
+	}
+	if err := c.fr.WriteWindowUpdate(0, kpngv1.WindowSize-65535); err != nil {
 		return err
 	}
 	var hb []byte
 	enc := hpack.NewEncoder(&appendWriter{&hb})
+	if err := c.call(enc, &hb, streamID, kpngv1.Controller_Watch_FullMethodName,
+		&kpngv1.WatchRequest{NodeName: c.b.name, NodeIndependent: c.b.independent, AcceptDeflated: c.b.deflate}); err != nil {
+		return err
+	}
+	if c.b.peers {
+		if err := c.call(enc, &hb, peersStreamID, kpngv1.Controller_Peers_FullMethodName, &kpngv1.PeersRequest{}); err != nil {
+			return err
+		}
+	}
+	return c.w.Flush()
+}
+
+// call writes the headers of a call of method on stream id, encoded by
+// enc (the connection's HPACK encoder, which writes to hb), and its one
+// request, which ends the client's side of the stream.
+func (c *rawConn) call(enc *hpack.Encoder, hb *[]byte, id uint32, method string, req proto.Message) error {
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return err
+	}
+	*hb = (*hb)[:0]
 	for _, f := range [][2]string{
-		{":method", "POST"}, {":scheme", "http"}, {":path", kpngv1.Controller_Watch_FullMethodName}, {":authority", "localhost"},
+		{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "localhost"},
 		{"content-type", "application/grpc"}, {"te", "trailers"},
 	} {
 		if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}); err != nil {
 			return err
 		}
 	}
-	msg := make([]byte, 5, 5+len(req))
-	binary.BigEndian.PutUint32(msg[1:], uint32(len(req)))
-	msg = append(msg, req...)
-
-	if _, err := c.w.WriteString(http2.ClientPreface); err != nil {
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: *hb, EndHeaders: true}); err != nil {
 		return err
 	}
-	steps := []func() error{
-		func() error {
-			return c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: kpngv1.WindowSize})
-		},
-		func() error { return c.fr.WriteWindowUpdate(0, kpngv1.WindowSize-65535) },
-		func() error {
-			return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: streamID, BlockFragment: hb, EndHeaders: true})
-		},
-		func() error { return c.fr.WriteData(streamID, true, msg) },
-		c.w.Flush,
-	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return err
-		}
-	}
-	return nil
+	msg := make([]byte, 5, 5+len(body))
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(body)))
+	return c.fr.WriteData(id, true, append(msg, body...))
 }
 
 // appendWriter appends what is written to a slice.
@@ -204,7 +224,11 @@ func (c *rawConn) read() error {
 				}
 			}
 			n := min(c.dataLeft, c.end-c.start)
-			if err := c.data(c.buf[c.start : c.start+n]); err != nil {
+			data := c.data
+			if c.dataStream == peersStreamID {
+				data = c.peersData
+			}
+			if err := data(c.buf[c.start : c.start+n]); err != nil {
 				return err
 			}
 			c.start += n
@@ -227,8 +251,8 @@ func (c *rawConn) read() error {
 				return errors.New("a padded DATA frame")
 			}
 			c.start += 9
-			c.dataLeft = length
-			if err := c.received(length); err != nil {
+			c.dataStream, c.dataLeft = id, length
+			if err := c.received(id, length); err != nil {
 				return err
 			}
 			continue
@@ -250,23 +274,72 @@ func (c *rawConn) read() error {
 	}
 }
 
-// received counts a DATA frame's bytes and gives them back to the
-// controller's flow-control windows (the stream's and the connection's)
-// once a quarter of a window is unacknowledged.
-func (c *rawConn) received(n int) error {
+// received counts a DATA frame's bytes on stream id and gives them back
+// to the controller's flow-control windows (the connection's and each
+// stream's) once a quarter of a window is unacknowledged.
+func (c *rawConn) received(id uint32, n int) error {
 	c.unacked += n
+	if id == peersStreamID {
+		c.peersUnacked += n
+	}
 	if c.unacked < kpngv1.WindowSize/4 {
 		return nil
 	}
-	inc := uint32(c.unacked)
-	c.unacked = 0
-	if err := c.fr.WriteWindowUpdate(0, inc); err != nil {
-		return err
+	for _, u := range []struct {
+		id uint32
+		n  int
+	}{{0, c.unacked}, {streamID, c.unacked - c.peersUnacked}, {peersStreamID, c.peersUnacked}} {
+		if u.n == 0 {
+			continue
+		}
+		if err := c.fr.WriteWindowUpdate(u.id, uint32(u.n)); err != nil {
+			return err
+		}
 	}
-	if err := c.fr.WriteWindowUpdate(streamID, inc); err != nil {
-		return err
-	}
+	c.unacked, c.peersUnacked = 0, 0
 	return c.w.Flush()
+}
+
+// peersData reads the bytes of a DATA frame of the Peers stream: gRPC
+// messages, each a PeerAddresses (a few hundred bytes at most), put
+// together and handed to the backend.
+func (c *rawConn) peersData(p []byte) error {
+	c.peersMsgs = append(c.peersMsgs, p...)
+	for len(c.peersMsgs) >= 5 {
+		if c.peersMsgs[0] != 0 {
+			return errors.New("the Peers stream: a compressed message")
+		}
+		n := int(binary.BigEndian.Uint32(c.peersMsgs[1:]))
+		if n > kpngv1.MaxBatchSize {
+			return fmt.Errorf("the Peers stream: a message of %d bytes", n)
+		}
+		if len(c.peersMsgs) < 5+n {
+			return nil
+		}
+		var list kpngv1.PeerAddresses
+		if err := proto.Unmarshal(c.peersMsgs[5:5+n], &list); err != nil {
+			return fmt.Errorf("the Peers stream: %w", err)
+		}
+		c.b.peersReceived(list.GetIps())
+		c.peersMsgs = c.peersMsgs[:copy(c.peersMsgs, c.peersMsgs[5+n:])]
+	}
+	return nil
+}
+
+// lastStream is the last stream the backend opened.
+func (c *rawConn) lastStream() uint32 {
+	if c.b.peers {
+		return peersStreamID
+	}
+	return streamID
+}
+
+// streamName names stream id in errors.
+func streamName(id uint32) string {
+	if id == peersStreamID {
+		return "Peers stream"
+	}
+	return "stream"
 }
 
 // control handles a frame other than DATA; done: the stream ended.
@@ -293,20 +366,17 @@ func (c *rawConn) control(typ http2.FrameType, flags http2.Flags, id uint32, pay
 			return false, errors.New("the controller closed the connection (GOAWAY)")
 		}
 		last, code := binary.BigEndian.Uint32(payload)&(1<<31-1), http2.ErrCode(binary.BigEndian.Uint32(payload[4:]))
-		if code == http2.ErrCodeNo && last >= streamID {
+		if code == http2.ErrCodeNo && last >= c.lastStream() {
 			return false, nil // graceful: the stream goes on until it ends
 		}
 		return false, fmt.Errorf("the controller closed the connection (GOAWAY %v): %q", code, payload[8:])
 	case http2.FrameRSTStream:
-		if id == streamID && len(payload) == 4 {
-			return false, fmt.Errorf("the controller reset the stream: %v", http2.ErrCode(binary.BigEndian.Uint32(payload)))
+		if (id == streamID || id == c.lastStream()) && len(payload) == 4 {
+			return false, fmt.Errorf("the controller reset the %s: %v", streamName(id), http2.ErrCode(binary.BigEndian.Uint32(payload)))
 		}
 	case http2.FrameHeaders, http2.FrameContinuation:
-		if id != streamID {
-			return false, nil
-		}
 		if typ == http2.FrameHeaders {
-			c.headers, c.headersEnd = c.headers[:0], flags.Has(http2.FlagHeadersEndStream)
+			c.headers, c.headersStream, c.headersEnd = c.headers[:0], id, flags.Has(http2.FlagHeadersEndStream)
 			if flags.Has(http2.FlagHeadersPriority) || flags.Has(http2.FlagHeadersPadded) {
 				return false, errors.New("a HEADERS frame with priority or padding") // grpc-go sends none
 			}
@@ -325,6 +395,7 @@ func (c *rawConn) control(typ http2.FrameType, flags http2.Flags, id uint32, pay
 				}
 			})
 		}
+		c.status, c.message = "", ""
 		if _, err := c.dec.Write(c.headers); err != nil {
 			return false, fmt.Errorf("the controller's headers: %w", err)
 		}
@@ -332,7 +403,7 @@ func (c *rawConn) control(typ http2.FrameType, flags http2.Flags, id uint32, pay
 			return false, fmt.Errorf("the controller's headers: %w", err)
 		}
 		if c.headersEnd {
-			return true, fmt.Errorf("the stream ended: grpc-status %s: %s", c.status, c.message)
+			return true, fmt.Errorf("the %s ended: grpc-status %s: %s", streamName(c.headersStream), c.status, c.message)
 		}
 	}
 	return false, nil

@@ -42,6 +42,13 @@
 //     messages, without gRPC's and HTTP/2's framing) the backends received
 //     during the changes, per change and backend.
 //
+// With --peers, the controller also serves its replicas (to-api
+// --peers-service, from a headless Service kube-system/kpng-controller
+// whose EndpointSlice lists three), every backend follows them on a
+// Peers stream as deploy/'s node backends do, and --replica-changes
+// changes of them follow the EndpointSlice changes: each must reach
+// every backend, timed from the API call to the last.
+//
 // It prints those on a closing line:
 //
 //	nodes=N services=S first_state_all_s=… change_p50_ms=… change_p99_ms=… controller_rss_mib=… bytes_per_change_per_node=…
@@ -91,6 +98,8 @@ func main() {
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
 	flag.BoolVar(&cfg.tcp, "tcp", false, "serve the backends on TCP loopback (127.0.0.1, plain) instead of a unix socket; the target's floor is then the first states' bytes through TCP loopback")
 	flag.BoolVar(&cfg.tls, "tls", false, "serve the backends on TCP loopback with TLS and client certificates, as deploy/ runs the controller: each raw backend with its own node's certificate and handshake (the floors stay plain TCP's)")
+	flag.BoolVar(&cfg.peers, "peers", false, "give the controller its replicas' Service (to-api --peers-service) and have every backend follow them on a Peers stream of its connection, as deploy/'s node backends do; after the EndpointSlice changes, --replica-changes changes of the replicas, each to every backend")
+	flag.IntVar(&cfg.replicaChanges, "replica-changes", 10, "with --peers, changes of the controller's replicas (one of three made not ready)")
 	controllerEnv := flag.String("controller-env", "", "environment variables of the controller, space-separated NAME=VALUE (e.g. GOMEMLIMIT=800MiB, as deploy/kpng-controller.yaml sets it)")
 	flag.StringVar(&cfg.dir, "dir", "", "directory of the socket, the controller's log and the profiles (default: a temporary one, removed)")
 	flag.BoolVar(&cfg.profile, "profile", false, "profile the controller (CPU, heap, allocations) into --dir")
@@ -100,7 +109,7 @@ func main() {
 	flag.Float64Var(&cfg.minAvailable, "min-available-mib", 4096, "stop when the machine's MemAvailable falls below this (MiB; 0: no floor)")
 	flag.Parse()
 	if *kpng == "" || cfg.nodes < 1 || cfg.services < 1 || cfg.endpoints < 1 || cfg.endpoints > 254 || cfg.services > 62500 ||
-		cfg.changes < 1 || cfg.streamsPerConn < 1 {
+		cfg.changes < 1 || cfg.streamsPerConn < 1 || cfg.replicaChanges < 1 {
 		fmt.Fprintln(os.Stderr, "usage: kpng-scale --kpng=PATH [--nodes=N] [--services=S] [--changes=K] [--profile --dir=DIR] (services ≤ 62500, endpoints 1…254)")
 		os.Exit(2)
 	}

@@ -61,11 +61,12 @@ func TestSmallRun(t *testing.T) {
 		raw            int // light backends speaking HTTP/2 themselves
 		gap            time.Duration
 		tcp, tls       bool
+		peers          bool // following the controller's replicas
 	}{
-		{"grpc-go two streams a connection", 2, 0, 0, false, false},
-		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond, false, false},
-		{"on TCP loopback", 1, 2, 0, true, false},
-		{"with TLS and node certificates", 1, 2, 0, true, true},
+		{"grpc-go two streams a connection following the replicas", 2, 0, 0, false, false, true},
+		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond, false, false, false},
+		{"on TCP loopback", 1, 2, 0, true, false, false},
+		{"with TLS and node certificates following the replicas", 1, 2, 0, true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{
@@ -73,7 +74,7 @@ func TestSmallRun(t *testing.T) {
 				nodes: 5, services: 20, endpoints: 10, changes: 10, streamsPerConn: tc.streamsPerConn, readAll: 2,
 				dir: t.TempDir(), firstStateTimeout: 2 * time.Minute, changeTimeout: time.Minute,
 				namespace: kubetest.UniqueName("scale"), createWorkers: 4, logf: t.Logf,
-				changeGap: tc.gap, tcp: tc.tcp, tls: tc.tls,
+				changeGap: tc.gap, tcp: tc.tcp, tls: tc.tls, peers: tc.peers, replicaChanges: 4,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -116,6 +117,11 @@ func TestSmallRun(t *testing.T) {
 			}
 			if res.rawBackends != tc.raw {
 				t.Errorf("%d backends spoke HTTP/2 themselves, want %d", res.rawBackends, tc.raw)
+			}
+			// Every change of the replicas reached every backend (run
+			// fails otherwise), each timed.
+			if want := map[bool]int{true: cfg.replicaChanges}[tc.peers]; res.replicaChanges != want || (tc.peers && (res.replicaMax <= 0 || res.replicasHeld <= 0)) {
+				t.Errorf("%d changes of the replicas measured (max %v, first list held after %v), want %d", res.replicaChanges, res.replicaMax, res.replicasHeld, want)
 			}
 			if want := map[bool]int{true: tc.raw}[tc.tls]; res.nodeCerts != want {
 				t.Errorf("%d backends did a TLS handshake with their node's certificate, want %d", res.nodeCerts, want)

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +67,12 @@ type config struct {
 	// TCP, each raw backend with its own node's certificate (tls.go); the
 	// floors stay plain TCP's.
 	tls bool
+	// peers: the controller is given its replicas' Service (to-api
+	// --peers-service), and every backend follows them on a Peers stream
+	// of its connection, as deploy/'s node backends do; replicaChanges
+	// changes of the replicas follow the EndpointSlice changes.
+	peers          bool
+	replicaChanges int
 	// dir holds the socket, the controller's log and the profiles.
 	dir string
 	// profile: CPU profiles of the first states and of the changes, heap
@@ -137,6 +144,12 @@ type result struct {
 	// nodeCerts how many of them did a TLS handshake with their own
 	// node's certificate.
 	rawBackends, nodeCerts int
+	// With peers: replicasHeld is from the backends' streams opening to
+	// the last holding the replicas' first list; replicaP50, replicaMax:
+	// from the API call changing them to the last backend holding the
+	// new list.
+	replicasHeld, replicaP50, replicaMax time.Duration
+	replicaChanges                       int
 	// cpuIdle is the controller's CPU a second with every backend
 	// connected and nothing changing (seconds a second).
 	cpuIdle float64
@@ -193,11 +206,15 @@ func (r result) details() string {
 	if len(r.floors) == 0 {
 		r.floors = []floor{{network: "unix"}} // not measured
 	}
-	tlsLine := ""
+	head := ""
 	if r.nodeCerts > 0 {
-		tlsLine = fmt.Sprintf("TLS: %d backends each did a handshake with its own node's certificate\n", r.nodeCerts)
+		head = fmt.Sprintf("TLS: %d backends each did a handshake with its own node's certificate\n", r.nodeCerts)
 	}
-	return tlsLine + fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
+	if r.replicaChanges > 0 {
+		head += fmt.Sprintf("replicas (a Peers stream a backend): all held their list %.1f s after the streams opened; %d changes of them, API call → last backend p50 %.1f ms, max %.1f ms\n",
+			r.replicasHeld.Seconds(), r.replicaChanges, ms(r.replicaP50), ms(r.replicaMax))
+	}
+	return head + fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend (%.0f once inflated); controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
 changes: seen by a watcher → last backend p50 %.1f ms p99 %.1f ms; API call → last backend p50 %.1f ms p99 %.1f ms; seen → first backend p50 %.1f ms p99 %.1f ms; first → last backend p50 %.1f ms p99 %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms; the same bytes to every backend through sockets alone p50 %.1f ms p99 %.1f ms; the changes took %.1f s with their gaps
 controller CPU with every backend connected and nothing changing: %.1f ms a second
@@ -232,6 +249,11 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		return res, err
 	}
 	res.load = time.Since(start)
+	if cfg.peers {
+		if err := w.setReplicas(ctx, -1); err != nil {
+			return res, err
+		}
+	}
 
 	var certs *pki
 	if cfg.tls {
@@ -264,8 +286,12 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		all[k] = &change{service: svcName(i), key: endpointIP(i, k%cfg.endpoints), done: make(chan struct{}), at: make([]int64, cfg.nodes)}
 		index[all[k].service+"/"+all[k].key] = k
 	}
+	// The replicas' change every backend must receive: their first list.
+	var replicaList atomic.Pointer[replicaChange]
+	replicaList.Store(newReplicaChange(readyReplicas(-1), cfg.nodes))
 	newBackend := func(id int, name string) *backend {
-		b := &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView, deflate: !cfg.plain}
+		b := &backend{id: id, name: name, namespace: cfg.namespace, changes: index, all: all, total: cfg.nodes, firstState: make(chan struct{}), independent: !cfg.perNodeView, deflate: !cfg.plain,
+			peers: cfg.peers, replicas: &replicaList}
 		return b
 	}
 	var wg sync.WaitGroup
@@ -296,6 +322,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	for {
 		// The probe ends before the changes: it takes no part in them.
 		probe = newBackend(0, "scale-probe")
+		probe.peers = false
 		pctx, stopProbe := context.WithCancel(bctx)
 		done := make(chan struct{})
 		go func() { probe.watch(pctx, probeConn); close(done) }()
@@ -355,6 +382,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 			wg.Go(func() { b.watchRaw(bctx, ctl.network, ctl.addr) })
 		} else {
 			wg.Go(func() { b.watch(bctx, c) })
+			if b.peers {
+				wg.Go(func() { b.followPeers(bctx, c) })
+			}
 		}
 	}
 	deadline := time.After(cfg.firstStateTimeout)
@@ -439,6 +469,14 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	profiles.get(ctx, "heap?gc=1", "heap-after-first-state.pprof")
 	cfg.logf("all %d backends hold their first state after %.1f s (%.0f bytes each), RSS %.0f MiB", cfg.nodes, res.firstStateAll.Seconds(), res.firstStateBytes, res.rssFirst)
 
+	if cfg.peers {
+		ch := replicaList.Load()
+		if err := waitReplicas(ctx, ch, cfg.changeTimeout, ctl); err != nil {
+			return res, fmt.Errorf("the replicas' first list: %w", err)
+		}
+		res.replicasHeld = time.Unix(0, ch.last.Load()).Sub(opened)
+	}
+
 	// Nothing changing, every backend connected.
 	cpu0 = ctl.cpu()
 	select {
@@ -515,6 +553,24 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	res.apiP50, res.apiP99 = quantile(api, 0.5), quantile(api, 0.99)
 	res.reactP50, res.reactP99 = quantile(react, 0.5), quantile(react, 0.99)
 	res.spreadP50, res.spreadP99 = quantile(spread, 0.5), quantile(spread, 0.99)
+	if cfg.peers {
+		// The replicas' changes: replica k mod replicas not ready.
+		lat := make([]time.Duration, 0, cfg.replicaChanges)
+		for k := range cfg.replicaChanges {
+			ch := newReplicaChange(readyReplicas(k%replicas), cfg.nodes)
+			replicaList.Store(ch)
+			t0 := time.Now()
+			if err := w.setReplicas(ctx, k%replicas); err != nil {
+				return res, err
+			}
+			if err := waitReplicas(ctx, ch, cfg.changeTimeout, ctl); err != nil {
+				return res, fmt.Errorf("replicas' change %d: %w", k, err)
+			}
+			lat = append(lat, time.Duration(ch.last.Load()-t0.UnixNano()))
+		}
+		res.replicaChanges = len(lat)
+		res.replicaP50, res.replicaMax = quantile(lat, 0.5), quantile(lat, 1)
+	}
 	profiles.wait()
 	profiles.get(ctx, "allocs", "allocs.pprof")
 	res.rssEnd, res.rssPeak = ctl.rss()
@@ -527,6 +583,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		}
 		if b.err != nil {
 			res.problems = append(res.problems, b.err.Error())
+		}
+		if b.peersErr != nil {
+			res.problems = append(res.problems, b.peersErr.Error())
 		}
 	}
 	if len(profiles.errs) > 0 {
@@ -593,6 +652,20 @@ func seenAt(ctx context.Context, events <-chan sliceEvent, name, version string,
 	}
 }
 
+// waitReplicas waits until every backend holds ch, for up to timeout.
+func waitReplicas(ctx context.Context, ch *replicaChange, timeout time.Duration, ctl *controller) error {
+	select {
+	case <-ch.done:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("%d of %d backends hold the list %s after %s", ch.arrived.Load(), ch.total, ch.want, timeout)
+	case <-ctl.exited:
+		return fmt.Errorf("the controller exited: %s", ctl.tail())
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // idleWindow is how long the controller's idle CPU is measured.
 const idleWindow = 5 * time.Second
 
@@ -650,6 +723,9 @@ func startController(ctx context.Context, cfg config, kubeconfig string, certs *
 	args = append(args, "kube", "--kubeconfig="+kubeconfig, "--node-name=scale-controller",
 		"to-api", "--max-streams-per-node=-1")
 	args = append(args, listen...)
+	if cfg.peers {
+		args = append(args, "--peers-service="+peersNamespace+"/"+peersService)
+	}
 	args = append(args, cfg.toAPIFlags...)
 	log, err := os.Create(ctl.logPath)
 	if err != nil {

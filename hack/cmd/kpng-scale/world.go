@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -167,4 +168,54 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 		}
 	}()
 	return out, nil
+}
+
+// The controller's own Service, whose ready endpoints are its replicas
+// (to-api --peers-service), named as deploy/kpng-controller.yaml names it.
+// It is headless, as there: no service of the state.
+const (
+	peersNamespace = "kube-system"
+	peersService   = "kpng-controller"
+	// replicas is how many replicas its EndpointSlice lists.
+	replicas = 3
+)
+
+// replicaIP is the address of replica r. Only listed: the backends read
+// the list and dial nothing (the API server refuses loopback addresses
+// in an EndpointSlice).
+func replicaIP(r int) string { return fmt.Sprintf("10.254.0.%d", 1+r) }
+
+// readyReplicas is the list every backend must be sent when replica
+// notReady (-1: none) is not ready, as kpngv1.PeerIPs orders it.
+func readyReplicas(notReady int) string {
+	ips := make([]string, 0, replicas)
+	for r := range replicas {
+		if r != notReady {
+			ips = append(ips, replicaIP(r))
+		}
+	}
+	return strings.Join(ips, ",")
+}
+
+// setReplicas creates the controller's Service and its EndpointSlice, or
+// updates the slice, with replica notReady (-1: none) not ready.
+func (w *world) setReplicas(ctx context.Context, notReady int) error {
+	svc := kubetest.Service(peersNamespace, peersService, "", func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone })
+	if _, err := w.c.CoreV1().Services(peersNamespace).Create(ctx, svc, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
+		return fmt.Errorf("create service %s/%s: %w", peersNamespace, peersService, err)
+	}
+	eps := make([]kubetest.EP, replicas)
+	for r := range eps {
+		eps[r] = kubetest.EP{IP: replicaIP(r), Node: "scale-controller", NotReady: r == notReady}
+	}
+	s := kubetest.Slice(svc, peersService+"-1", eps...)
+	slices := w.c.DiscoveryV1().EndpointSlices(peersNamespace)
+	_, err := slices.Update(ctx, s, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = slices.Create(ctx, s, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("write EndpointSlice %s/%s: %w", peersNamespace, s.Name, err)
+	}
+	return nil
 }
