@@ -150,6 +150,8 @@ type result struct {
 	// new list.
 	replicasHeld, replicaP50, replicaMax time.Duration
 	replicaChanges                       int
+	// The controller's CPU and the backends' a change of the replicas.
+	cpuPerReplicaChange, backendsCPUPerReplicaChange float64
 	// cpuIdle is the controller's CPU a second with every backend
 	// connected and nothing changing (seconds a second).
 	cpuIdle float64
@@ -211,8 +213,8 @@ func (r result) details() string {
 		head = fmt.Sprintf("TLS: %d backends each did a handshake with its own node's certificate\n", r.nodeCerts)
 	}
 	if r.replicaChanges > 0 {
-		head += fmt.Sprintf("replicas (a Peers stream a backend): all held their list %.1f s after the streams opened; %d changes of them, API call → last backend p50 %.1f ms, max %.1f ms\n",
-			r.replicasHeld.Seconds(), r.replicaChanges, ms(r.replicaP50), ms(r.replicaMax))
+		head += fmt.Sprintf("replicas (a Peers stream a backend): all held their list %.1f s after the streams opened; %d changes of them, API call → last backend p50 %.1f ms, max %.1f ms; controller CPU %.1f ms a change, the backends' %.1f ms\n",
+			r.replicasHeld.Seconds(), r.replicaChanges, ms(r.replicaP50), ms(r.replicaMax), 1000*r.cpuPerReplicaChange, 1000*r.backendsCPUPerReplicaChange)
 	}
 	return head + fmt.Sprintf(`objects loaded in %.1f s; controller ready (state held) %.1f s after it started
 first state: %.0f bytes a backend (%.0f once inflated); controller CPU %.1f s (%.1f ms a backend), the backends' %.1f s; all of those bytes %s (target: %.2f s, that + 20%%); %s
@@ -553,26 +555,13 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	res.apiP50, res.apiP99 = quantile(api, 0.5), quantile(api, 0.99)
 	res.reactP50, res.reactP99 = quantile(react, 0.5), quantile(react, 0.99)
 	res.spreadP50, res.spreadP99 = quantile(spread, 0.5), quantile(spread, 0.99)
-	if cfg.peers {
-		// The replicas' changes: replica k mod replicas not ready.
-		lat := make([]time.Duration, 0, cfg.replicaChanges)
-		for k := range cfg.replicaChanges {
-			ch := newReplicaChange(readyReplicas(k%replicas), cfg.nodes)
-			replicaList.Store(ch)
-			t0 := time.Now()
-			if err := w.setReplicas(ctx, k%replicas); err != nil {
-				return res, err
-			}
-			if err := waitReplicas(ctx, ch, cfg.changeTimeout, ctl); err != nil {
-				return res, fmt.Errorf("replicas' change %d: %w", k, err)
-			}
-			lat = append(lat, time.Duration(ch.last.Load()-t0.UnixNano()))
-		}
-		res.replicaChanges = len(lat)
-		res.replicaP50, res.replicaMax = quantile(lat, 0.5), quantile(lat, 1)
-	}
 	profiles.wait()
 	profiles.get(ctx, "allocs", "allocs.pprof")
+	if cfg.peers {
+		if err := changeReplicas(ctx, cfg, w, &replicaList, ctl, profiles, &res); err != nil {
+			return res, err
+		}
+	}
 	res.rssEnd, res.rssPeak = ctl.rss()
 
 	stopBackends()
@@ -650,6 +639,34 @@ func seenAt(ctx context.Context, events <-chan sliceEvent, name, version string,
 			return time.Time{}, ctx.Err()
 		}
 	}
+}
+
+// changeReplicas makes the run's changes of the controller's replicas
+// (replica k mod replicas not ready), each after the last reached every
+// backend, and measures them into res.
+func changeReplicas(ctx context.Context, cfg config, w *world, list *atomic.Pointer[replicaChange], ctl *controller, profiles *profiler, res *result) error {
+	lat := make([]time.Duration, 0, cfg.replicaChanges)
+	profiles.cpu(ctx, "replica-changes", time.Duration(cfg.replicaChanges)*time.Second)
+	cpu0, own0 := ctl.cpu(), ownCPU()
+	for k := range cfg.replicaChanges {
+		ch := newReplicaChange(readyReplicas(k%replicas), cfg.nodes)
+		list.Store(ch)
+		t0 := time.Now()
+		if err := w.setReplicas(ctx, k%replicas); err != nil {
+			return err
+		}
+		if err := waitReplicas(ctx, ch, cfg.changeTimeout, ctl); err != nil {
+			return fmt.Errorf("replicas' change %d: %w", k, err)
+		}
+		lat = append(lat, time.Duration(ch.last.Load()-t0.UnixNano()))
+	}
+	res.cpuPerReplicaChange = (ctl.cpu() - cpu0) / float64(len(lat))
+	res.backendsCPUPerReplicaChange = (ownCPU() - own0) / float64(len(lat))
+	res.replicaChanges = len(lat)
+	res.replicaP50, res.replicaMax = quantile(lat, 0.5), quantile(lat, 1)
+	cfg.logf("replicas' changes, API call → last backend: %v", lat)
+	profiles.wait()
+	return nil
 }
 
 // waitReplicas waits until every backend holds ch, for up to timeout.
