@@ -1,9 +1,12 @@
 package server
 
 import (
+	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,11 +26,15 @@ type Peers struct {
 	known bool
 	// changed is closed, and replaced, when ips change.
 	changed chan struct{}
+	// turns holds a token for each stream sending (send).
+	turns chan struct{}
 }
 
 // NewPeers returns a Peers that knows no address yet: a Peers stream
 // sends its first list once Set is called.
-func NewPeers() *Peers { return &Peers{changed: make(chan struct{})} }
+func NewPeers() *Peers {
+	return &Peers{changed: make(chan struct{}), turns: make(chan struct{}, runtime.GOMAXPROCS(0))}
+}
 
 // Set replaces the replicas' addresses, IP addresses (checked and put in
 // order by kpngv1.PeerIPs, as backends check them: a list it refuses is an
@@ -83,7 +90,10 @@ func (s *Server) Peers(_ *kpngv1.PeersRequest, stream grpc.ServerStreamingServer
 	for {
 		ips, known, changed := s.peers.current()
 		if known && (first || !slices.Equal(ips, sent)) {
-			if err := stream.Send(&kpngv1.PeerAddresses{Ips: ips}); err != nil {
+			if err := s.peers.send(ctx, s.stopping, stream, ips); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return err
 			}
 			sent, first = ips, false
@@ -96,4 +106,34 @@ func (s *Server) Peers(_ *kpngv1.PeersRequest, stream grpc.ServerStreamingServer
 		case <-changed:
 		}
 	}
+}
+
+// send sends ips on stream in turn with the other Peers streams: a
+// change of the replicas wakes every stream's goroutine at once, and
+// gRPC's writer of each connection takes a write buffer (writeBufferBytes)
+// from the pool the connections share for a small message and yields
+// before writing it (see senders.serve), so that at 5,000 backends the
+// writers held a buffer each: some 600 MB, the collector running, the
+// last backend holding the change up to 0.9 s after it. At most one
+// stream a P sends at once, and lets its connection's writer run before
+// the next; a send that blocks for stallAfter (its backend stopped
+// reading) gives its turn to the next while it waits.
+func (p *Peers) send(ctx context.Context, stop <-chan struct{}, stream grpc.ServerStreamingServer[kpngv1.PeerAddresses], ips []string) error {
+	select {
+	case p.turns <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stop:
+		return errStopping
+	}
+	var once sync.Once
+	done := func() { once.Do(func() { <-p.turns }) }
+	stall := time.AfterFunc(stallAfter, done)
+	err := stream.Send(&kpngv1.PeerAddresses{Ips: ips})
+	if err == nil {
+		runtime.Gosched()
+	}
+	stall.Stop()
+	done()
+	return err
 }

@@ -1,10 +1,13 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc"
 
 	"sigs.k8s.io/kpng/api/kpngv1"
 	"sigs.k8s.io/kpng/api/server"
@@ -72,5 +75,57 @@ func aChangeToManyStreams(t *testing.T, independent bool) {
 	}
 	if limit := uint64(n * server.WriteBufferBytes / 4); allocated >= limit {
 		t.Errorf("one change to %d streams allocated %d bytes, want under %d: its writers held a write buffer each at once", n, allocated, limit)
+	}
+}
+
+// TestAReplicasChangeToManyStreamsHoldsFewWriteBuffers: the same for the
+// Peers streams, each of which waits in a goroutine of its own for the
+// next change of the replicas; a change woke them all at once, and their
+// connections' writers each took a write buffer: at 5,000 backends
+// (kpng-scale --peers), a change of the replicas cost the controller 0.6 s
+// of CPU, most of it the collector, and reached the last backend up to
+// 0.9 s after the API call. Every stream must have the change, and with 2
+// Ps, a change to n streams must allocate less than a quarter of n
+// buffers, as above.
+func TestAReplicasChangeToManyStreamsHoldsFewWriteBuffers(t *testing.T) {
+	const n = 400
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	peers := server.NewPeers()
+	s := startServerWith(t, server.ListenConfig{Address: socketAddr(t)}, server.Options{Peers: peers})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	streams := make([]grpc.ServerStreamingClient[kpngv1.PeerAddresses], n)
+	for i := range streams {
+		var err error
+		if streams[i], err = kpngv1.NewControllerClient(dialUnix(t, s.addr)).Peers(ctx, &kpngv1.PeersRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := func(ip string) {
+		if err := peers.Set([]string{ip}); err != nil {
+			t.Fatal(err)
+		}
+		for i, stream := range streams {
+			if got := recvPeers(t, stream); len(got) != 1 || got[0] != ip {
+				t.Fatalf("stream %d: replicas %v, want [%s]", i, got, ip)
+			}
+		}
+	}
+	set("10.0.0.1")
+	set("10.0.0.2")
+
+	runtime.GC()
+	runtime.GC() // the pool of write buffers is empty
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	set("10.0.0.3")
+	runtime.ReadMemStats(&after)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("one change of the replicas to %d streams allocated %.1f MiB (a write buffer: %d KiB)", n, float64(allocated)/(1<<20), server.WriteBufferBytes>>10)
+	if racebuild.Enabled {
+		return // the order the bound rests on is shuffled
+	}
+	if limit := uint64(n * server.WriteBufferBytes / 4); allocated >= limit {
+		t.Errorf("one change of the replicas to %d streams allocated %d bytes, want under %d: their writers held a write buffer each at once", n, allocated, limit)
 	}
 }
