@@ -131,17 +131,20 @@ type backend struct {
 	bytes atomic.Int64
 
 	// Read by the run after firstState is closed.
-	synced        bool
-	firstAt       time.Time
-	services      int // set_service ops of namespace in the first state
-	endpoints     int // set_endpoint ops of namespace in the first state
-	local         int // of which local
-	localSent     int // endpoints sent local on a node-independent stream
-	unexpected    int // set_endpoint ops after the first state that are no change of the run, or not as it made them
-	firstState    chan struct{}
-	pending       []int // changes seen in the round not yet ended
-	err           error
-	receivedAfter atomic.Int64 // changes received after the first state
+	synced     bool
+	firstAt    time.Time
+	services   int // set_service ops of namespace in the first state
+	endpoints  int // set_endpoint ops of namespace in the first state
+	local      int // of which local
+	localSent  int // endpoints sent local on a node-independent stream
+	unexpected int // set_endpoint ops after the first state that are no change of the run, or not as it made them
+	// replicasServed counts the set_service ops of the controller's own
+	// Service (--peers), which is not one of the Services it serves.
+	replicasServed int
+	firstState     chan struct{}
+	pending        []int // changes seen in the round not yet ended
+	err            error
+	receivedAfter  atomic.Int64 // changes received after the first state
 }
 
 // watch opens the stream on conn and reads it until ctx ends or it
@@ -461,16 +464,20 @@ func (b *backend) op(op []byte) error {
 	perr := fields(op, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
 		switch num {
 		case opSetService:
-			if !b.synced {
-				var ns string
-				err = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
-					if num == serviceNamespace {
-						ns = string(v)
-					}
-				})
-				if ns == b.namespace {
-					b.services++
+			var ns, name string
+			err = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
+				switch num {
+				case serviceNamespace:
+					ns = string(v)
+				case serviceName:
+					name = string(v)
 				}
+			})
+			if ns == b.namespace && !b.synced {
+				b.services++
+			}
+			if ns == peersNamespace && name == peersService {
+				b.replicasServed++
 			}
 		case opSetEndpoint:
 			err = b.setEndpoint(v)

@@ -576,6 +576,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		if b.peersErr != nil {
 			res.problems = append(res.problems, b.peersErr.Error())
 		}
+		if b.replicasServed > 0 {
+			res.problems = append(res.problems, fmt.Sprintf("backend %s: was sent the controller's own Service %s/%s, which it does not serve", b.name, peersNamespace, peersService))
+		}
 	}
 	if len(profiles.errs) > 0 {
 		res.problems = append(res.problems, profiles.errs...)

@@ -171,11 +171,16 @@ func (w *world) watchSlices(ctx context.Context) (<-chan sliceEvent, error) {
 }
 
 // The controller's own Service, whose ready endpoints are its replicas
-// (to-api --peers-service), named as deploy/kpng-controller.yaml names it.
-// It is headless, as there: no service of the state.
+// (to-api --peers-service), named as deploy/kpng-controller.yaml names it
+// and headless, as there. There the controller serves the Services of its
+// --service-proxy-name, which its own Service is not; here it serves the
+// Services without one, so the replicas' Service is given another
+// (peersProxyName), and the controller's watch of the state leaves it
+// out, as there.
 const (
 	peersNamespace = "kube-system"
 	peersService   = "kpng-controller"
+	peersProxyName = "not-this-controller"
 	// replicas is how many replicas its EndpointSlice lists.
 	replicas = 3
 )
@@ -200,7 +205,7 @@ func readyReplicas(notReady int) string {
 // setReplicas creates the controller's Service and its EndpointSlice, or
 // updates the slice, with replica notReady (-1: none) not ready.
 func (w *world) setReplicas(ctx context.Context, notReady int) error {
-	svc := kubetest.Service(peersNamespace, peersService, "", func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone })
+	svc := kubetest.Service(peersNamespace, peersService, peersProxyName, func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone })
 	if _, err := w.c.CoreV1().Services(peersNamespace).Create(ctx, svc, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
 		return fmt.Errorf("create service %s/%s: %w", peersNamespace, peersService, err)
 	}
