@@ -458,6 +458,20 @@ func fields(m []byte, f func(num protowire.Number, typ protowire.Type, v []byte,
 	return nil
 }
 
+// serviceKey reads the namespace and name of a Service or a ServiceKey
+// (the same field numbers).
+func serviceKey(m []byte) (ns, name string, err error) {
+	err = fields(m, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
+		switch num {
+		case serviceNamespace:
+			ns = string(v)
+		case serviceName:
+			name = string(v)
+		}
+	})
+	return ns, name, err
+}
+
 // op reads one Op.
 func (b *backend) op(op []byte) error {
 	var err error
@@ -465,14 +479,7 @@ func (b *backend) op(op []byte) error {
 		switch num {
 		case opSetService:
 			var ns, name string
-			err = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
-				switch num {
-				case serviceNamespace:
-					ns = string(v)
-				case serviceName:
-					name = string(v)
-				}
-			})
+			ns, name, err = serviceKey(v)
 			if ns == b.namespace && !b.synced {
 				b.services++
 			}
@@ -498,14 +505,7 @@ func (b *backend) setEndpoint(v []byte) error {
 	err := fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
 		switch num {
 		case setEndpointService:
-			_ = fields(v, func(num protowire.Number, _ protowire.Type, v []byte, _ uint64) {
-				switch num {
-				case serviceNamespace:
-					ns = string(v)
-				case serviceName:
-					name = string(v)
-				}
-			})
+			ns, name, _ = serviceKey(v)
 		case setEndpointKey:
 			key = string(v)
 		case setEndpointEndpoint:
