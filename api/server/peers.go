@@ -113,11 +113,13 @@ func (s *Server) Peers(_ *kpngv1.PeersRequest, stream grpc.ServerStreamingServer
 // gRPC's writer of each connection takes a write buffer (writeBufferBytes)
 // from the pool the connections share for a small message and yields
 // before writing it (see senders.serve), so that at 5,000 backends the
-// writers held a buffer each: some 600 MB, the collector running, the
-// last backend holding the change up to 0.9 s after it. At most one
-// stream a P sends at once, and lets its connection's writer run before
-// the next; a send that blocks for stallAfter (its backend stopped
-// reading) gives its turn to the next while it waits.
+// writers held a buffer each: some 600 MB, 0.6–0.7 s of CPU a change,
+// mostly the collector's, the last backend holding it up to 1.1 s after
+// the API call. At most one stream a P sends at once, and lets its
+// connection's writer run before the next; a send that takes stallAfter
+// gives its turn to the next while it goes on (gRPC's Send blocks once
+// the stream's write quota is full, its backend not reading; a sender
+// descheduled that long lets one more through).
 func (p *Peers) send(ctx context.Context, stop <-chan struct{}, stream grpc.ServerStreamingServer[kpngv1.PeerAddresses], ips []string) error {
 	select {
 	case p.turns <- struct{}{}:

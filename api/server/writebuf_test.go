@@ -89,11 +89,11 @@ func fewWriteBuffers(t *testing.T, what string, n int, change func()) {
 // Peers streams, each of which waits in a goroutine of its own for the
 // next change of the replicas; a change woke them all at once, and their
 // connections' writers each took a write buffer: at 5,000 backends
-// (kpng-scale --peers), a change of the replicas cost the controller 0.6 s
-// of CPU, most of it the collector, and reached the last backend up to
-// 0.9 s after the API call. Every stream must have the change, and with 2
-// Ps, a change to n streams must allocate less than a quarter of n
-// buffers, as above.
+// (kpng-scale --peers), a change of the replicas cost the controller
+// 0.6–0.7 s of CPU, most of it the collector, and reached the last
+// backend up to 1.1 s after the API call. Every stream must have the
+// change, and with 2 Ps, a change to n streams must allocate less than a
+// quarter of n buffers, as above.
 func TestAReplicasChangeToManyStreamsHoldsFewWriteBuffers(t *testing.T) {
 	const n = 400
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))

@@ -20,9 +20,10 @@ import (
 	"sigs.k8s.io/kpng/api/kpngv1"
 )
 
-// The raw backends: a Watch stream spoken directly in HTTP/2 and gRPC's
-// message framing on its own connection, the way any gRPC client does on
-// the wire, but reading the controller's bytes in place. On one machine
+// The raw backends: a Watch stream (and with --peers a Peers stream beside
+// it) spoken directly in HTTP/2 and gRPC's message framing on its own
+// connection, the way any gRPC client does on the wire, but reading the
+// controller's bytes in place. On one machine
 // the backends share its two cores with the controller; through grpc-go's
 // client each byte was copied three times and each change cost the
 // backends as much CPU as the controller (kpng-scale's own figures), so
@@ -39,9 +40,10 @@ const rawReadBuffer = 32 << 10
 // hold one.
 var rawMessages = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
 
-// watchRaw opens the stream on its own connection to the controller at
-// addr on network ("unix": a socket's path; "tcp": host:port, plain) and
-// reads it until ctx ends or it fails; the error, if any, is in b.err.
+// watchRaw opens the stream (and the Peers stream, when the backend
+// follows the replicas) on its own connection to the controller at addr
+// on network ("unix": a socket's path; "tcp": host:port, plain) and reads
+// it until ctx ends or it fails; the error, if any, is in b.err.
 func (b *backend) watchRaw(ctx context.Context, network, addr string) {
 	b.err = b.readRaw(ctx, network, addr)
 	if !b.synced {
@@ -214,7 +216,7 @@ func (c *rawConn) fill(need int) error {
 	return err
 }
 
-// read reads frames until the stream ends or fails.
+// read reads frames until a stream ends or the connection fails.
 func (c *rawConn) read() error {
 	for {
 		if c.dataLeft > 0 {

@@ -109,8 +109,8 @@ func main() {
 	flag.Float64Var(&cfg.minAvailable, "min-available-mib", 4096, "stop when the machine's MemAvailable falls below this (MiB; 0: no floor)")
 	flag.Parse()
 	if *kpng == "" || cfg.nodes < 1 || cfg.services < 1 || cfg.endpoints < 1 || cfg.endpoints > 254 || cfg.services > 62500 ||
-		cfg.changes < 1 || cfg.streamsPerConn < 1 || cfg.replicaChanges < 1 {
-		fmt.Fprintln(os.Stderr, "usage: kpng-scale --kpng=PATH [--nodes=N] [--services=S] [--changes=K] [--profile --dir=DIR] (services ≤ 62500, endpoints 1…254)")
+		cfg.changes < 1 || cfg.streamsPerConn < 1 || (cfg.peers && cfg.replicaChanges < 1) {
+		fmt.Fprintln(os.Stderr, "usage: kpng-scale --kpng=PATH [--nodes=N] [--services=S] [--changes=K] [--peers [--replica-changes=R]] [--profile --dir=DIR] (services ≤ 62500, endpoints 1…254, R ≥ 1)")
 		os.Exit(2)
 	}
 	cfg.kpng = []string{*kpng}

@@ -252,7 +252,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	}
 	res.load = time.Since(start)
 	if cfg.peers {
-		if err := w.setReplicas(ctx, -1); err != nil {
+		if err := w.createReplicas(ctx); err != nil {
 			return res, err
 		}
 	}
@@ -471,10 +471,23 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	profiles.get(ctx, "heap?gc=1", "heap-after-first-state.pprof")
 	cfg.logf("all %d backends hold their first state after %.1f s (%.0f bytes each), RSS %.0f MiB", cfg.nodes, res.firstStateAll.Seconds(), res.firstStateBytes, res.rssFirst)
 
+	// why stops the backends and says what the first that failed met.
+	why := func() string {
+		stopBackends()
+		wg.Wait()
+		for _, b := range backends {
+			for _, err := range []error{b.peersErr, b.err} {
+				if err != nil {
+					return err.Error()
+				}
+			}
+		}
+		return "no backend failed"
+	}
 	if cfg.peers {
 		ch := replicaList.Load()
 		if err := waitReplicas(ctx, ch, cfg.changeTimeout, ctl); err != nil {
-			return res, fmt.Errorf("the replicas' first list: %w", err)
+			return res, fmt.Errorf("the replicas' first list: %w (%s)", err, why())
 		}
 		res.replicasHeld = time.Unix(0, ch.last.Load()).Sub(opened)
 	}
@@ -559,7 +572,7 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 	profiles.get(ctx, "allocs", "allocs.pprof")
 	if cfg.peers {
 		if err := changeReplicas(ctx, cfg, w, &replicaList, ctl, profiles, &res); err != nil {
-			return res, err
+			return res, fmt.Errorf("%w (%s)", err, why())
 		}
 	}
 	res.rssEnd, res.rssPeak = ctl.rss()
@@ -575,6 +588,9 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		}
 		if b.peersErr != nil {
 			res.problems = append(res.problems, b.peersErr.Error())
+		}
+		if want := 1 + cfg.replicaChanges; cfg.peers && b.peerLists != want {
+			res.problems = append(res.problems, fmt.Sprintf("backend %s: %d lists of the replicas, want %d (the first and one a change)", b.name, b.peerLists, want))
 		}
 		if b.replicasServed > 0 {
 			res.problems = append(res.problems, fmt.Sprintf("backend %s: was sent the controller's own Service %s/%s, which it does not serve", b.name, peersNamespace, peersService))

@@ -202,13 +202,25 @@ func readyReplicas(notReady int) string {
 	return strings.Join(ips, ",")
 }
 
-// setReplicas creates the controller's Service and its EndpointSlice, or
-// updates the slice, with replica notReady (-1: none) not ready.
-func (w *world) setReplicas(ctx context.Context, notReady int) error {
-	svc := kubetest.Service(peersNamespace, peersService, peersProxyName, func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone })
-	if _, err := w.c.CoreV1().Services(peersNamespace).Create(ctx, svc, metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
+// replicasService is the controller's own Service.
+func replicasService() *v1.Service {
+	return kubetest.Service(peersNamespace, peersService, peersProxyName, func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone })
+}
+
+// createReplicas creates the controller's Service, unless it exists, and
+// writes its EndpointSlice with every replica ready.
+func (w *world) createReplicas(ctx context.Context) error {
+	if _, err := w.c.CoreV1().Services(peersNamespace).Create(ctx, replicasService(), metav1.CreateOptions{}); loadtool.IgnoreExists(err) != nil {
 		return fmt.Errorf("create service %s/%s: %w", peersNamespace, peersService, err)
 	}
+	return w.setReplicas(ctx, -1)
+}
+
+// setReplicas writes the EndpointSlice of the controller's Service (made
+// by createReplicas), created or updated, with replica notReady (-1:
+// none) not ready.
+func (w *world) setReplicas(ctx context.Context, notReady int) error {
+	svc := replicasService()
 	eps := make([]kubetest.EP, replicas)
 	for r := range eps {
 		eps[r] = kubetest.EP{IP: replicaIP(r), Node: "scale-controller", NotReady: r == notReady}
