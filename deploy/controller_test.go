@@ -47,7 +47,7 @@ const (
 // certificates at 5,000 nodes"): what it holds with no backend (148–152
 // MiB; the request's floor), and its peak RSS with 5,000 node backends on
 // TLS, each with its own certificate and its Watch and Peers streams
-// (621–662 MiB over three runs, "The backends' second stream"; the
+// (621–662 MiB over five runs, "The backends' second stream"; the
 // limit's base and GOMEMLIMIT's floor).
 const (
 	controllerHeldMiB = 152
