@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -108,34 +107,18 @@ func (s *Server) Peers(_ *kpngv1.PeersRequest, stream grpc.ServerStreamingServer
 	}
 }
 
-// send sends ips on stream in turn with the other Peers streams: a
-// change of the replicas wakes every stream's goroutine at once, and
-// gRPC's writer of each connection takes a write buffer (writeBufferBytes)
-// from the pool the connections share for a small message and yields
-// before writing it (see senders.serve), so that at 5,000 backends the
-// writers held a buffer each: some 600 MB, 0.6–0.7 s of CPU a change,
-// mostly the collector's, the last backend holding it up to 1.1 s after
-// the API call. At most one stream a P sends at once, and lets its
-// connection's writer run before the next; a send that takes stallAfter
-// gives its turn to the next while it goes on (gRPC's Send blocks once
-// the stream's write quota is full, its backend not reading; a sender
-// descheduled that long lets one more through).
+// send sends ips on stream in turn with the other Peers streams
+// (inTurn): a change of the replicas wakes every stream's goroutine at
+// once, and gRPC's writer of each connection takes a write buffer
+// (writeBufferBytes) from the pool the connections share for a small
+// message and yields before writing it (see sendChanges), so that at
+// 5,000 backends the writers held a buffer each: some 600 MB, 0.6–0.7 s
+// of CPU a change, mostly the collector's, the last backend holding it up
+// to 1.1 s after the API call. At most one stream a P sends at once, and
+// lets its connection's writer run before the next; a send that takes
+// stallAfter gives its turn to the next while it goes on (gRPC's Send
+// blocks once the stream's write quota is full, its backend not reading;
+// a sender descheduled that long lets one more through).
 func (p *Peers) send(ctx context.Context, stop <-chan struct{}, stream grpc.ServerStreamingServer[kpngv1.PeerAddresses], ips []string) error {
-	select {
-	case p.turns <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-stop:
-		return errStopping
-	}
-	var once sync.Once
-	done := func() { once.Do(func() { <-p.turns }) }
-	stall := time.AfterFunc(stallAfter, done)
-	err := stream.Send(&kpngv1.PeerAddresses{Ips: ips})
-	if err == nil {
-		runtime.Gosched()
-	}
-	stall.Stop()
-	done()
-	return err
+	return inTurn(ctx, stop, p.turns, stallAfter, func() error { return stream.Send(&kpngv1.PeerAddresses{Ips: ips}) })
 }

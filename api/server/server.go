@@ -368,16 +368,27 @@ func (s *Server) serve(ctx context.Context, sub *subscription, out *batchSender)
 // A round that takes longer than turnHold (a backend that does not read)
 // gives the turn back, so that it holds no other stream's changes.
 func (s *Server) sendChanges(ctx context.Context, sub *subscription, f *localsink.Feeder) error {
+	return inTurn(ctx, nil, s.changeTurns, s.turnHold, func() error { return s.send(sub, f) })
+}
+
+// inTurn runs send, a few small messages to one stream, in a turn of
+// tokens, then lets the connection's writer run before giving the turn
+// back (see sendChanges); a send that takes longer than hold gives the
+// turn back early while it goes on. It returns ctx's error if ctx ends,
+// errStopping if stop (nil: never) is closed, while it waits for a turn.
+func inTurn(ctx context.Context, stop <-chan struct{}, tokens chan struct{}, hold time.Duration, send func() error) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case s.changeTurns <- struct{}{}:
+	case <-stop:
+		return errStopping
+	case tokens <- struct{}{}:
 	}
-	t := &turn{tokens: s.changeTurns}
+	t := &turn{tokens: tokens}
 	t.held.Store(true)
 	defer t.giveBack()
-	slow := time.AfterFunc(s.turnHold, t.giveBack)
-	err := s.send(sub, f)
+	slow := time.AfterFunc(hold, t.giveBack)
+	err := send()
 	slow.Stop()
 	runtime.Gosched()
 	return err
@@ -461,10 +472,11 @@ func (s *Server) sendShared(ctx context.Context, sub *subscription, out *rawSend
 	return nil
 }
 
-// turn is a node-independent stream's turn of the first states, or a
-// per-node stream's of the changes, given back once: when it is done, or
-// by a timer when one send of the first state (sendShared), or the whole
-// round of changes (sendChanges), takes longer than turnHold.
+// turn is a node-independent stream's turn of the first states, a
+// per-node stream's of the changes, or a Peers stream's of a list, given
+// back once: when it is done, or by a timer when one send of the first
+// state (sendShared), or the whole round of changes or the list (inTurn),
+// takes longer than its hold.
 type turn struct {
 	tokens chan struct{}
 	held   atomic.Bool
