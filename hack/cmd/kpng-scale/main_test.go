@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,23 +95,28 @@ func TestSmallRun(t *testing.T) {
 			if res.firstStateBytes == 0 || res.bytesPerChangePerNode == 0 || res.rssPeak == 0 {
 				t.Errorf("bytes or RSS not measured: %s", res.closing())
 			}
-			want := []string{"unix", "unix", "tcp", "unix"}
+			// The last floor is the state's bytes (the first states
+			// were deflated): the target's.
+			want := []string{"unix", "unix", "tcp", "unix", "unix"}
 			if tc.tcp {
-				want = []string{"tcp", "tcp", "unix", "tcp"}
+				want = []string{"tcp", "tcp", "unix", "tcp", "tcp"}
 			}
-			pinnedAt, connsAt := 1, 3
+			pinnedAt, connsAt, stateAt := 1, 3, 4
 			if twoCores() == nil { // one CPU, or no taskset
 				want = slices.Delete(want, 1, 2)
-				pinnedAt, connsAt = -1, 2
+				pinnedAt, connsAt, stateAt = -1, 2, 3
 			}
 			if len(res.floors) != len(want) {
 				t.Fatalf("%d floors measured, want %d (%v): %v", len(res.floors), len(want), want, res.floors)
 			}
 			for i, f := range res.floors {
 				pinned := len(f.cores) == 2
-				if f.network != want[i] || f.took <= 0 || pinned != (i == pinnedAt) || (f.conns > 0) != (i == connsAt) {
+				if f.network != want[i] || f.took <= 0 || pinned != (i == pinnedAt) || (f.conns > 0) != (i == connsAt) || f.state != (i == stateAt) {
 					t.Errorf("floor %d: %s (%s), want one measured on %s", i, f, f.network, want[i])
 				}
+			}
+			if sent, state := res.floors[0].bytes, res.floors[stateAt].bytes; state <= sent || state != int64(res.firstStateInflated*float64(res.nodes)) {
+				t.Errorf("the state's floor wrote %d bytes, the bytes sent's %d: want the first states inflated, %.0f a backend", state, sent, res.firstStateInflated)
 			}
 			if c := res.floors[connsAt].conns; c != res.nodes {
 				t.Errorf("the floor over the backends' connections used %d, want %d", c, res.nodes)
@@ -263,5 +269,38 @@ func TestHasSync(t *testing.T) {
 		if got, err := hasSync(tc.data); err != nil || got != tc.want {
 			t.Errorf("%s: hasSync = %v, %v; want %v", tc.name, got, err, tc.want)
 		}
+	}
+}
+
+// TestTarget checks the first states' verdict: against the floor of the
+// state's bytes when the first states were deflated, within + 20% and
+// not beyond; against the bytes sent when they are the state's.
+func TestTarget(t *testing.T) {
+	sent := floor{network: "unix", took: 500 * time.Millisecond, bytes: 5e9}
+	state := floor{network: "unix", took: 3 * time.Second, bytes: 36e9, state: true}
+	for _, tc := range []struct {
+		name       string
+		firstState time.Duration
+		floors     []floor
+		want       string
+	}{
+		{"deflated, within + 20% of the state's bytes", 3500 * time.Millisecond, []floor{sent, {network: "tcp", took: time.Second}, state}, "(3.60 s): met, 1.17 × that floor; 7.00 × the floor of the bytes sent"},
+		{"deflated, beyond + 20% of the state's bytes", 3700 * time.Millisecond, []floor{sent, state}, "(3.60 s): not met, 1.23 × that floor"},
+		{"as they are, against the bytes sent", 700 * time.Millisecond, []floor{sent}, "(0.60 s): not met, 1.40 × that floor"},
+		{"as they are, within + 20%", 550 * time.Millisecond, []floor{sent}, "(0.60 s): met, 1.10 × that floor"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := result{nodes: 5000, firstStateAll: tc.firstState, floors: tc.floors, firstStateBytes: 1e6}
+			got := r.target()
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("target() = %q, want it to say %q", got, tc.want)
+			}
+			if !tc.floors[len(tc.floors)-1].state && strings.Contains(got, "bytes sent") {
+				t.Errorf("target() = %q compares with the bytes sent twice", got)
+			}
+		})
+	}
+	if got := (result{}).target(); got != "target: not measured" {
+		t.Errorf("target() without floors = %q", got)
 	}
 }
