@@ -23,11 +23,16 @@
 //
 //   - first_state_all_s: from the streams opening to the last holding its
 //     first state; each first state is checked (every service and endpoint,
-//     and the node's own Local endpoints). Its floor, after the backends
-//     are gone: the same bytes through one connection of the controller's
+//     and the node's own Local endpoints). Its floors, after the backends
+//     are gone: the bytes sent through one connection of the controller's
 //     transport, written and read by two goroutines of this process (on
-//     one core, in turns); then, for comparison, from a process pinned to
-//     one CPU to a process pinned to another, and on the other transport;
+//     one core, in turns); for comparison, from a process pinned to one
+//     CPU to a process pinned to another, on the other transport, and
+//     through a connection a backend; and, when the first states were
+//     deflated, the state's bytes (as they inflate) in the same way as
+//     the first: the target's floor. A line of the details gives the
+//     target, that floor plus 20%, whether it was met, and the ratio to
+//     both floors;
 //   - change_p50_ms, change_p99_ms: --changes EndpointSlice updates (an
 //     endpoint made not ready, one service each, one at a time), each from
 //     when a watcher of the API server receives it (the tool's own watch,
