@@ -101,7 +101,7 @@ func main() {
 	flag.IntVar(&cfg.readAll, "read-all", 16, "on node-independent streams, how many backends (spread over the nodes) read every field of their first state; the others hash what they receive, which must be the same (0: all read every field)")
 	flag.BoolVar(&cfg.grpcLight, "grpc-light", false, "the backends that hash what they receive read it through grpc-go's client too, instead of speaking HTTP/2 on their socket themselves (which costs the machine's shared cores about a third as much)")
 	flag.IntVar(&cfg.streamsPerConn, "streams-per-conn", 1, "backends sharing one connection (the controller allows 8 by default)")
-	flag.BoolVar(&cfg.tcp, "tcp", false, "serve the backends on TCP loopback (127.0.0.1, plain) instead of a unix socket; the target's floor is then the first states' bytes through TCP loopback")
+	flag.BoolVar(&cfg.tcp, "tcp", false, "serve the backends on TCP loopback (127.0.0.1, plain) instead of a unix socket; the target's floor is then the state's bytes through TCP loopback")
 	flag.BoolVar(&cfg.tls, "tls", false, "serve the backends on TCP loopback with TLS and client certificates, as deploy/ runs the controller: each raw backend with its own node's certificate and handshake (the floors stay plain TCP's)")
 	flag.BoolVar(&cfg.peers, "peers", false, "give the controller its replicas' Service (to-api --peers-service) and have every backend follow them on a Peers stream of its connection, as deploy/'s node backends do; after the EndpointSlice changes, --replica-changes changes of the replicas, each to every backend")
 	flag.IntVar(&cfg.replicaChanges, "replica-changes", 10, "with --peers, changes of the controller's replicas (one of three made not ready)")

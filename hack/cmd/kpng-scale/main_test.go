@@ -65,9 +65,9 @@ func TestSmallRun(t *testing.T) {
 		peers          bool // following the controller's replicas
 	}{
 		{"grpc-go two streams a connection following the replicas", 2, 0, 0, false, false, true},
-		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 2, 200 * time.Millisecond, false, false, false},
-		{"on TCP loopback", 1, 2, 0, true, false, false},
-		{"with TLS and node certificates following the replicas", 1, 2, 0, true, true, true},
+		{"raw HTTP/2 light backends and changes 200 ms apart", 1, 3, 200 * time.Millisecond, false, false, false},
+		{"on TCP loopback", 1, 3, 0, true, false, false},
+		{"with TLS and node certificates following the replicas", 1, 3, 0, true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{
@@ -274,20 +274,26 @@ func TestHasSync(t *testing.T) {
 
 // TestTarget checks the first states' verdict: against the floor of the
 // state's bytes when the first states were deflated, within + 20% and
-// not beyond; against the bytes sent when they are the state's.
+// not beyond; against the bytes sent, the first floor, when they are the
+// state's; not measured without floors.
 func TestTarget(t *testing.T) {
 	sent := floor{network: "unix", took: 500 * time.Millisecond, bytes: 5e9}
 	state := floor{network: "unix", took: 3 * time.Second, bytes: 36e9, state: true}
+	// What the run measures after the bytes sent, as they are: on two
+	// cores, on the other transport, through a connection a backend.
+	others := []floor{{network: "unix", cores: []int{0, 1}, took: 2 * time.Second, bytes: 5e9}, {network: "tcp", took: time.Second, bytes: 5e9}, {network: "unix", conns: 5000, took: 400 * time.Millisecond, bytes: 5e9}}
 	for _, tc := range []struct {
 		name       string
 		firstState time.Duration
 		floors     []floor
 		want       string
 	}{
-		{"deflated, within + 20% of the state's bytes", 3500 * time.Millisecond, []floor{sent, {network: "tcp", took: time.Second}, state}, "(3.60 s): met, 1.17 × that floor; 7.00 × the floor of the bytes sent"},
+		{"deflated, within + 20% of the state's bytes", 3500 * time.Millisecond, append(append([]floor{sent}, others...), state), "(7200000 a backend) through a unix socket alone + 20% (3.60 s): met, 1.17 × that floor; 7.00 × the floor of the bytes sent (1000000 a backend, deflated)"},
+		{"deflated, at + 20% of the state's bytes", 3600 * time.Millisecond, []floor{sent, state}, "(3.60 s): met, 1.20 × that floor"},
 		{"deflated, beyond + 20% of the state's bytes", 3700 * time.Millisecond, []floor{sent, state}, "(3.60 s): not met, 1.23 × that floor"},
-		{"as they are, against the bytes sent", 700 * time.Millisecond, []floor{sent}, "(0.60 s): not met, 1.40 × that floor"},
-		{"as they are, within + 20%", 550 * time.Millisecond, []floor{sent}, "(0.60 s): met, 1.10 × that floor"},
+		{"as they are, against the bytes sent", 700 * time.Millisecond, append([]floor{sent}, others...), "(1000000 a backend) through a unix socket alone + 20% (0.60 s): not met, 1.40 × that floor"},
+		{"as they are, within + 20%", 550 * time.Millisecond, append([]floor{sent}, others...), "(0.60 s): met, 1.10 × that floor"},
+		{"the state's floor not measured", 550 * time.Millisecond, []floor{sent, {network: "unix", state: true}}, "target: not measured"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := result{nodes: 5000, firstStateAll: tc.firstState, floors: tc.floors, firstStateBytes: 1e6}
@@ -300,7 +306,7 @@ func TestTarget(t *testing.T) {
 			}
 		})
 	}
-	if got := (result{}).target(); got != "target: not measured" {
+	if got := (result{nodes: 5000}).target(); got != "target: not measured" {
 		t.Errorf("target() without floors = %q", got)
 	}
 }
