@@ -21,8 +21,8 @@
 # backends not ask for deflated first states (--plain), which
 # client/remote asks for; PEERS, when set, gives the controller its
 # replicas' Service and has every backend follow them on a Peers stream,
-# as deploy/'s node backends do (--peers). It raises the open-files limit (a connection a
-# backend) and runs at nice 10.
+# as deploy/'s node backends do (--peers). It raises the open-files
+# limit (a connection a backend) and runs at nice 10.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"

@@ -97,9 +97,10 @@ func (c ListenConfig) Options() (address.Address, []grpc.ServerOption, error) {
 // takes from a pool only while bytes are waiting, but any other
 // connection, a TLS one among them, through a buffer of its own for the
 // connection's life (grpc-go v1.85: 32 KiB by default), 156 MiB of the
-// controller's heap with 5,000 TLS backends connected. A controller reads little from its backends (the requests,
-// flow-control window updates, pings), and the TLS connection already
-// buffers what it decrypts, so the framer reads from it directly.
+// controller's heap with 5,000 TLS backends connected. A controller
+// reads little from its backends (the requests, flow-control window
+// updates, pings), and the TLS connection already buffers what it
+// decrypts, so the framer reads from it directly.
 const tlsReadBufferBytes = 0
 
 func (c ListenConfig) serverTLS() (credentials.TransportCredentials, error) {

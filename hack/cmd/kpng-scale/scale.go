@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -596,19 +597,17 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		if err != nil {
 			return res, fmt.Errorf("change %d: %w", k, err)
 		}
-		select {
-		case <-ch.done:
+		switch err := ctl.await(ctx, ch.done, cfg.changeTimeout); {
+		case err == nil:
 			first, last := slices.Min(ch.at), slices.Max(ch.at)
 			lat = append(lat, time.Duration(last-seen.UnixNano()))
 			api = append(api, time.Duration(last-t0.UnixNano()))
 			spread = append(spread, time.Duration(last-first))
 			react = append(react, time.Duration(first-seen.UnixNano()))
-		case <-time.After(cfg.changeTimeout):
+		case errors.Is(err, errTimedOut):
 			res.problems = append(res.problems, fmt.Sprintf("change %d (%s endpoint %s not ready): %d of %d backends hold it after %s", k, ch.service, ch.key, ch.arrived.Load(), cfg.nodes, cfg.changeTimeout))
-		case <-ctl.exited:
-			return res, fmt.Errorf("the controller exited: %s", ctl.tail())
-		case <-ctx.Done():
-			return res, ctx.Err()
+		default:
+			return res, err
 		}
 		cpuChanges += ctl.cpu() - c0
 		ownChanges += ownCPU() - o0
@@ -678,17 +677,16 @@ func run(ctx context.Context, cfg config, c kubernetes.Interface, kubeconfig str
 		if f.state {
 			f.bytes = int64(res.firstStateInflated * float64(cfg.nodes))
 		}
-		total := f.bytes
 		switch {
 		case len(f.cores) == 2:
-			f.took, f.cpu, err = loopbackProcesses(ctx, f.network, cfg.dir, total, f.cores)
+			f.took, f.cpu, err = loopbackProcesses(ctx, f.network, cfg.dir, f.bytes, f.cores)
 		case f.conns > 0:
 			own0 = ownCPU()
 			f.took, err = connectionsTime(f.network, cfg.dir, f.conns, int64(res.firstStateBytes), firstStateTurns)
 			f.cpu = ownCPU() - own0
 		default:
 			own0 = ownCPU()
-			f.took, err = loopbackTime(f.network, cfg.dir, total)
+			f.took, err = loopbackTime(f.network, cfg.dir, f.bytes)
 			f.cpu = ownCPU() - own0
 		}
 		if err != nil {
@@ -754,11 +752,25 @@ func changeReplicas(ctx context.Context, cfg config, w *world, list *atomic.Poin
 
 // waitReplicas waits until every backend holds ch, for up to timeout.
 func waitReplicas(ctx context.Context, ch *replicaChange, timeout time.Duration, ctl *controller) error {
+	if err := ctl.await(ctx, ch.done, timeout); errors.Is(err, errTimedOut) {
+		return fmt.Errorf("%d of %d backends hold the list %s after %s", ch.arrived.Load(), ch.total, ch.want, timeout)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// errTimedOut is await's error when done was not closed in time.
+var errTimedOut = errors.New("timed out")
+
+// await waits until done is closed (nil), for up to timeout
+// (errTimedOut), while the controller runs and ctx lasts.
+func (ctl *controller) await(ctx context.Context, done <-chan struct{}, timeout time.Duration) error {
 	select {
-	case <-ch.done:
+	case <-done:
 		return nil
 	case <-time.After(timeout):
-		return fmt.Errorf("%d of %d backends hold the list %s after %s", ch.arrived.Load(), ch.total, ch.want, timeout)
+		return errTimedOut
 	case <-ctl.exited:
 		return fmt.Errorf("the controller exited: %s", ctl.tail())
 	case <-ctx.Done():
